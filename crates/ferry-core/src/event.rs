@@ -1,0 +1,285 @@
+//! The immutable publish intent and its validation.
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::EnqueueError;
+use crate::shard::{slot_for, SlotId};
+
+/// Delivery state of an outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EventState {
+    /// Committed, waiting for a relay (or for its retry time).
+    Pending,
+    /// Taken by a claim; the broker outcome is unknown until acked/released/expired.
+    Claimed,
+    /// The broker acknowledged it. Says nothing about the consumer.
+    Sent,
+    /// A permanent error; blocks its aggregate's successors until an operator acts.
+    Quarantined,
+    /// An operator skipped a quarantined event: never delivered, successors released.
+    Skipped,
+}
+
+impl EventState {
+    /// The value stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Claimed => "CLAIMED",
+            Self::Sent => "SENT",
+            Self::Quarantined => "QUARANTINED",
+            Self::Skipped => "SKIPPED",
+        }
+    }
+}
+
+impl fmt::Display for EventState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for EventState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "PENDING" => Ok(Self::Pending),
+            "CLAIMED" => Ok(Self::Claimed),
+            "SENT" => Ok(Self::Sent),
+            "QUARANTINED" => Ok(Self::Quarantined),
+            "SKIPPED" => Ok(Self::Skipped),
+            other => Err(format!("unknown outbox state {other:?}")),
+        }
+    }
+}
+
+/// Limits applied to every enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest accepted payload in bytes (default 1 MiB, Kafka's default `message.max.bytes`).
+    pub max_payload_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_payload_bytes: 1024 * 1024 }
+    }
+}
+
+/// Longest accepted identifier (event id, aggregate id, topic, key, event type): the column width.
+pub const MAX_IDENT_LEN: usize = 255;
+
+/// A publish intent as the producer states it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewEvent {
+    /// Stable event id; `None` generates a UUIDv7 at validation time. Keep the id you were given
+    /// when re-submitting after an unknown commit outcome.
+    #[serde(default)]
+    pub event_id: Option<String>,
+    /// Aggregate identity (e.g. `order-7`); decides the shard slot and the ordering scope.
+    pub aggregate_id: String,
+    /// Aggregate version, `>= 1`; `(aggregate_id, aggregate_version)` is unique.
+    pub aggregate_version: i64,
+    /// Destination topic.
+    pub topic: String,
+    /// Message key; defaults to `aggregate_id` so one aggregate lands in one partition.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Event type, e.g. `OrderCreated`.
+    pub event_type: String,
+    /// JSON payload, stored byte for byte.
+    pub payload: String,
+    /// Extra message headers (e.g. a W3C `traceparent`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+impl NewEvent {
+    /// A minimal event: the key defaults to the aggregate id and the id is generated.
+    pub fn new(
+        aggregate_id: impl Into<String>,
+        aggregate_version: i64,
+        topic: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: impl Into<String>,
+    ) -> Self {
+        Self {
+            event_id: None,
+            aggregate_id: aggregate_id.into(),
+            aggregate_version,
+            topic: topic.into(),
+            key: None,
+            event_type: event_type.into(),
+            payload: payload.into(),
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// Sets a caller-given event id.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.event_id = Some(id.into());
+        self
+    }
+
+    /// Checks every field and returns the row to insert. Nothing is written on error.
+    pub fn validate(&self, limits: &Limits) -> Result<ValidatedEvent, EnqueueError> {
+        let event_id = match &self.event_id {
+            Some(id) => {
+                check_ident("event_id", id)?;
+                id.clone()
+            }
+            None => new_event_id(),
+        };
+        check_ident("aggregate_id", &self.aggregate_id)?;
+        if self.aggregate_version < 1 {
+            return Err(EnqueueError::BadVersion {
+                aggregate_id: self.aggregate_id.clone(),
+                version: self.aggregate_version,
+            });
+        }
+        check_ident("topic", &self.topic)?;
+        let key = self.key.clone().unwrap_or_else(|| self.aggregate_id.clone());
+        check_ident("key", &key)?;
+        check_ident("event_type", &self.event_type)?;
+        if self.payload.len() > limits.max_payload_bytes {
+            return Err(EnqueueError::PayloadTooLarge {
+                event_id,
+                size: self.payload.len(),
+                limit: limits.max_payload_bytes,
+            });
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&self.payload) {
+            return Err(EnqueueError::InvalidJson { event_id, reason: e.to_string() });
+        }
+        let headers = serde_json::to_string(&self.headers).expect("string map serializes");
+        Ok(ValidatedEvent {
+            shard_slot: slot_for(&self.aggregate_id),
+            event_id,
+            aggregate_id: self.aggregate_id.clone(),
+            aggregate_version: self.aggregate_version,
+            topic: self.topic.clone(),
+            key,
+            event_type: self.event_type.clone(),
+            headers,
+            payload: self.payload.clone(),
+        })
+    }
+}
+
+fn check_ident(field: &'static str, value: &str) -> Result<(), EnqueueError> {
+    if value.trim().is_empty() {
+        return Err(EnqueueError::Empty { field });
+    }
+    if value.len() > MAX_IDENT_LEN {
+        return Err(EnqueueError::TooLong { field, len: value.len(), limit: MAX_IDENT_LEN });
+    }
+    Ok(())
+}
+
+/// A new time-ordered event id (UUIDv7, text form).
+pub fn new_event_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// An event that passed [`NewEvent::validate`]: exactly the columns an enqueue writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedEvent {
+    /// Stable event id.
+    pub event_id: String,
+    /// Aggregate identity.
+    pub aggregate_id: String,
+    /// Aggregate version (>= 1).
+    pub aggregate_version: i64,
+    /// `slot_for(aggregate_id)`.
+    pub shard_slot: SlotId,
+    /// Destination topic.
+    pub topic: String,
+    /// Message key.
+    pub key: String,
+    /// Event type.
+    pub event_type: String,
+    /// Headers as a JSON object of strings.
+    pub headers: String,
+    /// JSON payload.
+    pub payload: String,
+}
+
+/// Validates a batch, also rejecting a duplicate `(aggregate, version)` or event id inside it.
+pub fn validate_batch(
+    events: &[NewEvent],
+    limits: &Limits,
+) -> Result<Vec<ValidatedEvent>, EnqueueError> {
+    let mut out = Vec::with_capacity(events.len());
+    let mut seen_versions = std::collections::HashSet::with_capacity(events.len());
+    let mut seen_ids = std::collections::HashSet::with_capacity(events.len());
+    for ev in events {
+        let v = ev.validate(limits)?;
+        if !seen_versions.insert((v.aggregate_id.clone(), v.aggregate_version)) {
+            return Err(EnqueueError::DuplicateVersion {
+                aggregate_id: v.aggregate_id,
+                version: v.aggregate_version,
+            });
+        }
+        if !seen_ids.insert(v.event_id.clone()) {
+            return Err(EnqueueError::DuplicateEventId { event_id: v.event_id });
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev() -> NewEvent {
+        NewEvent::new("order-7", 1, "orders", "OrderCreated", r#"{"orderId":7}"#)
+    }
+
+    #[test]
+    fn valid_event_gets_id_slot_and_key() {
+        let v = ev().validate(&Limits::default()).unwrap();
+        assert_eq!(v.key, "order-7");
+        assert_eq!(v.shard_slot, slot_for("order-7"));
+        assert_eq!(v.event_id.len(), 36);
+        assert_eq!(v.headers, "{}");
+    }
+
+    #[test]
+    fn bad_inputs_are_named() {
+        let l = Limits { max_payload_bytes: 16 };
+        let mut e = ev();
+        e.aggregate_version = 0;
+        assert!(matches!(e.validate(&l), Err(EnqueueError::BadVersion { version: 0, .. })));
+        let mut e = ev();
+        e.topic = " ".into();
+        assert_eq!(e.validate(&l).unwrap_err(), EnqueueError::Empty { field: "topic" });
+        let mut e = ev();
+        e.key = Some(String::new());
+        assert_eq!(e.validate(&l).unwrap_err(), EnqueueError::Empty { field: "key" });
+        let mut e = ev();
+        e.payload = "{not json".into();
+        assert!(matches!(e.validate(&l), Err(EnqueueError::InvalidJson { .. })));
+        let mut e = ev();
+        e.payload = format!("\"{}\"", "x".repeat(20));
+        assert!(matches!(
+            e.validate(&l),
+            Err(EnqueueError::PayloadTooLarge { size: 22, limit: 16, .. })
+        ));
+    }
+
+    #[test]
+    fn batch_rejects_internal_duplicates() {
+        let err = validate_batch(&[ev(), ev()], &Limits::default()).unwrap_err();
+        assert_eq!(
+            err,
+            EnqueueError::DuplicateVersion { aggregate_id: "order-7".into(), version: 1 }
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("order-7") && msg.contains("version 1"), "{msg}");
+    }
+}

@@ -1,0 +1,53 @@
+//! Per-item send outcomes.
+
+/// What the sink reported for one item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The broker acknowledged the record.
+    Acked,
+    /// A transient failure: retry with backoff.
+    Retry(String),
+    /// A permanent failure (too large, invalid record, unknown topic): quarantine.
+    Permanent(String),
+    /// No answer: leave the row `CLAIMED`; it is resent after release or lease expiry with the
+    /// same event id and payload.
+    Unknown(String),
+}
+
+/// An outcome tied to its item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemOutcome {
+    /// Index of the item in its batch.
+    pub index: usize,
+    /// The outcome.
+    pub outcome: Outcome,
+}
+
+/// Counts of a batch's outcomes (folded, never collapsed into one success).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutcomeCounts {
+    /// Acked items.
+    pub acked: usize,
+    /// Items to retry.
+    pub retry: usize,
+    /// Items to quarantine.
+    pub permanent: usize,
+    /// Items whose outcome is unknown.
+    pub unknown: usize,
+}
+
+impl OutcomeCounts {
+    /// Folds outcomes.
+    pub fn fold<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>) -> Self {
+        let mut c = Self::default();
+        for o in outcomes {
+            match o {
+                Outcome::Acked => c.acked += 1,
+                Outcome::Retry(_) => c.retry += 1,
+                Outcome::Permanent(_) => c.permanent += 1,
+                Outcome::Unknown(_) => c.unknown += 1,
+            }
+        }
+        c
+    }
+}

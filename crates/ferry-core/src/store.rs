@@ -1,0 +1,173 @@
+//! The storage contract every backend implements.
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::claim::{CasReport, ClaimRequest, ClaimToken, ClaimedEvent};
+use crate::error::{EnqueueError, StoreError};
+use crate::event::{EventState, NewEvent};
+use crate::shard::SlotId;
+use crate::Micros;
+
+/// A boxed, `Send` future (keeps [`OutboxStore`] object safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A retry outcome for one claimed item.
+#[derive(Debug, Clone)]
+pub struct RetryItem {
+    /// The item's token.
+    pub token: ClaimToken,
+    /// How long until it is due again.
+    pub delay: Duration,
+    /// The error, stored in `last_error`.
+    pub error: String,
+}
+
+/// Aggregate counts for `ferry status` and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OutboxStatus {
+    /// Rows in `PENDING`.
+    pub pending: i64,
+    /// Rows in `CLAIMED`: the unknown exposure (sent or not, we do not know yet).
+    pub claimed: i64,
+    /// Rows in `QUARANTINED`.
+    pub quarantined: i64,
+    /// Age of the oldest unfinished (pending/claimed/quarantined) intent, µs.
+    pub oldest_unfinished_age_us: Option<i64>,
+    /// Aggregates blocked behind a quarantined event.
+    pub blocked_aggregates: i64,
+}
+
+/// A quarantined event as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct QuarantinedEvent {
+    /// Event id.
+    pub event_id: String,
+    /// Aggregate.
+    pub aggregate_id: String,
+    /// Version.
+    pub aggregate_version: i64,
+    /// Why it was quarantined.
+    pub last_error: Option<String>,
+    /// Attempts so far.
+    pub attempts: i32,
+    /// Unfinished successors it blocks.
+    pub blocked_successors: i64,
+}
+
+/// A row's delivery state (tests, lab, operators).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRecord {
+    /// Event id.
+    pub event_id: String,
+    /// State.
+    pub state: EventState,
+    /// Current claim term.
+    pub claim_version: i64,
+    /// Claim id of the latest claim.
+    pub claim_id: Option<String>,
+    /// Failed attempts.
+    pub attempts: i32,
+    /// Last error.
+    pub last_error: Option<String>,
+    /// Who resolved a quarantine (requeue/skip), if anyone.
+    pub resolved_by: Option<String>,
+    /// Payload.
+    pub payload: String,
+}
+
+/// Lease of one shard slot by a relay process.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SlotLease {
+    /// The slot.
+    pub slot: SlotId,
+    /// Owner id of the relay process.
+    pub owner: String,
+    /// Ownership term: incremented every time the slot changes hands.
+    pub epoch: i64,
+    /// Lease end, µs since the epoch (database clock).
+    pub lease_until: Micros,
+}
+
+/// The outbox store. Implemented by the PostgreSQL, MySQL/MariaDB, SQLite and in-memory
+/// backends; all pass one conformance suite.
+///
+/// Every method after `claim` is a compare-and-set on the item's [`ClaimToken`] and reports
+/// each item as applied or fenced; a fenced item is a normal outcome.
+pub trait OutboxStore: Send + Sync {
+    /// Short backend name (`postgres`, `mysql`, `sqlite`, `memory`).
+    fn backend(&self) -> &'static str;
+
+    /// Enqueues events in a transaction of the store's own (tools, demos). Applications enqueue
+    /// inside their own transaction with the backend's `enqueue` functions instead.
+    fn enqueue<'a>(&'a self, events: &'a [NewEvent])
+        -> BoxFuture<'a, Result<Vec<String>, EnqueueError>>;
+
+    /// Claims due, predecessor-free events of the requested slots in one short transaction.
+    fn claim<'a>(&'a self, req: &'a ClaimRequest)
+        -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>>;
+
+    /// Recovers a claim whose commit response was lost: the items still `CLAIMED` under
+    /// `claim_id`. Returns nothing for a claim that never committed or was taken over.
+    fn lookup_claim<'a>(&'a self, claim_id: &'a str)
+        -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>>;
+
+    /// `CLAIMED → SENT` (+ `sent_at`).
+    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>>;
+
+    /// `CLAIMED → PENDING` with `available_at` pushed back, `attempts + 1`, `last_error`.
+    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>>;
+
+    /// `CLAIMED → QUARANTINED` with the reason.
+    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)])
+        -> BoxFuture<'a, Result<CasReport, StoreError>>;
+
+    /// `CLAIMED → PENDING`, due now, attempts unchanged (graceful shutdown).
+    fn release<'a>(&'a self, tokens: &'a [ClaimToken])
+        -> BoxFuture<'a, Result<CasReport, StoreError>>;
+
+    /// Pushes `lease_until` to now + `lease` (heartbeat for slow sends).
+    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration)
+        -> BoxFuture<'a, Result<CasReport, StoreError>>;
+
+    /// Operator: `QUARANTINED → PENDING` keeping event id and payload; records `operator`.
+    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str)
+        -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Operator: `QUARANTINED → SKIPPED` (never delivered), releasing the aggregate's successors;
+    /// records `operator`.
+    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str)
+        -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Quarantined events, oldest first.
+    fn list_quarantined(&self, limit: usize)
+        -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>>;
+
+    /// Counts for status and metrics.
+    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>>;
+
+    /// One row's delivery state.
+    fn record<'a>(&'a self, event_id: &'a str)
+        -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>>;
+
+    /// Takes or renews slot leases for `owner`: a slot is granted when it is free, its lease
+    /// expired, or `owner` already holds it. A slot changing hands gets `epoch + 1`. Returns the
+    /// leases `owner` holds after the call among `slots`.
+    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration)
+        -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>>;
+
+    /// Gives up slots held by `owner` (rebalance, shutdown).
+    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId])
+        -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Registers/renews a relay process in the membership table; returns the live members
+    /// (including `owner`), sorted.
+    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration)
+        -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+
+    /// Removes a relay process from the membership table (clean shutdown).
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Current slot leases (status).
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>>;
+}

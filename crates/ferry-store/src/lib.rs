@@ -1,0 +1,210 @@
+//! Outbox storage for ferry over sqlx: PostgreSQL, MySQL/MariaDB and SQLite.
+//!
+//! Each backend module offers
+//! * `enqueue` / `enqueue_many`: insert publish intents inside **the caller's own sqlx
+//!   transaction**, next to its business writes, so both commit or neither;
+//! * a store type implementing [`ferry_core::OutboxStore`] (claim, lookup, fenced outcomes,
+//!   operator actions, slot leases);
+//! * `migrate`: the embedded schema (`migrations/<backend>/`), applied under a lock so that a
+//!   second concurrent migrate waits and then finds nothing to do.
+//!
+//! [`connect`] picks the backend from the URL scheme. Table names are fixed constants
+//! (`ferry_outbox`, `ferry_slot_lease`, `ferry_relay_member`, `ferry_schema_migrations`); no
+//! user-supplied identifier is ever interpolated into SQL, and every value is a bind parameter.
+#![warn(missing_docs, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreErrorKind};
+
+mod migrate;
+pub mod mysql;
+pub mod postgres;
+pub mod sqlite;
+
+pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
+
+/// Which database a URL points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `postgres://` / `postgresql://`
+    Postgres,
+    /// `mysql://` / `mariadb://`
+    Mysql,
+    /// `sqlite:` / `sqlite://`
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend of `url`, or a clear error naming the accepted schemes.
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        match scheme.as_str() {
+            "postgres" | "postgresql" => Ok(Self::Postgres),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
+            "sqlite" => Ok(Self::Sqlite),
+            _ => Err(StoreError::new(
+                StoreErrorKind::InvalidInput,
+                format!(
+                    "database URL {} has an unsupported scheme; use postgres://, mysql:// (MariaDB too) or sqlite://",
+                    redact_url(url)
+                ),
+            )),
+        }
+    }
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Pool size (default 10).
+    pub max_connections: u32,
+    /// How long to wait for a connection (default 10 s).
+    pub acquire_timeout: Duration,
+    /// Apply the embedded migrations on connect (default true).
+    pub migrate: bool,
+    /// Enqueue limits.
+    pub limits: Limits,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+            migrate: true,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Opens the store named by `url` (scheme picks the backend) and, unless disabled, migrates it.
+pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn OutboxStore>, StoreError> {
+    Ok(match Backend::from_url(url)? {
+        Backend::Postgres => Arc::new(postgres::PgStore::connect(url, opts).await?),
+        Backend::Mysql => Arc::new(mysql::MyStore::connect(url, opts).await?),
+        Backend::Sqlite => Arc::new(sqlite::SqliteStore::connect(url, opts).await?),
+    })
+}
+
+/// Applies the embedded migrations to the database at `url` under the backend's lock.
+/// Returns the versions applied by this call (empty when already up to date).
+pub async fn migrate_url(url: &str) -> Result<Vec<i64>, StoreError> {
+    let opts = ConnectOptions { migrate: false, max_connections: 2, ..Default::default() };
+    match Backend::from_url(url)? {
+        Backend::Postgres => postgres::PgStore::connect(url, &opts).await?.migrate().await,
+        Backend::Mysql => mysql::MyStore::connect(url, &opts).await?.migrate().await,
+        Backend::Sqlite => sqlite::SqliteStore::connect(url, &opts).await?.migrate().await,
+    }
+}
+
+/// `url` with any password replaced by `***`, safe to print.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return url.to_string() };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else { return url.to_string() };
+    let userinfo = &authority[..at];
+    let redacted = match userinfo.find(':') {
+        Some(colon) => format!("{}:***", &userinfo[..colon]),
+        None => userinfo.to_string(),
+    };
+    format!("{}://{}@{}", &url[..scheme_end], redacted, &rest[at + 1..])
+}
+
+/// Maps a sqlx error to the store's classification, keeping the source.
+pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
+    let kind = match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => StoreErrorKind::Unavailable,
+        sqlx::Error::Database(d) => {
+            let code = d.code().map(|c| c.to_string()).unwrap_or_default();
+            let msg = d.message().to_ascii_lowercase();
+            match code.as_str() {
+                // PostgreSQL serialization failure / deadlock; MySQL deadlock / lock wait timeout;
+                // SQLite BUSY / LOCKED
+                "40001" | "40P01" | "1213" | "1205" | "5" | "6" | "517" => StoreErrorKind::Conflict,
+                // undefined table/column (PostgreSQL, MySQL)
+                "42P01" | "42703" | "1146" | "1054" => StoreErrorKind::Schema,
+                _ if msg.contains("no such table") || msg.contains("no such column") => {
+                    StoreErrorKind::Schema
+                }
+                _ => StoreErrorKind::Other,
+            }
+        }
+        _ => StoreErrorKind::Other,
+    };
+    let hint = if kind == StoreErrorKind::Schema { " (run `ferry migrate`)" } else { "" };
+    StoreError::with_source(kind, format!("{context}: {e}{hint}"), e)
+}
+
+/// Classifies a unique violation raised by an enqueue of `events`, naming the duplicate.
+pub(crate) fn enqueue_err(events: &[ferry_core::ValidatedEvent], e: sqlx::Error) -> EnqueueError {
+    if let sqlx::Error::Database(d) = &e {
+        if d.kind() == sqlx::error::ErrorKind::UniqueViolation {
+            // The constraint name (PostgreSQL) or message (MySQL, SQLite) says which key.
+            let mut text = d.message().to_string();
+            if let Some(c) = d.constraint() {
+                text.push(' ');
+                text.push_str(c);
+            }
+            if let Some(pg) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                if let Some(detail) = pg.detail() {
+                    text.push(' ');
+                    text.push_str(detail);
+                }
+            }
+            let by_id = text.contains("event_id");
+            for ev in events {
+                if by_id {
+                    if text.contains(&ev.event_id) || events.len() == 1 {
+                        return EnqueueError::DuplicateEventId { event_id: ev.event_id.clone() };
+                    }
+                } else {
+                    let pg = format!("({}, {})", ev.aggregate_id, ev.aggregate_version);
+                    let my = format!("'{}-{}'", ev.aggregate_id, ev.aggregate_version);
+                    if text.contains(&pg) || text.contains(&my) || events.len() == 1 {
+                        return EnqueueError::DuplicateVersion {
+                            aggregate_id: ev.aggregate_id.clone(),
+                            version: ev.aggregate_version,
+                        };
+                    }
+                }
+            }
+            return EnqueueError::Store(format!("duplicate key: {text}"));
+        }
+    }
+    EnqueueError::Store(db_err("enqueue failed", e).to_string())
+}
+
+/// Validates `events` for an enqueue (shared by every backend).
+pub(crate) fn validate(
+    events: &[NewEvent],
+    limits: &Limits,
+) -> Result<Vec<ferry_core::ValidatedEvent>, EnqueueError> {
+    ferry_core::validate_batch(events, limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
+        assert_eq!(redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+        assert_eq!(redact_url("postgres://u:p@ss@h/db?x=1"), "postgres://u:***@h/db?x=1");
+    }
+
+    #[test]
+    fn scheme_errors_name_the_choices() {
+        let e = Backend::from_url("redis://u:pw@h").unwrap_err().to_string();
+        assert!(e.contains("postgres://") && !e.contains("pw"), "{e}");
+    }
+}

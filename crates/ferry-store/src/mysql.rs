@@ -1,0 +1,601 @@
+//! MySQL 8.0.1+ / MariaDB 10.6+ backend (tested on MariaDB 10.11).
+//!
+//! Sessions run at `READ COMMITTED`; all times are `UTC_TIMESTAMP(6)` so the session time zone
+//! of an application's connection never shifts them. Claim, in one short transaction:
+//! 1. (fenced claims) lock the owner's live slot-lease rows `LOCK IN SHARE MODE`;
+//! 2. a plain (non-locking) read picks due candidates whose aggregate has no unfinished lower
+//!    version — a locking read would also lock, or `SKIP LOCKED` past, the predecessor rows the
+//!    subquery examines, which could hide an in-flight v1 and release v2;
+//! 3. `SELECT … FOR UPDATE SKIP LOCKED` re-checks that each candidate is still due under its
+//!    row lock (a predecessor seen SENT cannot become unfinished again, so step 2's verdict
+//!    stays true);
+//! 4. `UPDATE` increments `claim_version` and sets `claim_id`/`lease_until`; the returned token
+//!    is the locked row's version + 1, read while the lock is held;
+//! 5. commit.
+//!
+//! MariaDB has no `UPDATE … RETURNING`: outcome CAS updates run as one statement per batch and,
+//! when the affected-row count is short, the batch is redone row-locked to say which items were
+//! fenced.
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ferry_core::{
+    BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord, Limits,
+    NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
+    StoreErrorKind, ValidatedEvent,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
+
+use crate::postgres::{not_quarantined, record_from};
+use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
+
+/// Rows per multi-row statement (11 placeholders per row stays far below MySQL's 65,535).
+const CHUNK: usize = 1000;
+
+/// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
+pub async fn enqueue(conn: &mut MySqlConnection, event: &NewEvent, limits: &Limits) -> Result<String, EnqueueError> {
+    let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
+    Ok(ids.remove(0))
+}
+
+/// Enqueues many events with multi-row inserts inside the caller's transaction.
+/// On error roll the caller's transaction back: nothing of this call is then written.
+pub async fn enqueue_many(conn: &mut MySqlConnection, events: &[NewEvent], limits: &Limits) -> Result<Vec<String>, EnqueueError> {
+    let rows = validate(events, limits)?;
+    insert_validated(conn, &rows).await?;
+    Ok(rows.into_iter().map(|r| r.event_id).collect())
+}
+
+pub(crate) async fn insert_validated(conn: &mut MySqlConnection, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+    for chunk in rows.chunks(CHUNK) {
+        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+            "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
+             event_type, headers, payload) ",
+        );
+        qb.push_values(chunk, |mut b, r| {
+            b.push_bind(&r.event_id)
+                .push_bind(&r.aggregate_id)
+                .push_bind(r.aggregate_version)
+                .push_bind(r.shard_slot as i16)
+                .push_bind(&r.topic)
+                .push_bind(&r.key)
+                .push_bind(&r.event_type)
+                .push_bind(&r.headers)
+                .push_bind(&r.payload);
+        });
+        qb.build().execute(&mut *conn).await.map_err(|e| enqueue_err(chunk, e))?;
+    }
+    Ok(())
+}
+
+/// The MySQL/MariaDB outbox store.
+#[derive(Debug, Clone)]
+pub struct MyStore {
+    pool: MySqlPool,
+    limits: Limits,
+}
+
+const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
+    topic, msg_key, event_type, headers, payload, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at)";
+
+fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
+    ClaimedEvent {
+        token: ClaimToken {
+            seq: r.get(0),
+            event_id: r.get(1),
+            claim_id: r.get::<Option<String>, _>(2).unwrap_or_default(),
+            claim_version: r.get(3),
+        },
+        aggregate_id: r.get(4),
+        aggregate_version: r.get(5),
+        shard_slot: r.get::<i16, _>(6) as SlotId,
+        topic: r.get(7),
+        key: r.get(8),
+        event_type: r.get(9),
+        headers: r.get(10),
+        payload: r.get(11),
+        attempts: r.get(12),
+        created_at: r.get(13),
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    d.as_micros().min(i64::MAX as u128) as i64
+}
+
+fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, items: impl IntoIterator<Item = T>)
+where
+    T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql> + Send,
+{
+    let mut sep = qb.separated(", ");
+    for i in items {
+        sep.push_bind(i);
+    }
+}
+
+/// A CAS predicate over tokens: `seq IN (…) AND (seq, claim_version, claim_id) IN ((…), …)`.
+fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
+    qb.push("state = 'CLAIMED' AND seq IN (");
+    push_list(qb, tokens.iter().map(|t| t.seq));
+    qb.push(") AND (seq, claim_version, claim_id) IN (");
+    let mut first = true;
+    for t in tokens {
+        if !first {
+            qb.push(", ");
+        }
+        first = false;
+        qb.push("(").push_bind(t.seq).push(", ").push_bind(t.claim_version).push(", ").push_bind(&t.claim_id).push(")");
+    }
+    qb.push(")");
+}
+
+impl MyStore {
+    /// Connects to `url`; migrates unless `opts.migrate` is false.
+    pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
+        let conn = MySqlConnectOptions::from_str(url).map_err(|e| {
+            StoreError::new(StoreErrorKind::InvalidInput, format!("invalid MySQL URL {}: {e}", crate::redact_url(url)))
+        })?;
+        Self::connect_with(conn, opts).await
+    }
+
+    /// Connects with explicit options.
+    pub async fn connect_with(conn: MySqlConnectOptions, opts: &ConnectOptions) -> Result<Self, StoreError> {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(opts.max_connections)
+            .acquire_timeout(opts.acquire_timeout)
+            .after_connect(|c, _| {
+                Box::pin(async move {
+                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
+                    Ok(())
+                })
+            })
+            .connect_with(conn)
+            .await
+            .map_err(|e| db_err("cannot connect to MySQL/MariaDB", e))?;
+        let store = Self { pool, limits: opts.limits };
+        if opts.migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    /// The pool, for the application's own transactions.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Applies pending migrations under `GET_LOCK('ferry_migrate:<db>')`. MySQL DDL is not
+    /// transactional, so every statement is idempotent (`IF NOT EXISTS`) and a migration that
+    /// died half-way is simply re-run; its version row is written last.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(|e| db_err("migrate: connect", e))?;
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_migrate:', DATABASE()), 300)")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| db_err("migrate: lock", e))?;
+        if got != Some(1) {
+            return Err(StoreError::new(StoreErrorKind::Conflict, "migrate: another migration held the lock for 300 s"));
+        }
+        let result = async {
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS ferry_schema_migrations (version BIGINT PRIMARY KEY, \
+                 name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
+            )
+            .await
+            .map_err(|e| db_err("migrate: create ferry_schema_migrations", e))?;
+            let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_schema_migrations")
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| db_err("migrate: read applied", e))?
+                .into_iter()
+                .collect();
+            let mut applied = Vec::new();
+            for m in MIGRATIONS_MYSQL.iter().filter(|m| !done.contains(&m.version)) {
+                sqlx::raw_sql(m.sql)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+                sqlx::query("INSERT INTO ferry_schema_migrations (version, name) VALUES (?, ?)")
+                    .bind(m.version)
+                    .bind(m.name)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| db_err("migrate: record", e))?;
+                applied.push(m.version);
+            }
+            Ok(applied)
+        }
+        .await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ferry_migrate:', DATABASE()))").execute(&mut *conn).await;
+        result
+    }
+
+    /// One CAS per batch. `set` is the SET clause; `per_item` adds per-item values, which are
+    /// applied as one statement per item inside the same transaction (retry/quarantine are the
+    /// rare paths).
+    async fn cas(&self, tokens: &[ClaimToken], set: &str, per_item: Option<&[(i64, &str)]>) -> Result<CasReport, StoreError> {
+        if tokens.is_empty() {
+            return Ok(CasReport::default());
+        }
+        let mut tx = self.pool.begin().await.map_err(|e| db_err("outcome: begin", e))?;
+        let report = if let Some(values) = per_item {
+            let mut applied = HashSet::new();
+            for (t, (delay, text)) in tokens.iter().zip(values) {
+                let n = sqlx::query(&format!(
+                    "UPDATE ferry_outbox SET {set} WHERE state = 'CLAIMED' AND seq = ? AND claim_version = ? AND claim_id = ?"
+                ))
+                .bind(*delay)
+                .bind(*text)
+                .bind(t.seq)
+                .bind(t.claim_version)
+                .bind(&t.claim_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("outcome update", e))?
+                .rows_affected();
+                if n == 1 {
+                    applied.insert(t.seq);
+                }
+            }
+            CasReport::from_applied(tokens, &applied)
+        } else {
+            let mut total = 0usize;
+            for chunk in tokens.chunks(CHUNK) {
+                let mut qb = QueryBuilder::<MySql>::new(format!("UPDATE ferry_outbox SET {set} WHERE "));
+                push_tokens(&mut qb, chunk);
+                total += qb.build().execute(&mut *tx).await.map_err(|e| db_err("outcome update", e))?.rows_affected() as usize;
+            }
+            if total == tokens.len() {
+                CasReport::all_applied(tokens)
+            } else {
+                // Short count: some tokens are stale. Redo the batch row-locked so the report can
+                // name exactly which items applied and which were fenced.
+                tx.rollback().await.map_err(|e| db_err("outcome: rollback", e))?;
+                tx = self.pool.begin().await.map_err(|e| db_err("outcome: begin", e))?;
+                let mut applied = HashSet::new();
+                for chunk in tokens.chunks(CHUNK) {
+                    let mut qb = QueryBuilder::<MySql>::new("SELECT seq FROM ferry_outbox WHERE ");
+                    push_tokens(&mut qb, chunk);
+                    qb.push(" FOR UPDATE");
+                    let matching: Vec<i64> =
+                        qb.build_query_scalar().fetch_all(&mut *tx).await.map_err(|e| db_err("outcome lock", e))?;
+                    if matching.is_empty() {
+                        continue;
+                    }
+                    let mut qb = QueryBuilder::<MySql>::new(format!("UPDATE ferry_outbox SET {set} WHERE seq IN ("));
+                    push_list(&mut qb, matching.iter().copied());
+                    qb.push(")");
+                    qb.build().execute(&mut *tx).await.map_err(|e| db_err("outcome update", e))?;
+                    applied.extend(matching);
+                }
+                CasReport::from_applied(tokens, &applied)
+            }
+        };
+        tx.commit().await.map_err(|e| db_err("outcome: commit", e))?;
+        Ok(report)
+    }
+
+    async fn operator_update(&self, event_id: &str, operator: &str, target: &str) -> Result<(), StoreError> {
+        let extra = if target == "PENDING" { ", available_at = UTC_TIMESTAMP(6), attempts = 0" } else { "" };
+        let n = sqlx::query(&format!(
+            "UPDATE ferry_outbox SET state = '{target}', resolved_by = ?, resolved_at = UTC_TIMESTAMP(6), lease_until = NULL{extra} \
+             WHERE event_id = ? AND state = 'QUARANTINED'"
+        ))
+        .bind(operator)
+        .bind(event_id)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| db_err("operator update", e))?
+        .rows_affected();
+        if n == 1 {
+            return Ok(());
+        }
+        Err(not_quarantined(event_id, self.record(event_id).await?))
+    }
+}
+
+impl OutboxStore for MyStore {
+    fn backend(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn enqueue<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        Box::pin(async move {
+            let rows = validate(events, &self.limits)?;
+            let mut tx = self.pool.begin().await.map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            insert_validated(&mut tx, &rows).await?;
+            tx.commit().await.map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            Ok(rows.into_iter().map(|r| r.event_id).collect())
+        })
+    }
+
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            if req.slots.is_empty() || req.limit == 0 {
+                return Ok(Vec::new());
+            }
+            let mut tx = self.pool.begin().await.map_err(|e| db_err("claim: begin", e))?;
+            let slots: Vec<i16> = if let Some(f) = &req.fence {
+                let mut qb = QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
+                qb.push_bind(&f.owner).push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
+                push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
+                qb.push(") LOCK IN SHARE MODE");
+                qb.build_query_scalar().fetch_all(&mut *tx).await.map_err(|e| db_err("claim: slot fence", e))?
+            } else {
+                req.slots.iter().map(|s| *s as i16).collect()
+            };
+            if slots.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut qb = QueryBuilder::<MySql>::new(
+                "SELECT o.seq FROM ferry_outbox o WHERE o.state IN ('PENDING', 'CLAIMED') AND o.shard_slot IN (",
+            );
+            push_list(&mut qb, slots.iter().copied());
+            qb.push(
+                ") AND ((o.state = 'PENDING' AND o.available_at <= UTC_TIMESTAMP(6)) OR (o.state = 'CLAIMED' AND o.lease_until <= UTC_TIMESTAMP(6))) \
+                 AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
+                   AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
+                 ORDER BY o.seq LIMIT ",
+            );
+            qb.push_bind(req.limit as i64);
+            let candidates: Vec<i64> =
+                qb.build_query_scalar().fetch_all(&mut *tx).await.map_err(|e| db_err("claim: candidates", e))?;
+            if candidates.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut qb = QueryBuilder::<MySql>::new(format!("SELECT {COLUMNS} FROM ferry_outbox WHERE seq IN ("));
+            push_list(&mut qb, candidates.iter().copied());
+            qb.push(
+                ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
+                 ORDER BY seq FOR UPDATE SKIP LOCKED",
+            );
+            let rows = qb.build().fetch_all(&mut *tx).await.map_err(|e| db_err("claim: lock", e))?;
+            if rows.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
+            let mut qb = QueryBuilder::<MySql>::new(
+                "UPDATE ferry_outbox SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ",
+            );
+            qb.push_bind(&req.claim_id)
+                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
+                .push_bind(micros(req.lease))
+                .push(" MICROSECOND WHERE seq IN (");
+            push_list(&mut qb, items.iter().map(|i| i.token.seq));
+            qb.push(")");
+            let n = qb.build().execute(&mut *tx).await.map_err(|e| db_err("claim: update", e))?.rows_affected();
+            if n as usize != items.len() {
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("claim: updated {n} of {} locked rows; rolled back", items.len()),
+                ));
+            }
+            for it in &mut items {
+                it.token.claim_version += 1;
+                it.token.claim_id = req.claim_id.clone();
+            }
+            tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
+            Ok(items)
+        })
+    }
+
+    fn lookup_claim<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&format!(
+                "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
+            ))
+            .bind(claim_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("lookup_claim", e))?;
+            Ok(rows.iter().map(claimed_from_row).collect())
+        })
+    }
+
+    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(tokens, "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL", None))
+    }
+
+    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
+            let values: Vec<(i64, &str)> = items.iter().map(|i| (micros(i.delay), i.error.as_str())).collect();
+            self.cas(
+                &tokens,
+                "available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ?, state = 'PENDING', \
+                 lease_until = NULL, attempts = attempts + 1",
+                Some(&values),
+            )
+            .await
+        })
+    }
+
+    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
+            let values: Vec<(i64, &str)> = items.iter().map(|i| (0, i.1.as_str())).collect();
+            self.cas(
+                &tokens,
+                "available_at = available_at + INTERVAL ? MICROSECOND, last_error = ?, state = 'QUARANTINED', \
+                 lease_until = NULL, attempts = attempts + 1",
+                Some(&values),
+            )
+            .await
+        })
+    }
+
+    fn release<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(tokens, "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)", None))
+    }
+
+    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let set = format!("lease_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND", micros(lease));
+            self.cas(tokens, &set, None).await
+        })
+    }
+
+    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    }
+
+    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    }
+
+    fn list_quarantined(&self, limit: usize) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT COUNT(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
+                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?",
+            )
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("list quarantined", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| QuarantinedEvent {
+                    event_id: r.get(0),
+                    aggregate_id: r.get(1),
+                    aggregate_version: r.get(2),
+                    last_error: r.get(3),
+                    attempts: r.get(4),
+                    blocked_successors: r.get(5),
+                })
+                .collect())
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
+        Box::pin(async move {
+            let r = sqlx::query(
+                "SELECT CAST(COALESCE(SUM(state = 'PENDING'), 0) AS SIGNED), CAST(COALESCE(SUM(state = 'CLAIMED'), 0) AS SIGNED), \
+                   CAST(COALESCE(SUM(state = 'QUARANTINED'), 0) AS SIGNED), \
+                   CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS SIGNED), \
+                   CAST(COUNT(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) AS SIGNED) \
+                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status", e))?;
+            Ok(OutboxStatus {
+                pending: r.get(0),
+                claimed: r.get(1),
+                quarantined: r.get(2),
+                oldest_unfinished_age_us: r.get(3),
+                blocked_aggregates: r.get(4),
+            })
+        })
+    }
+
+    fn record<'a>(&'a self, event_id: &'a str) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
+        Box::pin(async move {
+            let r = sqlx::query(
+                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
+                 FROM ferry_outbox WHERE event_id = ?",
+            )
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| db_err("record", e))?;
+            r.map(|r| record_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7)))
+                .transpose()
+        })
+    }
+
+    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            if slots.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut tx = self.pool.begin().await.map_err(|e| db_err("acquire slots: begin", e))?;
+            // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
+            let mut qb = QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
+            qb.push_bind(owner)
+                .push(", epoch, epoch + 1), owner = ")
+                .push_bind(owner)
+                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
+                .push_bind(micros(ttl))
+                .push(" MICROSECOND WHERE slot IN (");
+            push_list(&mut qb, slots.iter().map(|s| *s as i16));
+            qb.push(") AND (owner IS NULL OR owner = ").push_bind(owner).push(" OR lease_until <= UTC_TIMESTAMP(6))");
+            qb.build().execute(&mut *tx).await.map_err(|e| db_err("acquire slots", e))?;
+            let mut qb = QueryBuilder::<MySql>::new(
+                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease WHERE owner = ",
+            );
+            qb.push_bind(owner).push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
+            push_list(&mut qb, slots.iter().map(|s| *s as i16));
+            qb.push(") ORDER BY slot");
+            let rows = qb.build().fetch_all(&mut *tx).await.map_err(|e| db_err("acquire slots: read", e))?;
+            tx.commit().await.map_err(|e| db_err("acquire slots: commit", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .collect())
+        })
+    }
+
+    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            if slots.is_empty() {
+                return Ok(());
+            }
+            let mut qb = QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ");
+            qb.push_bind(owner).push(" AND slot IN (");
+            push_list(&mut qb, slots.iter().map(|s| *s as i16));
+            qb.push(")");
+            qb.build().execute(&self.pool).await.map_err(|e| db_err("release slots", e))?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE lease_until = VALUES(lease_until)",
+            )
+            .bind(owner)
+            .bind(micros(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("member heartbeat", e))?;
+            sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))
+        })
+    }
+
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("leave", e))?;
+            Ok(())
+        })
+    }
+
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease \
+                 WHERE owner IS NOT NULL ORDER BY slot",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("slot leases", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .collect())
+        })
+    }
+}

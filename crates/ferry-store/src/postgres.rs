@@ -1,0 +1,552 @@
+//! PostgreSQL backend (12+; tested on 15).
+//!
+//! Claim: one statement — a CTE selects due, predecessor-free rows of the requested slots in
+//! `seq` order `FOR UPDATE SKIP LOCKED`, and the outer `UPDATE … RETURNING` increments
+//! `claim_version`, sets `claim_id`/`lease_until` and returns each token, all inside one short
+//! transaction. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
+//! `(state = 'CLAIMED', claim_version, claim_id)`.
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ferry_core::{
+    BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
+    EventState, Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId,
+    SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::{Connection, PgPool, Row};
+
+use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
+
+const INSERT: &str = "INSERT INTO ferry_outbox \
+    (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type, headers, payload) \
+    SELECT * FROM UNNEST($1::varchar[], $2::varchar[], $3::int8[], $4::int2[], $5::varchar[], \
+    $6::varchar[], $7::varchar[], $8::text[], $9::text[])";
+
+/// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
+pub async fn enqueue(
+    conn: &mut PgConnection,
+    event: &NewEvent,
+    limits: &Limits,
+) -> Result<String, EnqueueError> {
+    let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
+    Ok(ids.remove(0))
+}
+
+/// Enqueues many events with one multi-row insert inside the caller's transaction.
+/// On error nothing of this call was written; roll the caller's transaction back.
+pub async fn enqueue_many(
+    conn: &mut PgConnection,
+    events: &[NewEvent],
+    limits: &Limits,
+) -> Result<Vec<String>, EnqueueError> {
+    let rows = validate(events, limits)?;
+    insert_validated(conn, &rows).await?;
+    Ok(rows.into_iter().map(|r| r.event_id).collect())
+}
+
+pub(crate) async fn insert_validated(
+    conn: &mut PgConnection,
+    rows: &[ValidatedEvent],
+) -> Result<(), EnqueueError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&ValidatedEvent) -> &str| rows.iter().map(|r| f(r).to_owned()).collect::<Vec<_>>();
+    sqlx::query(INSERT)
+        .bind(col(|r| &r.event_id))
+        .bind(col(|r| &r.aggregate_id))
+        .bind(rows.iter().map(|r| r.aggregate_version).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.shard_slot as i16).collect::<Vec<_>>())
+        .bind(col(|r| &r.topic))
+        .bind(col(|r| &r.key))
+        .bind(col(|r| &r.event_type))
+        .bind(col(|r| &r.headers))
+        .bind(col(|r| &r.payload))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| enqueue_err(rows, e))?;
+    Ok(())
+}
+
+/// The PostgreSQL outbox store.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    limits: Limits,
+}
+
+const CLAIM_COLUMNS: &str = "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, \
+    o.aggregate_version, o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, \
+    o.attempts, (extract(epoch from o.created_at) * 1000000)::int8";
+
+fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
+    ClaimedEvent {
+        token: ClaimToken {
+            seq: r.get(0),
+            event_id: r.get(1),
+            claim_id: r.get(2),
+            claim_version: r.get(3),
+        },
+        aggregate_id: r.get(4),
+        aggregate_version: r.get(5),
+        shard_slot: r.get::<i16, _>(6) as SlotId,
+        topic: r.get(7),
+        key: r.get(8),
+        event_type: r.get(9),
+        headers: r.get(10),
+        payload: r.get(11),
+        attempts: r.get(12),
+        created_at: r.get(13),
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    d.as_micros().min(i64::MAX as u128) as i64
+}
+
+impl PgStore {
+    /// Connects to `url`; migrates unless `opts.migrate` is false.
+    pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
+        let conn = PgConnectOptions::from_str(url).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::InvalidInput,
+                format!("invalid PostgreSQL URL {}: {e}", crate::redact_url(url)),
+            )
+        })?;
+        Self::connect_with(conn, opts).await
+    }
+
+    /// Connects with explicit options (e.g. a `search_path` per test schema).
+    pub async fn connect_with(conn: PgConnectOptions, opts: &ConnectOptions) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.max_connections)
+            .acquire_timeout(opts.acquire_timeout)
+            .connect_with(conn)
+            .await
+            .map_err(|e| db_err("cannot connect to PostgreSQL", e))?;
+        let store = Self { pool, limits: opts.limits };
+        if opts.migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    /// The pool, for the application's own transactions.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies pending embedded migrations under a transaction-scoped advisory lock keyed by
+    /// the current schema; PostgreSQL DDL is transactional, so a migration applies fully or not
+    /// at all, and a concurrent migrate waits for the lock and then finds nothing to do.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(|e| db_err("migrate: begin", e))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('ferry_migrate:' || current_schema()))")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("migrate: lock", e))?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS ferry_schema_migrations (version BIGINT PRIMARY KEY, \
+             name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: create ferry_schema_migrations", e))?;
+        let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_schema_migrations")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("migrate: read applied", e))?
+            .into_iter()
+            .collect();
+        let mut applied = Vec::new();
+        for m in MIGRATIONS_POSTGRES.iter().filter(|m| !done.contains(&m.version)) {
+            sqlx::raw_sql(m.sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+            sqlx::query("INSERT INTO ferry_schema_migrations (version, name) VALUES ($1, $2)")
+                .bind(m.version)
+                .bind(m.name)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("migrate: record", e))?;
+            applied.push(m.version);
+        }
+        tx.commit().await.map_err(|e| db_err("migrate: commit", e))?;
+        Ok(applied)
+    }
+
+    async fn cas(
+        &self,
+        tokens: &[ClaimToken],
+        set: &str,
+        extra: Option<Extra<'_>>,
+    ) -> Result<CasReport, StoreError> {
+        if tokens.is_empty() {
+            return Ok(CasReport::default());
+        }
+        let (extra_decl, extra_cols) = match &extra {
+            None => ("", ""),
+            Some(Extra::Delay(_)) => (", $4::int8[]", ", delay_us"),
+            Some(Extra::Text(_)) => (", $4::text[]", ", txt"),
+            Some(Extra::DelayText(..)) => (", $4::int8[], $5::text[]", ", delay_us, txt"),
+        };
+        let sql = format!(
+            "UPDATE ferry_outbox o SET {set} \
+             FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{extra_decl}) AS t(seq, cv, cid{extra_cols}) \
+             WHERE o.seq = t.seq AND o.state = 'CLAIMED' AND o.claim_version = t.cv AND o.claim_id = t.cid \
+             RETURNING o.seq"
+        );
+        let mut q = sqlx::query_scalar::<_, i64>(&sql)
+            .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
+            .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
+            .bind(tokens.iter().map(|t| t.claim_id.clone()).collect::<Vec<_>>());
+        match extra {
+            None => {}
+            Some(Extra::Delay(d)) => q = q.bind(d),
+            Some(Extra::Text(t)) => q = q.bind(t),
+            Some(Extra::DelayText(d, t)) => q = q.bind(d).bind(t),
+        }
+        let applied: HashSet<i64> = q
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("outcome update", e))?
+            .into_iter()
+            .collect();
+        Ok(CasReport::from_applied(tokens, &applied))
+    }
+
+    async fn operator_update(&self, event_id: &str, operator: &str, target: &str) -> Result<(), StoreError> {
+        let extra = if target == "PENDING" { ", available_at = now(), attempts = 0" } else { "" };
+        let sql = format!(
+            "UPDATE ferry_outbox SET state = '{target}', resolved_by = $2, resolved_at = now(), \
+             lease_until = NULL{extra} WHERE event_id = $1 AND state = 'QUARANTINED'"
+        );
+        let n = sqlx::query(&sql)
+            .bind(event_id)
+            .bind(operator)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("operator update", e))?
+            .rows_affected();
+        if n == 1 {
+            return Ok(());
+        }
+        Err(not_quarantined(event_id, self.record(event_id).await?))
+    }
+}
+
+pub(crate) fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> StoreError {
+    match rec {
+        None => StoreError::new(StoreErrorKind::InvalidInput, format!("no outbox event with id {event_id:?}")),
+        Some(r) => StoreError::new(
+            StoreErrorKind::InvalidInput,
+            format!("event {event_id:?} is {}, not QUARANTINED; only quarantined events can be requeued or skipped", r.state),
+        ),
+    }
+}
+
+enum Extra<'a> {
+    Delay(Vec<i64>),
+    Text(Vec<&'a str>),
+    DelayText(Vec<i64>, Vec<&'a str>),
+}
+
+impl OutboxStore for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn enqueue<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        Box::pin(async move {
+            let rows = validate(events, &self.limits)?;
+            let mut tx = self.pool.begin().await.map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            insert_validated(&mut tx, &rows).await?;
+            tx.commit().await.map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            Ok(rows.into_iter().map(|r| r.event_id).collect())
+        })
+    }
+
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            if req.slots.is_empty() || req.limit == 0 {
+                return Ok(Vec::new());
+            }
+            // With a slot fence, the owned lease rows are read FOR SHARE in the same transaction:
+            // a takeover (UPDATE of the lease row) waits until this claim commits, and a claim
+            // by an owner whose lease ended finds no slot.
+            let slot_filter = if req.fence.is_some() {
+                "o.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
+                 AND l.owner = $5 AND l.lease_until > now() FOR SHARE)"
+            } else {
+                "o.shard_slot = ANY($1)"
+            };
+            let sql = format!(
+                "WITH due AS ( \
+                   SELECT o.seq FROM ferry_outbox o \
+                   WHERE {slot_filter} \
+                     AND o.state IN ('PENDING', 'CLAIMED') \
+                     AND ((o.state = 'PENDING' AND o.available_at <= now()) \
+                       OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
+                     AND NOT EXISTS (SELECT 1 FROM ferry_outbox p \
+                       WHERE p.aggregate_id = o.aggregate_id \
+                         AND p.aggregate_version < o.aggregate_version \
+                         AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                   ORDER BY o.seq LIMIT $2 \
+                   FOR UPDATE OF o SKIP LOCKED) \
+                 UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
+                   claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
+                 FROM due WHERE o.seq = due.seq \
+                 RETURNING {CLAIM_COLUMNS}"
+            );
+            let slots: Vec<i16> = req.slots.iter().map(|s| *s as i16).collect();
+            let mut tx = self.pool.begin().await.map_err(|e| db_err("claim: begin", e))?;
+            let mut q = sqlx::query(&sql)
+                .bind(slots)
+                .bind(req.limit as i64)
+                .bind(&req.claim_id)
+                .bind(micros(req.lease));
+            if let Some(f) = &req.fence {
+                q = q.bind(&f.owner);
+            }
+            let rows = q.fetch_all(&mut *tx).await.map_err(|e| db_err("claim", e))?;
+            tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
+            let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
+            items.sort_by_key(|e| e.token.seq);
+            Ok(items)
+        })
+    }
+
+    fn lookup_claim<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            let sql = format!(
+                "SELECT {CLAIM_COLUMNS} FROM ferry_outbox o WHERE o.claim_id = $1 AND o.state = 'CLAIMED' ORDER BY o.seq"
+            );
+            let rows = sqlx::query(&sql)
+                .bind(claim_id)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("lookup_claim", e))?;
+            Ok(rows.iter().map(claimed_from_row).collect())
+        })
+    }
+
+    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(tokens, "state = 'SENT', sent_at = now(), lease_until = NULL", None))
+    }
+
+    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
+            let delays = items.iter().map(|i| micros(i.delay)).collect();
+            let errs = items.iter().map(|i| i.error.as_str()).collect();
+            self.cas(
+                &tokens,
+                "state = 'PENDING', lease_until = NULL, attempts = o.attempts + 1, last_error = t.txt, \
+                 available_at = now() + t.delay_us * interval '1 microsecond'",
+                Some(Extra::DelayText(delays, errs)),
+            )
+            .await
+        })
+    }
+
+    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
+            let reasons = items.iter().map(|i| i.1.as_str()).collect();
+            self.cas(
+                &tokens,
+                "state = 'QUARANTINED', lease_until = NULL, attempts = o.attempts + 1, last_error = t.txt",
+                Some(Extra::Text(reasons)),
+            )
+            .await
+        })
+    }
+
+    fn release<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(tokens, "state = 'PENDING', lease_until = NULL, available_at = now()", None))
+    }
+
+    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let d = vec![micros(lease); tokens.len()];
+            self.cas(tokens, "lease_until = now() + t.delay_us * interval '1 microsecond'", Some(Extra::Delay(d)))
+                .await
+        })
+    }
+
+    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    }
+
+    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    }
+
+    fn list_quarantined(&self, limit: usize) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.aggregate_version > q.aggregate_version \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT $1",
+            )
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("list quarantined", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| QuarantinedEvent {
+                    event_id: r.get(0),
+                    aggregate_id: r.get(1),
+                    aggregate_version: r.get(2),
+                    last_error: r.get(3),
+                    attempts: r.get(4),
+                    blocked_successors: r.get(5),
+                })
+                .collect())
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
+        Box::pin(async move {
+            let r = sqlx::query(
+                "SELECT count(*) FILTER (WHERE state = 'PENDING'), count(*) FILTER (WHERE state = 'CLAIMED'), \
+                   count(*) FILTER (WHERE state = 'QUARANTINED'), \
+                   (extract(epoch from (now() - min(created_at))) * 1000000)::int8, \
+                   count(DISTINCT aggregate_id) FILTER (WHERE state = 'QUARANTINED') \
+                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status", e))?;
+            Ok(OutboxStatus {
+                pending: r.get(0),
+                claimed: r.get(1),
+                quarantined: r.get(2),
+                oldest_unfinished_age_us: r.get(3),
+                blocked_aggregates: r.get(4),
+            })
+        })
+    }
+
+    fn record<'a>(&'a self, event_id: &'a str) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
+        Box::pin(async move {
+            let r = sqlx::query(
+                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
+                 FROM ferry_outbox WHERE event_id = $1",
+            )
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| db_err("record", e))?;
+            r.map(|r| record_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7)))
+                .transpose()
+        })
+    }
+
+    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "UPDATE ferry_slot_lease SET \
+                   epoch = CASE WHEN owner IS DISTINCT FROM $1 THEN epoch + 1 ELSE epoch END, \
+                   owner = $1, lease_until = now() + $3 * interval '1 microsecond' \
+                 WHERE slot = ANY($2) AND (owner IS NULL OR owner = $1 OR lease_until <= now()) \
+                 RETURNING slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8",
+            )
+            .bind(owner)
+            .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
+            .bind(micros(ttl))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("acquire slots", e))?;
+            let mut leases: Vec<SlotLease> = rows
+                .iter()
+                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .collect();
+            leases.sort_by_key(|l| l.slot);
+            Ok(leases)
+        })
+    }
+
+    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query("UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = $1 AND slot = ANY($2)")
+                .bind(owner)
+                .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("release slots", e))?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES ($1, now() + $2 * interval '1 microsecond') \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+            )
+            .bind(owner)
+            .bind(micros(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("member heartbeat", e))?;
+            sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))
+        })
+    }
+
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = $1")
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("leave", e))?;
+            Ok(())
+        })
+    }
+
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
+                 WHERE owner IS NOT NULL ORDER BY slot",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("slot leases", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .collect())
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_from(
+    event_id: String,
+    state: String,
+    claim_version: i64,
+    claim_id: Option<String>,
+    attempts: i32,
+    last_error: Option<String>,
+    resolved_by: Option<String>,
+    payload: String,
+) -> Result<EventRecord, StoreError> {
+    let state = EventState::from_str(&state).map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
+    Ok(EventRecord { event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload })
+}
+
+/// Opens a dedicated connection (used by tests and tools that need session state).
+pub async fn connect_one(url: &str) -> Result<PgConnection, StoreError> {
+    PgConnection::connect(url).await.map_err(|e| db_err("connect", e))
+}

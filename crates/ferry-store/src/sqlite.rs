@@ -1,0 +1,541 @@
+//! SQLite backend (3.35+; libsqlite3-sys bundles 3.46): the embedded default.
+//!
+//! SQLite has one writer at a time, so a claim is one `BEGIN IMMEDIATE` transaction (the write
+//! lock is taken up front; no other claimer can interleave) running a single
+//! `UPDATE … WHERE seq IN (SELECT … LIMIT n) RETURNING …`. Timestamps are INTEGER microseconds
+//! from this process's clock. The database runs in WAL mode with `synchronous = FULL` by default,
+//! so a committed intent survives a power loss; `NORMAL` (survives process crashes only) is
+//! available for benchmarks via [`SqliteStore::connect_with`].
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ferry_core::{
+    now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
+    Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
+    StoreErrorKind, ValidatedEvent,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+
+use crate::postgres::{not_quarantined, record_from};
+use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
+
+/// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
+const CHUNK: usize = 1000;
+
+/// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
+pub async fn enqueue(conn: &mut SqliteConnection, event: &NewEvent, limits: &Limits) -> Result<String, EnqueueError> {
+    let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
+    Ok(ids.remove(0))
+}
+
+/// Enqueues many events with multi-row inserts inside the caller's transaction.
+/// On error roll the caller's transaction back: nothing of this call is then written.
+pub async fn enqueue_many(conn: &mut SqliteConnection, events: &[NewEvent], limits: &Limits) -> Result<Vec<String>, EnqueueError> {
+    let rows = validate(events, limits)?;
+    insert_validated(conn, &rows).await?;
+    Ok(rows.into_iter().map(|r| r.event_id).collect())
+}
+
+pub(crate) async fn insert_validated(conn: &mut SqliteConnection, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+    let now = now_micros();
+    for chunk in rows.chunks(CHUNK) {
+        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
+             event_type, headers, payload, created_at, available_at) ",
+        );
+        qb.push_values(chunk, |mut b, r| {
+            b.push_bind(&r.event_id)
+                .push_bind(&r.aggregate_id)
+                .push_bind(r.aggregate_version)
+                .push_bind(r.shard_slot as i64)
+                .push_bind(&r.topic)
+                .push_bind(&r.key)
+                .push_bind(&r.event_type)
+                .push_bind(&r.headers)
+                .push_bind(&r.payload)
+                .push_bind(now)
+                .push_bind(now);
+        });
+        if let Err(e) = qb.build().execute(&mut *conn).await {
+            // SQLite's message does not name the duplicate values; the transaction is still
+            // usable, so ask which (aggregate, version) of this chunk exists already.
+            if let sqlx::Error::Database(d) = &e {
+                if d.kind() == sqlx::error::ErrorKind::UniqueViolation && d.message().contains("aggregate_version") {
+                    for r in chunk {
+                        let exists: Option<i64> = sqlx::query_scalar(
+                            "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
+                        )
+                        .bind(&r.aggregate_id)
+                        .bind(r.aggregate_version)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .ok()
+                        .flatten();
+                        if exists.is_some() {
+                            return Err(EnqueueError::DuplicateVersion {
+                                aggregate_id: r.aggregate_id.clone(),
+                                version: r.aggregate_version,
+                            });
+                        }
+                    }
+                }
+                if d.kind() == sqlx::error::ErrorKind::UniqueViolation && d.message().contains("event_id") {
+                    for r in chunk {
+                        let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?")
+                            .bind(&r.event_id)
+                            .fetch_optional(&mut *conn)
+                            .await
+                            .ok()
+                            .flatten();
+                        if exists.is_some() {
+                            return Err(EnqueueError::DuplicateEventId { event_id: r.event_id.clone() });
+                        }
+                    }
+                }
+            }
+            return Err(enqueue_err(chunk, e));
+        }
+    }
+    Ok(())
+}
+
+/// The SQLite outbox store.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    limits: Limits,
+}
+
+const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
+    topic, msg_key, event_type, headers, payload, attempts, created_at";
+
+fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
+    ClaimedEvent {
+        token: ClaimToken {
+            seq: r.get(0),
+            event_id: r.get(1),
+            claim_id: r.get::<Option<String>, _>(2).unwrap_or_default(),
+            claim_version: r.get(3),
+        },
+        aggregate_id: r.get(4),
+        aggregate_version: r.get(5),
+        shard_slot: r.get::<i64, _>(6) as SlotId,
+        topic: r.get(7),
+        key: r.get(8),
+        event_type: r.get(9),
+        headers: r.get(10),
+        payload: r.get(11),
+        attempts: r.get(12),
+        created_at: r.get(13),
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    d.as_micros().min(i64::MAX as u128) as i64
+}
+
+fn json_slots(slots: &[SlotId]) -> String {
+    serde_json::to_string(slots).expect("slots serialize")
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file named by `url` (`sqlite:///abs/path.db`,
+    /// `sqlite://rel.db` or `sqlite::memory:`); migrates unless `opts.migrate` is false.
+    pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
+        let conn = SqliteConnectOptions::from_str(url).map_err(|e| {
+            StoreError::new(StoreErrorKind::InvalidInput, format!("invalid SQLite URL {url}: {e}"))
+        })?;
+        Self::connect_with(conn.synchronous(SqliteSynchronous::Full), opts).await
+    }
+
+    /// Opens with explicit options (WAL, a 10 s busy timeout and foreign keys are always set).
+    pub async fn connect_with(conn: SqliteConnectOptions, opts: &ConnectOptions) -> Result<Self, StoreError> {
+        let conn = conn
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(opts.max_connections.max(1))
+            .acquire_timeout(opts.acquire_timeout)
+            .connect_with(conn)
+            .await
+            .map_err(|e| db_err("cannot open SQLite database", e))?;
+        let store = Self { pool, limits: opts.limits };
+        if opts.migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    /// The pool, for the application's own transactions.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Applies pending migrations inside one `BEGIN IMMEDIATE` transaction: the write lock
+    /// serializes concurrent migrates, and SQLite DDL is transactional.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("migrate: begin", e))?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS ferry_schema_migrations (version INTEGER PRIMARY KEY, \
+             name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: create ferry_schema_migrations", e))?;
+        let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_schema_migrations")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("migrate: read applied", e))?
+            .into_iter()
+            .collect();
+        let mut applied = Vec::new();
+        for m in MIGRATIONS_SQLITE.iter().filter(|m| !done.contains(&m.version)) {
+            sqlx::raw_sql(m.sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+            sqlx::query("INSERT INTO ferry_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)")
+                .bind(m.version)
+                .bind(m.name)
+                .bind(now_micros())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("migrate: record", e))?;
+            applied.push(m.version);
+        }
+        tx.commit().await.map_err(|e| db_err("migrate: commit", e))?;
+        Ok(applied)
+    }
+
+    /// A batched CAS: the tokens (and per-item number/text) travel as one JSON array, joined
+    /// with `json_each`, so every batch size uses the same prepared statement.
+    async fn cas(&self, tokens: &[ClaimToken], set: &str, extra: &[(i64, &str)]) -> Result<CasReport, StoreError> {
+        if tokens.is_empty() {
+            return Ok(CasReport::default());
+        }
+        let items: Vec<serde_json::Value> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (n, s) = extra.get(i).copied().unwrap_or((0, ""));
+                serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
+            })
+            .collect();
+        let sql = format!(
+            "UPDATE ferry_outbox SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, value->>2 AS cid, \
+               value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
+             WHERE ferry_outbox.seq = t.seq AND ferry_outbox.state = 'CLAIMED' \
+               AND ferry_outbox.claim_version = t.cv AND ferry_outbox.claim_id = t.cid \
+             RETURNING ferry_outbox.seq"
+        );
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("outcome: begin", e))?;
+        let applied: HashSet<i64> = sqlx::query_scalar(&sql)
+            .bind(serde_json::Value::Array(items).to_string())
+            .bind(now_micros())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("outcome update", e))?
+            .into_iter()
+            .collect();
+        tx.commit().await.map_err(|e| db_err("outcome: commit", e))?;
+        Ok(CasReport::from_applied(tokens, &applied))
+    }
+
+    async fn operator_update(&self, event_id: &str, operator: &str, target: &str) -> Result<(), StoreError> {
+        let extra = if target == "PENDING" { ", available_at = ?3, attempts = 0" } else { "" };
+        let n = sqlx::query(&format!(
+            "UPDATE ferry_outbox SET state = '{target}', resolved_by = ?2, resolved_at = ?3, lease_until = NULL{extra} \
+             WHERE event_id = ?1 AND state = 'QUARANTINED'"
+        ))
+        .bind(event_id)
+        .bind(operator)
+        .bind(now_micros())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| db_err("operator update", e))?
+        .rows_affected();
+        if n == 1 {
+            return Ok(());
+        }
+        Err(not_quarantined(event_id, self.record(event_id).await?))
+    }
+}
+
+impl OutboxStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn enqueue<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        Box::pin(async move {
+            let rows = validate(events, &self.limits)?;
+            let mut tx = self
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            insert_validated(&mut tx, &rows).await?;
+            tx.commit().await.map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            Ok(rows.into_iter().map(|r| r.event_id).collect())
+        })
+    }
+
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            if req.slots.is_empty() || req.limit == 0 {
+                return Ok(Vec::new());
+            }
+            let fence = if req.fence.is_some() {
+                "AND o.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)"
+            } else {
+                ""
+            };
+            let sql = format!(
+                "UPDATE ferry_outbox SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
+                   lease_until = ?2 + ?4 \
+                 WHERE seq IN (SELECT o.seq FROM ferry_outbox o \
+                   WHERE o.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
+                     AND o.state IN ('PENDING', 'CLAIMED') \
+                     AND ((o.state = 'PENDING' AND o.available_at <= ?2) OR (o.state = 'CLAIMED' AND o.lease_until <= ?2)) \
+                     AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
+                       AND p.aggregate_version < o.aggregate_version \
+                       AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                   ORDER BY o.seq LIMIT ?6) \
+                 RETURNING {COLUMNS}"
+            );
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("claim: begin", e))?;
+            let rows = sqlx::query(&sql)
+                .bind(json_slots(&req.slots))
+                .bind(now_micros())
+                .bind(&req.claim_id)
+                .bind(micros(req.lease))
+                .bind(req.fence.as_ref().map(|f| f.owner.as_str()).unwrap_or(""))
+                .bind(req.limit as i64)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim", e))?;
+            tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
+            let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
+            items.sort_by_key(|e| e.token.seq);
+            Ok(items)
+        })
+    }
+
+    fn lookup_claim<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&format!(
+                "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
+            ))
+            .bind(claim_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("lookup_claim", e))?;
+            Ok(rows.iter().map(claimed_from_row).collect())
+        })
+    }
+
+    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(tokens, "state = 'SENT', sent_at = ?2, lease_until = NULL", &[]))
+    }
+
+    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
+            let extra: Vec<(i64, &str)> = items.iter().map(|i| (micros(i.delay), i.error.as_str())).collect();
+            self.cas(
+                &tokens,
+                "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
+                &extra,
+            )
+            .await
+        })
+    }
+
+    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
+            let extra: Vec<(i64, &str)> = items.iter().map(|i| (0, i.1.as_str())).collect();
+            self.cas(
+                &tokens,
+                "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
+                &extra,
+            )
+            .await
+        })
+    }
+
+    fn release<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(tokens, "state = 'PENDING', lease_until = NULL, available_at = ?2", &[]))
+    }
+
+    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let extra = vec![(micros(lease), ""); tokens.len()];
+            self.cas(tokens, "lease_until = ?2 + t.num", &extra).await
+        })
+    }
+
+    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    }
+
+    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    }
+
+    fn list_quarantined(&self, limit: usize) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.aggregate_version > q.aggregate_version \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?",
+            )
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("list quarantined", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| QuarantinedEvent {
+                    event_id: r.get(0),
+                    aggregate_id: r.get(1),
+                    aggregate_version: r.get(2),
+                    last_error: r.get(3),
+                    attempts: r.get(4),
+                    blocked_successors: r.get(5),
+                })
+                .collect())
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
+        Box::pin(async move {
+            let r = sqlx::query(
+                "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
+                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
+                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
+                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
+            )
+            .bind(now_micros())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status", e))?;
+            Ok(OutboxStatus {
+                pending: r.get(0),
+                claimed: r.get(1),
+                quarantined: r.get(2),
+                oldest_unfinished_age_us: r.get(3),
+                blocked_aggregates: r.get(4),
+            })
+        })
+    }
+
+    fn record<'a>(&'a self, event_id: &'a str) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
+        Box::pin(async move {
+            let r = sqlx::query(
+                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
+                 FROM ferry_outbox WHERE event_id = ?",
+            )
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| db_err("record", e))?;
+            r.map(|r| record_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7)))
+                .transpose()
+        })
+    }
+
+    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let now = now_micros();
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("acquire slots: begin", e))?;
+            let rows = sqlx::query(
+                "UPDATE ferry_slot_lease SET \
+                   epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
+                 WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
+                 RETURNING slot, owner, epoch, lease_until",
+            )
+            .bind(owner)
+            .bind(json_slots(slots))
+            .bind(now)
+            .bind(micros(ttl))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("acquire slots", e))?;
+            tx.commit().await.map_err(|e| db_err("acquire slots: commit", e))?;
+            let mut leases: Vec<SlotLease> = rows
+                .iter()
+                .map(|r| SlotLease { slot: r.get::<i64, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .collect();
+            leases.sort_by_key(|l| l.slot);
+            Ok(leases)
+        })
+    }
+
+    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId]) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query(
+                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
+                 AND slot IN (SELECT value FROM json_each(?2))",
+            )
+            .bind(owner)
+            .bind(json_slots(slots))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("release slots", e))?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let now = now_micros();
+            sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, lease_until, joined_at) VALUES (?1, ?2 + ?3, ?2) \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until",
+            )
+            .bind(owner)
+            .bind(now)
+            .bind(micros(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("member heartbeat", e))?;
+            sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner")
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))
+        })
+    }
+
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("leave", e))?;
+            Ok(())
+        })
+    }
+
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("slot leases", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease { slot: r.get::<i64, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .collect())
+        })
+    }
+}
