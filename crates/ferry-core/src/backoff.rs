@@ -14,7 +14,10 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { base: Duration::from_millis(200), max: Duration::from_secs(60) }
+        Self {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(60),
+        }
     }
 }
 
@@ -25,7 +28,11 @@ impl Backoff {
         let ceiling = self.base.saturating_mul(1u32 << exp).min(self.max);
         let floor = ceiling / 2;
         let span = ceiling.saturating_sub(floor).as_micros() as u64;
-        let jitter = if span == 0 { 0 } else { rand::random::<u64>() % (span + 1) };
+        let jitter = if span == 0 {
+            0
+        } else {
+            rand::random::<u64>() % (span + 1)
+        };
         floor + Duration::from_micros(jitter)
     }
 }
@@ -36,7 +43,10 @@ mod tests {
 
     #[test]
     fn grows_and_caps() {
-        let b = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(1) };
+        let b = Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
         for _ in 0..100 {
             let d1 = b.delay(1);
             assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100));

@@ -45,7 +45,13 @@ pub struct ClaimRequest {
 impl ClaimRequest {
     /// A request with a fresh claim id, no slot fence.
     pub fn new(slots: Vec<SlotId>, limit: usize, lease: Duration) -> Self {
-        Self { claim_id: crate::new_event_id(), slots, limit, lease, fence: None }
+        Self {
+            claim_id: crate::new_event_id(),
+            slots,
+            limit,
+            lease,
+            fence: None,
+        }
     }
 }
 
@@ -95,7 +101,10 @@ pub struct CasReport {
 impl CasReport {
     /// Number of applied items.
     pub fn applied(&self) -> usize {
-        self.items.iter().filter(|(_, r)| *r == CasResult::Applied).count()
+        self.items
+            .iter()
+            .filter(|(_, r)| *r == CasResult::Applied)
+            .count()
     }
     /// Number of fenced items.
     pub fn fenced(&self) -> usize {
@@ -107,7 +116,11 @@ impl CasReport {
             items: inputs
                 .iter()
                 .map(|t| {
-                    let r = if applied.contains(&t.seq) { CasResult::Applied } else { CasResult::Fenced };
+                    let r = if applied.contains(&t.seq) {
+                        CasResult::Applied
+                    } else {
+                        CasResult::Fenced
+                    };
                     (t.seq, r)
                 })
                 .collect(),
@@ -115,6 +128,8 @@ impl CasReport {
     }
     /// All items applied.
     pub fn all_applied(inputs: &[ClaimToken]) -> Self {
-        Self { items: inputs.iter().map(|t| (t.seq, CasResult::Applied)).collect() }
+        Self {
+            items: inputs.iter().map(|t| (t.seq, CasResult::Applied)).collect(),
+        }
     }
 }

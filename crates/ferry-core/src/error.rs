@@ -101,7 +101,11 @@ impl fmt::Display for StoreError {
 impl StoreError {
     /// A new error of `kind`.
     pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into(), source: None }
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
     }
 
     /// A new error keeping its source.
@@ -110,7 +114,11 @@ impl StoreError {
         message: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        Self { kind, message: message.into(), source: Some(Box::new(source)) }
+        Self {
+            kind,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
     }
 
     /// The classification.
@@ -120,6 +128,9 @@ impl StoreError {
 
     /// True when retrying later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self.kind, StoreErrorKind::Unavailable | StoreErrorKind::Conflict)
+        matches!(
+            self.kind,
+            StoreErrorKind::Unavailable | StoreErrorKind::Conflict
+        )
     }
 }

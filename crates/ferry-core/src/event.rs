@@ -66,7 +66,9 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_payload_bytes: 1024 * 1024 }
+        Self {
+            max_payload_bytes: 1024 * 1024,
+        }
     }
 }
 
@@ -142,7 +144,10 @@ impl NewEvent {
             });
         }
         check_ident("topic", &self.topic)?;
-        let key = self.key.clone().unwrap_or_else(|| self.aggregate_id.clone());
+        let key = self
+            .key
+            .clone()
+            .unwrap_or_else(|| self.aggregate_id.clone());
         check_ident("key", &key)?;
         check_ident("event_type", &self.event_type)?;
         if self.payload.len() > limits.max_payload_bytes {
@@ -153,7 +158,10 @@ impl NewEvent {
             });
         }
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&self.payload) {
-            return Err(EnqueueError::InvalidJson { event_id, reason: e.to_string() });
+            return Err(EnqueueError::InvalidJson {
+                event_id,
+                reason: e.to_string(),
+            });
         }
         let headers = serde_json::to_string(&self.headers).expect("string map serializes");
         Ok(ValidatedEvent {
@@ -175,7 +183,11 @@ fn check_ident(field: &'static str, value: &str) -> Result<(), EnqueueError> {
         return Err(EnqueueError::Empty { field });
     }
     if value.len() > MAX_IDENT_LEN {
-        return Err(EnqueueError::TooLong { field, len: value.len(), limit: MAX_IDENT_LEN });
+        return Err(EnqueueError::TooLong {
+            field,
+            len: value.len(),
+            limit: MAX_IDENT_LEN,
+        });
     }
     Ok(())
 }
@@ -225,7 +237,9 @@ pub fn validate_batch(
             });
         }
         if !seen_ids.insert(v.event_id.clone()) {
-            return Err(EnqueueError::DuplicateEventId { event_id: v.event_id });
+            return Err(EnqueueError::DuplicateEventId {
+                event_id: v.event_id,
+            });
         }
         out.push(v);
     }
@@ -251,24 +265,42 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_named() {
-        let l = Limits { max_payload_bytes: 16 };
+        let l = Limits {
+            max_payload_bytes: 16,
+        };
         let mut e = ev();
         e.aggregate_version = 0;
-        assert!(matches!(e.validate(&l), Err(EnqueueError::BadVersion { version: 0, .. })));
+        assert!(matches!(
+            e.validate(&l),
+            Err(EnqueueError::BadVersion { version: 0, .. })
+        ));
         let mut e = ev();
         e.topic = " ".into();
-        assert_eq!(e.validate(&l).unwrap_err(), EnqueueError::Empty { field: "topic" });
+        assert_eq!(
+            e.validate(&l).unwrap_err(),
+            EnqueueError::Empty { field: "topic" }
+        );
         let mut e = ev();
         e.key = Some(String::new());
-        assert_eq!(e.validate(&l).unwrap_err(), EnqueueError::Empty { field: "key" });
+        assert_eq!(
+            e.validate(&l).unwrap_err(),
+            EnqueueError::Empty { field: "key" }
+        );
         let mut e = ev();
         e.payload = "{not json".into();
-        assert!(matches!(e.validate(&l), Err(EnqueueError::InvalidJson { .. })));
+        assert!(matches!(
+            e.validate(&l),
+            Err(EnqueueError::InvalidJson { .. })
+        ));
         let mut e = ev();
         e.payload = format!("\"{}\"", "x".repeat(20));
         assert!(matches!(
             e.validate(&l),
-            Err(EnqueueError::PayloadTooLarge { size: 22, limit: 16, .. })
+            Err(EnqueueError::PayloadTooLarge {
+                size: 22,
+                limit: 16,
+                ..
+            })
         ));
     }
 
@@ -277,9 +309,15 @@ mod tests {
         let err = validate_batch(&[ev(), ev()], &Limits::default()).unwrap_err();
         assert_eq!(
             err,
-            EnqueueError::DuplicateVersion { aggregate_id: "order-7".into(), version: 1 }
+            EnqueueError::DuplicateVersion {
+                aggregate_id: "order-7".into(),
+                version: 1
+            }
         );
         let msg = err.to_string();
-        assert!(msg.contains("order-7") && msg.contains("version 1"), "{msg}");
+        assert!(
+            msg.contains("order-7") && msg.contains("version 1"),
+            "{msg}"
+        );
     }
 }

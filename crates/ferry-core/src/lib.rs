@@ -26,7 +26,9 @@ mod store;
 pub use backoff::Backoff;
 pub use claim::{CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent, SlotFence};
 pub use error::{EnqueueError, StoreError, StoreErrorKind};
-pub use event::{new_event_id, validate_batch, EventState, Limits, NewEvent, ValidatedEvent, MAX_IDENT_LEN};
+pub use event::{
+    new_event_id, validate_batch, EventState, Limits, NewEvent, ValidatedEvent, MAX_IDENT_LEN,
+};
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{

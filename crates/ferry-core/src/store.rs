@@ -100,17 +100,23 @@ pub trait OutboxStore: Send + Sync {
 
     /// Enqueues events in a transaction of the store's own (tools, demos). Applications enqueue
     /// inside their own transaction with the backend's `enqueue` functions instead.
-    fn enqueue<'a>(&'a self, events: &'a [NewEvent])
-        -> BoxFuture<'a, Result<Vec<String>, EnqueueError>>;
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>>;
 
     /// Claims due, predecessor-free events of the requested slots in one short transaction.
-    fn claim<'a>(&'a self, req: &'a ClaimRequest)
-        -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>>;
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>>;
 
     /// Recovers a claim whose commit response was lost: the items still `CLAIMED` under
     /// `claim_id`. Returns nothing for a claim that never committed or was taken over.
-    fn lookup_claim<'a>(&'a self, claim_id: &'a str)
-        -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>>;
+    fn lookup_claim<'a>(
+        &'a self,
+        claim_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>>;
 
     /// `CLAIMED → SENT` (+ `sent_at`).
     fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>>;
@@ -119,51 +125,78 @@ pub trait OutboxStore: Send + Sync {
     fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
     /// `CLAIMED → QUARANTINED` with the reason.
-    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)])
-        -> BoxFuture<'a, Result<CasReport, StoreError>>;
+    fn quarantine<'a>(
+        &'a self,
+        items: &'a [(ClaimToken, String)],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
     /// `CLAIMED → PENDING`, due now, attempts unchanged (graceful shutdown).
-    fn release<'a>(&'a self, tokens: &'a [ClaimToken])
-        -> BoxFuture<'a, Result<CasReport, StoreError>>;
+    fn release<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
     /// Pushes `lease_until` to now + `lease` (heartbeat for slow sends).
-    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration)
-        -> BoxFuture<'a, Result<CasReport, StoreError>>;
+    fn extend_lease<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
     /// Operator: `QUARANTINED → PENDING` keeping event id and payload; records `operator`.
-    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str)
-        -> BoxFuture<'a, Result<(), StoreError>>;
+    fn requeue<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Operator: `QUARANTINED → SKIPPED` (never delivered), releasing the aggregate's successors;
     /// records `operator`.
-    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str)
-        -> BoxFuture<'a, Result<(), StoreError>>;
+    fn skip<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Quarantined events, oldest first.
-    fn list_quarantined(&self, limit: usize)
-        -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>>;
+    fn list_quarantined(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>>;
 
     /// Counts for status and metrics.
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>>;
 
     /// One row's delivery state.
-    fn record<'a>(&'a self, event_id: &'a str)
-        -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>>;
+    fn record<'a>(
+        &'a self,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>>;
 
     /// Takes or renews slot leases for `owner`: a slot is granted when it is free, its lease
     /// expired, or `owner` already holds it. A slot changing hands gets `epoch + 1`. Returns the
     /// leases `owner` holds after the call among `slots`.
-    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration)
-        -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>>;
+    fn acquire_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>>;
 
     /// Gives up slots held by `owner` (rebalance, shutdown).
-    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId])
-        -> BoxFuture<'a, Result<(), StoreError>>;
+    fn release_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Registers/renews a relay process in the membership table; returns the live members
     /// (including `owner`), sorted.
-    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration)
-        -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+    fn heartbeat_member<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
 
     /// Removes a relay process from the membership table (clean shutdown).
     fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;

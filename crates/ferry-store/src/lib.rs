@@ -22,6 +22,7 @@ mod migrate;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
+pub mod testkit;
 
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 
@@ -91,21 +92,39 @@ pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Arc<dyn OutboxS
 /// Applies the embedded migrations to the database at `url` under the backend's lock.
 /// Returns the versions applied by this call (empty when already up to date).
 pub async fn migrate_url(url: &str) -> Result<Vec<i64>, StoreError> {
-    let opts = ConnectOptions { migrate: false, max_connections: 2, ..Default::default() };
+    let opts = ConnectOptions {
+        migrate: false,
+        max_connections: 2,
+        ..Default::default()
+    };
     match Backend::from_url(url)? {
-        Backend::Postgres => postgres::PgStore::connect(url, &opts).await?.migrate().await,
+        Backend::Postgres => {
+            postgres::PgStore::connect(url, &opts)
+                .await?
+                .migrate()
+                .await
+        }
         Backend::Mysql => mysql::MyStore::connect(url, &opts).await?.migrate().await,
-        Backend::Sqlite => sqlite::SqliteStore::connect(url, &opts).await?.migrate().await,
+        Backend::Sqlite => {
+            sqlite::SqliteStore::connect(url, &opts)
+                .await?
+                .migrate()
+                .await
+        }
     }
 }
 
 /// `url` with any password replaced by `***`, safe to print.
 pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_string() };
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
     let rest = &url[scheme_end + 3..];
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else { return url.to_string() };
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
     let userinfo = &authority[..at];
     let redacted = match userinfo.find(':') {
         Some(colon) => format!("{}:***", &userinfo[..colon]),
@@ -139,7 +158,11 @@ pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
         }
         _ => StoreErrorKind::Other,
     };
-    let hint = if kind == StoreErrorKind::Schema { " (run `ferry migrate`)" } else { "" };
+    let hint = if kind == StoreErrorKind::Schema {
+        " (run `ferry migrate`)"
+    } else {
+        ""
+    };
     StoreError::with_source(kind, format!("{context}: {e}{hint}"), e)
 }
 
@@ -163,7 +186,9 @@ pub(crate) fn enqueue_err(events: &[ferry_core::ValidatedEvent], e: sqlx::Error)
             for ev in events {
                 if by_id {
                     if text.contains(&ev.event_id) || events.len() == 1 {
-                        return EnqueueError::DuplicateEventId { event_id: ev.event_id.clone() };
+                        return EnqueueError::DuplicateEventId {
+                            event_id: ev.event_id.clone(),
+                        };
                     }
                 } else {
                     let pg = format!("({}, {})", ev.aggregate_id, ev.aggregate_version);
@@ -196,10 +221,19 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
-        assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            redact_url("mysql://root@127.0.0.1/test"),
+            "mysql://root@127.0.0.1/test"
+        );
         assert_eq!(redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
-        assert_eq!(redact_url("postgres://u:p@ss@h/db?x=1"), "postgres://u:***@h/db?x=1");
+        assert_eq!(
+            redact_url("postgres://u:p@ss@h/db?x=1"),
+            "postgres://u:***@h/db?x=1"
+        );
     }
 
     #[test]

@@ -21,9 +21,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{
-    BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord, Limits,
-    NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
-    StoreErrorKind, ValidatedEvent,
+    BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
+    Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
@@ -35,20 +35,31 @@ use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
 const CHUNK: usize = 1000;
 
 /// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
-pub async fn enqueue(conn: &mut MySqlConnection, event: &NewEvent, limits: &Limits) -> Result<String, EnqueueError> {
+pub async fn enqueue(
+    conn: &mut MySqlConnection,
+    event: &NewEvent,
+    limits: &Limits,
+) -> Result<String, EnqueueError> {
     let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
     Ok(ids.remove(0))
 }
 
 /// Enqueues many events with multi-row inserts inside the caller's transaction.
 /// On error roll the caller's transaction back: nothing of this call is then written.
-pub async fn enqueue_many(conn: &mut MySqlConnection, events: &[NewEvent], limits: &Limits) -> Result<Vec<String>, EnqueueError> {
+pub async fn enqueue_many(
+    conn: &mut MySqlConnection,
+    events: &[NewEvent],
+    limits: &Limits,
+) -> Result<Vec<String>, EnqueueError> {
     let rows = validate(events, limits)?;
     insert_validated(conn, &rows).await?;
     Ok(rows.into_iter().map(|r| r.event_id).collect())
 }
 
-pub(crate) async fn insert_validated(conn: &mut MySqlConnection, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+pub(crate) async fn insert_validated(
+    conn: &mut MySqlConnection,
+    rows: &[ValidatedEvent],
+) -> Result<(), EnqueueError> {
     for chunk in rows.chunks(CHUNK) {
         let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
             "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
@@ -65,7 +76,10 @@ pub(crate) async fn insert_validated(conn: &mut MySqlConnection, rows: &[Validat
                 .push_bind(&r.headers)
                 .push_bind(&r.payload);
         });
-        qb.build().execute(&mut *conn).await.map_err(|e| enqueue_err(chunk, e))?;
+        qb.build()
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| enqueue_err(chunk, e))?;
     }
     Ok(())
 }
@@ -84,21 +98,33 @@ fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
     ClaimedEvent {
         token: ClaimToken {
             seq: r.get(0),
-            event_id: r.get(1),
-            claim_id: r.get::<Option<String>, _>(2).unwrap_or_default(),
+            event_id: txt(r, 1),
+            claim_id: otxt(r, 2).unwrap_or_default(),
             claim_version: r.get(3),
         },
-        aggregate_id: r.get(4),
+        aggregate_id: txt(r, 4),
         aggregate_version: r.get(5),
         shard_slot: r.get::<i16, _>(6) as SlotId,
-        topic: r.get(7),
-        key: r.get(8),
-        event_type: r.get(9),
-        headers: r.get(10),
-        payload: r.get(11),
+        topic: txt(r, 7),
+        key: txt(r, 8),
+        event_type: txt(r, 9),
+        headers: txt(r, 10),
+        payload: txt(r, 11),
         attempts: r.get(12),
         created_at: r.get(13),
     }
+}
+
+/// Reads a text column. The schema uses `utf8mb4_bin` (byte-exact keys), which the server
+/// reports with the BINARY flag, so sqlx decodes it as bytes; the bytes are UTF-8 we wrote.
+fn txt(r: &sqlx::mysql::MySqlRow, i: usize) -> String {
+    otxt(r, i).unwrap_or_default()
+}
+
+fn otxt(r: &sqlx::mysql::MySqlRow, i: usize) -> Option<String> {
+    r.get::<Option<Vec<u8>>, _>(i).map(|b| {
+        String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    })
 }
 
 fn micros(d: Duration) -> i64 {
@@ -126,7 +152,13 @@ fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
             qb.push(", ");
         }
         first = false;
-        qb.push("(").push_bind(t.seq).push(", ").push_bind(t.claim_version).push(", ").push_bind(&t.claim_id).push(")");
+        qb.push("(")
+            .push_bind(t.seq)
+            .push(", ")
+            .push_bind(t.claim_version)
+            .push(", ")
+            .push_bind(&t.claim_id)
+            .push(")");
     }
     qb.push(")");
 }
@@ -135,26 +167,36 @@ impl MyStore {
     /// Connects to `url`; migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
         let conn = MySqlConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(StoreErrorKind::InvalidInput, format!("invalid MySQL URL {}: {e}", crate::redact_url(url)))
+            StoreError::new(
+                StoreErrorKind::InvalidInput,
+                format!("invalid MySQL URL {}: {e}", crate::redact_url(url)),
+            )
         })?;
         Self::connect_with(conn, opts).await
     }
 
     /// Connects with explicit options.
-    pub async fn connect_with(conn: MySqlConnectOptions, opts: &ConnectOptions) -> Result<Self, StoreError> {
+    pub async fn connect_with(
+        conn: MySqlConnectOptions,
+        opts: &ConnectOptions,
+    ) -> Result<Self, StoreError> {
         let pool = MySqlPoolOptions::new()
             .max_connections(opts.max_connections)
             .acquire_timeout(opts.acquire_timeout)
             .after_connect(|c, _| {
                 Box::pin(async move {
-                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
+                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
                     Ok(())
                 })
             })
             .connect_with(conn)
             .await
             .map_err(|e| db_err("cannot connect to MySQL/MariaDB", e))?;
-        let store = Self { pool, limits: opts.limits };
+        let store = Self {
+            pool,
+            limits: opts.limits,
+        };
         if opts.migrate {
             store.migrate().await?;
         }
@@ -170,13 +212,21 @@ impl MyStore {
     /// transactional, so every statement is idempotent (`IF NOT EXISTS`) and a migration that
     /// died half-way is simply re-run; its version row is written last.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(|e| db_err("migrate: connect", e))?;
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_migrate:', DATABASE()), 300)")
-            .fetch_one(&mut *conn)
+        let mut conn = self
+            .pool
+            .acquire()
             .await
-            .map_err(|e| db_err("migrate: lock", e))?;
+            .map_err(|e| db_err("migrate: connect", e))?;
+        let got: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_migrate:', DATABASE()), 300)")
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| db_err("migrate: lock", e))?;
         if got != Some(1) {
-            return Err(StoreError::new(StoreErrorKind::Conflict, "migrate: another migration held the lock for 300 s"));
+            return Err(StoreError::new(
+                StoreErrorKind::Conflict,
+                "migrate: another migration held the lock for 300 s",
+            ));
         }
         let result = async {
             conn.execute(
@@ -208,18 +258,29 @@ impl MyStore {
             Ok(applied)
         }
         .await;
-        let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ferry_migrate:', DATABASE()))").execute(&mut *conn).await;
+        let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ferry_migrate:', DATABASE()))")
+            .execute(&mut *conn)
+            .await;
         result
     }
 
     /// One CAS per batch. `set` is the SET clause; `per_item` adds per-item values, which are
     /// applied as one statement per item inside the same transaction (retry/quarantine are the
     /// rare paths).
-    async fn cas(&self, tokens: &[ClaimToken], set: &str, per_item: Option<&[(i64, &str)]>) -> Result<CasReport, StoreError> {
+    async fn cas(
+        &self,
+        tokens: &[ClaimToken],
+        set: &str,
+        per_item: Option<&[(i64, &str)]>,
+    ) -> Result<CasReport, StoreError> {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
-        let mut tx = self.pool.begin().await.map_err(|e| db_err("outcome: begin", e))?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| db_err("outcome: begin", e))?;
         let report = if let Some(values) = per_item {
             let mut applied = HashSet::new();
             for (t, (delay, text)) in tokens.iter().zip(values) {
@@ -243,42 +304,73 @@ impl MyStore {
         } else {
             let mut total = 0usize;
             for chunk in tokens.chunks(CHUNK) {
-                let mut qb = QueryBuilder::<MySql>::new(format!("UPDATE ferry_outbox SET {set} WHERE "));
+                let mut qb =
+                    QueryBuilder::<MySql>::new(format!("UPDATE ferry_outbox SET {set} WHERE "));
                 push_tokens(&mut qb, chunk);
-                total += qb.build().execute(&mut *tx).await.map_err(|e| db_err("outcome update", e))?.rows_affected() as usize;
+                total += qb
+                    .build()
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("outcome update", e))?
+                    .rows_affected() as usize;
             }
             if total == tokens.len() {
                 CasReport::all_applied(tokens)
             } else {
                 // Short count: some tokens are stale. Redo the batch row-locked so the report can
                 // name exactly which items applied and which were fenced.
-                tx.rollback().await.map_err(|e| db_err("outcome: rollback", e))?;
-                tx = self.pool.begin().await.map_err(|e| db_err("outcome: begin", e))?;
+                tx.rollback()
+                    .await
+                    .map_err(|e| db_err("outcome: rollback", e))?;
+                tx = self
+                    .pool
+                    .begin()
+                    .await
+                    .map_err(|e| db_err("outcome: begin", e))?;
                 let mut applied = HashSet::new();
                 for chunk in tokens.chunks(CHUNK) {
                     let mut qb = QueryBuilder::<MySql>::new("SELECT seq FROM ferry_outbox WHERE ");
                     push_tokens(&mut qb, chunk);
                     qb.push(" FOR UPDATE");
-                    let matching: Vec<i64> =
-                        qb.build_query_scalar().fetch_all(&mut *tx).await.map_err(|e| db_err("outcome lock", e))?;
+                    let matching: Vec<i64> = qb
+                        .build_query_scalar()
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("outcome lock", e))?;
                     if matching.is_empty() {
                         continue;
                     }
-                    let mut qb = QueryBuilder::<MySql>::new(format!("UPDATE ferry_outbox SET {set} WHERE seq IN ("));
+                    let mut qb = QueryBuilder::<MySql>::new(format!(
+                        "UPDATE ferry_outbox SET {set} WHERE seq IN ("
+                    ));
                     push_list(&mut qb, matching.iter().copied());
                     qb.push(")");
-                    qb.build().execute(&mut *tx).await.map_err(|e| db_err("outcome update", e))?;
+                    qb.build()
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("outcome update", e))?;
                     applied.extend(matching);
                 }
                 CasReport::from_applied(tokens, &applied)
             }
         };
-        tx.commit().await.map_err(|e| db_err("outcome: commit", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| db_err("outcome: commit", e))?;
         Ok(report)
     }
 
-    async fn operator_update(&self, event_id: &str, operator: &str, target: &str) -> Result<(), StoreError> {
-        let extra = if target == "PENDING" { ", available_at = UTC_TIMESTAMP(6), attempts = 0" } else { "" };
+    async fn operator_update(
+        &self,
+        event_id: &str,
+        operator: &str,
+        target: &str,
+    ) -> Result<(), StoreError> {
+        let extra = if target == "PENDING" {
+            ", available_at = UTC_TIMESTAMP(6), attempts = 0"
+        } else {
+            ""
+        };
         let n = sqlx::query(&format!(
             "UPDATE ferry_outbox SET state = '{target}', resolved_by = ?, resolved_at = UTC_TIMESTAMP(6), lease_until = NULL{extra} \
              WHERE event_id = ? AND state = 'QUARANTINED'"
@@ -301,28 +393,49 @@ impl OutboxStore for MyStore {
         "mysql"
     }
 
-    fn enqueue<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
-            let mut tx = self.pool.begin().await.map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
             insert_validated(&mut tx, &rows).await?;
-            tx.commit().await.map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            tx.commit()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
             Ok(rows.into_iter().map(|r| r.event_id).collect())
         })
     }
 
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             if req.slots.is_empty() || req.limit == 0 {
                 return Ok(Vec::new());
             }
-            let mut tx = self.pool.begin().await.map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| db_err("claim: begin", e))?;
             let slots: Vec<i16> = if let Some(f) = &req.fence {
-                let mut qb = QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
-                qb.push_bind(&f.owner).push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
+                let mut qb =
+                    QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
+                qb.push_bind(&f.owner)
+                    .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
                 push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
                 qb.push(") LOCK IN SHARE MODE");
-                qb.build_query_scalar().fetch_all(&mut *tx).await.map_err(|e| db_err("claim: slot fence", e))?
+                qb.build_query_scalar()
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("claim: slot fence", e))?
             } else {
                 req.slots.iter().map(|s| *s as i16).collect()
             };
@@ -340,18 +453,27 @@ impl OutboxStore for MyStore {
                  ORDER BY o.seq LIMIT ",
             );
             qb.push_bind(req.limit as i64);
-            let candidates: Vec<i64> =
-                qb.build_query_scalar().fetch_all(&mut *tx).await.map_err(|e| db_err("claim: candidates", e))?;
+            let candidates: Vec<i64> = qb
+                .build_query_scalar()
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim: candidates", e))?;
             if candidates.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut qb = QueryBuilder::<MySql>::new(format!("SELECT {COLUMNS} FROM ferry_outbox WHERE seq IN ("));
+            let mut qb = QueryBuilder::<MySql>::new(format!(
+                "SELECT {COLUMNS} FROM ferry_outbox WHERE seq IN ("
+            ));
             push_list(&mut qb, candidates.iter().copied());
             qb.push(
                 ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
                  ORDER BY seq FOR UPDATE SKIP LOCKED",
             );
-            let rows = qb.build().fetch_all(&mut *tx).await.map_err(|e| db_err("claim: lock", e))?;
+            let rows = qb
+                .build()
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim: lock", e))?;
             if rows.is_empty() {
                 return Ok(Vec::new());
             }
@@ -365,11 +487,19 @@ impl OutboxStore for MyStore {
                 .push(" MICROSECOND WHERE seq IN (");
             push_list(&mut qb, items.iter().map(|i| i.token.seq));
             qb.push(")");
-            let n = qb.build().execute(&mut *tx).await.map_err(|e| db_err("claim: update", e))?.rows_affected();
+            let n = qb
+                .build()
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim: update", e))?
+                .rows_affected();
             if n as usize != items.len() {
                 return Err(StoreError::new(
                     StoreErrorKind::Other,
-                    format!("claim: updated {n} of {} locked rows; rolled back", items.len()),
+                    format!(
+                        "claim: updated {n} of {} locked rows; rolled back",
+                        items.len()
+                    ),
                 ));
             }
             for it in &mut items {
@@ -381,7 +511,10 @@ impl OutboxStore for MyStore {
         })
     }
 
-    fn lookup_claim<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+    fn lookup_claim<'a>(
+        &'a self,
+        claim_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(&format!(
                 "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
@@ -395,13 +528,20 @@ impl OutboxStore for MyStore {
     }
 
     fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(tokens, "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL", None))
+        Box::pin(self.cas(
+            tokens,
+            "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL",
+            None,
+        ))
     }
 
     fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
-            let values: Vec<(i64, &str)> = items.iter().map(|i| (micros(i.delay), i.error.as_str())).collect();
+            let values: Vec<(i64, &str)> = items
+                .iter()
+                .map(|i| (micros(i.delay), i.error.as_str()))
+                .collect();
             self.cas(
                 &tokens,
                 "available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ?, state = 'PENDING', \
@@ -412,7 +552,10 @@ impl OutboxStore for MyStore {
         })
     }
 
-    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+    fn quarantine<'a>(
+        &'a self,
+        items: &'a [(ClaimToken, String)],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
             let values: Vec<(i64, &str)> = items.iter().map(|i| (0, i.1.as_str())).collect();
@@ -426,26 +569,51 @@ impl OutboxStore for MyStore {
         })
     }
 
-    fn release<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(tokens, "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)", None))
+    fn release<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(
+            tokens,
+            "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)",
+            None,
+        ))
     }
 
-    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+    fn extend_lease<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
-            let set = format!("lease_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND", micros(lease));
+            let set = format!(
+                "lease_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
+                micros(lease)
+            );
             self.cas(tokens, &set, None).await
         })
     }
 
-    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn requeue<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.operator_update(event_id, operator, "PENDING"))
     }
 
-    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn skip<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
     }
 
-    fn list_quarantined(&self, limit: usize) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
+    fn list_quarantined(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(
                 "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
@@ -460,10 +628,10 @@ impl OutboxStore for MyStore {
             Ok(rows
                 .iter()
                 .map(|r| QuarantinedEvent {
-                    event_id: r.get(0),
-                    aggregate_id: r.get(1),
+                    event_id: txt(r, 0),
+                    aggregate_id: txt(r, 1),
                     aggregate_version: r.get(2),
-                    last_error: r.get(3),
+                    last_error: otxt(r, 3),
                     attempts: r.get(4),
                     blocked_successors: r.get(5),
                 })
@@ -493,7 +661,10 @@ impl OutboxStore for MyStore {
         })
     }
 
-    fn record<'a>(&'a self, event_id: &'a str) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
+    fn record<'a>(
+        &'a self,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
             let r = sqlx::query(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
@@ -503,19 +674,40 @@ impl OutboxStore for MyStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| record_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7)))
-                .transpose()
+            r.map(|r| {
+                record_from(
+                    txt(&r, 0),
+                    txt(&r, 1),
+                    r.get(2),
+                    otxt(&r, 3),
+                    r.get(4),
+                    otxt(&r, 5),
+                    otxt(&r, 6),
+                    txt(&r, 7),
+                )
+            })
+            .transpose()
         })
     }
 
-    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+    fn acquire_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
             if slots.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut tx = self.pool.begin().await.map_err(|e| db_err("acquire slots: begin", e))?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| db_err("acquire slots: begin", e))?;
             // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
-            let mut qb = QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
+            let mut qb =
+                QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
             qb.push_bind(owner)
                 .push(", epoch, epoch + 1), owner = ")
                 .push_bind(owner)
@@ -523,38 +715,68 @@ impl OutboxStore for MyStore {
                 .push_bind(micros(ttl))
                 .push(" MICROSECOND WHERE slot IN (");
             push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(") AND (owner IS NULL OR owner = ").push_bind(owner).push(" OR lease_until <= UTC_TIMESTAMP(6))");
-            qb.build().execute(&mut *tx).await.map_err(|e| db_err("acquire slots", e))?;
+            qb.push(") AND (owner IS NULL OR owner = ")
+                .push_bind(owner)
+                .push(" OR lease_until <= UTC_TIMESTAMP(6))");
+            qb.build()
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("acquire slots", e))?;
             let mut qb = QueryBuilder::<MySql>::new(
                 "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease WHERE owner = ",
             );
-            qb.push_bind(owner).push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
+            qb.push_bind(owner)
+                .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
             push_list(&mut qb, slots.iter().map(|s| *s as i16));
             qb.push(") ORDER BY slot");
-            let rows = qb.build().fetch_all(&mut *tx).await.map_err(|e| db_err("acquire slots: read", e))?;
-            tx.commit().await.map_err(|e| db_err("acquire slots: commit", e))?;
+            let rows = qb
+                .build()
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("acquire slots: read", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("acquire slots: commit", e))?;
             Ok(rows
                 .iter()
-                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: txt(r, 1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
                 .collect())
         })
     }
 
-    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn release_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             if slots.is_empty() {
                 return Ok(());
             }
-            let mut qb = QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ");
+            let mut qb = QueryBuilder::<MySql>::new(
+                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ",
+            );
             qb.push_bind(owner).push(" AND slot IN (");
             push_list(&mut qb, slots.iter().map(|s| *s as i16));
             qb.push(")");
-            qb.build().execute(&self.pool).await.map_err(|e| db_err("release slots", e))?;
+            qb.build()
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("release slots", e))?;
             Ok(())
         })
     }
 
-    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+    fn heartbeat_member<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
             sqlx::query(
                 "INSERT INTO ferry_relay_member (owner, lease_until) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
@@ -565,10 +787,15 @@ impl OutboxStore for MyStore {
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?;
-            sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))
+            let owners: Vec<Vec<u8>> =
+                sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner")
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(|e| db_err("members", e))?;
+            Ok(owners
+                .into_iter()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .collect())
         })
     }
 
@@ -594,7 +821,12 @@ impl OutboxStore for MyStore {
             .map_err(|e| db_err("slot leases", e))?;
             Ok(rows
                 .iter()
-                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: txt(r, 1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
                 .collect())
         })
     }

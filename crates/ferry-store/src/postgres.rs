@@ -53,7 +53,8 @@ pub(crate) async fn insert_validated(
     if rows.is_empty() {
         return Ok(());
     }
-    let col = |f: fn(&ValidatedEvent) -> &str| rows.iter().map(|r| f(r).to_owned()).collect::<Vec<_>>();
+    let col =
+        |f: fn(&ValidatedEvent) -> &str| rows.iter().map(|r| f(r).to_owned()).collect::<Vec<_>>();
     sqlx::query(INSERT)
         .bind(col(|r| &r.event_id))
         .bind(col(|r| &r.aggregate_id))
@@ -119,14 +120,20 @@ impl PgStore {
     }
 
     /// Connects with explicit options (e.g. a `search_path` per test schema).
-    pub async fn connect_with(conn: PgConnectOptions, opts: &ConnectOptions) -> Result<Self, StoreError> {
+    pub async fn connect_with(
+        conn: PgConnectOptions,
+        opts: &ConnectOptions,
+    ) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections)
             .acquire_timeout(opts.acquire_timeout)
             .connect_with(conn)
             .await
             .map_err(|e| db_err("cannot connect to PostgreSQL", e))?;
-        let store = Self { pool, limits: opts.limits };
+        let store = Self {
+            pool,
+            limits: opts.limits,
+        };
         if opts.migrate {
             store.migrate().await?;
         }
@@ -142,7 +149,11 @@ impl PgStore {
     /// the current schema; PostgreSQL DDL is transactional, so a migration applies fully or not
     /// at all, and a concurrent migrate waits for the lock and then finds nothing to do.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(|e| db_err("migrate: begin", e))?;
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| db_err("migrate: begin", e))?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('ferry_migrate:' || current_schema()))")
             .execute(&mut *tx)
             .await
@@ -161,7 +172,10 @@ impl PgStore {
             .into_iter()
             .collect();
         let mut applied = Vec::new();
-        for m in MIGRATIONS_POSTGRES.iter().filter(|m| !done.contains(&m.version)) {
+        for m in MIGRATIONS_POSTGRES
+            .iter()
+            .filter(|m| !done.contains(&m.version))
+        {
             sqlx::raw_sql(m.sql)
                 .execute(&mut *tx)
                 .await
@@ -174,7 +188,9 @@ impl PgStore {
                 .map_err(|e| db_err("migrate: record", e))?;
             applied.push(m.version);
         }
-        tx.commit().await.map_err(|e| db_err("migrate: commit", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| db_err("migrate: commit", e))?;
         Ok(applied)
     }
 
@@ -202,7 +218,12 @@ impl PgStore {
         let mut q = sqlx::query_scalar::<_, i64>(&sql)
             .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
             .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
-            .bind(tokens.iter().map(|t| t.claim_id.clone()).collect::<Vec<_>>());
+            .bind(
+                tokens
+                    .iter()
+                    .map(|t| t.claim_id.clone())
+                    .collect::<Vec<_>>(),
+            );
         match extra {
             None => {}
             Some(Extra::Delay(d)) => q = q.bind(d),
@@ -218,8 +239,17 @@ impl PgStore {
         Ok(CasReport::from_applied(tokens, &applied))
     }
 
-    async fn operator_update(&self, event_id: &str, operator: &str, target: &str) -> Result<(), StoreError> {
-        let extra = if target == "PENDING" { ", available_at = now(), attempts = 0" } else { "" };
+    async fn operator_update(
+        &self,
+        event_id: &str,
+        operator: &str,
+        target: &str,
+    ) -> Result<(), StoreError> {
+        let extra = if target == "PENDING" {
+            ", available_at = now(), attempts = 0"
+        } else {
+            ""
+        };
         let sql = format!(
             "UPDATE ferry_outbox SET state = '{target}', resolved_by = $2, resolved_at = now(), \
              lease_until = NULL{extra} WHERE event_id = $1 AND state = 'QUARANTINED'"
@@ -259,17 +289,29 @@ impl OutboxStore for PgStore {
         "postgres"
     }
 
-    fn enqueue<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
-            let mut tx = self.pool.begin().await.map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
             insert_validated(&mut tx, &rows).await?;
-            tx.commit().await.map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            tx.commit()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
             Ok(rows.into_iter().map(|r| r.event_id).collect())
         })
     }
 
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             if req.slots.is_empty() || req.limit == 0 {
                 return Ok(Vec::new());
@@ -302,7 +344,11 @@ impl OutboxStore for PgStore {
                  RETURNING {CLAIM_COLUMNS}"
             );
             let slots: Vec<i16> = req.slots.iter().map(|s| *s as i16).collect();
-            let mut tx = self.pool.begin().await.map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| db_err("claim: begin", e))?;
             let mut q = sqlx::query(&sql)
                 .bind(slots)
                 .bind(req.limit as i64)
@@ -311,7 +357,10 @@ impl OutboxStore for PgStore {
             if let Some(f) = &req.fence {
                 q = q.bind(&f.owner);
             }
-            let rows = q.fetch_all(&mut *tx).await.map_err(|e| db_err("claim", e))?;
+            let rows = q
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim", e))?;
             tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
             let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
             items.sort_by_key(|e| e.token.seq);
@@ -319,7 +368,10 @@ impl OutboxStore for PgStore {
         })
     }
 
-    fn lookup_claim<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+    fn lookup_claim<'a>(
+        &'a self,
+        claim_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             let sql = format!(
                 "SELECT {CLAIM_COLUMNS} FROM ferry_outbox o WHERE o.claim_id = $1 AND o.state = 'CLAIMED' ORDER BY o.seq"
@@ -334,7 +386,11 @@ impl OutboxStore for PgStore {
     }
 
     fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(tokens, "state = 'SENT', sent_at = now(), lease_until = NULL", None))
+        Box::pin(self.cas(
+            tokens,
+            "state = 'SENT', sent_at = now(), lease_until = NULL",
+            None,
+        ))
     }
 
     fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
@@ -352,7 +408,10 @@ impl OutboxStore for PgStore {
         })
     }
 
-    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+    fn quarantine<'a>(
+        &'a self,
+        items: &'a [(ClaimToken, String)],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
             let reasons = items.iter().map(|i| i.1.as_str()).collect();
@@ -365,27 +424,53 @@ impl OutboxStore for PgStore {
         })
     }
 
-    fn release<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(tokens, "state = 'PENDING', lease_until = NULL, available_at = now()", None))
+    fn release<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(
+            tokens,
+            "state = 'PENDING', lease_until = NULL, available_at = now()",
+            None,
+        ))
     }
 
-    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+    fn extend_lease<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let d = vec![micros(lease); tokens.len()];
-            self.cas(tokens, "lease_until = now() + t.delay_us * interval '1 microsecond'", Some(Extra::Delay(d)))
-                .await
+            self.cas(
+                tokens,
+                "lease_until = now() + t.delay_us * interval '1 microsecond'",
+                Some(Extra::Delay(d)),
+            )
+            .await
         })
     }
 
-    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn requeue<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.operator_update(event_id, operator, "PENDING"))
     }
 
-    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn skip<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
     }
 
-    fn list_quarantined(&self, limit: usize) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
+    fn list_quarantined(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(
                 "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
@@ -434,7 +519,10 @@ impl OutboxStore for PgStore {
         })
     }
 
-    fn record<'a>(&'a self, event_id: &'a str) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
+    fn record<'a>(
+        &'a self,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
             let r = sqlx::query(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
@@ -444,12 +532,28 @@ impl OutboxStore for PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| record_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7)))
-                .transpose()
+            r.map(|r| {
+                record_from(
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                )
+            })
+            .transpose()
         })
     }
 
-    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+    fn acquire_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(
                 "UPDATE ferry_slot_lease SET \
@@ -466,14 +570,23 @@ impl OutboxStore for PgStore {
             .map_err(|e| db_err("acquire slots", e))?;
             let mut leases: Vec<SlotLease> = rows
                 .iter()
-                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
                 .collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
     }
 
-    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn release_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             sqlx::query("UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = $1 AND slot = ANY($2)")
                 .bind(owner)
@@ -485,7 +598,11 @@ impl OutboxStore for PgStore {
         })
     }
 
-    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+    fn heartbeat_member<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
             sqlx::query(
                 "INSERT INTO ferry_relay_member (owner, lease_until) VALUES ($1, now() + $2 * interval '1 microsecond') \
@@ -496,10 +613,12 @@ impl OutboxStore for PgStore {
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?;
-            sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))
+            sqlx::query_scalar(
+                "SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("members", e))
         })
     }
 
@@ -525,7 +644,12 @@ impl OutboxStore for PgStore {
             .map_err(|e| db_err("slot leases", e))?;
             Ok(rows
                 .iter()
-                .map(|r| SlotLease { slot: r.get::<i16, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
                 .collect())
         })
     }
@@ -542,11 +666,23 @@ pub(crate) fn record_from(
     resolved_by: Option<String>,
     payload: String,
 ) -> Result<EventRecord, StoreError> {
-    let state = EventState::from_str(&state).map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
-    Ok(EventRecord { event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload })
+    let state =
+        EventState::from_str(&state).map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
+    Ok(EventRecord {
+        event_id,
+        state,
+        claim_version,
+        claim_id,
+        attempts,
+        last_error,
+        resolved_by,
+        payload,
+    })
 }
 
 /// Opens a dedicated connection (used by tests and tools that need session state).
 pub async fn connect_one(url: &str) -> Result<PgConnection, StoreError> {
-    PgConnection::connect(url).await.map_err(|e| db_err("connect", e))
+    PgConnection::connect(url)
+        .await
+        .map_err(|e| db_err("connect", e))
 }

@@ -11,9 +11,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{
-    now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
-    StoreErrorKind, ValidatedEvent,
+    now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
+    EventRecord, Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId,
+    SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
@@ -25,20 +25,31 @@ use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
 const CHUNK: usize = 1000;
 
 /// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
-pub async fn enqueue(conn: &mut SqliteConnection, event: &NewEvent, limits: &Limits) -> Result<String, EnqueueError> {
+pub async fn enqueue(
+    conn: &mut SqliteConnection,
+    event: &NewEvent,
+    limits: &Limits,
+) -> Result<String, EnqueueError> {
     let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
     Ok(ids.remove(0))
 }
 
 /// Enqueues many events with multi-row inserts inside the caller's transaction.
 /// On error roll the caller's transaction back: nothing of this call is then written.
-pub async fn enqueue_many(conn: &mut SqliteConnection, events: &[NewEvent], limits: &Limits) -> Result<Vec<String>, EnqueueError> {
+pub async fn enqueue_many(
+    conn: &mut SqliteConnection,
+    events: &[NewEvent],
+    limits: &Limits,
+) -> Result<Vec<String>, EnqueueError> {
     let rows = validate(events, limits)?;
     insert_validated(conn, &rows).await?;
     Ok(rows.into_iter().map(|r| r.event_id).collect())
 }
 
-pub(crate) async fn insert_validated(conn: &mut SqliteConnection, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+pub(crate) async fn insert_validated(
+    conn: &mut SqliteConnection,
+    rows: &[ValidatedEvent],
+) -> Result<(), EnqueueError> {
     let now = now_micros();
     for chunk in rows.chunks(CHUNK) {
         let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
@@ -62,7 +73,9 @@ pub(crate) async fn insert_validated(conn: &mut SqliteConnection, rows: &[Valida
             // SQLite's message does not name the duplicate values; the transaction is still
             // usable, so ask which (aggregate, version) of this chunk exists already.
             if let sqlx::Error::Database(d) = &e {
-                if d.kind() == sqlx::error::ErrorKind::UniqueViolation && d.message().contains("aggregate_version") {
+                if d.kind() == sqlx::error::ErrorKind::UniqueViolation
+                    && d.message().contains("aggregate_version")
+                {
                     for r in chunk {
                         let exists: Option<i64> = sqlx::query_scalar(
                             "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
@@ -81,16 +94,21 @@ pub(crate) async fn insert_validated(conn: &mut SqliteConnection, rows: &[Valida
                         }
                     }
                 }
-                if d.kind() == sqlx::error::ErrorKind::UniqueViolation && d.message().contains("event_id") {
+                if d.kind() == sqlx::error::ErrorKind::UniqueViolation
+                    && d.message().contains("event_id")
+                {
                     for r in chunk {
-                        let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?")
-                            .bind(&r.event_id)
-                            .fetch_optional(&mut *conn)
-                            .await
-                            .ok()
-                            .flatten();
+                        let exists: Option<i64> =
+                            sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?")
+                                .bind(&r.event_id)
+                                .fetch_optional(&mut *conn)
+                                .await
+                                .ok()
+                                .flatten();
                         if exists.is_some() {
-                            return Err(EnqueueError::DuplicateEventId { event_id: r.event_id.clone() });
+                            return Err(EnqueueError::DuplicateEventId {
+                                event_id: r.event_id.clone(),
+                            });
                         }
                     }
                 }
@@ -108,7 +126,8 @@ pub struct SqliteStore {
     limits: Limits,
 }
 
-const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
+const COLUMNS: &str =
+    "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
     topic, msg_key, event_type, headers, payload, attempts, created_at";
 
 fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
@@ -145,13 +164,19 @@ impl SqliteStore {
     /// `sqlite://rel.db` or `sqlite::memory:`); migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
         let conn = SqliteConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(StoreErrorKind::InvalidInput, format!("invalid SQLite URL {url}: {e}"))
+            StoreError::new(
+                StoreErrorKind::InvalidInput,
+                format!("invalid SQLite URL {url}: {e}"),
+            )
         })?;
         Self::connect_with(conn.synchronous(SqliteSynchronous::Full), opts).await
     }
 
     /// Opens with explicit options (WAL, a 10 s busy timeout and foreign keys are always set).
-    pub async fn connect_with(conn: SqliteConnectOptions, opts: &ConnectOptions) -> Result<Self, StoreError> {
+    pub async fn connect_with(
+        conn: SqliteConnectOptions,
+        opts: &ConnectOptions,
+    ) -> Result<Self, StoreError> {
         let conn = conn
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -162,7 +187,10 @@ impl SqliteStore {
             .connect_with(conn)
             .await
             .map_err(|e| db_err("cannot open SQLite database", e))?;
-        let store = Self { pool, limits: opts.limits };
+        let store = Self {
+            pool,
+            limits: opts.limits,
+        };
         if opts.migrate {
             store.migrate().await?;
         }
@@ -177,7 +205,11 @@ impl SqliteStore {
     /// Applies pending migrations inside one `BEGIN IMMEDIATE` transaction: the write lock
     /// serializes concurrent migrates, and SQLite DDL is transactional.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("migrate: begin", e))?;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| db_err("migrate: begin", e))?;
         sqlx::raw_sql(
             "CREATE TABLE IF NOT EXISTS ferry_schema_migrations (version INTEGER PRIMARY KEY, \
              name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
@@ -192,27 +224,39 @@ impl SqliteStore {
             .into_iter()
             .collect();
         let mut applied = Vec::new();
-        for m in MIGRATIONS_SQLITE.iter().filter(|m| !done.contains(&m.version)) {
+        for m in MIGRATIONS_SQLITE
+            .iter()
+            .filter(|m| !done.contains(&m.version))
+        {
             sqlx::raw_sql(m.sql)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-            sqlx::query("INSERT INTO ferry_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)")
-                .bind(m.version)
-                .bind(m.name)
-                .bind(now_micros())
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("migrate: record", e))?;
+            sqlx::query(
+                "INSERT INTO ferry_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(now_micros())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("migrate: record", e))?;
             applied.push(m.version);
         }
-        tx.commit().await.map_err(|e| db_err("migrate: commit", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| db_err("migrate: commit", e))?;
         Ok(applied)
     }
 
     /// A batched CAS: the tokens (and per-item number/text) travel as one JSON array, joined
     /// with `json_each`, so every batch size uses the same prepared statement.
-    async fn cas(&self, tokens: &[ClaimToken], set: &str, extra: &[(i64, &str)]) -> Result<CasReport, StoreError> {
+    async fn cas(
+        &self,
+        tokens: &[ClaimToken],
+        set: &str,
+        extra: &[(i64, &str)],
+    ) -> Result<CasReport, StoreError> {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
@@ -231,7 +275,11 @@ impl SqliteStore {
                AND ferry_outbox.claim_version = t.cv AND ferry_outbox.claim_id = t.cid \
              RETURNING ferry_outbox.seq"
         );
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("outcome: begin", e))?;
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| db_err("outcome: begin", e))?;
         let applied: HashSet<i64> = sqlx::query_scalar(&sql)
             .bind(serde_json::Value::Array(items).to_string())
             .bind(now_micros())
@@ -240,12 +288,23 @@ impl SqliteStore {
             .map_err(|e| db_err("outcome update", e))?
             .into_iter()
             .collect();
-        tx.commit().await.map_err(|e| db_err("outcome: commit", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| db_err("outcome: commit", e))?;
         Ok(CasReport::from_applied(tokens, &applied))
     }
 
-    async fn operator_update(&self, event_id: &str, operator: &str, target: &str) -> Result<(), StoreError> {
-        let extra = if target == "PENDING" { ", available_at = ?3, attempts = 0" } else { "" };
+    async fn operator_update(
+        &self,
+        event_id: &str,
+        operator: &str,
+        target: &str,
+    ) -> Result<(), StoreError> {
+        let extra = if target == "PENDING" {
+            ", available_at = ?3, attempts = 0"
+        } else {
+            ""
+        };
         let n = sqlx::query(&format!(
             "UPDATE ferry_outbox SET state = '{target}', resolved_by = ?2, resolved_at = ?3, lease_until = NULL{extra} \
              WHERE event_id = ?1 AND state = 'QUARANTINED'"
@@ -269,7 +328,10 @@ impl OutboxStore for SqliteStore {
         "sqlite"
     }
 
-    fn enqueue<'a>(&'a self, events: &'a [NewEvent]) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
             let mut tx = self
@@ -278,12 +340,17 @@ impl OutboxStore for SqliteStore {
                 .await
                 .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
             insert_validated(&mut tx, &rows).await?;
-            tx.commit().await.map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            tx.commit()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
             Ok(rows.into_iter().map(|r| r.event_id).collect())
         })
     }
 
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             if req.slots.is_empty() || req.limit == 0 {
                 return Ok(Vec::new());
@@ -306,7 +373,11 @@ impl OutboxStore for SqliteStore {
                    ORDER BY o.seq LIMIT ?6) \
                  RETURNING {COLUMNS}"
             );
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(|e| db_err("claim: begin", e))?;
             let rows = sqlx::query(&sql)
                 .bind(json_slots(&req.slots))
                 .bind(now_micros())
@@ -324,7 +395,10 @@ impl OutboxStore for SqliteStore {
         })
     }
 
-    fn lookup_claim<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+    fn lookup_claim<'a>(
+        &'a self,
+        claim_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(&format!(
                 "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
@@ -338,13 +412,20 @@ impl OutboxStore for SqliteStore {
     }
 
     fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(tokens, "state = 'SENT', sent_at = ?2, lease_until = NULL", &[]))
+        Box::pin(self.cas(
+            tokens,
+            "state = 'SENT', sent_at = ?2, lease_until = NULL",
+            &[],
+        ))
     }
 
     fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
-            let extra: Vec<(i64, &str)> = items.iter().map(|i| (micros(i.delay), i.error.as_str())).collect();
+            let extra: Vec<(i64, &str)> = items
+                .iter()
+                .map(|i| (micros(i.delay), i.error.as_str()))
+                .collect();
             self.cas(
                 &tokens,
                 "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
@@ -354,7 +435,10 @@ impl OutboxStore for SqliteStore {
         })
     }
 
-    fn quarantine<'a>(&'a self, items: &'a [(ClaimToken, String)]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+    fn quarantine<'a>(
+        &'a self,
+        items: &'a [(ClaimToken, String)],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
             let extra: Vec<(i64, &str)> = items.iter().map(|i| (0, i.1.as_str())).collect();
@@ -367,26 +451,48 @@ impl OutboxStore for SqliteStore {
         })
     }
 
-    fn release<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(tokens, "state = 'PENDING', lease_until = NULL, available_at = ?2", &[]))
+    fn release<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(self.cas(
+            tokens,
+            "state = 'PENDING', lease_until = NULL, available_at = ?2",
+            &[],
+        ))
     }
 
-    fn extend_lease<'a>(&'a self, tokens: &'a [ClaimToken], lease: Duration) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+    fn extend_lease<'a>(
+        &'a self,
+        tokens: &'a [ClaimToken],
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let extra = vec![(micros(lease), ""); tokens.len()];
             self.cas(tokens, "lease_until = ?2 + t.num", &extra).await
         })
     }
 
-    fn requeue<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn requeue<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.operator_update(event_id, operator, "PENDING"))
     }
 
-    fn skip<'a>(&'a self, event_id: &'a str, operator: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn skip<'a>(
+        &'a self,
+        event_id: &'a str,
+        operator: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
     }
 
-    fn list_quarantined(&self, limit: usize) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
+    fn list_quarantined(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(
                 "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
@@ -435,7 +541,10 @@ impl OutboxStore for SqliteStore {
         })
     }
 
-    fn record<'a>(&'a self, event_id: &'a str) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
+    fn record<'a>(
+        &'a self,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
             let r = sqlx::query(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
@@ -445,15 +554,35 @@ impl OutboxStore for SqliteStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| record_from(r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get(7)))
-                .transpose()
+            r.map(|r| {
+                record_from(
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                )
+            })
+            .transpose()
         })
     }
 
-    fn acquire_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId], ttl: Duration) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+    fn acquire_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
             let now = now_micros();
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| db_err("acquire slots: begin", e))?;
+            let mut tx = self
+                .pool
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(|e| db_err("acquire slots: begin", e))?;
             let rows = sqlx::query(
                 "UPDATE ferry_slot_lease SET \
                    epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
@@ -467,17 +596,28 @@ impl OutboxStore for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
-            tx.commit().await.map_err(|e| db_err("acquire slots: commit", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("acquire slots: commit", e))?;
             let mut leases: Vec<SlotLease> = rows
                 .iter()
-                .map(|r| SlotLease { slot: r.get::<i64, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .map(|r| SlotLease {
+                    slot: r.get::<i64, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
                 .collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
     }
 
-    fn release_slots<'a>(&'a self, owner: &'a str, slots: &'a [SlotId]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn release_slots<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             sqlx::query(
                 "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
@@ -492,7 +632,11 @@ impl OutboxStore for SqliteStore {
         })
     }
 
-    fn heartbeat_member<'a>(&'a self, owner: &'a str, ttl: Duration) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+    fn heartbeat_member<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
             let now = now_micros();
             sqlx::query(
@@ -505,11 +649,13 @@ impl OutboxStore for SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?;
-            sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner")
-                .bind(now)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))
+            sqlx::query_scalar(
+                "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
+            )
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("members", e))
         })
     }
 
@@ -534,7 +680,12 @@ impl OutboxStore for SqliteStore {
             .map_err(|e| db_err("slot leases", e))?;
             Ok(rows
                 .iter()
-                .map(|r| SlotLease { slot: r.get::<i64, _>(0) as SlotId, owner: r.get(1), epoch: r.get(2), lease_until: r.get(3) })
+                .map(|r| SlotLease {
+                    slot: r.get::<i64, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
                 .collect())
         })
     }

@@ -1,0 +1,294 @@
+//! Test support: a fresh, isolated database per test on every backend.
+//!
+//! * SQLite: a new file in a temporary directory (always available).
+//! * PostgreSQL: a new schema in `FERRY_TEST_POSTGRES_URL` (selected with `search_path`).
+//! * MariaDB/MySQL: a new database on `FERRY_TEST_MYSQL_URL`.
+//!
+//! When a URL is not set the backend is skipped with a printed reason, unless
+//! `FERRY_REQUIRE_DBS=1` (CI), where a missing URL fails the test: a skipped suite never passes
+//! silently there.
+use std::sync::Arc;
+
+use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError};
+use sqlx::Executor;
+
+use crate::mysql::MyStore;
+use crate::postgres::PgStore;
+use crate::sqlite::SqliteStore;
+use crate::{db_err, Backend, ConnectOptions};
+
+/// One isolated test database with a migrated outbox and a demo business table `orders`.
+pub struct TestDb {
+    /// Backend.
+    pub backend: Backend,
+    /// URL of the isolated database (usable by child processes).
+    pub url: String,
+    /// The store.
+    pub store: Arc<dyn OutboxStore>,
+    kind: Kind,
+    admin_url: String,
+    name: String,
+    _dir: Option<TempDir>,
+}
+
+enum Kind {
+    Pg(PgStore),
+    My(MyStore),
+    Lite(SqliteStore),
+}
+
+/// A directory removed on drop.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// Creates a fresh directory under the system temp dir.
+    pub fn new(prefix: &str) -> std::io::Result<Self> {
+        let p = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+    /// Its path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The env var naming the server for `backend`, if any.
+pub fn env_url(backend: Backend) -> Option<String> {
+    let var = match backend {
+        Backend::Postgres => "FERRY_TEST_POSTGRES_URL",
+        Backend::Mysql => "FERRY_TEST_MYSQL_URL",
+        Backend::Sqlite => return Some(String::new()),
+    };
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            if std::env::var("FERRY_REQUIRE_DBS").as_deref() == Ok("1") {
+                panic!("{var} is not set but FERRY_REQUIRE_DBS=1: the {backend:?} suite must run");
+            }
+            eprintln!("skipped: {var} is not set");
+            None
+        }
+    }
+}
+
+fn unique_name() -> String {
+    format!(
+        "ferry_t_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    )
+}
+
+const ORDERS_PG: &str = "CREATE TABLE IF NOT EXISTS orders (id BIGINT PRIMARY KEY, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)";
+
+impl TestDb {
+    /// A fresh database for `backend` with `opts`, or `None` when the backend is skipped.
+    pub async fn open_with(backend: Backend, opts: ConnectOptions) -> Option<TestDb> {
+        let admin_url = env_url(backend)?;
+        let name = unique_name();
+        let (url, dir) = match backend {
+            Backend::Sqlite => {
+                let dir = TempDir::new("ferry-test").expect("temp dir");
+                (
+                    format!("sqlite://{}", dir.path().join("outbox.db").display()),
+                    Some(dir),
+                )
+            }
+            Backend::Postgres => {
+                let mut c = crate::postgres::connect_one(&admin_url)
+                    .await
+                    .expect("connect to PostgreSQL");
+                c.execute(format!("CREATE SCHEMA {name}").as_str())
+                    .await
+                    .expect("create schema");
+                let sep = if admin_url.contains('?') { '&' } else { '?' };
+                (format!("{admin_url}{sep}options[search_path]={name}"), None)
+            }
+            Backend::Mysql => {
+                let pool = sqlx::MySqlPool::connect(&admin_url)
+                    .await
+                    .expect("connect to MySQL");
+                pool.execute(format!("CREATE DATABASE {name}").as_str())
+                    .await
+                    .expect("create database");
+                pool.close().await;
+                let (base, query) = match admin_url.split_once('?') {
+                    Some((b, q)) => (b.to_string(), format!("?{q}")),
+                    None => (admin_url.clone(), String::new()),
+                };
+                let base = base.trim_end_matches('/');
+                let host = match base.rfind('/') {
+                    Some(i) if i > base.find("://").map(|j| j + 2).unwrap_or(0) => &base[..i],
+                    _ => base,
+                };
+                (format!("{host}/{name}{query}"), None)
+            }
+        };
+        let kind = match backend {
+            Backend::Postgres => Kind::Pg(
+                PgStore::connect(&url, &opts)
+                    .await
+                    .expect("open PostgreSQL store"),
+            ),
+            Backend::Mysql => Kind::My(
+                MyStore::connect(&url, &opts)
+                    .await
+                    .expect("open MySQL store"),
+            ),
+            Backend::Sqlite => Kind::Lite(
+                SqliteStore::connect(&url, &opts)
+                    .await
+                    .expect("open SQLite store"),
+            ),
+        };
+        let store: Arc<dyn OutboxStore> = match &kind {
+            Kind::Pg(s) => Arc::new(s.clone()),
+            Kind::My(s) => Arc::new(s.clone()),
+            Kind::Lite(s) => Arc::new(s.clone()),
+        };
+        let db = TestDb {
+            backend,
+            url,
+            store,
+            kind,
+            admin_url,
+            name,
+            _dir: dir,
+        };
+        db.exec(ORDERS_PG).await.expect("create orders");
+        Some(db)
+    }
+
+    /// A fresh database with default options.
+    pub async fn open(backend: Backend) -> Option<TestDb> {
+        Self::open_with(
+            backend,
+            ConnectOptions {
+                max_connections: 16,
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// Runs one statement (no parameters) and returns the affected row count.
+    pub async fn exec(&self, sql: &str) -> Result<u64, StoreError> {
+        Ok(match &self.kind {
+            Kind::Pg(s) => s
+                .pool()
+                .execute(sql)
+                .await
+                .map_err(|e| db_err("exec", e))?
+                .rows_affected(),
+            Kind::My(s) => s
+                .pool()
+                .execute(sql)
+                .await
+                .map_err(|e| db_err("exec", e))?
+                .rows_affected(),
+            Kind::Lite(s) => s
+                .pool()
+                .execute(sql)
+                .await
+                .map_err(|e| db_err("exec", e))?
+                .rows_affected(),
+        })
+    }
+
+    /// `SELECT COUNT(*)` of a query's rows.
+    pub async fn count(&self, from_where: &str) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {from_where}");
+        match &self.kind {
+            Kind::Pg(s) => sqlx::query_scalar(&sql).fetch_one(s.pool()).await,
+            Kind::My(s) => sqlx::query_scalar(&sql).fetch_one(s.pool()).await,
+            Kind::Lite(s) => sqlx::query_scalar(&sql).fetch_one(s.pool()).await,
+        }
+        .expect("count")
+    }
+
+    /// The business transaction of the seed: insert order `order_id` and enqueue `events` in
+    /// one local transaction, then commit or roll back.
+    pub async fn place_order(
+        &self,
+        order_id: i64,
+        events: &[NewEvent],
+        commit: bool,
+    ) -> Result<Vec<String>, EnqueueError> {
+        let limits = Limits::default();
+        let store_err = |e: sqlx::Error| EnqueueError::Store(db_err("business tx", e).to_string());
+        macro_rules! run {
+            ($pool:expr, $module:ident, $insert:expr) => {{
+                let mut tx = $pool.begin().await.map_err(store_err)?;
+                sqlx::query($insert)
+                    .bind(order_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(store_err)?;
+                let ids = crate::$module::enqueue_many(&mut tx, events, &limits).await?;
+                if commit {
+                    tx.commit().await.map_err(store_err)?;
+                } else {
+                    tx.rollback().await.map_err(store_err)?;
+                }
+                Ok(ids)
+            }};
+        }
+        match &self.kind {
+            Kind::Pg(s) => run!(
+                s.pool(),
+                postgres,
+                "INSERT INTO orders VALUES ($1, 'CREATED', 1)"
+            ),
+            Kind::My(s) => run!(
+                s.pool(),
+                mysql,
+                "INSERT INTO orders VALUES (?, 'CREATED', 1)"
+            ),
+            Kind::Lite(s) => run!(
+                s.pool(),
+                sqlite,
+                "INSERT INTO orders VALUES (?, 'CREATED', 1)"
+            ),
+        }
+    }
+
+    /// A second, independent store on the same database (a new pool: "reopen the connection").
+    pub async fn reopen(&self) -> Arc<dyn OutboxStore> {
+        crate::connect(
+            &self.url,
+            &ConnectOptions {
+                migrate: false,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("reopen")
+    }
+
+    /// Drops the schema/database (SQLite: the directory goes with `self`).
+    pub async fn cleanup(self) {
+        match self.backend {
+            Backend::Postgres => {
+                if let Ok(mut c) = crate::postgres::connect_one(&self.admin_url).await {
+                    let _ = c
+                        .execute(format!("DROP SCHEMA {} CASCADE", self.name).as_str())
+                        .await;
+                }
+            }
+            Backend::Mysql => {
+                if let Ok(pool) = sqlx::MySqlPool::connect(&self.admin_url).await {
+                    let _ = pool
+                        .execute(format!("DROP DATABASE {}", self.name).as_str())
+                        .await;
+                }
+            }
+            Backend::Sqlite => {}
+        }
+    }
+}

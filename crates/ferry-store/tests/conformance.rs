@@ -1,0 +1,840 @@
+//! The store conformance suite: every test runs against SQLite, PostgreSQL and MariaDB.
+//!
+//! Each test gets its own database (see `ferry_store::testkit`), so tests run in parallel.
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_core::{
+    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore,
+    RetryItem, SlotFence, SLOT_COUNT,
+};
+use ferry_store::testkit::TestDb;
+
+fn all_slots() -> Vec<u16> {
+    (0..SLOT_COUNT).collect()
+}
+
+fn ev(agg: &str, v: i64) -> NewEvent {
+    NewEvent::new(
+        agg,
+        v,
+        "orders",
+        "OrderChanged",
+        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
+    )
+    .with_id(format!("e-{agg}-{v}"))
+}
+
+fn req(limit: usize, lease: Duration) -> ClaimRequest {
+    ClaimRequest::new(all_slots(), limit, lease)
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+async fn state(store: &dyn OutboxStore, id: &str) -> EventState {
+    store
+        .record(id)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no row {id}"))
+        .state
+}
+
+/// Claims until something is returned (a lease must expire first), bounded by `max`.
+async fn claim_eventually(
+    store: &dyn OutboxStore,
+    r: &ClaimRequest,
+    max: Duration,
+) -> Vec<ferry_core::ClaimedEvent> {
+    let start = Instant::now();
+    loop {
+        let got = store.claim(r).await.unwrap();
+        if !got.is_empty() {
+            return got;
+        }
+        assert!(
+            start.elapsed() < max,
+            "nothing became claimable within {max:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------- the seed's cases
+
+async fn rollback_leaves_neither_order_nor_intent(db: TestDb) {
+    db.place_order(
+        7,
+        &[
+            NewEvent::new("order-7", 1, "orders", "OrderCreated", r#"{"orderId":7}"#)
+                .with_id("e-7-1"),
+        ],
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(db.count("orders").await, 0);
+    assert_eq!(db.count("ferry_outbox").await, 0);
+    assert!(db.store.record("e-7-1").await.unwrap().is_none());
+    assert!(db.store.claim(&req(10, LONG)).await.unwrap().is_empty());
+}
+
+async fn committed_intent_visible_after_reconnect(db: TestDb) {
+    db.place_order(
+        7,
+        &[
+            NewEvent::new("order-7", 1, "orders", "OrderCreated", r#"{"orderId":7}"#)
+                .with_id("e-7-1"),
+        ],
+        true,
+    )
+    .await
+    .unwrap();
+    let fresh = db.reopen().await;
+    let rec = fresh
+        .record("e-7-1")
+        .await
+        .unwrap()
+        .expect("intent visible");
+    assert_eq!(rec.state, EventState::Pending);
+    assert_eq!(rec.payload, r#"{"orderId":7}"#);
+    assert_eq!(db.count("orders WHERE id = 7").await, 1);
+    let got = fresh.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].token.event_id, "e-7-1");
+}
+
+async fn stale_claim_is_fenced(db: TestDb) {
+    db.store.enqueue(&[ev("order-7", 1)]).await.unwrap();
+    // Bring claim_version to 11 so A's claim is term 12, as in the seed.
+    for _ in 0..11 {
+        let c = db.store.claim(&req(1, LONG)).await.unwrap();
+        assert_eq!(
+            db.store
+                .release(&[c[0].token.clone()])
+                .await
+                .unwrap()
+                .applied(),
+            1
+        );
+    }
+    let a = db
+        .store
+        .claim(&req(1, Duration::from_millis(200)))
+        .await
+        .unwrap();
+    assert_eq!(a[0].token.claim_version, 12);
+    // B cannot take it while A's lease is live...
+    assert!(db.store.claim(&req(1, LONG)).await.unwrap().is_empty());
+    // ...and takes over once it expires.
+    let b = claim_eventually(&*db.store, &req(1, LONG), Duration::from_secs(10)).await;
+    assert_eq!(b[0].token.claim_version, 13);
+    assert_ne!(a[0].token.claim_id, b[0].token.claim_id);
+    // A's stale SENT update affects zero rows.
+    let r = db.store.ack(&[a[0].token.clone()]).await.unwrap();
+    assert_eq!(r.items, vec![(a[0].token.seq, CasResult::Fenced)]);
+    for op in [
+        db.store.release(&[a[0].token.clone()]).await.unwrap(),
+        db.store
+            .extend_lease(&[a[0].token.clone()], LONG)
+            .await
+            .unwrap(),
+        db.store
+            .quarantine(&[(a[0].token.clone(), "x".into())])
+            .await
+            .unwrap(),
+        db.store
+            .retry(&[RetryItem {
+                token: a[0].token.clone(),
+                delay: Duration::ZERO,
+                error: "x".into(),
+            }])
+            .await
+            .unwrap(),
+    ] {
+        assert_eq!(r.fenced(), 1);
+        assert_eq!(op.fenced(), 1);
+    }
+    let rec = db.store.record("e-order-7-1").await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.claim_version), (EventState::Claimed, 13));
+    assert_eq!(rec.claim_id.as_deref(), Some(b[0].token.claim_id.as_str()));
+    // B's ack applies.
+    assert_eq!(
+        db.store.ack(&[b[0].token.clone()]).await.unwrap().applied(),
+        1
+    );
+    assert_eq!(state(&*db.store, "e-order-7-1").await, EventState::Sent);
+    // A second ack of the same token is fenced too (already SENT).
+    assert_eq!(
+        db.store.ack(&[b[0].token.clone()]).await.unwrap().fenced(),
+        1
+    );
+}
+
+async fn batch_with_mixed_outcomes_confirms_only_acked(db: TestDb) {
+    let evs: Vec<NewEvent> = (0..5).map(|i| ev(&format!("agg-{i}"), 1)).collect();
+    db.store.enqueue(&evs).await.unwrap();
+    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(c.len(), 5);
+    let t: Vec<ClaimToken> = c.iter().map(|e| e.token.clone()).collect();
+    // items 0,1 acked; 2 retry; 3 permanent; 4 unknown (left claimed)
+    let acked = db.store.ack(&t[0..2]).await.unwrap();
+    assert_eq!(acked.applied(), 2);
+    let retried = db
+        .store
+        .retry(&[RetryItem {
+            token: t[2].clone(),
+            delay: Duration::from_secs(3600),
+            error: "broker busy".into(),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(retried.applied(), 1);
+    assert_eq!(
+        db.store
+            .quarantine(&[(t[3].clone(), "message too large".into())])
+            .await
+            .unwrap()
+            .applied(),
+        1
+    );
+    let states: Vec<EventState> = {
+        let mut v = Vec::new();
+        for e in &c {
+            v.push(state(&*db.store, &e.token.event_id).await);
+        }
+        v
+    };
+    assert_eq!(
+        states,
+        vec![
+            EventState::Sent,
+            EventState::Sent,
+            EventState::Pending,
+            EventState::Quarantined,
+            EventState::Claimed
+        ]
+    );
+    let r = db.store.record(&t[2].event_id).await.unwrap().unwrap();
+    assert_eq!(
+        (r.attempts, r.last_error.as_deref()),
+        (1, Some("broker busy"))
+    );
+    // the retried item is not due for an hour; the unknown one is leased: nothing claimable
+    assert!(db.store.claim(&req(10, LONG)).await.unwrap().is_empty());
+    let st = db.store.status().await.unwrap();
+    assert_eq!(
+        (
+            st.pending,
+            st.claimed,
+            st.quarantined,
+            st.blocked_aggregates
+        ),
+        (1, 1, 1, 1)
+    );
+    // release of the unknown item makes it due again, same id and payload
+    assert_eq!(db.store.release(&t[4..5]).await.unwrap().applied(), 1);
+    let again = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].token.event_id, c[4].token.event_id);
+    assert_eq!(again[0].payload, c[4].payload);
+}
+
+// ---------------------------------------------------------------- ordering
+
+async fn predecessor_blocks_successors(db: TestDb) {
+    db.store
+        .enqueue(&[ev("A", 1), ev("A", 2), ev("A", 3), ev("B", 1)])
+        .await
+        .unwrap();
+    let ids = |c: &[ferry_core::ClaimedEvent]| {
+        c.iter()
+            .map(|e| e.token.event_id.clone())
+            .collect::<Vec<_>>()
+    };
+    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(ids(&c), vec!["e-A-1", "e-B-1"]);
+    // retry of v1 keeps v2 blocked
+    db.store
+        .retry(&[RetryItem {
+            token: c[0].token.clone(),
+            delay: Duration::ZERO,
+            error: "t".into(),
+        }])
+        .await
+        .unwrap();
+    db.store.ack(&[c[1].token.clone()]).await.unwrap();
+    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(ids(&c), vec!["e-A-1"]);
+    db.store.ack(&[c[0].token.clone()]).await.unwrap();
+    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(ids(&c), vec!["e-A-2"]);
+    // a quarantined v2 blocks v3 until an operator acts
+    db.store
+        .quarantine(&[(c[0].token.clone(), "schema error".into())])
+        .await
+        .unwrap();
+    assert!(db.store.claim(&req(10, LONG)).await.unwrap().is_empty());
+    let q = db.store.list_quarantined(10).await.unwrap();
+    assert_eq!(q.len(), 1);
+    assert_eq!(
+        (q[0].event_id.as_str(), q[0].blocked_successors),
+        ("e-A-2", 1)
+    );
+    assert_eq!(q[0].last_error.as_deref(), Some("schema error"));
+    // requeue keeps id and payload
+    db.store.requeue("e-A-2", "alice").await.unwrap();
+    let rec = db.store.record("e-A-2").await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.resolved_by.as_deref()),
+        (EventState::Pending, Some("alice"))
+    );
+    assert_eq!(rec.payload, r#"{"agg":"A","v":2}"#);
+    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(ids(&c), vec!["e-A-2"]);
+    db.store
+        .quarantine(&[(c[0].token.clone(), "schema error".into())])
+        .await
+        .unwrap();
+    // skip releases the successor and records who skipped
+    db.store.skip("e-A-2", "bob").await.unwrap();
+    let rec = db.store.record("e-A-2").await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.resolved_by.as_deref()),
+        (EventState::Skipped, Some("bob"))
+    );
+    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(ids(&c), vec!["e-A-3"]);
+    // operator actions on a non-quarantined event are refused with a clear message
+    let err = db
+        .store
+        .requeue("e-A-3", "carol")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("e-A-3") && err.contains("CLAIMED"), "{err}");
+    let err = db
+        .store
+        .skip("nope", "carol")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no outbox event"), "{err}");
+}
+
+/// Many claimers race over interleaved versions; every claim of v(n) must come after v(n-1)'s
+/// ack started.
+async fn predecessor_rule_under_concurrency(db: TestDb) {
+    let aggs = 8;
+    let versions = 40;
+    let mut evs = Vec::new();
+    for v in 1..=versions {
+        for a in 0..aggs {
+            evs.push(ev(&format!("agg-{a}"), v));
+        }
+    }
+    db.store.enqueue(&evs).await.unwrap();
+    let clock = Arc::new(AtomicU64::new(0));
+    let acked_at: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let violations: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let store = db.store.clone();
+        let (clock, acked_at, violations) = (clock.clone(), acked_at.clone(), violations.clone());
+        tasks.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let got = match store.claim(&req(5, LONG)).await {
+                    Ok(g) => g,
+                    Err(e) if e.is_transient() => continue,
+                    Err(e) => panic!("claim: {e}"),
+                };
+                let claimed_at = clock.fetch_add(1, Ordering::SeqCst);
+                if got.is_empty() {
+                    if acked_at.lock().unwrap().len() == (aggs * versions as usize)
+                        || Instant::now() > deadline
+                    {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                for e in &got {
+                    if e.aggregate_version > 1 {
+                        let pred = format!("e-{}-{}", e.aggregate_id, e.aggregate_version - 1);
+                        match acked_at.lock().unwrap().get(&pred) {
+                            Some(t) if *t < claimed_at => {}
+                            other => violations.lock().unwrap().push(format!(
+                                "{} claimed at {claimed_at}, predecessor ack {other:?}",
+                                e.token.event_id
+                            )),
+                        }
+                    }
+                }
+                let tokens: Vec<ClaimToken> = got.iter().map(|e| e.token.clone()).collect();
+                // hold the claim briefly, as a real send would: successors must stay blocked
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                {
+                    let t = clock.fetch_add(1, Ordering::SeqCst);
+                    let mut m = acked_at.lock().unwrap();
+                    for e in &got {
+                        m.insert(e.token.event_id.clone(), t);
+                    }
+                }
+                let r = store.ack(&tokens).await.unwrap();
+                assert_eq!(r.applied(), tokens.len());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        violations.lock().unwrap().is_empty(),
+        "{:?}",
+        violations.lock().unwrap()
+    );
+    assert_eq!(
+        db.count("ferry_outbox WHERE state = 'SENT'").await,
+        (aggs * versions as usize) as i64
+    );
+}
+
+/// 8 claimers over 20,000 events on many aggregates: no event held by two live tokens, none
+/// lost, every event SENT exactly once under a valid token.
+async fn concurrent_claimers_deliver_each_event_once(db: TestDb) {
+    let aggs = 2000;
+    let versions = 10;
+    let total = aggs * versions;
+    for v in 1..=versions {
+        let evs: Vec<NewEvent> = (0..aggs)
+            .map(|a| ev(&format!("agg-{a}"), v as i64))
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    let claims: Arc<Mutex<HashMap<String, Vec<(String, i64)>>>> = Arc::default();
+    let fenced = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = db.store.clone();
+        let (claims, fenced, sent) = (claims.clone(), fenced.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while (sent.load(Ordering::SeqCst) as usize) < total {
+                assert!(Instant::now() < deadline, "claimers did not finish");
+                let got = match store.claim(&req(100, LONG)).await {
+                    Ok(g) => g,
+                    Err(e) if e.is_transient() => continue,
+                    Err(e) => panic!("claim: {e}"),
+                };
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                {
+                    let mut m = claims.lock().unwrap();
+                    for e in &got {
+                        m.entry(e.token.event_id.clone())
+                            .or_default()
+                            .push((e.token.claim_id.clone(), e.token.claim_version));
+                    }
+                }
+                let tokens: Vec<ClaimToken> = got.iter().map(|e| e.token.clone()).collect();
+                let r = loop {
+                    match store.ack(&tokens).await {
+                        Ok(r) => break r,
+                        Err(e) if e.is_transient() => continue,
+                        Err(e) => panic!("ack: {e}"),
+                    }
+                };
+                fenced.fetch_add(r.fenced() as u64, Ordering::SeqCst);
+                sent.fetch_add(r.applied() as u64, Ordering::SeqCst);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let claims = claims.lock().unwrap();
+    assert_eq!(claims.len(), total, "every event claimed");
+    let doubles: Vec<_> = claims
+        .iter()
+        .filter(|(_, v)| v.len() != 1)
+        .take(5)
+        .collect();
+    assert!(
+        doubles.is_empty(),
+        "events claimed twice under a 60 s lease: {doubles:?}"
+    );
+    assert_eq!(fenced.load(Ordering::SeqCst), 0);
+    assert_eq!(sent.load(Ordering::SeqCst) as usize, total);
+    assert_eq!(
+        db.count("ferry_outbox WHERE state = 'SENT' AND claim_version = 1")
+            .await,
+        total as i64
+    );
+    let st = db.store.status().await.unwrap();
+    assert_eq!((st.pending, st.claimed), (0, 0));
+}
+
+// ---------------------------------------------------------------- leases and lost commits
+
+async fn lease_expiry_and_takeover(db: TestDb) {
+    db.store.enqueue(&[ev("X", 1)]).await.unwrap();
+    let a = db
+        .store
+        .claim(&req(1, Duration::from_millis(300)))
+        .await
+        .unwrap();
+    assert!(db.store.claim(&req(1, LONG)).await.unwrap().is_empty());
+    // heartbeat extends A's lease; the row stays A's
+    assert_eq!(
+        db.store
+            .extend_lease(&[a[0].token.clone()], Duration::from_millis(300))
+            .await
+            .unwrap()
+            .applied(),
+        1
+    );
+    let b = claim_eventually(&*db.store, &req(1, LONG), Duration::from_secs(10)).await;
+    assert_eq!(b[0].token.claim_version, a[0].token.claim_version + 1);
+    assert_eq!(b[0].payload, a[0].payload);
+    assert_eq!(
+        db.store
+            .extend_lease(&[a[0].token.clone()], LONG)
+            .await
+            .unwrap()
+            .fenced(),
+        1
+    );
+    assert_eq!(
+        db.store
+            .extend_lease(&[b[0].token.clone()], LONG)
+            .await
+            .unwrap()
+            .applied(),
+        1
+    );
+}
+
+async fn lost_claim_commit_is_recovered_by_claim_id(db: TestDb) {
+    db.store.enqueue(&[ev("L", 1), ev("M", 1)]).await.unwrap();
+    let r = req(10, Duration::from_millis(300));
+    let claim_id = r.claim_id.clone();
+    let lost = db.store.claim(&r).await.unwrap(); // pretend this response never arrived
+    let found = db.store.lookup_claim(&claim_id).await.unwrap();
+    assert_eq!(found, lost);
+    assert!(db
+        .store
+        .lookup_claim("someone-elses-claim")
+        .await
+        .unwrap()
+        .is_empty());
+    // after a takeover, the old claim id no longer confers anything
+    let b = claim_eventually(&*db.store, &req(10, LONG), Duration::from_secs(10)).await;
+    assert_eq!(b.len(), 2);
+    assert!(db.store.lookup_claim(&claim_id).await.unwrap().is_empty());
+    assert_eq!(
+        db.store
+            .lookup_claim(&b[0].token.claim_id)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+// ---------------------------------------------------------------- bad input
+
+async fn bad_inputs_are_refused_and_write_nothing(db: TestDb) {
+    db.store.enqueue(&[ev("order-1", 1)]).await.unwrap();
+    let before = db.count("ferry_outbox").await;
+    // duplicate (aggregate, version), against the database, names both
+    let e = db
+        .store
+        .enqueue(&[ev("order-1", 1).with_id("other-id")])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        EnqueueError::DuplicateVersion {
+            aggregate_id: "order-1".into(),
+            version: 1
+        }
+    );
+    // ... also inside a multi-row insert, and the rest of the batch is not written
+    let e = db
+        .store
+        .enqueue(&[ev("order-2", 1), ev("order-1", 1).with_id("x2")])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        EnqueueError::DuplicateVersion {
+            aggregate_id: "order-1".into(),
+            version: 1
+        }
+    );
+    // ... and inside the caller's business transaction, which rolls back
+    let e = db
+        .place_order(99, &[ev("order-1", 1).with_id("x3")], true)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, EnqueueError::DuplicateVersion { ref aggregate_id, version: 1 } if aggregate_id == "order-1"),
+        "{e}"
+    );
+    let e = db
+        .store
+        .enqueue(&[ev("order-9", 1).with_id("e-order-1-1")])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        EnqueueError::DuplicateEventId {
+            event_id: "e-order-1-1".into()
+        }
+    );
+    let mut bad = ev("order-3", 1);
+    bad.payload = "{\"unterminated\": ".into();
+    assert!(matches!(
+        db.store.enqueue(&[bad]).await,
+        Err(EnqueueError::InvalidJson { .. })
+    ));
+    let mut big = ev("order-3", 1);
+    big.payload = format!("\"{}\"", "x".repeat(2 * 1024 * 1024));
+    assert!(matches!(
+        db.store.enqueue(&[big]).await,
+        Err(EnqueueError::PayloadTooLarge { .. })
+    ));
+    let mut e1 = ev("order-3", 1);
+    e1.topic = String::new();
+    assert_eq!(
+        db.store.enqueue(&[e1]).await.unwrap_err(),
+        EnqueueError::Empty { field: "topic" }
+    );
+    let mut e2 = ev("order-3", 1);
+    e2.key = Some("  ".into());
+    assert_eq!(
+        db.store.enqueue(&[e2]).await.unwrap_err(),
+        EnqueueError::Empty { field: "key" }
+    );
+    let e3 = ev("order-3", 0);
+    assert!(matches!(
+        db.store.enqueue(&[e3]).await,
+        Err(EnqueueError::BadVersion { version: 0, .. })
+    ));
+    let e4 = ev("order-3", -5);
+    let msg = db.store.enqueue(&[e4]).await.unwrap_err().to_string();
+    assert!(msg.contains("order-3") && msg.contains("-5"), "{msg}");
+    assert_eq!(
+        db.count("ferry_outbox").await,
+        before,
+        "a refused enqueue wrote something"
+    );
+    assert_eq!(
+        db.count("orders").await,
+        0,
+        "the rolled-back business row is gone"
+    );
+}
+
+async fn intent_columns_are_immutable(db: TestDb) {
+    db.store.enqueue(&[ev("I", 1)]).await.unwrap();
+    let err = db
+        .exec("UPDATE ferry_outbox SET payload = '{}' WHERE event_id = 'e-I-1'")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("immutable"), "{err}");
+    let err = db
+        .exec("UPDATE ferry_outbox SET aggregate_version = 2 WHERE event_id = 'e-I-1'")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("immutable"), "{err}");
+    assert_eq!(
+        db.store.record("e-I-1").await.unwrap().unwrap().payload,
+        r#"{"agg":"I","v":1}"#
+    );
+}
+
+async fn concurrent_migrations_apply_once(db: TestDb) {
+    // The TestDb is migrated already; two more concurrent runs must wait for the lock and do nothing.
+    let (a, b) = tokio::join!(
+        ferry_store::migrate_url(&db.url),
+        ferry_store::migrate_url(&db.url)
+    );
+    assert_eq!(a.unwrap(), Vec::<i64>::new());
+    assert_eq!(b.unwrap(), Vec::<i64>::new());
+    assert_eq!(db.count("ferry_schema_migrations").await, 1);
+    assert_eq!(db.count("ferry_slot_lease").await, 256);
+}
+
+async fn fresh_concurrent_migrations(db: TestDb) {
+    // Drop the schema and migrate twice at once from scratch.
+    for t in [
+        "ferry_outbox",
+        "ferry_slot_lease",
+        "ferry_relay_member",
+        "ferry_schema_migrations",
+    ] {
+        db.exec(&format!("DROP TABLE {t}")).await.unwrap();
+    }
+    let (a, b) = tokio::join!(
+        ferry_store::migrate_url(&db.url),
+        ferry_store::migrate_url(&db.url)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut all = a.clone();
+    all.extend(b.clone());
+    assert_eq!(
+        all,
+        vec![1],
+        "exactly one migrate applied version 1 (got {a:?} and {b:?})"
+    );
+    assert_eq!(db.count("ferry_slot_lease").await, 256);
+}
+
+// ---------------------------------------------------------------- slot leases
+
+async fn slot_leases_fence_claims(db: TestDb) {
+    db.store.enqueue(&[ev("S", 1)]).await.unwrap();
+    let slot = ferry_core::slot_for("S");
+    let a = db
+        .store
+        .acquire_slots("relay-a", &[slot], Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(a.len(), 1);
+    let epoch_a = a[0].epoch;
+    // B cannot take a live slot
+    assert!(db
+        .store
+        .acquire_slots("relay-b", &[slot], LONG)
+        .await
+        .unwrap()
+        .is_empty());
+    // B's fenced claim gets nothing; A's gets the event
+    let mut rb = ClaimRequest::new(vec![slot], 10, LONG);
+    rb.fence = Some(SlotFence {
+        owner: "relay-b".into(),
+    });
+    assert!(db.store.claim(&rb).await.unwrap().is_empty());
+    // after A's lease expires, A's fenced claims get nothing even though nobody took over
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let b = loop {
+        let got = db
+            .store
+            .acquire_slots("relay-b", &[slot], LONG)
+            .await
+            .unwrap();
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(b[0].epoch, epoch_a + 1);
+    let mut ra = ClaimRequest::new(vec![slot], 10, LONG);
+    ra.fence = Some(SlotFence {
+        owner: "relay-a".into(),
+    });
+    assert!(
+        db.store.claim(&ra).await.unwrap().is_empty(),
+        "stale owner must not claim"
+    );
+    assert_eq!(db.store.claim(&rb).await.unwrap().len(), 1);
+    // renewal by the owner keeps the epoch; release frees it
+    let again = db
+        .store
+        .acquire_slots("relay-b", &[slot], LONG)
+        .await
+        .unwrap();
+    assert_eq!(again[0].epoch, b[0].epoch);
+    db.store.release_slots("relay-b", &[slot]).await.unwrap();
+    let c = db
+        .store
+        .acquire_slots("relay-c", &[slot], LONG)
+        .await
+        .unwrap();
+    assert_eq!(c[0].epoch, b[0].epoch + 1);
+    assert_eq!(db.store.slot_leases().await.unwrap().len(), 1);
+    // membership
+    let m = db.store.heartbeat_member("relay-c", LONG).await.unwrap();
+    assert_eq!(m, vec!["relay-c".to_string()]);
+    let m = db.store.heartbeat_member("relay-a", LONG).await.unwrap();
+    assert_eq!(m, vec!["relay-a".to_string(), "relay-c".to_string()]);
+    db.store.leave_member("relay-a").await.unwrap();
+    assert_eq!(
+        db.store.heartbeat_member("relay-c", LONG).await.unwrap(),
+        vec!["relay-c".to_string()]
+    );
+}
+
+async fn multi_row_enqueue_in_caller_transaction(db: TestDb) {
+    let evs: Vec<NewEvent> = (1..=250).map(|v| ev("bulk", v)).collect();
+    let ids = db.place_order(1, &evs, true).await.unwrap();
+    assert_eq!(ids.len(), 250);
+    assert_eq!(db.count("ferry_outbox").await, 250);
+    let generated = db
+        .store
+        .enqueue(&[NewEvent::new("gen", 1, "t", "T", "{}")])
+        .await
+        .unwrap();
+    assert_eq!(uuid_version(&generated[0]), Some(7));
+    let seen: HashSet<_> = ids.into_iter().collect();
+    assert_eq!(seen.len(), 250);
+}
+
+fn uuid_version(s: &str) -> Option<u8> {
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    (hex.len() == 32)
+        .then(|| u8::from_str_radix(&hex[12..13], 16).ok())
+        .flatten()
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let db = ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
+                super::$name(db).await;
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
+                super::$name(db).await;
+            })*
+        }
+        mod mysql {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
+                super::$name(db).await;
+            })*
+        }
+    };
+}
+
+conformance!(
+    rollback_leaves_neither_order_nor_intent,
+    committed_intent_visible_after_reconnect,
+    stale_claim_is_fenced,
+    batch_with_mixed_outcomes_confirms_only_acked,
+    predecessor_blocks_successors,
+    predecessor_rule_under_concurrency,
+    concurrent_claimers_deliver_each_event_once,
+    lease_expiry_and_takeover,
+    lost_claim_commit_is_recovered_by_claim_id,
+    bad_inputs_are_refused_and_write_nothing,
+    intent_columns_are_immutable,
+    concurrent_migrations_apply_once,
+    fresh_concurrent_migrations,
+    slot_leases_fence_claims,
+    multi_row_enqueue_in_caller_transaction,
+);
