@@ -80,3 +80,14 @@ CREATE TABLE IF NOT EXISTS ferry_relay_member (
     lease_until TIMESTAMPTZ NOT NULL,
     joined_at   TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+
+-- Commit wake-ups: one NOTIFY per inserting statement, delivered at commit (coalesced per
+-- transaction by PostgreSQL). Relays LISTEN and poll only as a fallback.
+CREATE OR REPLACE FUNCTION ferry_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('ferry_outbox', '');
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS ferry_outbox_notify ON ferry_outbox;
+CREATE TRIGGER ferry_outbox_notify AFTER INSERT ON ferry_outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION ferry_outbox_notify();

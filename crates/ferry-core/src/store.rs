@@ -203,4 +203,15 @@ pub trait OutboxStore: Send + Sync {
 
     /// Current slot leases (status).
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>>;
+
+    /// Capability: commit wake-ups. Arranges for `wake` to be called after enqueues commit
+    /// (possibly coalesced) and returns `true`, or returns `false` when the backend has no such
+    /// mechanism and relays must poll.
+    fn listen_commits(
+        &self,
+        wake: std::sync::Arc<dyn Fn() + Send + Sync>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let _ = wake;
+        Box::pin(async { Ok(false) })
+    }
 }

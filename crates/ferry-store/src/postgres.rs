@@ -633,6 +633,35 @@ impl OutboxStore for PgStore {
         })
     }
 
+    fn listen_commits(
+        &self,
+        wake: std::sync::Arc<dyn Fn() + Send + Sync>,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
+                .await
+                .map_err(|e| db_err("LISTEN connect", e))?;
+            listener
+                .listen("ferry_outbox")
+                .await
+                .map_err(|e| db_err("LISTEN", e))?;
+            tokio::spawn(async move {
+                loop {
+                    match listener.recv().await {
+                        Ok(_) => wake(),
+                        Err(e) => {
+                            // Notifications may have been lost while reconnecting: wake anyway.
+                            tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
+                            wake();
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            });
+            Ok(true)
+        })
+    }
+
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(

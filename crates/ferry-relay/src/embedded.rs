@@ -1,0 +1,146 @@
+//! An embedded Kafka-protocol broker: librdkafka's mock cluster, owned by a dedicated thread so
+//! that handles to it are `Send` and usable from any task.
+//!
+//! It speaks the real Kafka protocol over loopback and can inject broker errors. Mind its
+//! retention: each partition keeps only the last ~5 MiB, so consumers must read while producers
+//! write (see docs/performance.md).
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::RDKafkaApiKey;
+use rdkafka::types::RDKafkaRespErr;
+
+enum Cmd {
+    CreateTopic(String, i32, mpsc::Sender<Result<(), String>>),
+    BrokerDown(i32, mpsc::Sender<Result<(), String>>),
+    BrokerUp(i32, mpsc::Sender<Result<(), String>>),
+    ProduceErrors(Vec<RDKafkaRespErr>, mpsc::Sender<Result<(), String>>),
+    ClearProduceErrors(mpsc::Sender<Result<(), String>>),
+    Stop,
+}
+
+/// A running mock cluster.
+pub struct EmbeddedKafka {
+    bootstrap: String,
+    brokers: i32,
+    tx: mpsc::Sender<Cmd>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+/// An embedded-broker failure.
+#[derive(Debug, thiserror::Error)]
+#[error("embedded Kafka: {0}")]
+pub struct EmbeddedKafkaError(String);
+
+impl EmbeddedKafka {
+    /// Starts a mock cluster with `brokers` brokers.
+    pub fn start(brokers: i32) -> Result<Self, EmbeddedKafkaError> {
+        let (tx, rx) = mpsc::channel::<Cmd>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<String, String>>();
+        let thread = thread::Builder::new()
+            .name("ferry-mock-kafka".into())
+            .spawn(move || {
+                let cluster = match MockCluster::new(brokers) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(cluster.bootstrap_servers()));
+                let res = |r: rdkafka::error::KafkaResult<()>| r.map_err(|e| e.to_string());
+                while let Ok(cmd) = rx.recv() {
+                    match cmd {
+                        Cmd::CreateTopic(t, p, reply) => {
+                            let _ = reply.send(res(cluster.create_topic(&t, p, brokers.min(3))));
+                        }
+                        Cmd::BrokerDown(b, reply) => {
+                            let _ = reply.send(res(cluster.broker_down(b)));
+                        }
+                        Cmd::BrokerUp(b, reply) => {
+                            let _ = reply.send(res(cluster.broker_up(b)));
+                        }
+                        Cmd::ProduceErrors(errs, reply) => {
+                            cluster.request_errors(RDKafkaApiKey::Produce, &errs);
+                            let _ = reply.send(Ok(()));
+                        }
+                        Cmd::ClearProduceErrors(reply) => {
+                            cluster.clear_request_errors(RDKafkaApiKey::Produce);
+                            let _ = reply.send(Ok(()));
+                        }
+                        Cmd::Stop => break,
+                    }
+                }
+            })
+            .map_err(|e| EmbeddedKafkaError(e.to_string()))?;
+        let bootstrap = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|e| EmbeddedKafkaError(e.to_string()))?
+            .map_err(EmbeddedKafkaError)?;
+        Ok(Self {
+            bootstrap,
+            brokers,
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    /// `bootstrap.servers` of the cluster.
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Number of brokers.
+    pub fn brokers(&self) -> i32 {
+        self.brokers
+    }
+
+    fn call(
+        &self,
+        make: impl FnOnce(mpsc::Sender<Result<(), String>>) -> Cmd,
+    ) -> Result<(), EmbeddedKafkaError> {
+        let (reply, rx) = mpsc::channel();
+        self.tx
+            .send(make(reply))
+            .map_err(|_| EmbeddedKafkaError("mock cluster thread is gone".into()))?;
+        rx.recv_timeout(Duration::from_secs(30))
+            .map_err(|e| EmbeddedKafkaError(e.to_string()))?
+            .map_err(EmbeddedKafkaError)
+    }
+
+    /// Creates a topic (the mock cluster has no admin API).
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), EmbeddedKafkaError> {
+        self.call(|r| Cmd::CreateTopic(topic.to_string(), partitions, r))
+    }
+
+    /// Takes broker `id` (1-based) down.
+    pub fn broker_down(&self, id: i32) -> Result<(), EmbeddedKafkaError> {
+        self.call(|r| Cmd::BrokerDown(id, r))
+    }
+
+    /// Brings broker `id` back.
+    pub fn broker_up(&self, id: i32) -> Result<(), EmbeddedKafkaError> {
+        self.call(|r| Cmd::BrokerUp(id, r))
+    }
+
+    /// Makes the next Produce requests fail with `errors`, one per request, in order.
+    pub fn produce_errors(&self, errors: &[RDKafkaRespErr]) -> Result<(), EmbeddedKafkaError> {
+        self.call(|r| Cmd::ProduceErrors(errors.to_vec(), r))
+    }
+
+    /// Clears injected Produce errors.
+    pub fn clear_produce_errors(&self) -> Result<(), EmbeddedKafkaError> {
+        self.call(Cmd::ClearProduceErrors)
+    }
+}
+
+impl Drop for EmbeddedKafka {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Cmd::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Relay metrics: counters, gauges and hdrhistogram latency distributions, rendered in the
+//! Prometheus text format. Names follow `ferry_<noun>_<unit>`.
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// A latency histogram in microseconds (1 µs .. 1 h, 3 significant digits).
+#[derive(Debug)]
+pub struct Latency(Mutex<Histogram<u64>>);
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self(Mutex::new(
+            Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
+        ))
+    }
+}
+
+impl Latency {
+    /// Records one duration.
+    pub fn record(&self, d: Duration) {
+        self.record_us(d.as_micros() as u64);
+    }
+    /// Records one value in µs, `n` times.
+    pub fn record_n_us(&self, us: u64, n: u64) {
+        let mut h = self.0.lock().expect("histogram lock");
+        let _ = h.record_n(us.clamp(1, 3_600_000_000), n);
+    }
+    /// Records one value in µs.
+    pub fn record_us(&self, us: u64) {
+        self.record_n_us(us, 1);
+    }
+    /// A copy of the histogram.
+    pub fn snapshot(&self) -> Histogram<u64> {
+        self.0.lock().expect("histogram lock").clone()
+    }
+}
+
+/// Quantiles reported for every latency.
+pub const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
+
+/// All relay metrics. Cheap to update from every worker.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Items acked by the sink whose SENT CAS applied.
+    pub sent: AtomicU64,
+    /// Items scheduled for retry.
+    pub retried: AtomicU64,
+    /// Items quarantined.
+    pub quarantined: AtomicU64,
+    /// Items whose outcome was unknown (left for release/lease expiry).
+    pub unknown: AtomicU64,
+    /// CAS outcomes that updated zero rows (stale token), plus fenced lease renewals.
+    pub fenced: AtomicU64,
+    /// Claim transactions run.
+    pub claims: AtomicU64,
+    /// Claims that returned nothing.
+    pub empty_claims: AtomicU64,
+    /// Items claimed.
+    pub claimed_items: AtomicU64,
+    /// Store errors (claims/outcomes that failed and were retried).
+    pub store_errors: AtomicU64,
+    /// Slots currently owned by this process.
+    pub slots_owned: AtomicI64,
+    /// Slot-lease renewals that found the slot taken (stale owner).
+    pub slot_fenced: AtomicU64,
+    /// Outbox gauges from the status poller.
+    pub pending: AtomicI64,
+    /// Rows in CLAIMED (unknown exposure).
+    pub claimed: AtomicI64,
+    /// Rows in QUARANTINED.
+    pub quarantined_rows: AtomicI64,
+    /// Aggregates blocked behind a quarantined event.
+    pub blocked_aggregates: AtomicI64,
+    /// Age of the oldest unfinished intent (µs), -1 when none.
+    pub oldest_unfinished_age_us: AtomicI64,
+    /// Items per claimed batch.
+    pub batch_size: Latency,
+    /// Claim transaction latency.
+    pub claim_latency: Latency,
+    /// Sink send latency per batch.
+    pub send_latency: Latency,
+    /// Outcome CAS latency per batch.
+    pub ack_latency: Latency,
+    /// From the intent's commit (created_at) to its SENT CAS.
+    pub commit_to_ack: Latency,
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+    );
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: i64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+fn summary(out: &mut String, name: &str, help: &str, h: &Histogram<u64>, scale: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+    for q in QUANTILES {
+        let v = if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(q) as f64 / scale
+        };
+        let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {v}");
+    }
+    let sum = h.mean() * h.len() as f64 / scale;
+    let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {}", h.len());
+}
+
+impl Metrics {
+    /// Renders the Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut o = String::with_capacity(4096);
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let g = |a: &AtomicI64| a.load(Ordering::Relaxed);
+        counter(
+            &mut o,
+            "ferry_sent_total",
+            "Events acked by the broker and marked SENT.",
+            l(&self.sent),
+        );
+        counter(
+            &mut o,
+            "ferry_retried_total",
+            "Events scheduled for retry with backoff.",
+            l(&self.retried),
+        );
+        counter(
+            &mut o,
+            "ferry_quarantined_total",
+            "Events quarantined (permanent errors or max attempts).",
+            l(&self.quarantined),
+        );
+        counter(
+            &mut o,
+            "ferry_unknown_total",
+            "Sends whose outcome was unknown (resent later with the same id).",
+            l(&self.unknown),
+        );
+        counter(
+            &mut o,
+            "ferry_fenced_total",
+            "Compare-and-set outcomes rejected because the claim token was stale.",
+            l(&self.fenced),
+        );
+        counter(
+            &mut o,
+            "ferry_claims_total",
+            "Claim transactions.",
+            l(&self.claims),
+        );
+        counter(
+            &mut o,
+            "ferry_empty_claims_total",
+            "Claim transactions that found nothing due.",
+            l(&self.empty_claims),
+        );
+        counter(
+            &mut o,
+            "ferry_claimed_events_total",
+            "Events claimed.",
+            l(&self.claimed_items),
+        );
+        counter(
+            &mut o,
+            "ferry_store_errors_total",
+            "Store operations that failed and were retried.",
+            l(&self.store_errors),
+        );
+        counter(
+            &mut o,
+            "ferry_slot_fenced_total",
+            "Slot lease renewals that found the slot owned by another relay.",
+            l(&self.slot_fenced),
+        );
+        gauge(
+            &mut o,
+            "ferry_slots_owned",
+            "Shard slots owned by this relay process.",
+            g(&self.slots_owned),
+        );
+        gauge(
+            &mut o,
+            "ferry_pending_events",
+            "Outbox rows in PENDING.",
+            g(&self.pending),
+        );
+        gauge(
+            &mut o,
+            "ferry_claimed_events",
+            "Outbox rows in CLAIMED: unknown exposure.",
+            g(&self.claimed),
+        );
+        gauge(
+            &mut o,
+            "ferry_quarantined_events",
+            "Outbox rows in QUARANTINED.",
+            g(&self.quarantined_rows),
+        );
+        gauge(
+            &mut o,
+            "ferry_blocked_aggregates",
+            "Aggregates blocked behind a quarantined event.",
+            g(&self.blocked_aggregates),
+        );
+        let age = g(&self.oldest_unfinished_age_us);
+        let _ = writeln!(
+            o,
+            "# HELP ferry_oldest_unfinished_age_seconds Age of the oldest unsent intent.\n# TYPE ferry_oldest_unfinished_age_seconds gauge\nferry_oldest_unfinished_age_seconds {}",
+            if age < 0 { 0.0 } else { age as f64 / 1e6 }
+        );
+        summary(
+            &mut o,
+            "ferry_batch_size_events",
+            "Events per claimed batch.",
+            &self.batch_size.snapshot(),
+            1.0,
+        );
+        summary(
+            &mut o,
+            "ferry_claim_latency_seconds",
+            "Claim transaction latency.",
+            &self.claim_latency.snapshot(),
+            1e6,
+        );
+        summary(
+            &mut o,
+            "ferry_send_latency_seconds",
+            "Sink send latency per batch.",
+            &self.send_latency.snapshot(),
+            1e6,
+        );
+        summary(
+            &mut o,
+            "ferry_ack_latency_seconds",
+            "Outcome compare-and-set latency per batch.",
+            &self.ack_latency.snapshot(),
+            1e6,
+        );
+        summary(
+            &mut o,
+            "ferry_commit_to_ack_seconds",
+            "Intent commit to SENT.",
+            &self.commit_to_ack.snapshot(),
+            1e6,
+        );
+        o
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until `cancel` fires. A minimal HTTP/1.1 responder: one
+/// request per connection, no keep-alive.
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    metrics: std::sync::Arc<Metrics>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "metrics endpoint listening");
+    loop {
+        let (mut sock, _) = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            r = listener.accept() => r?,
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = if req.starts_with("GET /metrics") {
+                ("200 OK", metrics.render())
+            } else {
+                ("404 Not Found", "try GET /metrics\n".to_string())
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+        });
+    }
+}

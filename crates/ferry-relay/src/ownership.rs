@@ -1,0 +1,160 @@
+//! Shard-slot ownership across relay processes.
+//!
+//! Every process heartbeats a membership row and computes, by rendezvous hashing over the live
+//! members, which slots it should own. It takes or renews those slot leases (a CAS that only
+//! succeeds on a free, expired or already-owned slot; a change of hands bumps the slot's epoch)
+//! and releases the slots it should no longer own. Claims are fenced in the database by the
+//! owner's live lease, so a process that lost a slot (partition, pause) claims nothing from it,
+//! and its in-flight outcomes are fenced by their claim tokens.
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{OutboxStore, SlotId, SLOT_COUNT};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// Rendezvous (highest-random-weight) score of `owner` for `slot`: FNV-1a over "owner/slot".
+fn score(owner: &str, slot: SlotId) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in owner
+        .as_bytes()
+        .iter()
+        .chain(b"/")
+        .chain(slot.to_string().as_bytes())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // final avalanche so near-identical owner ids spread evenly
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+/// The slots `owner` should hold given the live `members` (which include `owner`).
+pub fn desired_slots(owner: &str, members: &[String]) -> Vec<SlotId> {
+    (0..SLOT_COUNT)
+        .filter(|s| {
+            members
+                .iter()
+                .max_by_key(|m| (score(m, *s), m.as_str()))
+                .map(|m| m == owner)
+                .unwrap_or(true)
+        })
+        .collect()
+}
+
+/// Ownership timing.
+#[derive(Debug, Clone)]
+pub struct OwnershipConfig {
+    /// Owner id of this process (unique per process start).
+    pub owner: String,
+    /// Slot and membership lease (default 15 s: three missed heartbeats at 5 s).
+    pub ttl: Duration,
+    /// Heartbeat interval (default 5 s).
+    pub heartbeat: Duration,
+}
+
+/// Runs the ownership loop, publishing the owned slots on `tx`, until `cancel`.
+/// Does not release slots on exit: the relay does that after its workers drained.
+pub async fn run(
+    store: Arc<dyn OutboxStore>,
+    cfg: OwnershipConfig,
+    metrics: Arc<Metrics>,
+    tx: watch::Sender<Vec<SlotId>>,
+    cancel: CancellationToken,
+) {
+    let mut held: BTreeSet<SlotId> = BTreeSet::new();
+    loop {
+        match tick(&*store, &cfg, &held).await {
+            Ok((now_held, lost)) => {
+                if lost > 0 {
+                    metrics
+                        .slot_fenced
+                        .fetch_add(lost as u64, Ordering::Relaxed);
+                    tracing::warn!(lost, "slot leases were taken over by another relay");
+                }
+                if now_held != held {
+                    tracing::info!(owner = %cfg.owner, slots = now_held.len(), "slot ownership changed");
+                }
+                held = now_held;
+                metrics
+                    .slots_owned
+                    .store(held.len() as i64, Ordering::Relaxed);
+                let _ = tx.send(held.iter().copied().collect());
+            }
+            Err(e) => {
+                // Keep going: leases we cannot renew expire and the database fences our claims.
+                metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "slot ownership heartbeat failed");
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(cfg.heartbeat) => {}
+        }
+    }
+}
+
+async fn tick(
+    store: &dyn OutboxStore,
+    cfg: &OwnershipConfig,
+    held: &BTreeSet<SlotId>,
+) -> Result<(BTreeSet<SlotId>, usize), ferry_core::StoreError> {
+    let members = store.heartbeat_member(&cfg.owner, cfg.ttl).await?;
+    let desired = desired_slots(&cfg.owner, &members);
+    let got: BTreeSet<SlotId> = store
+        .acquire_slots(&cfg.owner, &desired, cfg.ttl)
+        .await?
+        .into_iter()
+        .map(|l| l.slot)
+        .collect();
+    let surplus: Vec<SlotId> = held
+        .iter()
+        .copied()
+        .filter(|s| !desired.contains(s))
+        .collect();
+    if !surplus.is_empty() {
+        store.release_slots(&cfg.owner, &surplus).await?;
+    }
+    let lost = held
+        .iter()
+        .filter(|s| desired.contains(s) && !got.contains(s))
+        .count();
+    Ok((got, lost))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_partitions_every_slot_once() {
+        let members: Vec<String> = (0..3).map(|i| format!("relay-{i}")).collect();
+        let mut seen = vec![0; SLOT_COUNT as usize];
+        for m in &members {
+            let d = desired_slots(m, &members);
+            assert!(d.len() > 40, "{m} got {}", d.len());
+            for s in d {
+                seen[s as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|c| *c == 1));
+        // a lone member owns everything
+        assert_eq!(
+            desired_slots("a", &["a".to_string()]).len(),
+            SLOT_COUNT as usize
+        );
+        // adding a member only moves slots to the newcomer
+        let four: Vec<String> = (0..4).map(|i| format!("relay-{i}")).collect();
+        for m in &members {
+            let before: BTreeSet<_> = desired_slots(m, &members).into_iter().collect();
+            let after: BTreeSet<_> = desired_slots(m, &four).into_iter().collect();
+            assert!(after.is_subset(&before));
+        }
+    }
+}

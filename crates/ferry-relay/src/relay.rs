@@ -1,0 +1,608 @@
+//! The relay: W shard workers over the slots this process owns.
+//!
+//! Per worker: claim a batch (≤ B items, fenced by slot ownership) → send it to the sink →
+//! collect each item's outcome → apply the outcomes with the store's batched compare-and-set.
+//! Up to `max_in_flight` batches per worker are in flight at once (the next claim runs while a
+//! send is outstanding). This never reorders an aggregate: the claim only returns events whose
+//! aggregate has no unfinished predecessor, so a successor cannot even be claimed before its
+//! predecessor is SENT — whatever happens to the predecessor's batch.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_core::{
+    now_micros, Backoff, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, OutboxStore, Outcome,
+    RetryItem, SlotFence, SlotId, StoreError,
+};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::ownership::{self, OwnershipConfig};
+use crate::sink::Sink;
+
+/// Relay settings. Every default is explained next to it.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Owner id of this process; unique per start (default: `<host>-<pid>-<uuid>`).
+    pub owner: String,
+    /// Shard workers in this process (default 4). Slot `s` goes to worker `s % workers`.
+    pub workers: usize,
+    /// Max events per claim (default 500: amortizes the claim and CAS round trips; see
+    /// docs/tuning.md for the sweep).
+    pub batch_size: usize,
+    /// Batches in flight per worker (default 2: one sending while the next is claimed).
+    pub max_in_flight: usize,
+    /// Claim lease (default 60 s: twice the Kafka message timeout of 30 s, so a send is
+    /// resolved or timed out well before another relay may take the item over). Renewed every
+    /// lease/3 while a batch is in flight.
+    pub claim_lease: Duration,
+    /// Slot-ownership lease (default 15 s: three missed heartbeats).
+    pub slot_ttl: Duration,
+    /// Ownership heartbeat (default 5 s).
+    pub heartbeat: Duration,
+    /// Poll delay after a partial or empty claim, doubling up to `poll_idle` (default 2 ms).
+    pub poll_min: Duration,
+    /// Longest poll delay when idle (default 500 ms; with PostgreSQL LISTEN/NOTIFY a commit
+    /// wakes the workers earlier).
+    pub poll_idle: Duration,
+    /// Retry backoff (default 200 ms doubling to 60 s, with jitter).
+    pub backoff: Backoff,
+    /// Attempts before a retried event is quarantined (default 10).
+    pub max_attempts: u32,
+    /// How long shutdown waits for in-flight batches before releasing them (default 10 s).
+    pub shutdown_timeout: Duration,
+    /// How often the outbox gauges are refreshed (default 5 s).
+    pub status_interval: Duration,
+    /// Use slot ownership and fencing (default true). `false` claims every slot unfenced —
+    /// for tests and single-process tools only.
+    pub ownership: bool,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            owner: default_owner(),
+            workers: 4,
+            batch_size: 500,
+            max_in_flight: 2,
+            claim_lease: Duration::from_secs(60),
+            slot_ttl: Duration::from_secs(15),
+            heartbeat: Duration::from_secs(5),
+            poll_min: Duration::from_millis(2),
+            poll_idle: Duration::from_millis(500),
+            backoff: Backoff::default(),
+            max_attempts: 10,
+            shutdown_timeout: Duration::from_secs(10),
+            status_interval: Duration::from_secs(5),
+            ownership: true,
+        }
+    }
+}
+
+/// A unique owner id for this process.
+pub fn default_owner() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "relay".into());
+    format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// A configuration value out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid relay setting {key}: {reason}")]
+pub struct ConfigError {
+    /// The setting.
+    pub key: &'static str,
+    /// What is accepted.
+    pub reason: String,
+}
+
+impl RelayConfig {
+    /// Checks every setting; the error names the key and what is accepted.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, reason: &str| {
+            Err(ConfigError {
+                key,
+                reason: reason.to_string(),
+            })
+        };
+        if self.workers == 0 || self.workers > ferry_core::SLOT_COUNT as usize {
+            return bad(
+                "workers",
+                "must be between 1 and 256 (one slot per worker at most)",
+            );
+        }
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return bad("batch_size", "must be between 1 and 10000");
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 64 {
+            return bad("max_in_flight", "must be between 1 and 64");
+        }
+        if self.claim_lease < Duration::from_millis(100) {
+            return bad("claim_lease", "must be at least 100ms");
+        }
+        if self.slot_ttl < self.heartbeat * 2 {
+            return bad("slot_ttl", "must be at least twice the heartbeat interval");
+        }
+        if self.heartbeat.is_zero() {
+            return bad("heartbeat", "must be greater than zero");
+        }
+        if self.poll_min.is_zero() || self.poll_idle < self.poll_min {
+            return bad(
+                "poll_idle",
+                "poll_min must be > 0 and poll_idle >= poll_min",
+            );
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts", "must be at least 1");
+        }
+        if self.owner.trim().is_empty() || self.owner.len() > 255 {
+            return bad("owner", "must be 1 to 255 characters");
+        }
+        Ok(())
+    }
+}
+
+/// The relay engine.
+pub struct Relay {
+    store: Arc<dyn OutboxStore>,
+    sink: Arc<dyn Sink>,
+    config: RelayConfig,
+    metrics: Arc<Metrics>,
+    wake: Arc<Notify>,
+}
+
+struct Ctx {
+    store: Arc<dyn OutboxStore>,
+    sink: Arc<dyn Sink>,
+    config: RelayConfig,
+    metrics: Arc<Metrics>,
+    wake: Arc<Notify>,
+    /// Tokens of batches in flight, by batch id (released on a shutdown timeout).
+    in_flight: Mutex<HashMap<u64, Vec<ClaimToken>>>,
+    next_batch: AtomicU64,
+}
+
+impl Relay {
+    /// A relay over `store` and `sink`.
+    pub fn new(
+        store: Arc<dyn OutboxStore>,
+        sink: Arc<dyn Sink>,
+        config: RelayConfig,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            store,
+            sink,
+            config,
+            metrics: Arc::new(Metrics::default()),
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Shares an existing metrics registry.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// A handle that wakes idle workers (e.g. from a commit notification).
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// Runs until `cancel`, then drains: stops claiming, waits for in-flight outcomes up to
+    /// `shutdown_timeout`, releases what is left with the fenced CAS, gives up its slots.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), StoreError> {
+        let Relay {
+            store,
+            sink,
+            config,
+            metrics,
+            wake,
+        } = self;
+        let (slots_tx, slots_rx) = watch::channel::<Vec<SlotId>>(Vec::new());
+        let stop_aux = CancellationToken::new();
+        let mut aux = Vec::new();
+        if config.ownership {
+            aux.push(tokio::spawn(ownership::run(
+                store.clone(),
+                OwnershipConfig {
+                    owner: config.owner.clone(),
+                    ttl: config.slot_ttl,
+                    heartbeat: config.heartbeat,
+                },
+                metrics.clone(),
+                slots_tx,
+                stop_aux.clone(),
+            )));
+        } else {
+            let _ = slots_tx.send((0..ferry_core::SLOT_COUNT).collect());
+            metrics
+                .slots_owned
+                .store(ferry_core::SLOT_COUNT as i64, Ordering::Relaxed);
+            std::mem::forget(slots_tx); // keep the channel open for the workers
+        }
+        {
+            let wake = wake.clone();
+            match store
+                .listen_commits(Arc::new(move || wake.notify_waiters()))
+                .await
+            {
+                Ok(true) => tracing::info!("commit notifications enabled (LISTEN/NOTIFY)"),
+                Ok(false) => tracing::debug!(
+                    backend = store.backend(),
+                    "no commit notifications; polling adaptively"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "commit notifications unavailable; polling adaptively")
+                }
+            }
+        }
+        aux.push(tokio::spawn(status_poller(
+            store.clone(),
+            metrics.clone(),
+            config.status_interval,
+            stop_aux.clone(),
+        )));
+        let ctx = Arc::new(Ctx {
+            store: store.clone(),
+            sink,
+            config: config.clone(),
+            metrics,
+            wake,
+            in_flight: Mutex::new(HashMap::new()),
+            next_batch: AtomicU64::new(0),
+        });
+        let workers: Vec<_> = (0..config.workers)
+            .map(|w| tokio::spawn(worker(ctx.clone(), w, slots_rx.clone(), cancel.clone())))
+            .collect();
+        for w in workers {
+            let _ = w.await;
+        }
+        // Whatever is still in flight after the deadline is released: resent later, same id.
+        let leftovers: Vec<ClaimToken> = ctx
+            .in_flight
+            .lock()
+            .expect("in-flight lock")
+            .drain()
+            .flat_map(|(_, t)| t)
+            .collect();
+        if !leftovers.is_empty() {
+            match store.release(&leftovers).await {
+                Ok(r) => {
+                    ctx.metrics
+                        .fenced
+                        .fetch_add(r.fenced() as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        released = r.applied(),
+                        fenced = r.fenced(),
+                        "released in-flight events at shutdown"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not release in-flight events; their lease will expire")
+                }
+            }
+        }
+        stop_aux.cancel();
+        for a in aux {
+            let _ = a.await;
+        }
+        if config.ownership {
+            let all: Vec<SlotId> = (0..ferry_core::SLOT_COUNT).collect();
+            let _ = store.release_slots(&config.owner, &all).await;
+            let _ = store.leave_member(&config.owner).await;
+        }
+        Ok(())
+    }
+}
+
+async fn status_poller(
+    store: Arc<dyn OutboxStore>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        match store.status().await {
+            Ok(s) => {
+                metrics.pending.store(s.pending, Ordering::Relaxed);
+                metrics.claimed.store(s.claimed, Ordering::Relaxed);
+                metrics
+                    .quarantined_rows
+                    .store(s.quarantined, Ordering::Relaxed);
+                metrics
+                    .blocked_aggregates
+                    .store(s.blocked_aggregates, Ordering::Relaxed);
+                metrics
+                    .oldest_unfinished_age_us
+                    .store(s.oldest_unfinished_age_us.unwrap_or(-1), Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(error = %e, "status refresh failed"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+async fn worker(
+    ctx: Arc<Ctx>,
+    w: usize,
+    mut slots_rx: watch::Receiver<Vec<SlotId>>,
+    cancel: CancellationToken,
+) {
+    let cfg = &ctx.config;
+    let mut inflight = FuturesUnordered::new();
+    let mut delay = cfg.poll_min;
+    let mut store_backoff = Duration::from_millis(50);
+    loop {
+        // reap finished batches without blocking
+        while let Some(Some(())) = futures::FutureExt::now_or_never(inflight.next()) {}
+        if cancel.is_cancelled() {
+            break;
+        }
+        if inflight.len() >= cfg.max_in_flight {
+            tokio::select! {
+                _ = inflight.next() => {}
+                _ = cancel.cancelled() => {}
+            }
+            continue;
+        }
+        let slots: Vec<SlotId> = slots_rx
+            .borrow_and_update()
+            .iter()
+            .copied()
+            .filter(|s| *s as usize % cfg.workers == w)
+            .collect();
+        if slots.is_empty() {
+            tokio::select! {
+                _ = slots_rx.changed() => {}
+                Some(()) = inflight.next(), if !inflight.is_empty() => {}
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(cfg.poll_idle) => {}
+            }
+            continue;
+        }
+        let mut req = ClaimRequest::new(slots, cfg.batch_size, cfg.claim_lease);
+        if cfg.ownership {
+            req.fence = Some(SlotFence {
+                owner: cfg.owner.clone(),
+            });
+        }
+        let t0 = Instant::now();
+        let claimed = match claim_or_recover(&*ctx.store, &req).await {
+            Ok(c) => {
+                store_backoff = Duration::from_millis(50);
+                c
+            }
+            Err(e) => {
+                ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(worker = w, error = %e, "claim failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(store_backoff) => {}
+                    _ = cancel.cancelled() => {}
+                }
+                store_backoff = (store_backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        ctx.metrics.claim_latency.record(t0.elapsed());
+        ctx.metrics.claims.fetch_add(1, Ordering::Relaxed);
+        if claimed.is_empty() {
+            ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                _ = ctx.wake.notified() => {}
+                Some(()) = inflight.next(), if !inflight.is_empty() => {}
+                _ = cancel.cancelled() => {}
+                _ = slots_rx.changed() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(cfg.poll_idle);
+            continue;
+        }
+        let full = claimed.len() == cfg.batch_size;
+        ctx.metrics
+            .claimed_items
+            .fetch_add(claimed.len() as u64, Ordering::Relaxed);
+        ctx.metrics.batch_size.record_us(claimed.len() as u64);
+        let id = ctx.next_batch.fetch_add(1, Ordering::Relaxed);
+        ctx.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .insert(id, claimed.iter().map(|e| e.token.clone()).collect());
+        inflight.push(process_batch(ctx.clone(), id, claimed));
+        if full {
+            delay = cfg.poll_min;
+        } else {
+            // A partial batch means the backlog is drained for now: give producers a moment
+            // to commit more so the next claim is fuller, without idling.
+            tokio::select! {
+                _ = ctx.wake.notified() => {}
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(cfg.poll_min) => {}
+            }
+        }
+    }
+    // Drain: wait for in-flight batches up to the deadline; the rest are released by `run`.
+    let deadline = tokio::time::sleep(cfg.shutdown_timeout);
+    tokio::pin!(deadline);
+    while !inflight.is_empty() {
+        tokio::select! {
+            _ = inflight.next() => {}
+            _ = &mut deadline => {
+                tracing::warn!(worker = w, batches = inflight.len(), "shutdown deadline reached with batches in flight");
+                break;
+            }
+        }
+    }
+}
+
+/// Claims; if the claim's commit outcome is unknown (connection lost around COMMIT), looks the
+/// claim up by its pre-generated id and keeps only what is still ours.
+async fn claim_or_recover(
+    store: &dyn OutboxStore,
+    req: &ClaimRequest,
+) -> Result<Vec<ClaimedEvent>, StoreError> {
+    match store.claim(req).await {
+        Ok(c) => Ok(c),
+        Err(e) if e.kind() == ferry_core::StoreErrorKind::Unavailable => {
+            // The commit may have happened. Our claim id is unique: whatever is CLAIMED under
+            // it is ours to send; if the lookup fails too, the lease expires and others resend.
+            match store.lookup_claim(&req.claim_id).await {
+                Ok(items) if !items.is_empty() => {
+                    tracing::info!(claim_id = %req.claim_id, items = items.len(), "recovered a claim whose commit response was lost");
+                    Ok(items)
+                }
+                _ => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn process_batch(ctx: Arc<Ctx>, id: u64, items: Vec<ClaimedEvent>) {
+    let cfg = &ctx.config;
+    let tokens: Vec<ClaimToken> = items.iter().map(|e| e.token.clone()).collect();
+    // Renew the claim lease while the send is outstanding (slow broker).
+    let renew = {
+        let store = ctx.store.clone();
+        let metrics = ctx.metrics.clone();
+        let tokens = tokens.clone();
+        let lease = cfg.claim_lease;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(lease / 3).await;
+                match store.extend_lease(&tokens, lease).await {
+                    Ok(r) => {
+                        metrics
+                            .fenced
+                            .fetch_add(r.fenced() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+                }
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let outcomes = ctx.sink.send_batch(&items).await;
+    ctx.metrics.send_latency.record(t0.elapsed());
+    renew.abort();
+    debug_assert_eq!(outcomes.len(), items.len());
+
+    let mut acked = Vec::new();
+    let mut retry = Vec::new();
+    let mut quarantine = Vec::new();
+    let mut unknown = Vec::new();
+    for (e, o) in items.iter().zip(outcomes) {
+        match o {
+            Outcome::Acked => acked.push(e.token.clone()),
+            Outcome::Retry(err) => {
+                let attempt = e.attempts as u32 + 1;
+                if attempt >= cfg.max_attempts {
+                    quarantine.push((
+                        e.token.clone(),
+                        format!("gave up after {attempt} attempts: {err}"),
+                    ));
+                } else {
+                    retry.push(RetryItem {
+                        token: e.token.clone(),
+                        delay: cfg.backoff.delay(attempt),
+                        error: err,
+                    });
+                }
+            }
+            Outcome::Permanent(err) => quarantine.push((e.token.clone(), err)),
+            Outcome::Unknown(err) => {
+                tracing::debug!(event_id = %e.token.event_id, error = %err, "outcome unknown; releasing for resend");
+                unknown.push(e.token.clone());
+            }
+        }
+    }
+    let t1 = Instant::now();
+    let m = &ctx.metrics;
+    if !acked.is_empty() {
+        if let Some(r) = apply(&ctx, "ack", || ctx.store.ack(&acked)).await {
+            let now = now_micros();
+            let by_seq: HashMap<i64, i64> =
+                items.iter().map(|e| (e.token.seq, e.created_at)).collect();
+            for (seq, res) in &r.items {
+                if *res == ferry_core::CasResult::Applied {
+                    if let Some(c) = by_seq.get(seq) {
+                        m.commit_to_ack.record_us((now - c).max(1) as u64);
+                    }
+                }
+            }
+            m.sent.fetch_add(r.applied() as u64, Ordering::Relaxed);
+        }
+    }
+    if !retry.is_empty() {
+        if let Some(r) = apply(&ctx, "retry", || ctx.store.retry(&retry)).await {
+            m.retried.fetch_add(r.applied() as u64, Ordering::Relaxed);
+        }
+    }
+    if !quarantine.is_empty() {
+        for (t, why) in &quarantine {
+            tracing::warn!(event_id = %t.event_id, reason = %why, "quarantining event; its aggregate's successors are blocked until an operator acts");
+        }
+        if let Some(r) = apply(&ctx, "quarantine", || ctx.store.quarantine(&quarantine)).await {
+            m.quarantined
+                .fetch_add(r.applied() as u64, Ordering::Relaxed);
+        }
+    }
+    if !unknown.is_empty() {
+        m.unknown.fetch_add(unknown.len() as u64, Ordering::Relaxed);
+        apply(&ctx, "release", || ctx.store.release(&unknown)).await;
+    }
+    m.ack_latency.record(t1.elapsed());
+    ctx.in_flight.lock().expect("in-flight lock").remove(&id);
+}
+
+/// Applies one outcome CAS, retrying transient store errors for up to the claim lease (after
+/// that the items are someone else's to resend anyway). Counts fenced items.
+async fn apply<'a, F>(ctx: &'a Ctx, what: &str, op: impl Fn() -> F) -> Option<CasReport>
+where
+    F: std::future::Future<Output = Result<CasReport, StoreError>> + 'a,
+{
+    let deadline = Instant::now() + ctx.config.claim_lease;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match op().await {
+            Ok(r) => {
+                if r.fenced() > 0 {
+                    ctx.metrics
+                        .fenced
+                        .fetch_add(r.fenced() as u64, Ordering::Relaxed);
+                    tracing::info!(
+                        what,
+                        fenced = r.fenced(),
+                        "outcome fenced: the claim was taken over"
+                    );
+                }
+                return Some(r);
+            }
+            Err(e) => {
+                ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                if Instant::now() > deadline {
+                    tracing::error!(what, error = %e, "giving up on an outcome update; the lease will expire and the events be resent");
+                    return None;
+                }
+                tracing::warn!(what, error = %e, "outcome update failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Kafka sink over rdkafka: idempotent producer, per-item delivery reports.
+//!
+//! Delivery reports map to outcomes by this table (`classify`):
+//!
+//! | delivery report | outcome | why |
+//! | --- | --- | --- |
+//! | delivered (offset known) | `Acked` | `acks=all` + idempotence: the broker has it |
+//! | `MessageTimedOut` | `Unknown` | librdkafka gave up after `message.timeout.ms`; it may or may not be in the log |
+//! | producer dropped / purged (`Canceled`, `PurgeQueue`, `PurgeInflight`) | `Unknown` | same |
+//! | `MessageSizeTooLarge`, `InvalidMessageSize`, `InvalidMessage` (corrupt), `InvalidRecord`, `InvalidTopic`, `UnknownTopic`, `UnknownTopicOrPartition`, `TopicAuthorizationFailed` | `Permanent` | resending the same bytes cannot succeed: quarantine |
+//! | fatal producer error (e.g. `OUT_OF_ORDER_SEQUENCE_NUMBER` under idempotence) | `Retry` | the producer is recreated before the next batch |
+//! | anything else (retriable broker errors that outlived librdkafka's own retries) | `Retry` | backoff and resend the same event |
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use ferry_core::{BoxFuture, ClaimedEvent, Outcome};
+use futures::future::join_all;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+use super::Sink;
+
+/// Kafka producer settings.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// `message.timeout.ms` (default 30 s): after it a record's outcome is `Unknown`. Keep it
+    /// below the claim lease so an unknown item is released before another relay's takeover.
+    pub message_timeout: Duration,
+    /// `linger.ms` (default 1 ms): batches records per partition; the relay pipelines claims, so a
+    /// small linger costs little latency (see docs/tuning.md).
+    pub linger: Duration,
+    /// Extra librdkafka properties (e.g. `compression.type`, security settings).
+    pub extra: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            message_timeout: Duration::from_secs(30),
+            linger: Duration::from_millis(1),
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+impl KafkaConfig {
+    fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set(
+                "message.timeout.ms",
+                self.message_timeout.as_millis().to_string(),
+            )
+            .set("linger.ms", self.linger.as_millis().to_string())
+            .set("queue.buffering.max.messages", "1000000")
+            .set("batch.num.messages", "10000");
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+/// The Kafka sink.
+pub struct KafkaSink {
+    config: KafkaConfig,
+    producer: RwLock<Arc<FutureProducer>>,
+}
+
+/// A sink construction error (bad producer configuration).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot create the Kafka producer: {0}")]
+pub struct KafkaSinkError(#[source] KafkaError);
+
+impl KafkaSink {
+    /// Creates the producer (connections are made lazily by librdkafka).
+    pub fn new(config: KafkaConfig) -> Result<Self, KafkaSinkError> {
+        let producer: FutureProducer = config.client_config().create().map_err(KafkaSinkError)?;
+        Ok(Self {
+            config,
+            producer: RwLock::new(Arc::new(producer)),
+        })
+    }
+
+    fn producer(&self) -> Arc<FutureProducer> {
+        self.producer.read().expect("producer lock").clone()
+    }
+
+    /// Replaces a producer that hit a fatal error (its later sends would all fail).
+    fn recreate(&self, failed: &Arc<FutureProducer>) {
+        let mut guard = self.producer.write().expect("producer lock");
+        if Arc::ptr_eq(&guard, failed) {
+            match self.config.client_config().create::<FutureProducer>() {
+                Ok(p) => {
+                    tracing::warn!("recreated the Kafka producer after a fatal error");
+                    *guard = Arc::new(p);
+                }
+                Err(e) => tracing::error!(error = %e, "cannot recreate the Kafka producer"),
+            }
+        }
+    }
+
+    /// Flushes outstanding records (shutdown).
+    pub fn flush(&self, timeout: Duration) {
+        let _ = self.producer().flush(timeout);
+    }
+}
+
+fn headers(e: &ClaimedEvent) -> OwnedHeaders {
+    let version = e.aggregate_version.to_string();
+    let mut h = OwnedHeaders::new_with_capacity(8)
+        .insert(Header {
+            key: "ferry-event-id",
+            value: Some(e.token.event_id.as_bytes()),
+        })
+        .insert(Header {
+            key: "ferry-aggregate-id",
+            value: Some(e.aggregate_id.as_bytes()),
+        })
+        .insert(Header {
+            key: "ferry-aggregate-version",
+            value: Some(version.as_bytes()),
+        })
+        .insert(Header {
+            key: "ferry-event-type",
+            value: Some(e.event_type.as_bytes()),
+        });
+    if e.headers != "{}" {
+        if let Ok(map) = serde_json::from_str::<BTreeMap<String, String>>(&e.headers) {
+            for (k, v) in &map {
+                h = h.insert(Header {
+                    key: k.as_str(),
+                    value: Some(v.as_bytes()),
+                });
+            }
+        }
+    }
+    h
+}
+
+/// Maps a librdkafka error code to an outcome (the table in the module docs).
+pub fn classify(code: Option<RDKafkaErrorCode>, text: String) -> Outcome {
+    use RDKafkaErrorCode as C;
+    match code {
+        Some(C::MessageTimedOut | C::PurgeQueue | C::PurgeInflight) => Outcome::Unknown(text),
+        Some(
+            C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::InvalidTopic
+            | C::UnknownTopic
+            | C::UnknownTopicOrPartition
+            | C::TopicAuthorizationFailed,
+        ) => Outcome::Permanent(text),
+        _ => Outcome::Retry(text),
+    }
+}
+
+impl Sink for KafkaSink {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let producer = self.producer();
+            let mut pending = Vec::with_capacity(items.len());
+            for e in items {
+                let mut record = FutureRecord::to(&e.topic)
+                    .key(&e.key)
+                    .payload(&e.payload)
+                    .headers(headers(e));
+                let fut = loop {
+                    match producer.send_result(record) {
+                        Ok(f) => break Ok(f),
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                            // librdkafka's local queue is full: let it drain, then enqueue again.
+                            record = r;
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        Err((err, _)) => break Err(err),
+                    }
+                };
+                pending.push(fut);
+            }
+            let mut fatal = false;
+            let results = join_all(pending.into_iter().map(|f| async move {
+                match f {
+                    Err(err) => Err(err),
+                    Ok(delivery) => match delivery.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err((err, _msg))) => Err(err),
+                        Err(_canceled) => Err(KafkaError::Canceled),
+                    },
+                }
+            }))
+            .await;
+            let outcomes = results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(()) => Outcome::Acked,
+                    Err(KafkaError::Canceled) => {
+                        Outcome::Unknown("producer dropped before the delivery report".into())
+                    }
+                    Err(err) => {
+                        let code = err.rdkafka_error_code();
+                        if code == Some(RDKafkaErrorCode::Fatal) {
+                            fatal = true;
+                        }
+                        classify(code, err.to_string())
+                    }
+                })
+                .collect();
+            if fatal || producer.client().fatal_error().is_some() {
+                self.recreate(&producer);
+            }
+            outcomes
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        let c = |code| classify(Some(code), String::new());
+        assert!(matches!(
+            c(RDKafkaErrorCode::MessageTimedOut),
+            Outcome::Unknown(_)
+        ));
+        assert!(matches!(
+            c(RDKafkaErrorCode::MessageSizeTooLarge),
+            Outcome::Permanent(_)
+        ));
+        assert!(matches!(
+            c(RDKafkaErrorCode::TopicAuthorizationFailed),
+            Outcome::Permanent(_)
+        ));
+        assert!(matches!(
+            c(RDKafkaErrorCode::UnknownTopicOrPartition),
+            Outcome::Permanent(_)
+        ));
+        assert!(matches!(
+            c(RDKafkaErrorCode::NotLeaderForPartition),
+            Outcome::Retry(_)
+        ));
+        assert!(matches!(
+            c(RDKafkaErrorCode::RequestTimedOut),
+            Outcome::Retry(_)
+        ));
+        assert!(matches!(classify(None, String::new()), Outcome::Retry(_)));
+    }
+}
