@@ -29,9 +29,10 @@ CREATE TABLE IF NOT EXISTS ferry_outbox (
     CONSTRAINT ferry_outbox_aggregate_version_key UNIQUE (aggregate_id, aggregate_version)
 ) WITH (fillfactor = 80, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05);
 
--- Dispatch index: only unfinished rows, so millions of SENT rows cost the claim nothing.
+-- Dispatch index: only unfinished rows in claim (seq) order, with the slot alongside so the
+-- slot filter is checked in the index; millions of SENT rows cost the claim nothing.
 CREATE INDEX IF NOT EXISTS ferry_outbox_dispatch
-    ON ferry_outbox (shard_slot, seq) WHERE state IN ('PENDING', 'CLAIMED');
+    ON ferry_outbox (seq, shard_slot) WHERE state IN ('PENDING', 'CLAIMED');
 -- Predecessor check: "does this aggregate have an unfinished lower version?" over unfinished rows only.
 CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished
     ON ferry_outbox (aggregate_id, aggregate_version) WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED');

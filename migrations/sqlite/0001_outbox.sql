@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS ferry_outbox (
     CONSTRAINT ferry_outbox_aggregate_version_key UNIQUE (aggregate_id, aggregate_version)
 );
 CREATE INDEX IF NOT EXISTS ferry_outbox_dispatch
-    ON ferry_outbox (shard_slot, seq) WHERE state IN ('PENDING', 'CLAIMED');
+    ON ferry_outbox (seq, shard_slot) WHERE state IN ('PENDING', 'CLAIMED');
 CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished
     ON ferry_outbox (aggregate_id, aggregate_version) WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED');
 CREATE INDEX IF NOT EXISTS ferry_outbox_claim_id

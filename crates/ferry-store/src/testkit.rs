@@ -273,6 +273,30 @@ impl TestDb {
 
     /// Drops the schema/database (SQLite: the directory goes with `self`).
     pub async fn cleanup(self) {
+        self.cleanup_handle().run().await;
+    }
+
+    /// A handle that drops this database later, after `self` was moved into a test body.
+    /// (A panicking test leaves its database behind for inspection.)
+    pub fn cleanup_handle(&self) -> Cleanup {
+        Cleanup {
+            backend: self.backend,
+            admin_url: self.admin_url.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// Drops a test schema/database; see [`TestDb::cleanup_handle`].
+pub struct Cleanup {
+    backend: Backend,
+    admin_url: String,
+    name: String,
+}
+
+impl Cleanup {
+    /// Drops it.
+    pub async fn run(self) {
         match self.backend {
             Backend::Postgres => {
                 if let Ok(mut c) = crate::postgres::connect_one(&self.admin_url).await {

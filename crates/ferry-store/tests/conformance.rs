@@ -808,14 +808,18 @@ macro_rules! conformance {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
                 let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
+                let cleanup = db.cleanup_handle();
                 super::$name(db).await;
+                cleanup.run().await;
             })*
         }
         mod mysql {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
                 let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
+                let cleanup = db.cleanup_handle();
                 super::$name(db).await;
+                cleanup.run().await;
             })*
         }
     };
