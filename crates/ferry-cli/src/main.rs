@@ -1,1 +1,717 @@
-fn main() {}
+//! `ferry`: migrate, relay, status, quarantine and enqueue for the ferry outbox relay.
+//!
+//! Settings come from built-in defaults, then a TOML file (`--config`), then `FERRY_*`
+//! environment variables, then flags (each later source wins). Exit codes: 0 success, 1 runtime
+//! error, 2 bad usage or configuration; `status` exits 2 at a warning and 3 at a critical alert.
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ferry_core::{Backoff, Limits, NewEvent, OutboxStore};
+use ferry_relay::{KafkaConfig, KafkaSink, NullSink, Relay, RelayConfig, Sink, StdoutSink};
+use ferry_store::{redact_url, ConnectOptions};
+use tokio_util::sync::CancellationToken;
+
+mod config;
+
+use config::{duration, pick, ConfigError, FileConfig};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferry",
+    version,
+    about = "Transactional-outbox relay: claim, send, confirm — fenced and in order."
+)]
+struct Cli {
+    /// TOML configuration file (see docs/operations.md for every key).
+    #[arg(long, global = true, env = "FERRY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Database URL: postgres://…, mysql://… (MariaDB too) or sqlite://path.db. Never printed
+    /// with its password.
+    #[arg(
+        long,
+        global = true,
+        env = "FERRY_DATABASE_URL",
+        hide_env_values = true
+    )]
+    database_url: Option<String>,
+    /// Log filter (tracing EnvFilter syntax), e.g. info, ferry_relay=debug.
+    #[arg(long, global = true, env = "FERRY_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Apply the embedded schema migrations (waits for a concurrent migrate; never double-applies).
+    Migrate,
+    /// Run the relay until SIGINT/SIGTERM, then drain gracefully and exit 0.
+    Relay(RelayArgs),
+    /// Show backlog, oldest intent age, unknown exposure, quarantine and slot owners.
+    /// Exits 2 past the warning threshold (or with blocked aggregates), 3 past the critical one.
+    Status(StatusArgs),
+    /// Inspect and resolve quarantined events.
+    Quarantine {
+        #[command(subcommand)]
+        cmd: QuarantineCmd,
+    },
+    /// Enqueue events from JSON (an object, an array, or JSON lines) for demos and scripts.
+    Enqueue(EnqueueArgs),
+}
+
+#[derive(Args, Debug)]
+struct RelayArgs {
+    /// Shard workers in this process [default: 4] (relay.workers).
+    #[arg(long, env = "FERRY_WORKERS")]
+    workers: Option<usize>,
+    /// Max events per claim [default: 500] (relay.batch_size).
+    #[arg(long, env = "FERRY_BATCH_SIZE")]
+    batch_size: Option<usize>,
+    /// Batches in flight per worker [default: 2] (relay.in_flight).
+    #[arg(long, env = "FERRY_IN_FLIGHT")]
+    in_flight: Option<usize>,
+    /// Claim lease, e.g. 60s [default: 60s] (relay.claim_lease).
+    #[arg(long, env = "FERRY_CLAIM_LEASE")]
+    claim_lease: Option<String>,
+    /// Slot ownership lease [default: 15s] (relay.slot_ttl).
+    #[arg(long, env = "FERRY_SLOT_TTL")]
+    slot_ttl: Option<String>,
+    /// Ownership heartbeat [default: 5s] (relay.heartbeat).
+    #[arg(long, env = "FERRY_HEARTBEAT")]
+    heartbeat: Option<String>,
+    /// Shortest poll delay [default: 2ms] (relay.poll_min).
+    #[arg(long, env = "FERRY_POLL_MIN")]
+    poll_min: Option<String>,
+    /// Idle poll delay [default: 500ms] (relay.poll_idle).
+    #[arg(long, env = "FERRY_POLL_IDLE")]
+    poll_idle: Option<String>,
+    /// First retry delay [default: 200ms] (relay.backoff_base).
+    #[arg(long, env = "FERRY_BACKOFF_BASE")]
+    backoff_base: Option<String>,
+    /// Longest retry delay [default: 60s] (relay.backoff_max).
+    #[arg(long, env = "FERRY_BACKOFF_MAX")]
+    backoff_max: Option<String>,
+    /// Attempts before quarantine [default: 10] (relay.max_attempts).
+    #[arg(long, env = "FERRY_MAX_ATTEMPTS")]
+    max_attempts: Option<u32>,
+    /// How long shutdown waits for in-flight sends [default: 10s] (relay.shutdown_timeout).
+    #[arg(long, env = "FERRY_SHUTDOWN_TIMEOUT")]
+    shutdown_timeout: Option<String>,
+    /// Owner id of this process [default: host-pid-random] (relay.owner).
+    #[arg(long, env = "FERRY_OWNER")]
+    owner: Option<String>,
+    /// Sink: kafka, stdout or null [default: kafka] (sink.kind).
+    #[arg(long, env = "FERRY_SINK")]
+    sink: Option<String>,
+    /// Kafka bootstrap servers [default: 127.0.0.1:9092] (sink.brokers).
+    #[arg(long, env = "FERRY_KAFKA_BROKERS")]
+    kafka_brokers: Option<String>,
+    /// Kafka message.timeout.ms as a duration [default: 30s] (sink.message_timeout).
+    #[arg(long, env = "FERRY_KAFKA_MESSAGE_TIMEOUT")]
+    kafka_message_timeout: Option<String>,
+    /// Kafka linger.ms as a duration [default: 1ms] (sink.linger).
+    #[arg(long, env = "FERRY_KAFKA_LINGER")]
+    kafka_linger: Option<String>,
+    /// Extra librdkafka property KEY=VALUE, repeatable (sink.kafka_properties).
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
+    kafka_property: Vec<String>,
+    /// Metrics endpoint address, or "off" [default: 127.0.0.1:9464] (metrics.listen).
+    #[arg(long, env = "FERRY_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+    /// Do not apply migrations on start.
+    #[arg(long)]
+    no_migrate: bool,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Warning when the oldest unsent intent is older [default: 5m] (alerts.oldest_warning).
+    #[arg(long, env = "FERRY_OLDEST_WARNING")]
+    oldest_warning: Option<String>,
+    /// Critical when older [default: 1h] (alerts.oldest_critical).
+    #[arg(long, env = "FERRY_OLDEST_CRITICAL")]
+    oldest_critical: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum QuarantineCmd {
+    /// List quarantined events, oldest first.
+    List {
+        /// Max rows.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a quarantined event back to PENDING, keeping its id and payload.
+    Requeue {
+        /// Event id.
+        event_id: String,
+        /// Who is acting (recorded) [default: $USER].
+        #[arg(long)]
+        operator: Option<String>,
+    },
+    /// Never deliver a quarantined event; releases its aggregate's successors. Recorded.
+    Skip {
+        /// Event id.
+        event_id: String,
+        /// Who is acting (recorded) [default: $USER].
+        #[arg(long)]
+        operator: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct EnqueueArgs {
+    /// One event as JSON: {"aggregate_id":…, "aggregate_version":…, "topic":…, "event_type":…,
+    /// "payload":"<json text>", optional "event_id", "key", "headers"}.
+    #[arg(long, conflicts_with = "file")]
+    event: Option<String>,
+    /// A file (or - for stdin) holding an object, an array, or JSON lines of events.
+    #[arg(long)]
+    file: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum SinkKind {
+    Kafka,
+    Stdout,
+    Null,
+}
+
+/// A failure with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        Self {
+            code: 2,
+            message: e.0,
+        }
+    }
+}
+
+impl From<ferry_core::StoreError> for Failure {
+    fn from(e: ferry_core::StoreError) -> Self {
+        let code = if e.kind() == ferry_core::StoreErrorKind::InvalidInput {
+            2
+        } else {
+            1
+        };
+        Self {
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn fail(code: u8, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<u8, Failure> {
+    let file = match &cli.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let url = pick(&cli.database_url, &file.database_url).ok_or_else(|| {
+        fail(2, "no database URL: pass --database-url, set FERRY_DATABASE_URL, or database_url in the config file")
+    })?;
+    ferry_store::Backend::from_url(&url)?;
+    let limits = Limits {
+        max_payload_bytes: file
+            .limits
+            .max_payload_bytes
+            .unwrap_or(Limits::default().max_payload_bytes),
+    };
+    let open = |migrate: bool| {
+        let url = url.clone();
+        async move {
+            let opts = ConnectOptions {
+                migrate,
+                limits,
+                ..Default::default()
+            };
+            ferry_store::connect(&url, &opts)
+                .await
+                .map_err(|e| fail(1, format!("{} ({})", e, redact_url(&url))))
+        }
+    };
+    match cli.cmd {
+        Cmd::Migrate => {
+            let applied = ferry_store::migrate_url(&url)
+                .await
+                .map_err(|e| fail(1, format!("{e} ({})", redact_url(&url))))?;
+            if applied.is_empty() {
+                println!("schema up to date ({})", redact_url(&url));
+            } else {
+                println!("applied migrations {applied:?} to {}", redact_url(&url));
+            }
+            Ok(0)
+        }
+        Cmd::Relay(args) => {
+            // Validate every setting before touching the database.
+            let (config, sink) = relay_settings(&args, &file)?;
+            let store = open(!args.no_migrate).await?;
+            run_relay(config, sink, metrics_listen(&args, &file)?, store).await
+        }
+        Cmd::Status(args) => status(args, &file, open(false).await?).await,
+        Cmd::Quarantine { cmd } => quarantine(cmd, open(false).await?).await,
+        Cmd::Enqueue(args) => enqueue(args, open(true).await?).await,
+    }
+}
+
+/// The sink to build.
+enum SinkSpec {
+    Kafka(KafkaConfig),
+    Stdout,
+    Null,
+}
+
+fn relay_settings(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpec), Failure> {
+    let r = &f.relay;
+    let d = RelayConfig::default();
+    let config = RelayConfig {
+        owner: pick(&a.owner, &r.owner).unwrap_or(d.owner),
+        workers: pick(&a.workers, &r.workers).unwrap_or(d.workers),
+        batch_size: pick(&a.batch_size, &r.batch_size).unwrap_or(d.batch_size),
+        max_in_flight: pick(&a.in_flight, &r.in_flight).unwrap_or(d.max_in_flight),
+        claim_lease: duration(
+            "relay.claim_lease (--claim-lease)",
+            &a.claim_lease,
+            &r.claim_lease,
+            d.claim_lease,
+        )?,
+        slot_ttl: duration(
+            "relay.slot_ttl (--slot-ttl)",
+            &a.slot_ttl,
+            &r.slot_ttl,
+            d.slot_ttl,
+        )?,
+        heartbeat: duration(
+            "relay.heartbeat (--heartbeat)",
+            &a.heartbeat,
+            &r.heartbeat,
+            d.heartbeat,
+        )?,
+        poll_min: duration(
+            "relay.poll_min (--poll-min)",
+            &a.poll_min,
+            &r.poll_min,
+            d.poll_min,
+        )?,
+        poll_idle: duration(
+            "relay.poll_idle (--poll-idle)",
+            &a.poll_idle,
+            &r.poll_idle,
+            d.poll_idle,
+        )?,
+        backoff: Backoff {
+            base: duration(
+                "relay.backoff_base (--backoff-base)",
+                &a.backoff_base,
+                &r.backoff_base,
+                d.backoff.base,
+            )?,
+            max: duration(
+                "relay.backoff_max (--backoff-max)",
+                &a.backoff_max,
+                &r.backoff_max,
+                d.backoff.max,
+            )?,
+        },
+        max_attempts: pick(&a.max_attempts, &r.max_attempts).unwrap_or(d.max_attempts),
+        shutdown_timeout: duration(
+            "relay.shutdown_timeout (--shutdown-timeout)",
+            &a.shutdown_timeout,
+            &r.shutdown_timeout,
+            d.shutdown_timeout,
+        )?,
+        ..d
+    };
+    config.validate().map_err(|e| fail(2, e.to_string()))?;
+    let kind = pick(&a.sink, &f.sink.kind).unwrap_or_else(|| "kafka".into());
+    let kind = SinkKind::from_str(&kind, true).map_err(|_| {
+        fail(
+            2,
+            format!("invalid sink.kind (--sink) {kind:?}: use kafka, stdout or null"),
+        )
+    })?;
+    let sink = match kind {
+        SinkKind::Stdout => SinkSpec::Stdout,
+        SinkKind::Null => SinkSpec::Null,
+        SinkKind::Kafka => {
+            let dk = KafkaConfig::default();
+            let mut extra = f.sink.kafka_properties.clone();
+            for p in &a.kafka_property {
+                let (k, v) = p.split_once('=').ok_or_else(|| {
+                    fail(2, format!("invalid --kafka-property {p:?}: use KEY=VALUE"))
+                })?;
+                extra.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            let kc = KafkaConfig {
+                brokers: pick(&a.kafka_brokers, &f.sink.brokers).unwrap_or(dk.brokers),
+                message_timeout: duration(
+                    "sink.message_timeout (--kafka-message-timeout)",
+                    &a.kafka_message_timeout,
+                    &f.sink.message_timeout,
+                    dk.message_timeout,
+                )?,
+                linger: duration(
+                    "sink.linger (--kafka-linger)",
+                    &a.kafka_linger,
+                    &f.sink.linger,
+                    dk.linger,
+                )?,
+                extra,
+            };
+            if kc.brokers.trim().is_empty() {
+                return Err(fail(
+                    2,
+                    "invalid sink.brokers (--kafka-brokers): must not be empty",
+                ));
+            }
+            if kc.message_timeout >= config.claim_lease {
+                return Err(fail(
+                    2,
+                    "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over",
+                ));
+            }
+            SinkSpec::Kafka(kc)
+        }
+    };
+    Ok((config, sink))
+}
+
+fn metrics_listen(a: &RelayArgs, f: &FileConfig) -> Result<Option<std::net::SocketAddr>, Failure> {
+    let s = pick(&a.metrics_listen, &f.metrics.listen).unwrap_or_else(|| "127.0.0.1:9464".into());
+    if s == "off" {
+        return Ok(None);
+    }
+    Ok(Some(config::listen_addr(&s)?))
+}
+
+async fn run_relay(
+    config: RelayConfig,
+    spec: SinkSpec,
+    listen: Option<std::net::SocketAddr>,
+    store: Arc<dyn OutboxStore>,
+) -> Result<u8, Failure> {
+    let mut kafka = None;
+    let sink: Arc<dyn Sink> = match spec {
+        SinkSpec::Null => Arc::new(NullSink),
+        SinkSpec::Stdout => Arc::new(StdoutSink),
+        SinkSpec::Kafka(kc) => {
+            let s = Arc::new(KafkaSink::new(kc).map_err(|e| fail(2, e.to_string()))?);
+            kafka = Some(s.clone());
+            s
+        }
+    };
+    let owner = config.owner.clone();
+    let relay = Relay::new(store, sink, config).map_err(|e| fail(2, e.to_string()))?;
+    let cancel = CancellationToken::new();
+    if let Some(addr) = listen {
+        let (m, c) = (relay.metrics(), cancel.clone());
+        let listener_ok = tokio::net::TcpListener::bind(addr).await;
+        match listener_ok {
+            Ok(l) => {
+                drop(l);
+                tokio::spawn(async move {
+                    if let Err(e) = ferry_relay::metrics::serve(addr, m, c).await {
+                        tracing::error!(error = %e, "metrics endpoint failed");
+                    }
+                });
+            }
+            Err(e) => return Err(fail(1, format!("cannot listen on metrics address {addr}: {e} (set --metrics-listen or \"off\")"))),
+        }
+    }
+    {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested: draining in-flight batches");
+            cancel.cancel();
+        });
+    }
+    tracing::info!(%owner, "relay started");
+    relay.run(cancel).await?;
+    if let Some(k) = kafka {
+        k.flush(Duration::from_secs(5));
+    }
+    tracing::info!("relay stopped");
+    Ok(0)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn fmt_age(us: Option<i64>) -> String {
+    match us {
+        None => "-".into(),
+        Some(us) => format!("{:.1}s", us as f64 / 1e6),
+    }
+}
+
+async fn status(a: StatusArgs, f: &FileConfig, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    let warn = duration(
+        "alerts.oldest_warning (--oldest-warning)",
+        &a.oldest_warning,
+        &f.alerts.oldest_warning,
+        Duration::from_secs(300),
+    )?;
+    let crit = duration(
+        "alerts.oldest_critical (--oldest-critical)",
+        &a.oldest_critical,
+        &f.alerts.oldest_critical,
+        Duration::from_secs(3600),
+    )?;
+    if crit < warn {
+        return Err(fail(
+            2,
+            "invalid alerts.oldest_critical: must not be shorter than alerts.oldest_warning",
+        ));
+    }
+    let st = store.status().await?;
+    let leases = store.slot_leases().await?;
+    let quarantined = store.list_quarantined(20).await?;
+    let age = st
+        .oldest_unfinished_age_us
+        .map(|u| Duration::from_micros(u.max(0) as u64));
+    let mut reasons = Vec::new();
+    let mut level = 0u8;
+    if let Some(age) = age {
+        if age >= crit {
+            level = 3;
+            reasons.push(format!(
+                "oldest unsent intent is {:.0}s old (critical at {:.0}s)",
+                age.as_secs_f64(),
+                crit.as_secs_f64()
+            ));
+        } else if age >= warn {
+            level = 2;
+            reasons.push(format!(
+                "oldest unsent intent is {:.0}s old (warning at {:.0}s)",
+                age.as_secs_f64(),
+                warn.as_secs_f64()
+            ));
+        }
+    }
+    if st.blocked_aggregates > 0 {
+        level = level.max(2);
+        reasons.push(format!(
+            "{} aggregate(s) blocked behind quarantined events (ferry quarantine list)",
+            st.blocked_aggregates
+        ));
+    }
+    let label = match level {
+        0 => "OK",
+        2 => "WARNING",
+        _ => "CRITICAL",
+    };
+    let mut owners: std::collections::BTreeMap<&str, usize> = Default::default();
+    for l in &leases {
+        *owners.entry(l.owner.as_str()).or_default() += 1;
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "level": label,
+            "reasons": reasons,
+            "outbox": st,
+            "slot_owners": owners,
+            "quarantined": quarantined,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        println!("status:              {label}");
+        for r in &reasons {
+            println!("  - {r}");
+        }
+        println!("pending:             {}", st.pending);
+        println!("claimed (unknown):   {}", st.claimed);
+        println!("quarantined:         {}", st.quarantined);
+        println!("blocked aggregates:  {}", st.blocked_aggregates);
+        println!(
+            "oldest unsent age:   {}",
+            fmt_age(st.oldest_unfinished_age_us)
+        );
+        println!(
+            "slot owners:         {}",
+            if owners.is_empty() {
+                "none".to_string()
+            } else {
+                String::new()
+            }
+        );
+        for (o, n) in &owners {
+            println!("  {o}: {n} slots");
+        }
+    }
+    Ok(level)
+}
+
+fn operator_name(o: Option<String>) -> String {
+    o.or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown-operator".into())
+}
+
+async fn quarantine(cmd: QuarantineCmd, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    match cmd {
+        QuarantineCmd::List { limit, json } => {
+            let q = store.list_quarantined(limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&q).unwrap_or_default());
+            } else if q.is_empty() {
+                println!("no quarantined events");
+            } else {
+                println!(
+                    "{:<40} {:<24} {:>8} {:>8} {:>9}  reason",
+                    "event_id", "aggregate", "version", "attempts", "blocking"
+                );
+                for e in &q {
+                    println!(
+                        "{:<40} {:<24} {:>8} {:>8} {:>9}  {}",
+                        e.event_id,
+                        e.aggregate_id,
+                        e.aggregate_version,
+                        e.attempts,
+                        e.blocked_successors,
+                        e.last_error.as_deref().unwrap_or("")
+                    );
+                }
+            }
+            Ok(0)
+        }
+        QuarantineCmd::Requeue { event_id, operator } => {
+            let op = operator_name(operator);
+            store.requeue(&event_id, &op).await?;
+            println!("requeued {event_id} (same id and payload), recorded operator {op}");
+            Ok(0)
+        }
+        QuarantineCmd::Skip { event_id, operator } => {
+            let op = operator_name(operator);
+            store.skip(&event_id, &op).await?;
+            println!("skipped {event_id}: it will never be delivered; its aggregate's successors are released; recorded operator {op}");
+            Ok(0)
+        }
+    }
+}
+
+fn parse_events(text: &str) -> Result<Vec<NewEvent>, Failure> {
+    let t = text.trim();
+    let bad = |e: serde_json::Error| fail(2, format!("invalid event JSON: {e}"));
+    if t.starts_with('[') {
+        return serde_json::from_str(t).map_err(bad);
+    }
+    if let Ok(one) = serde_json::from_str::<NewEvent>(t) {
+        return Ok(vec![one]);
+    }
+    t.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| fail(2, format!("invalid event JSON on line {}: {e}", i + 1)))
+        })
+        .collect()
+}
+
+async fn enqueue(a: EnqueueArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    let text = match (a.event, a.file) {
+        (Some(e), _) => e,
+        (None, Some(f)) if f == "-" => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| fail(1, format!("cannot read stdin: {e}")))?;
+            s
+        }
+        (None, Some(f)) => {
+            std::fs::read_to_string(&f).map_err(|e| fail(2, format!("cannot read {f}: {e}")))?
+        }
+        (None, None) => {
+            return Err(fail(
+                2,
+                "nothing to enqueue: pass --event JSON or --file PATH (- for stdin)",
+            ))
+        }
+    };
+    let events = parse_events(&text)?;
+    if events.is_empty() {
+        return Err(fail(2, "nothing to enqueue: the input holds no events"));
+    }
+    let ids = store.enqueue(&events).await.map_err(|e| {
+        let code = if matches!(e, ferry_core::EnqueueError::Store(_)) {
+            1
+        } else {
+            2
+        };
+        fail(code, e.to_string())
+    })?;
+    for id in ids {
+        println!("{id}");
+    }
+    Ok(0)
+}
