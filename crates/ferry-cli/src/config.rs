@@ -124,8 +124,20 @@ impl FileConfig {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
         toml::from_str(&text).map_err(|e| {
-            let msg = e.message().to_string();
-            ConfigError(format!("config file {}: {msg}", path.display()))
+            // Name the offending line (and so the key), not just the type mismatch.
+            let at = match e.span() {
+                Some(span) => {
+                    let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+                    format!(" (line {line_no}: `{line}`)")
+                }
+                None => String::new(),
+            };
+            ConfigError(format!(
+                "config file {}: {}{at}",
+                path.display(),
+                e.message()
+            ))
         })
     }
 }

@@ -1,0 +1,231 @@
+//! Every bad input to `ferry` gets one clear line naming the key and what is accepted; no
+//! password is ever printed.
+use std::process::{Command, Output};
+
+fn ferry(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .env_remove("FERRY_DATABASE_URL")
+        .env_remove("FERRY_CONFIG")
+        .output()
+        .expect("run ferry")
+}
+
+fn err_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout)
+}
+
+fn sqlite_url() -> (ferry_store_dir::Dir, String) {
+    let d = ferry_store_dir::Dir::new();
+    let url = format!("sqlite://{}/cli.db", d.0.display());
+    (d, url)
+}
+
+mod ferry_store_dir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Self {
+            let p = std::env::temp_dir().join(format!(
+                "ferry-cli-{}-{}",
+                std::process::id(),
+                rand_suffix()
+            ));
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn rand_suffix() -> u128 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    }
+}
+
+#[track_caller]
+fn assert_one_clear_line(o: &Output, code: i32, needles: &[&str]) {
+    let text = err_of(o);
+    assert_eq!(o.status.code(), Some(code), "exit code for: {text}");
+    for n in needles {
+        assert!(text.contains(n), "expected {n:?} in: {text}");
+    }
+}
+
+#[test]
+fn relay_values_out_of_range_name_the_key() {
+    let (_d, url) = sqlite_url();
+    let o = ferry(&["relay", "--database-url", &url, "--batch-size", "0"]);
+    assert_one_clear_line(&o, 2, &["batch_size", "between 1 and 10000"]);
+    let o = ferry(&["relay", "--database-url", &url, "--workers", "300"]);
+    assert_one_clear_line(&o, 2, &["workers", "between 1 and 256"]);
+    let o = ferry(&["relay", "--database-url", &url, "--in-flight", "0"]);
+    assert_one_clear_line(&o, 2, &["max_in_flight"]);
+}
+
+#[test]
+fn unparsable_values_name_the_flag() {
+    let (_d, url) = sqlite_url();
+    let o = ferry(&["relay", "--database-url", &url, "--workers", "abc"]);
+    assert_one_clear_line(&o, 2, &["--workers"]);
+    let o = ferry(&["relay", "--database-url", &url, "--claim-lease", "5x"]);
+    assert_one_clear_line(&o, 2, &["relay.claim_lease", "unknown unit"]);
+    let o = ferry(&["relay", "--database-url", &url, "--heartbeat", "10"]);
+    assert_one_clear_line(&o, 2, &["relay.heartbeat", "no unit"]);
+    let o = ferry(&["relay", "--database-url", &url, "--sink", "kafkaa"]);
+    assert_one_clear_line(&o, 2, &["sink.kind", "kafka, stdout or null"]);
+    let o = ferry(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--metrics-listen",
+        "everywhere",
+    ]);
+    assert_one_clear_line(&o, 2, &["metrics.listen", "host:port"]);
+    let o = ferry(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--kafka-property",
+        "novalue",
+    ]);
+    assert_one_clear_line(&o, 2, &["--kafka-property", "KEY=VALUE"]);
+    let o = ferry(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--kafka-message-timeout",
+        "90s",
+    ]);
+    assert_one_clear_line(&o, 2, &["sink.message_timeout", "claim_lease"]);
+}
+
+#[test]
+fn config_file_errors_name_the_key() {
+    let d = ferry_store_dir::Dir::new();
+    let cfg = d.0.join("ferry.toml");
+    std::fs::write(
+        &cfg,
+        "database_url = \"sqlite://x.db\"\n[relay]\nbatchsize = 5\n",
+    )
+    .unwrap();
+    let o = ferry(&["relay", "--config", cfg.to_str().unwrap()]);
+    assert_one_clear_line(&o, 2, &["batchsize", "ferry.toml"]);
+    std::fs::write(
+        &cfg,
+        "database_url = \"sqlite://x.db\"\n[relay]\nslot_ttl = \"fast\"\n",
+    )
+    .unwrap();
+    let o = ferry(&["relay", "--config", cfg.to_str().unwrap()]);
+    assert_one_clear_line(&o, 2, &["relay.slot_ttl", "fast"]);
+    std::fs::write(&cfg, "[relay]\nworkers = \"four\"\n").unwrap();
+    let o = ferry(&["relay", "--config", cfg.to_str().unwrap()]);
+    assert_one_clear_line(&o, 2, &["workers"]);
+    let o = ferry(&["status", "--config", "/nonexistent/ferry.toml"]);
+    assert_one_clear_line(
+        &o,
+        2,
+        &["cannot read config file", "/nonexistent/ferry.toml"],
+    );
+}
+
+#[test]
+fn database_url_problems_are_clear_and_redacted() {
+    let o = ferry(&["status"]);
+    assert_one_clear_line(&o, 2, &["--database-url", "FERRY_DATABASE_URL"]);
+    let o = ferry(&[
+        "status",
+        "--database-url",
+        "redis://admin:hunter2@127.0.0.1/0",
+    ]);
+    assert_one_clear_line(&o, 2, &["unsupported scheme", "postgres://"]);
+    assert!(!err_of(&o).contains("hunter2"), "{}", err_of(&o));
+    let o = ferry(&[
+        "status",
+        "--database-url",
+        "postgres://admin:hunter2@127.0.0.1:1/db",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", err_of(&o));
+    assert!(
+        err_of(&o).contains("admin:***@127.0.0.1:1"),
+        "{}",
+        err_of(&o)
+    );
+    assert!(!err_of(&o).contains("hunter2"), "{}", err_of(&o));
+    // --help never prints an env var's secret value
+    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["relay", "--help"])
+        .env("FERRY_DATABASE_URL", "postgres://admin:hunter2@db/x")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(!err_of(&o).contains("hunter2"));
+    assert!(
+        err_of(&o).contains("FERRY_BATCH_SIZE"),
+        "help lists env vars"
+    );
+}
+
+#[test]
+fn enqueue_status_and_quarantine_commands() {
+    let (_d, url) = sqlite_url();
+    let o = ferry(&["migrate", "--database-url", &url]);
+    assert!(
+        o.status.success() && err_of(&o).contains("applied migrations [1]"),
+        "{}",
+        err_of(&o)
+    );
+    let o = ferry(&["migrate", "--database-url", &url]);
+    assert!(
+        o.status.success() && err_of(&o).contains("up to date"),
+        "{}",
+        err_of(&o)
+    );
+    let ev = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{\"orderId\":7}"}"#;
+    let o = ferry(&["enqueue", "--database-url", &url, "--event", ev]);
+    assert!(o.status.success(), "{}", err_of(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "e-7-1");
+    // duplicate (aggregate, version) names both
+    let dup = ev.replace("e-7-1", "e-7-1b");
+    let o = ferry(&["enqueue", "--database-url", &url, "--event", &dup]);
+    assert_one_clear_line(&o, 2, &["order-7", "version 1"]);
+    let badjson = ev
+        .replace(r#""payload":"{\"orderId\":7}""#, r#""payload":"{oops""#)
+        .replace("e-7-1", "e-7-2")
+        .replace("\"aggregate_version\":1", "\"aggregate_version\":2");
+    let o = ferry(&["enqueue", "--database-url", &url, "--event", &badjson]);
+    assert_one_clear_line(&o, 2, &["not valid JSON"]);
+    let o = ferry(&["enqueue", "--database-url", &url, "--event", "{not json"]);
+    assert_one_clear_line(&o, 2, &["invalid event JSON"]);
+    let o = ferry(&["enqueue", "--database-url", &url]);
+    assert_one_clear_line(&o, 2, &["--event", "--file"]);
+    // status: OK while young; WARNING past a 0s threshold (non-zero exit)
+    let o = ferry(&["status", "--database-url", &url, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["outbox"]["pending"], 1);
+    let o = ferry(&["status", "--database-url", &url, "--oldest-warning", "0s"]);
+    assert_eq!(o.status.code(), Some(2), "{}", err_of(&o));
+    assert!(err_of(&o).contains("WARNING"));
+    let o = ferry(&[
+        "status",
+        "--database-url",
+        &url,
+        "--oldest-warning",
+        "0s",
+        "--oldest-critical",
+        "0s",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", err_of(&o));
+    // operator commands on a non-quarantined / unknown event are refused clearly
+    let o = ferry(&["quarantine", "requeue", "e-7-1", "--database-url", &url]);
+    assert_one_clear_line(&o, 2, &["e-7-1", "PENDING", "not QUARANTINED"]);
+    let o = ferry(&["quarantine", "skip", "nope", "--database-url", &url]);
+    assert_one_clear_line(&o, 2, &["no outbox event"]);
+    let o = ferry(&["quarantine", "list", "--database-url", &url]);
+    assert!(o.status.success() && err_of(&o).contains("no quarantined events"));
+}

@@ -1,0 +1,315 @@
+//! Real `ferry relay` processes: graceful shutdown, two relays splitting the slots, SIGKILL
+//! takeover, and fencing of a paused (stale) owner.
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_core::NewEvent;
+use ferry_relay::embedded::EmbeddedKafka;
+use ferry_relay::verify::Verifier;
+use ferry_store::testkit::TestDb;
+
+const TOPIC: &str = "orders";
+
+fn ev(agg: &str, v: i64) -> NewEvent {
+    NewEvent::new(
+        agg,
+        v,
+        TOPIC,
+        "OrderChanged",
+        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
+    )
+    .with_id(format!("e-{agg}-{v}"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct RelayProc {
+    child: Child,
+    metrics: u16,
+    log: std::path::PathBuf,
+}
+
+fn spawn_relay(url: &str, sink: &[&str], owner: &str) -> RelayProc {
+    let metrics = free_port();
+    let log = std::env::temp_dir().join(format!("ferry-relay-{owner}-{}.log", std::process::id()));
+    let child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "relay",
+            "--database-url",
+            url,
+            "--owner",
+            owner,
+            "--workers",
+            "2",
+            "--batch-size",
+            "100",
+        ])
+        .args([
+            "--heartbeat",
+            "200ms",
+            "--slot-ttl",
+            "1500ms",
+            "--claim-lease",
+            "4s",
+            "--poll-idle",
+            "50ms",
+        ])
+        .args([
+            "--kafka-message-timeout",
+            "3s",
+            "--shutdown-timeout",
+            "5s",
+            "--no-migrate",
+        ])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
+        .args(sink)
+        .env("FERRY_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn ferry relay");
+    RelayProc {
+        child,
+        metrics,
+        log,
+    }
+}
+
+impl RelayProc {
+    fn signal(&self, sig: i32) {
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "relay did not exit; log:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    fn metric(&self, name: &str) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics)).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        body.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+async fn owners(db: &TestDb) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for l in db.store.slot_leases().await.unwrap() {
+        if l.lease_until > ferry_core::now_micros() - 5_000_000 {
+            *m.entry(l.owner).or_default() += 1;
+        }
+    }
+    m
+}
+
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn graceful_shutdown_releases_everything(db: TestDb) {
+    db.store
+        .enqueue(&[ev("a", 1), ev("a", 2), ev("b", 1)])
+        .await
+        .unwrap();
+    let mut relay = spawn_relay(&db.url, &["--sink", "stdout"], "solo");
+    let mut out = BufReader::new(relay.child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..3 {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        lines.push(serde_json::from_str::<serde_json::Value>(&l).unwrap());
+    }
+    let order: Vec<_> = lines
+        .iter()
+        .filter(|v| v["aggregate_id"] == "a")
+        .map(|v| v["aggregate_version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(order, vec![1, 2]);
+    wait_until("all SENT", Duration::from_secs(20), || async {
+        db.store.status().await.unwrap().pending == 0
+    })
+    .await;
+    wait_until("slots owned", Duration::from_secs(20), || async {
+        owners(&db).await.get("solo") == Some(&256)
+    })
+    .await;
+    relay.signal(libc::SIGTERM);
+    assert_eq!(relay.wait_exit(Duration::from_secs(20)), Some(0));
+    let st = db.store.status().await.unwrap();
+    assert_eq!((st.pending, st.claimed), (0, 0));
+    assert!(
+        db.store.slot_leases().await.unwrap().is_empty(),
+        "slots released on shutdown"
+    );
+    db.cleanup().await;
+}
+
+async fn two_relays_split_slots_and_survive_sigkill(db: TestDb) {
+    let kafka = EmbeddedKafka::start(3).unwrap();
+    kafka.create_topic(TOPIC, 8).unwrap();
+    let verifier = Verifier::start(kafka.bootstrap_servers(), TOPIC, 8).unwrap();
+    let sink = [
+        "--sink",
+        "kafka",
+        "--kafka-brokers",
+        kafka.bootstrap_servers(),
+    ];
+    let mut a = spawn_relay(&db.url, &sink, "relay-a");
+    let b = spawn_relay(&db.url, &sink, "relay-b");
+    wait_until(
+        "slots split between two relays",
+        Duration::from_secs(30),
+        || async {
+            let o = owners(&db).await;
+            o.len() == 2 && o.values().sum::<usize>() == 256 && o.values().all(|n| *n > 60)
+        },
+    )
+    .await;
+    let total = 200 * 10;
+    for v in 1..=5 {
+        let evs: Vec<NewEvent> = (0..200).map(|i| ev(&format!("agg-{i}"), v)).collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    verifier
+        .wait_until(Duration::from_secs(30), |r| r.delivered >= 300)
+        .await;
+    // kill A without warning, mid-stream, then keep producing
+    a.signal(libc::SIGKILL);
+    a.wait_exit(Duration::from_secs(10));
+    for v in 6..=10 {
+        let evs: Vec<NewEvent> = (0..200).map(|i| ev(&format!("agg-{i}"), v)).collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    wait_until("B owns every slot", Duration::from_secs(30), || async {
+        owners(&db).await.get("relay-b") == Some(&256)
+    })
+    .await;
+    let r = verifier
+        .wait_until(Duration::from_secs(90), |r| r.delivered >= total)
+        .await;
+    assert_eq!(
+        r.delivered,
+        total,
+        "lost events: {r:?}\nB log:\n{}",
+        std::fs::read_to_string(&b.log).unwrap_or_default()
+    );
+    assert_eq!(r.ordering_violations, 0, "{r:?}");
+    wait_until("all SENT", Duration::from_secs(30), || async {
+        let s = db.store.status().await.unwrap();
+        s.pending == 0 && s.claimed == 0
+    })
+    .await;
+    db.cleanup().await;
+}
+
+async fn paused_owner_is_fenced(db: TestDb) {
+    let mut a = spawn_relay(&db.url, &["--sink", "null"], "stale-a");
+    wait_until("A owns every slot", Duration::from_secs(20), || async {
+        owners(&db).await.get("stale-a") == Some(&256)
+    })
+    .await;
+    // pause A past its leases; B takes every slot over
+    a.signal(libc::SIGSTOP);
+    let b = spawn_relay(&db.url, &["--sink", "null"], "fresh-b");
+    wait_until("B owns every slot", Duration::from_secs(30), || async {
+        owners(&db).await.get("fresh-b") == Some(&256)
+    })
+    .await;
+    db.store.enqueue(&[ev("x", 1), ev("x", 2)]).await.unwrap();
+    // resume A: its renewals of slots B now holds are refused (fenced) and counted
+    a.signal(libc::SIGCONT);
+    wait_until(
+        "A's stale slot renewals fenced",
+        Duration::from_secs(20),
+        || async { a.metric("ferry_slot_fenced_total").unwrap_or(0.0) > 0.0 },
+    )
+    .await;
+    wait_until("delivered", Duration::from_secs(20), || async {
+        db.store.status().await.unwrap().pending == 0
+    })
+    .await;
+    // the two never both held a slot: after the dust settles, every slot has one owner
+    wait_until("rebalanced", Duration::from_secs(30), || async {
+        let o = owners(&db).await;
+        o.values().sum::<usize>() == 256 && o.len() == 2
+    })
+    .await;
+    drop(b);
+    db.cleanup().await;
+}
+
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                super::$name(ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap()).await;
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
+                super::$name(db).await;
+            })*
+        }
+        mod mysql {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
+                super::$name(db).await;
+            })*
+        }
+    };
+}
+
+on_every_backend!(
+    graceful_shutdown_releases_everything,
+    two_relays_split_slots_and_survive_sigkill,
+    paused_owner_is_fenced
+);
