@@ -710,6 +710,7 @@ async fn enqueue(a: EnqueueArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Fail
         };
         fail(code, e.to_string())
     })?;
+    ferry_core::failpoint::hit("enqueue-after-commit");
     for id in ids {
         println!("{id}");
     }

@@ -19,6 +19,7 @@ mod backoff;
 mod claim;
 mod error;
 mod event;
+pub mod failpoint;
 mod outcome;
 mod shard;
 mod store;

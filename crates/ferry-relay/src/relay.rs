@@ -496,6 +496,7 @@ async fn process_batch(ctx: Arc<Ctx>, id: u64, items: Vec<ClaimedEvent>) {
             }
         })
     };
+    ferry_core::failpoint::hit("relay-after-claim");
     let t0 = Instant::now();
     let outcomes = ctx.sink.send_batch(&items).await;
     ctx.metrics.send_latency.record(t0.elapsed());
@@ -530,6 +531,9 @@ async fn process_batch(ctx: Arc<Ctx>, id: u64, items: Vec<ClaimedEvent>) {
                 unknown.push(e.token.clone());
             }
         }
+    }
+    if !acked.is_empty() {
+        ferry_core::failpoint::hit("relay-after-ack");
     }
     let t1 = Instant::now();
     let m = &ctx.metrics;

@@ -301,6 +301,7 @@ impl OutboxStore for PgStore {
                 .await
                 .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
             insert_validated(&mut tx, &rows).await?;
+            ferry_core::failpoint::hit("enqueue-before-commit");
             tx.commit()
                 .await
                 .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;

@@ -1,0 +1,284 @@
+//! The seed's four crash windows, with real processes: a failpoint stops `ferry` at exactly the
+//! window, the test SIGKILLs it, then checks the durable state the seed's table predicts and
+//! that recovery delivers with no loss (a duplicate only where the seed says so).
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ferry_core::EventState;
+use ferry_relay::embedded::EmbeddedKafka;
+use ferry_relay::verify::Verifier;
+use ferry_store::testkit::TestDb;
+
+const TOPIC: &str = "orders";
+const EVENT: &str = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{\"orderId\":7}"}"#;
+
+struct Proc {
+    child: Child,
+    marker: mpsc::Receiver<String>,
+}
+
+fn ferry(args: &[&str], failpoint: Option<&str>) -> Proc {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.args(args)
+        .env("FERRY_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    match failpoint {
+        Some(f) => cmd.env("FERRY_FAILPOINT", f),
+        None => cmd.env_remove("FERRY_FAILPOINT"),
+    };
+    let mut child = cmd.spawn().expect("spawn ferry");
+    let (tx, marker) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    Proc { child, marker }
+}
+
+impl Proc {
+    /// Waits for the failpoint marker, then SIGKILLs the process.
+    fn kill_at(mut self, failpoint: &str) {
+        let want = format!("FERRY_FAILPOINT {failpoint} reached");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.marker.recv_timeout(left) {
+                Ok(l) if l.contains(&want) => break,
+                Ok(l) => seen.push(l),
+                Err(_) => panic!("failpoint {failpoint} not reached; stderr: {seen:#?}"),
+            }
+        }
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGKILL);
+        }
+        let status = self.child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+    }
+    fn wait_ok(mut self) {
+        let s = self.child.wait().unwrap();
+        let lines: Vec<String> = self.marker.try_iter().collect();
+        assert!(s.success(), "ferry failed: {lines:#?}");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn relay_args<'a>(url: &'a str, brokers: &'a str, owner: &'a str) -> Vec<&'a str> {
+    vec![
+        "relay",
+        "--database-url",
+        url,
+        "--owner",
+        owner,
+        "--sink",
+        "kafka",
+        "--kafka-brokers",
+        brokers,
+        "--heartbeat",
+        "200ms",
+        "--slot-ttl",
+        "1s",
+        "--claim-lease",
+        "2s",
+        "--kafka-message-timeout",
+        "1s",
+        "--poll-idle",
+        "50ms",
+        "--metrics-listen",
+        "off",
+        "--no-migrate",
+    ]
+}
+
+fn kafka() -> (EmbeddedKafka, Verifier) {
+    let k = EmbeddedKafka::start(1).unwrap();
+    k.create_topic(TOPIC, 2).unwrap();
+    let v = Verifier::start(k.bootstrap_servers(), TOPIC, 2).unwrap();
+    (k, v)
+}
+
+async fn state_of(db: &TestDb) -> Option<(EventState, i64)> {
+    db.store
+        .record("e-7-1")
+        .await
+        .unwrap()
+        .map(|r| (r.state, r.claim_version))
+}
+
+async fn wait_state(db: &TestDb, want: EventState) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((s, v)) = state_of(db).await {
+            if s == want {
+                return v;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "e-7-1 never reached {want:?}: {:?}",
+            state_of(db).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Window 1: dies before the business commit → neither intent nor anything to deliver; the
+/// client re-submits with the same identity.
+async fn dies_before_commit(db: TestDb) {
+    let (k, v) = kafka();
+    ferry(
+        &["enqueue", "--database-url", &db.url, "--event", EVENT],
+        Some("enqueue-before-commit"),
+    )
+    .kill_at("enqueue-before-commit");
+    assert_eq!(
+        state_of(&db).await,
+        None,
+        "an uncommitted intent must not exist"
+    );
+    assert_eq!(db.count("ferry_outbox").await, 0);
+    ferry(
+        &["enqueue", "--database-url", &db.url, "--event", EVENT],
+        None,
+    )
+    .wait_ok();
+    let _relay = ferry(&relay_args(&db.url, k.bootstrap_servers(), "r1"), None);
+    let r = v
+        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
+        .await;
+    wait_state(&db, EventState::Sent).await;
+    assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
+    db.cleanup().await;
+}
+
+/// Window 2: dies after commit, before any claim → PENDING survives; a relay delivers it.
+async fn dies_after_commit_before_claim(db: TestDb) {
+    let (k, v) = kafka();
+    ferry(
+        &["enqueue", "--database-url", &db.url, "--event", EVENT],
+        Some("enqueue-after-commit"),
+    )
+    .kill_at("enqueue-after-commit");
+    assert_eq!(state_of(&db).await, Some((EventState::Pending, 0)));
+    let _relay = ferry(&relay_args(&db.url, k.bootstrap_servers(), "r1"), None);
+    assert_eq!(wait_state(&db, EventState::Sent).await, 1);
+    let r = v
+        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
+        .await;
+    assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
+    db.cleanup().await;
+}
+
+/// Window 3: dies after the claim, before the broker ack → CLAIMED, nothing sent; after the
+/// lease another relay resends with the same event id.
+async fn dies_after_claim_before_ack(db: TestDb) {
+    let (k, v) = kafka();
+    ferry(
+        &["enqueue", "--database-url", &db.url, "--event", EVENT],
+        None,
+    )
+    .wait_ok();
+    ferry(
+        &relay_args(&db.url, k.bootstrap_servers(), "dying"),
+        Some("relay-after-claim"),
+    )
+    .kill_at("relay-after-claim");
+    assert_eq!(state_of(&db).await, Some((EventState::Claimed, 1)));
+    assert_eq!(v.report().delivered, 0, "nothing was sent before the crash");
+    let _relay = ferry(
+        &relay_args(&db.url, k.bootstrap_servers(), "survivor"),
+        None,
+    );
+    assert_eq!(
+        wait_state(&db, EventState::Sent).await,
+        2,
+        "taken over under a new claim term"
+    );
+    let r = v
+        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
+        .await;
+    assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
+    assert!(v.was_delivered("e-7-1"));
+    db.cleanup().await;
+}
+
+/// Window 4: dies after the broker ack, before SENT commits → the message exists but the row is
+/// still CLAIMED; the resend is a duplicate that the consumer dedupes by event id.
+async fn dies_after_ack_before_sent(db: TestDb) {
+    let (k, v) = kafka();
+    ferry(
+        &["enqueue", "--database-url", &db.url, "--event", EVENT],
+        None,
+    )
+    .wait_ok();
+    ferry(
+        &relay_args(&db.url, k.bootstrap_servers(), "dying"),
+        Some("relay-after-ack"),
+    )
+    .kill_at("relay-after-ack");
+    assert_eq!(state_of(&db).await, Some((EventState::Claimed, 1)));
+    let r = v
+        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
+        .await;
+    assert_eq!(r.delivered, 1, "the broker had acked it: {r:?}");
+    let _relay = ferry(
+        &relay_args(&db.url, k.bootstrap_servers(), "survivor"),
+        None,
+    );
+    assert_eq!(wait_state(&db, EventState::Sent).await, 2);
+    let r = v
+        .wait_until(Duration::from_secs(30), |r| r.duplicates >= 1)
+        .await;
+    assert_eq!(
+        (r.delivered, r.duplicates),
+        (1, 1),
+        "one event, delivered twice, deduped by id: {r:?}"
+    );
+    db.cleanup().await;
+}
+
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                super::$name(ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap()).await;
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
+                super::$name(db).await;
+            })*
+        }
+        mod mysql {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
+                super::$name(db).await;
+            })*
+        }
+    };
+}
+
+on_every_backend!(
+    dies_before_commit,
+    dies_after_commit_before_claim,
+    dies_after_claim_before_ack,
+    dies_after_ack_before_sent
+);
