@@ -33,7 +33,8 @@ pub use event::{
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
-    BoxFuture, EventRecord, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotLease,
+    BoxFuture, BusinessTable, EventRecord, OutboxStatus, OutboxStore, QuarantinedEvent,
+    ReconcileReport, ReconcileRequest, RetryItem, SlotLease, Watermark,
 };
 
 /// Microseconds since the Unix epoch, the unit every timestamp crosses the store API in.

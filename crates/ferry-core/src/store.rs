@@ -89,6 +89,87 @@ pub struct SlotLease {
     pub lease_until: Micros,
 }
 
+/// Where a reconciliation stops: every intent at or below it is classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Watermark {
+    /// Insertion sequence (`seq <= n`): stable, the recommended form.
+    Seq(i64),
+    /// Creation time in µs since the epoch (`created_at <= t`).
+    Time(Micros),
+}
+
+/// A business table to check for orders without an intent.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BusinessTable {
+    /// Table name (validated identifier).
+    pub table: String,
+    /// Id column (validated identifier).
+    pub id_column: String,
+    /// `aggregate_id = prefix || id` (e.g. `order-`).
+    pub aggregate_prefix: String,
+    /// Only business rows with `id <= max_id` (the business watermark).
+    pub max_id: Option<i64>,
+}
+
+/// What to reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileRequest {
+    /// The fixed watermark.
+    pub watermark: Watermark,
+    /// Consumer name whose Inbox (`ferry_inbox`, same database) proves consumption.
+    pub consumer: Option<String>,
+    /// Business table to check for orders with no intent.
+    pub business: Option<BusinessTable>,
+    /// Max ids listed per class that must be listed (unknown, quarantined, anomalies).
+    pub list_limit: usize,
+}
+
+/// Mutually exclusive classes of every intent under a watermark (priority in this order:
+/// consumed, quarantined, skipped, published, unknown, pending). They sum to `total`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReconcileReport {
+    /// Intents under the watermark.
+    pub total: i64,
+    /// Recorded in the consumer's Inbox (only with a consumer).
+    pub consumed: i64,
+    /// Known failures awaiting an operator.
+    pub quarantined: i64,
+    /// Skipped by an operator (never delivered).
+    pub skipped: i64,
+    /// SENT (broker acked), not (yet) recorded as consumed.
+    pub published_awaiting_consumption: i64,
+    /// CLAIMED: the outcome is unknown; listed in `unknown_ids`, never counted as success.
+    pub outcome_unknown: i64,
+    /// PENDING: not yet published.
+    pub not_yet_published: i64,
+    /// Age of the oldest not-yet-published intent, µs.
+    pub oldest_not_published_age_us: Option<i64>,
+    /// Ids of intents whose outcome is unknown (up to `list_limit`).
+    pub unknown_ids: Vec<String>,
+    /// Ids of quarantined intents (up to `list_limit`).
+    pub quarantined_ids: Vec<String>,
+    /// Business rows checked (with a business table).
+    pub business_rows: Option<i64>,
+    /// Business rows with no intent at all: anomalies.
+    pub business_without_intent: Option<i64>,
+    /// Their ids (up to `list_limit`).
+    pub business_without_intent_ids: Vec<i64>,
+}
+
+impl ReconcileReport {
+    /// True when the classes cover every intent exactly once.
+    pub fn classes_sum_to_total(&self) -> bool {
+        self.consumed
+            + self.quarantined
+            + self.skipped
+            + self.published_awaiting_consumption
+            + self.outcome_unknown
+            + self.not_yet_published
+            == self.total
+    }
+}
+
 /// The outbox store. Implemented by the PostgreSQL, MySQL/MariaDB, SQLite and in-memory
 /// backends; all pass one conformance suite.
 ///
@@ -203,6 +284,41 @@ pub trait OutboxStore: Send + Sync {
 
     /// Current slot leases (status).
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>>;
+
+    /// Capability: retention. Deletes SENT rows whose `sent_at` is older than `older_than`, in
+    /// batches of at most `batch` rows (each its own short transaction), never touching
+    /// PENDING, CLAIMED, QUARANTINED or SKIPPED rows. With `consumer`, only rows recorded in
+    /// that consumer's Inbox (`ferry_inbox`, same database). `dry_run` only counts.
+    /// Returns the rows deleted (or that would be).
+    fn purge_sent<'a>(
+        &'a self,
+        older_than: std::time::Duration,
+        batch: usize,
+        consumer: Option<&'a str>,
+        dry_run: bool,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = (older_than, batch, consumer, dry_run);
+        Box::pin(async {
+            Err(StoreError::new(
+                crate::StoreErrorKind::InvalidInput,
+                "this store does not support purge",
+            ))
+        })
+    }
+
+    /// Capability: reconciliation at a fixed watermark.
+    fn reconcile<'a>(
+        &'a self,
+        req: &'a ReconcileRequest,
+    ) -> BoxFuture<'a, Result<ReconcileReport, StoreError>> {
+        let _ = req;
+        Box::pin(async {
+            Err(StoreError::new(
+                crate::StoreErrorKind::InvalidInput,
+                "this store does not support reconcile",
+            ))
+        })
+    }
 
     /// Capability: commit wake-ups. Arranges for `wake` to be called after enqueues commit
     /// (possibly coalesced) and returns `true`, or returns `false` when the backend has no such

@@ -20,11 +20,13 @@ use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreE
 
 mod migrate;
 pub mod mysql;
+mod ops;
 pub mod postgres;
 pub mod sqlite;
 pub mod testkit;
 
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
+pub use ops::validate_identifier;
 
 /// Which database a URL points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -663,6 +663,32 @@ impl OutboxStore for PgStore {
         })
     }
 
+    fn purge_sent<'a>(
+        &'a self,
+        older_than: Duration,
+        batch: usize,
+        consumer: Option<&'a str>,
+        dry_run: bool,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(crate::ops::purge_sent(
+            crate::ops::Pools::Pg(&self.pool),
+            older_than,
+            batch,
+            consumer,
+            dry_run,
+        ))
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        req: &'a ferry_core::ReconcileRequest,
+    ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
+        Box::pin(crate::ops::reconcile(
+            crate::ops::Pools::Pg(&self.pool),
+            req,
+        ))
+    }
+
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(

@@ -795,6 +795,198 @@ fn uuid_version(s: &str) -> Option<u8> {
         .flatten()
 }
 
+// ---------------------------------------------------------------- retention and reconciliation
+
+const INBOX_DDL: &str = "CREATE TABLE ferry_inbox (consumer VARCHAR(255) NOT NULL, event_id VARCHAR(255) NOT NULL, PRIMARY KEY (consumer, event_id))";
+
+async fn purge_deletes_only_old_sent_rows(db: TestDb) {
+    let evs: Vec<NewEvent> = (0..5).map(|i| ev(&format!("p-{i}"), 1)).collect();
+    db.store.enqueue(&evs).await.unwrap();
+    let c = db.store.claim(&req(4, LONG)).await.unwrap();
+    assert_eq!(c.len(), 4);
+    let t: Vec<ClaimToken> = c.iter().map(|e| e.token.clone()).collect();
+    db.store.ack(&t[0..3]).await.unwrap();
+    // t[3] stays CLAIMED; p-4 stays PENDING; one more quarantined
+    db.store.enqueue(&[ev("q", 1)]).await.unwrap();
+    let qc = claim_eventually(
+        &*db.store,
+        &ClaimRequest::new(vec![ferry_core::slot_for("q")], 1, LONG),
+        Duration::from_secs(5),
+    )
+    .await;
+    db.store
+        .quarantine(&[(qc[0].token.clone(), "bad".into())])
+        .await
+        .unwrap();
+    assert_eq!(
+        db.store
+            .purge_sent(Duration::from_secs(3600), 100, None, false)
+            .await
+            .unwrap(),
+        0,
+        "nothing old enough"
+    );
+    assert_eq!(
+        db.store
+            .purge_sent(Duration::ZERO, 100, None, true)
+            .await
+            .unwrap(),
+        3,
+        "dry run counts"
+    );
+    assert_eq!(db.count("ferry_outbox").await, 6, "dry run deletes nothing");
+    assert_eq!(
+        db.store
+            .purge_sent(Duration::ZERO, 2, None, false)
+            .await
+            .unwrap(),
+        3,
+        "two bounded batches"
+    );
+    assert_eq!(db.count("ferry_outbox").await, 3);
+    assert_eq!(db.count("ferry_outbox WHERE state = 'SENT'").await, 0);
+    assert_eq!(
+        db.count("ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')")
+            .await,
+        3
+    );
+    // with a consumer, only rows its Inbox recorded go
+    db.exec(INBOX_DDL).await.unwrap();
+    db.store.enqueue(&[ev("r", 1), ev("s", 1)]).await.unwrap();
+    let slots = vec![ferry_core::slot_for("r"), ferry_core::slot_for("s")];
+    let got = db
+        .store
+        .claim(&ClaimRequest::new(slots, 10, LONG))
+        .await
+        .unwrap();
+    let toks: Vec<ClaimToken> = got
+        .iter()
+        .filter(|e| e.aggregate_id == "r" || e.aggregate_id == "s")
+        .map(|e| e.token.clone())
+        .collect();
+    assert_eq!(db.store.ack(&toks).await.unwrap().applied(), 2);
+    db.exec("INSERT INTO ferry_inbox (consumer, event_id) VALUES ('billing', 'e-r-1')")
+        .await
+        .unwrap();
+    assert_eq!(
+        db.store
+            .purge_sent(Duration::ZERO, 10, Some("billing"), false)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(db.store.record("e-r-1").await.unwrap().is_none());
+    assert!(
+        db.store.record("e-s-1").await.unwrap().is_some(),
+        "unconsumed SENT row kept"
+    );
+}
+
+async fn reconcile_classifies_every_intent_once(db: TestDb) {
+    db.exec(INBOX_DDL).await.unwrap();
+    // orders 1..4 exist; intents for orders 1..3 and 5 (6 intents under the watermark)
+    for id in 1..=4 {
+        db.exec(&format!("INSERT INTO orders VALUES ({id}, 'CREATED', 1)"))
+            .await
+            .unwrap();
+    }
+    let evs = vec![
+        ev("order-1", 1),
+        ev("order-2", 1),
+        ev("order-3", 1),
+        ev("order-3", 2),
+        ev("order-5", 1),
+        ev("order-5", 2),
+    ];
+    db.store.enqueue(&evs).await.unwrap();
+    db.store.enqueue(&[ev("order-9", 1)]).await.unwrap(); // above the watermark
+    let wm = ferry_core::Watermark::Seq(6);
+    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    let by = |agg: &str| {
+        c.iter()
+            .find(|e| e.aggregate_id == agg)
+            .unwrap()
+            .token
+            .clone()
+    };
+    db.store.ack(&[by("order-1"), by("order-2")]).await.unwrap();
+    db.exec("INSERT INTO ferry_inbox (consumer, event_id) VALUES ('billing', 'e-order-1-1')")
+        .await
+        .unwrap();
+    db.store
+        .quarantine(&[(by("order-5"), "schema".into())])
+        .await
+        .unwrap();
+    // order-3 v1 stays CLAIMED (unknown), v2 PENDING behind it; order-5 v2 PENDING behind quarantine
+    let r = db
+        .store
+        .reconcile(&ferry_core::ReconcileRequest {
+            watermark: wm,
+            consumer: Some("billing".into()),
+            business: Some(ferry_core::BusinessTable {
+                table: "orders".into(),
+                id_column: "id".into(),
+                aggregate_prefix: "order-".into(),
+                max_id: None,
+            }),
+            list_limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.total, 6, "{r:?}");
+    assert_eq!(
+        (
+            r.consumed,
+            r.published_awaiting_consumption,
+            r.outcome_unknown,
+            r.not_yet_published,
+            r.quarantined,
+            r.skipped
+        ),
+        (1, 1, 1, 2, 1, 0),
+        "{r:?}"
+    );
+    assert!(r.classes_sum_to_total());
+    assert_eq!(r.unknown_ids, vec!["e-order-3-1".to_string()]);
+    assert_eq!(r.quarantined_ids, vec!["e-order-5-1".to_string()]);
+    assert!(r.oldest_not_published_age_us.unwrap_or(-1) >= 0);
+    assert_eq!(
+        (r.business_rows, r.business_without_intent),
+        (Some(4), Some(1))
+    );
+    assert_eq!(r.business_without_intent_ids, vec![4]);
+    // without an Inbox, consumption is not claimed: SENT rows are "published, awaiting"
+    let r = db
+        .store
+        .reconcile(&ferry_core::ReconcileRequest {
+            watermark: wm,
+            consumer: None,
+            business: None,
+            list_limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.total, r.consumed, r.published_awaiting_consumption),
+        (6, 0, 2)
+    );
+    // identifiers are validated, never interpolated as given
+    let bad = ferry_core::ReconcileRequest {
+        watermark: wm,
+        consumer: None,
+        business: Some(ferry_core::BusinessTable {
+            table: "orders; DROP TABLE orders".into(),
+            id_column: "id".into(),
+            aggregate_prefix: "order-".into(),
+            max_id: None,
+        }),
+        list_limit: 10,
+    };
+    let e = db.store.reconcile(&bad).await.unwrap_err().to_string();
+    assert!(e.contains("invalid business table"), "{e}");
+    assert_eq!(db.count("orders").await, 4);
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -841,4 +1033,6 @@ conformance!(
     fresh_concurrent_migrations,
     slot_leases_fence_claims,
     multi_row_enqueue_in_caller_transaction,
+    purge_deletes_only_old_sent_rows,
+    reconcile_classifies_every_intent_once,
 );

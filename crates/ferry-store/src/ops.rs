@@ -1,0 +1,424 @@
+//! Operator queries shared by the SQL backends: retention (purge) and reconciliation.
+//!
+//! The statements differ only in placeholders, clocks and string concatenation, so they are
+//! written once against a small [`Dialect`]; [`Pools`] runs them on the right pool.
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ferry_core::{
+    now_micros, BusinessTable, ReconcileReport, ReconcileRequest, StoreError, StoreErrorKind,
+    Watermark,
+};
+use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
+
+use crate::db_err;
+
+/// A borrowed pool of one backend.
+#[derive(Clone, Copy)]
+pub(crate) enum Pools<'a> {
+    Pg(&'a PgPool),
+    My(&'a MySqlPool),
+    Lite(&'a SqlitePool),
+}
+
+/// A bind value.
+#[derive(Debug, Clone)]
+enum Bind {
+    I64(i64),
+    Str(String),
+}
+
+impl Pools<'_> {
+    /// `sql` uses `?` placeholders in bind order; PostgreSQL gets `$n`.
+    async fn rows(
+        &self,
+        sql: &str,
+        binds: &[Bind],
+    ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
+        macro_rules! run {
+            ($pool:expr, $sql:expr) => {{
+                let mut q = sqlx::query($sql);
+                for b in binds {
+                    q = match b {
+                        Bind::I64(v) => q.bind(*v),
+                        Bind::Str(s) => q.bind(s.clone()),
+                    };
+                }
+                let rows = q
+                    .fetch_all($pool)
+                    .await
+                    .map_err(|e| db_err("operator query", e))?;
+                rows.iter()
+                    .map(|r| {
+                        (0..r.len())
+                            .map(|i| {
+                                r.try_get::<Option<i64>, _>(i)
+                                    .map(|v| v.map(|v| v.to_string()))
+                                    .or_else(|_| r.try_get::<Option<String>, _>(i))
+                                    .or_else(|_| {
+                                        r.try_get::<Option<Vec<u8>>, _>(i).map(|v| {
+                                            v.map(|b| String::from_utf8_lossy(&b).into_owned())
+                                        })
+                                    })
+                                    .unwrap_or(None)
+                            })
+                            .collect()
+                    })
+                    .collect()
+            }};
+        }
+        Ok(match self {
+            Pools::Pg(p) => {
+                let pg_sql = pg_placeholders(sql);
+                run!(*p, &pg_sql)
+            }
+            Pools::My(p) => run!(*p, sql),
+            Pools::Lite(p) => run!(*p, sql),
+        })
+    }
+
+    async fn exec(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
+        macro_rules! run {
+            ($pool:expr, $sql:expr) => {{
+                let mut q = sqlx::query($sql);
+                for b in binds {
+                    q = match b {
+                        Bind::I64(v) => q.bind(*v),
+                        Bind::Str(s) => q.bind(s.clone()),
+                    };
+                }
+                q.execute($pool)
+                    .await
+                    .map_err(|e| db_err("operator statement", e))?
+                    .rows_affected()
+            }};
+        }
+        Ok(match self {
+            Pools::Pg(p) => {
+                let pg_sql = pg_placeholders(sql);
+                run!(*p, &pg_sql)
+            }
+            Pools::My(p) => run!(*p, sql),
+            Pools::Lite(p) => run!(*p, sql),
+        })
+    }
+
+    fn dialect(&self) -> Dialect {
+        match self {
+            Pools::Pg(_) => Dialect::Pg,
+            Pools::My(_) => Dialect::My,
+            Pools::Lite(_) => Dialect::Lite,
+        }
+    }
+}
+
+fn pg_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    Pg,
+    My,
+    Lite,
+}
+
+impl Dialect {
+    /// An expression for "now minus `?` µs" in the column's own representation.
+    fn now_minus_param(self) -> &'static str {
+        match self {
+            Dialect::Pg => "(now() - ?::int8 * interval '1 microsecond')",
+            Dialect::My => "(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)",
+            Dialect::Lite => "(? )", // the caller binds now - age (process clock)
+        }
+    }
+    /// A timestamp column as µs since the epoch.
+    fn micros(self, col: &str) -> String {
+        match self {
+            Dialect::Pg => format!("(extract(epoch from {col}) * 1000000)::int8"),
+            Dialect::My => format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {col})"),
+            Dialect::Lite => col.to_string(),
+        }
+    }
+    /// "now" as µs since the epoch.
+    fn now_micros(self) -> &'static str {
+        match self {
+            Dialect::Pg => "(extract(epoch from now()) * 1000000)::int8",
+            Dialect::My => "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+            Dialect::Lite => "?",
+        }
+    }
+    fn concat_param_id(self, col: &str) -> String {
+        match self {
+            Dialect::Pg => format!("(?::text || CAST({col} AS TEXT))"),
+            Dialect::My => format!("CONCAT(?, {col})"),
+            Dialect::Lite => format!("(? || CAST({col} AS TEXT))"),
+        }
+    }
+}
+
+/// Accepts `[A-Za-z_][A-Za-z0-9_]{0,62}` only: table and column names are interpolated, so
+/// anything else is refused (parameterised SQL cannot bind identifiers).
+pub fn validate_identifier(what: &str, name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .next()
+            .map(|c| c.is_ascii_alphabetic() || c == '_')
+            .unwrap_or(false)
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::new(
+            StoreErrorKind::InvalidInput,
+            format!("invalid {what} {name:?}: use letters, digits and underscores (not starting with a digit), at most 63 characters"),
+        ))
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    d.as_micros().min(i64::MAX as u128) as i64
+}
+
+/// "recorded in the consumer's Inbox", for outbox rows qualified as `q`.
+fn inbox_exists(q: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM ferry_inbox i WHERE i.consumer = ? AND i.event_id = {q}.event_id)"
+    )
+}
+
+pub(crate) async fn purge_sent(
+    pools: Pools<'_>,
+    older_than: Duration,
+    batch: usize,
+    consumer: Option<&str>,
+    dry_run: bool,
+) -> Result<u64, StoreError> {
+    if batch == 0 {
+        return Err(StoreError::new(
+            StoreErrorKind::InvalidInput,
+            "purge batch size must be at least 1",
+        ));
+    }
+    let d = pools.dialect();
+    let cutoff = if d == Dialect::Lite {
+        now_micros() - micros(older_than)
+    } else {
+        micros(older_than)
+    };
+    // MySQL cannot LIMIT a subquery on the table it deletes from, and a single-table DELETE
+    // (its bounded form, with ORDER BY/LIMIT) takes no alias: qualify by the table name there.
+    let q = if d == Dialect::My {
+        "ferry_outbox"
+    } else {
+        "o"
+    };
+    let mut filter = format!(
+        "{q}.state = 'SENT' AND {q}.sent_at < {}",
+        d.now_minus_param()
+    );
+    let mut binds = vec![Bind::I64(cutoff)];
+    if let Some(c) = consumer {
+        filter.push_str(" AND ");
+        filter.push_str(&inbox_exists(q));
+        binds.push(Bind::Str(c.to_string()));
+    }
+    if dry_run {
+        let from = if d == Dialect::My {
+            "ferry_outbox"
+        } else {
+            "ferry_outbox o"
+        };
+        let rows = pools
+            .rows(
+                &format!("SELECT COUNT(*) FROM {from} WHERE {filter}"),
+                &binds,
+            )
+            .await?;
+        return Ok(rows
+            .first()
+            .and_then(|r| r[0].as_deref())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0));
+    }
+    let sql = match d {
+        Dialect::My => format!("DELETE FROM ferry_outbox WHERE {filter} ORDER BY seq LIMIT {batch}"),
+        _ => format!(
+            "DELETE FROM ferry_outbox WHERE seq IN (SELECT o.seq FROM ferry_outbox o WHERE {filter} ORDER BY o.seq LIMIT {batch})"
+        ),
+    };
+    let mut total = 0u64;
+    loop {
+        let n = pools.exec(&sql, &binds).await?;
+        total += n;
+        if (n as usize) < batch {
+            return Ok(total);
+        }
+        // give concurrent claims and acks a moment between bounded batches
+        tokio::task::yield_now().await;
+    }
+}
+
+pub(crate) async fn reconcile(
+    pools: Pools<'_>,
+    req: &ReconcileRequest,
+) -> Result<ReconcileReport, StoreError> {
+    let d = pools.dialect();
+    let (wm_sql, wm_bind) = match req.watermark {
+        Watermark::Seq(n) => ("o.seq <= ?".to_string(), Bind::I64(n)),
+        Watermark::Time(t) => match d {
+            Dialect::Pg => (
+                "o.created_at <= to_timestamp(?::int8 / 1000000.0)".to_string(),
+                Bind::I64(t),
+            ),
+            Dialect::My => (
+                "o.created_at <= TIMESTAMPADD(MICROSECOND, ?, '1970-01-01 00:00:00')".to_string(),
+                Bind::I64(t),
+            ),
+            Dialect::Lite => ("o.created_at <= ?".to_string(), Bind::I64(t)),
+        },
+    };
+    let consumed = match &req.consumer {
+        Some(_) => inbox_exists("o"),
+        None => "1 = 0".to_string(),
+    };
+    let class = format!(
+        "CASE WHEN {consumed} THEN 'consumed' WHEN o.state = 'QUARANTINED' THEN 'quarantined' \
+         WHEN o.state = 'SKIPPED' THEN 'skipped' WHEN o.state = 'SENT' THEN 'published' \
+         WHEN o.state = 'CLAIMED' THEN 'unknown' ELSE 'pending' END"
+    );
+    let sql = format!(
+        "SELECT t.class, COUNT(*), MAX({} - t.created_us) FROM \
+         (SELECT {class} AS class, {} AS created_us FROM ferry_outbox o WHERE {wm_sql}) t GROUP BY t.class",
+        d.now_micros(),
+        d.micros("o.created_at")
+    );
+    // binds in text order: now (SQLite only), consumer (in the CASE), watermark
+    let mut ordered = Vec::new();
+    if d == Dialect::Lite {
+        ordered.push(Bind::I64(now_micros()));
+    }
+    if let Some(c) = &req.consumer {
+        ordered.push(Bind::Str(c.clone()));
+    }
+    ordered.push(wm_bind.clone());
+    let mut counts: HashMap<String, (i64, Option<i64>)> = HashMap::new();
+    for r in pools.rows(&sql, &ordered).await? {
+        let class = r[0].clone().unwrap_or_default();
+        let n = r[1].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let age = r[2]
+            .as_deref()
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as i64);
+        counts.insert(class, (n, age));
+    }
+    let get = |k: &str| counts.get(k).map(|c| c.0).unwrap_or(0);
+    let mut report = ReconcileReport {
+        consumed: get("consumed"),
+        quarantined: get("quarantined"),
+        skipped: get("skipped"),
+        published_awaiting_consumption: get("published"),
+        outcome_unknown: get("unknown"),
+        not_yet_published: get("pending"),
+        oldest_not_published_age_us: counts.get("pending").and_then(|c| c.1),
+        ..Default::default()
+    };
+    report.total = counts.values().map(|c| c.0).sum();
+    // list the classes that must be listed, never counted as success
+    let list = |state: &'static str| {
+        let mut b = Vec::new();
+        let mut sql =
+            format!("SELECT o.event_id FROM ferry_outbox o WHERE o.state = '{state}' AND {wm_sql}");
+        b.push(wm_bind.clone());
+        if let Some(c) = &req.consumer {
+            sql.push_str(" AND NOT ");
+            sql.push_str(&inbox_exists("o"));
+            b.push(Bind::Str(c.clone()));
+        }
+        sql.push_str(&format!(" ORDER BY o.seq LIMIT {}", req.list_limit));
+        (sql, b)
+    };
+    let (sql, b) = list("CLAIMED");
+    report.unknown_ids = pools
+        .rows(&sql, &b)
+        .await?
+        .into_iter()
+        .filter_map(|r| r[0].clone())
+        .collect();
+    let (sql, b) = list("QUARANTINED");
+    report.quarantined_ids = pools
+        .rows(&sql, &b)
+        .await?
+        .into_iter()
+        .filter_map(|r| r[0].clone())
+        .collect();
+    if let Some(bt) = &req.business {
+        business(pools, d, bt, req.list_limit, &mut report).await?;
+    }
+    Ok(report)
+}
+
+async fn business(
+    pools: Pools<'_>,
+    d: Dialect,
+    bt: &BusinessTable,
+    limit: usize,
+    report: &mut ReconcileReport,
+) -> Result<(), StoreError> {
+    validate_identifier("business table", &bt.table)?;
+    validate_identifier("business id column", &bt.id_column)?;
+    let (t, c) = (&bt.table, &bt.id_column);
+    let mut where_sql = "1 = 1".to_string();
+    let mut binds = Vec::new();
+    if let Some(max) = bt.max_id {
+        where_sql = format!("b.{c} <= ?");
+        binds.push(Bind::I64(max));
+    }
+    let rows = pools
+        .rows(
+            &format!("SELECT COUNT(*) FROM {t} b WHERE {where_sql}"),
+            &binds,
+        )
+        .await?;
+    report.business_rows = rows
+        .first()
+        .and_then(|r| r[0].as_deref())
+        .and_then(|v| v.parse().ok());
+    let missing = format!(
+        "FROM {t} b WHERE {where_sql} AND NOT EXISTS (SELECT 1 FROM ferry_outbox o WHERE o.aggregate_id = {})",
+        d.concat_param_id(&format!("b.{c}"))
+    );
+    let mut b2 = binds.clone();
+    b2.push(Bind::Str(bt.aggregate_prefix.clone()));
+    let rows = pools
+        .rows(&format!("SELECT COUNT(*) {missing}"), &b2)
+        .await?;
+    report.business_without_intent = rows
+        .first()
+        .and_then(|r| r[0].as_deref())
+        .and_then(|v| v.parse().ok());
+    let rows = pools
+        .rows(
+            &format!("SELECT b.{c} {missing} ORDER BY b.{c} LIMIT {limit}"),
+            &b2,
+        )
+        .await?;
+    report.business_without_intent_ids = rows
+        .into_iter()
+        .filter_map(|r| r[0].as_deref().and_then(|v| v.parse().ok()))
+        .collect();
+    Ok(())
+}
