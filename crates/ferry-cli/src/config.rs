@@ -18,7 +18,7 @@ impl std::fmt::Display for ConfigError {
     }
 }
 
-/// Parses `500ms`, `30s`, `5m`, `1h`, `0s`.
+/// Parses `500ms`, `30s`, `5m`, `1h`, `7d`, `0s`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -33,8 +33,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
+        "d" => n * 86_400.0,
         "" => return Err(format!("{s:?} has no unit; use e.g. 500ms, 30s, 5m, 1h")),
-        u => return Err(format!("{s:?} has unknown unit {u:?}; use ms, s, m or h")),
+        u => {
+            return Err(format!(
+                "{s:?} has unknown unit {u:?}; use ms, s, m, h or d"
+            ))
+        }
     };
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{s:?} is not a valid duration"));

@@ -64,6 +64,56 @@ enum Cmd {
     },
     /// Enqueue events from JSON (an object, an array, or JSON lines) for demos and scripts.
     Enqueue(EnqueueArgs),
+    /// Delete SENT rows older than the retention window, in bounded batches. Never touches
+    /// PENDING, CLAIMED, QUARANTINED or SKIPPED rows.
+    Purge(PurgeArgs),
+    /// Classify every intent under a fixed watermark into mutually exclusive classes.
+    Reconcile(ReconcileArgs),
+}
+
+#[derive(Args, Debug)]
+struct PurgeArgs {
+    /// Retention window: only SENT rows whose sent_at is older than this, e.g. 7d or 36h.
+    #[arg(long)]
+    older_than: String,
+    /// Rows per delete statement (each its own short transaction).
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+    /// Only rows this consumer's Inbox (ferry_inbox, same database) recorded as consumed.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Only count what would be deleted.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReconcileArgs {
+    /// Fixed watermark: an outbox seq (e.g. 120000) or an RFC 3339 UTC time
+    /// (e.g. 2026-11-30T10:00:00Z). Pick one older than your longest producer transaction.
+    #[arg(long)]
+    watermark: String,
+    /// Consumer whose Inbox (ferry_inbox, same database) proves consumption.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Business table to check for rows with no intent (e.g. orders).
+    #[arg(long)]
+    business_table: Option<String>,
+    /// Its id column.
+    #[arg(long, default_value = "id")]
+    business_id_column: String,
+    /// aggregate_id = prefix || id.
+    #[arg(long, default_value = "")]
+    aggregate_prefix: String,
+    /// Only business rows with id <= this.
+    #[arg(long)]
+    business_max_id: Option<i64>,
+    /// Ids listed per class that must be listed.
+    #[arg(long, default_value_t = 50)]
+    list_limit: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -302,6 +352,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Cmd::Status(args) => status(args, &file, open(false).await?).await,
         Cmd::Quarantine { cmd } => quarantine(cmd, open(false).await?).await,
         Cmd::Enqueue(args) => enqueue(args, open(true).await?).await,
+        Cmd::Purge(args) => purge(args, open(false).await?).await,
+        Cmd::Reconcile(args) => reconcile(args, open(false).await?).await,
     }
 }
 
@@ -715,4 +767,162 @@ async fn enqueue(a: EnqueueArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Fail
         println!("{id}");
     }
     Ok(0)
+}
+
+async fn purge(a: PurgeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    let older = config::parse_duration(&a.older_than)
+        .map_err(|e| fail(2, format!("invalid --older-than: {e}")))?;
+    if a.batch == 0 || a.batch > 100_000 {
+        return Err(fail(2, "invalid --batch: must be between 1 and 100000"));
+    }
+    let n = store
+        .purge_sent(older, a.batch, a.consumer.as_deref(), a.dry_run)
+        .await?;
+    let scope = a
+        .consumer
+        .map(|c| format!(" consumed by {c}"))
+        .unwrap_or_default();
+    if a.dry_run {
+        println!(
+            "would delete {n} SENT rows{scope} older than {}",
+            a.older_than
+        );
+    } else {
+        println!("deleted {n} SENT rows{scope} older than {}", a.older_than);
+    }
+    Ok(0)
+}
+
+/// Parses a watermark: digits are an outbox seq, otherwise an RFC 3339 UTC time.
+fn parse_watermark(s: &str) -> Result<ferry_core::Watermark, Failure> {
+    let s = s.trim();
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_digit()) {
+        return s
+            .parse()
+            .map(ferry_core::Watermark::Seq)
+            .map_err(|_| fail(2, format!("invalid --watermark {s:?}: seq out of range")));
+    }
+    rfc3339_micros(s)
+        .map(ferry_core::Watermark::Time)
+        .ok_or_else(|| fail(2, format!("invalid --watermark {s:?}: use an outbox seq (digits) or a UTC time like 2026-11-30T10:00:00Z")))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.ffffff]Z` → µs since the epoch.
+fn rfc3339_micros(s: &str) -> Option<i64> {
+    let s = s.strip_suffix('Z').or_else(|| s.strip_suffix("+00:00"))?;
+    let (date, time) = s.split_once(['T', ' '])?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    let us: i64 = if frac.is_empty() {
+        0
+    } else {
+        let f: String = frac.chars().chain(std::iter::repeat('0')).take(6).collect();
+        f.parse().ok()?
+    };
+    // days from civil (Howard Hinnant)
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = if y2 >= 0 { y2 } else { y2 - 399 } / 400;
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1_000_000) + us)
+}
+
+async fn reconcile(a: ReconcileArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    let watermark = parse_watermark(&a.watermark)?;
+    let business = a.business_table.map(|t| ferry_core::BusinessTable {
+        table: t,
+        id_column: a.business_id_column.clone(),
+        aggregate_prefix: a.aggregate_prefix.clone(),
+        max_id: a.business_max_id,
+    });
+    let req = ferry_core::ReconcileRequest {
+        watermark,
+        consumer: a.consumer.clone(),
+        business,
+        list_limit: a.list_limit,
+    };
+    let r = store.reconcile(&req).await?;
+    if !r.classes_sum_to_total() {
+        return Err(fail(
+            1,
+            format!("internal error: reconciliation classes do not sum to the total: {r:?}"),
+        ));
+    }
+    if a.json {
+        let v = serde_json::json!({ "watermark": watermark, "consumer": a.consumer, "report": r });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        println!("watermark:                        {:?}", watermark);
+        println!("intents under the watermark:      {}", r.total);
+        if a.consumer.is_some() {
+            println!("  consumed:                       {}", r.consumed);
+        }
+        println!(
+            "  published, awaiting consumption: {}",
+            r.published_awaiting_consumption
+        );
+        println!(
+            "  not yet published (pending):    {}  (oldest {})",
+            r.not_yet_published,
+            fmt_age(r.oldest_not_published_age_us)
+        );
+        println!("  outcome unknown (claimed):      {}", r.outcome_unknown);
+        for id in &r.unknown_ids {
+            println!("    {id}");
+        }
+        println!("  quarantined (known failure):    {}", r.quarantined);
+        for id in &r.quarantined_ids {
+            println!("    {id}");
+        }
+        println!("  skipped by an operator:         {}", r.skipped);
+        if let (Some(rows), Some(missing)) = (r.business_rows, r.business_without_intent) {
+            println!("business rows checked:            {rows}");
+            println!("  with NO intent (anomaly):       {missing}");
+            for id in &r.business_without_intent_ids {
+                println!("    {id}");
+            }
+        }
+    }
+    // Anomalies and unknowns are not success: say so in the exit code.
+    let anomalies = r.business_without_intent.unwrap_or(0) > 0;
+    Ok(if anomalies {
+        3
+    } else if r.outcome_unknown > 0 || r.quarantined > 0 {
+        2
+    } else {
+        0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(rfc3339_micros("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            rfc3339_micros("2000-03-01T00:00:01.5Z"),
+            Some((951_868_800 + 1) * 1_000_000 + 500_000)
+        );
+        assert_eq!(
+            rfc3339_micros("2026-11-30T10:00:00Z"),
+            Some(1_796_032_800 * 1_000_000)
+        );
+        assert_eq!(rfc3339_micros("2026-13-30T10:00:00Z"), None);
+        assert_eq!(rfc3339_micros("yesterday"), None);
+        assert!(matches!(
+            parse_watermark("120"),
+            Ok(ferry_core::Watermark::Seq(120))
+        ));
+    }
 }

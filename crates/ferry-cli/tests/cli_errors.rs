@@ -229,3 +229,72 @@ fn enqueue_status_and_quarantine_commands() {
     let o = ferry(&["quarantine", "list", "--database-url", &url]);
     assert!(o.status.success() && err_of(&o).contains("no quarantined events"));
 }
+
+#[test]
+fn purge_and_reconcile_commands() {
+    let (_d, url) = sqlite_url();
+    let ev = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{}"}"#;
+    assert!(ferry(&["enqueue", "--database-url", &url, "--event", ev])
+        .status
+        .success());
+    let o = ferry(&[
+        "purge",
+        "--database-url",
+        &url,
+        "--older-than",
+        "7d",
+        "--dry-run",
+    ]);
+    assert!(
+        o.status.success() && err_of(&o).contains("would delete 0 SENT rows"),
+        "{}",
+        err_of(&o)
+    );
+    let o = ferry(&["purge", "--database-url", &url, "--older-than", "soon"]);
+    assert_one_clear_line(&o, 2, &["--older-than"]);
+    let o = ferry(&[
+        "purge",
+        "--database-url",
+        &url,
+        "--older-than",
+        "1h",
+        "--batch",
+        "0",
+    ]);
+    assert_one_clear_line(&o, 2, &["--batch"]);
+    // one pending intent under the watermark, and it is listed as not yet published
+    let o = ferry(&[
+        "reconcile",
+        "--database-url",
+        &url,
+        "--watermark",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["report"]["total"], 1);
+    assert_eq!(v["report"]["not_yet_published"], 1);
+    let o = ferry(&[
+        "reconcile",
+        "--database-url",
+        &url,
+        "--watermark",
+        "last tuesday",
+    ]);
+    assert_one_clear_line(
+        &o,
+        2,
+        &["--watermark", "RFC", "seq"].map(|s| if s == "RFC" { "UTC time" } else { s }),
+    );
+    let o = ferry(&[
+        "reconcile",
+        "--database-url",
+        &url,
+        "--watermark",
+        "2999-01-01T00:00:00Z",
+        "--business-table",
+        "orders;--",
+    ]);
+    assert_one_clear_line(&o, 2, &["invalid business table"]);
+}
