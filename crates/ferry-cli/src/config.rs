@@ -114,6 +114,8 @@ pub struct MetricsSection {
 pub struct AlertsSection {
     pub oldest_warning: Option<String>,
     pub oldest_critical: Option<String>,
+    pub slo_target: Option<String>,
+    pub slo_ratio: Option<f64>,
 }
 
 /// `[limits]`

@@ -178,6 +178,62 @@ struct RelayArgs {
     /// Do not apply migrations on start.
     #[arg(long)]
     no_migrate: bool,
+    /// Publish SLO target: commit to SENT within this [default: 30s] (alerts.slo_target).
+    #[arg(long, env = "FERRY_SLO_TARGET")]
+    slo_target: Option<String>,
+    /// Publish SLO objective ratio [default: 0.999] (alerts.slo_ratio).
+    #[arg(long, env = "FERRY_SLO_RATIO")]
+    slo_ratio: Option<f64>,
+    /// Oldest-intent warning age for ferry_alert_level [default: 5m] (alerts.oldest_warning).
+    #[arg(long, env = "FERRY_OLDEST_WARNING")]
+    oldest_warning: Option<String>,
+    /// Oldest-intent critical age [default: 1h] (alerts.oldest_critical).
+    #[arg(long, env = "FERRY_OLDEST_CRITICAL")]
+    oldest_critical: Option<String>,
+}
+
+fn alert_settings(
+    slo_target: &Option<String>,
+    slo_ratio: &Option<f64>,
+    warning: &Option<String>,
+    critical: &Option<String>,
+    f: &FileConfig,
+) -> Result<ferry_relay::metrics::AlertThresholds, Failure> {
+    let d = ferry_relay::metrics::AlertThresholds::default();
+    let a = ferry_relay::metrics::AlertThresholds {
+        slo_target: duration(
+            "alerts.slo_target (--slo-target)",
+            slo_target,
+            &f.alerts.slo_target,
+            d.slo_target,
+        )?,
+        slo_ratio: pick(slo_ratio, &f.alerts.slo_ratio).unwrap_or(d.slo_ratio),
+        oldest_warning: duration(
+            "alerts.oldest_warning (--oldest-warning)",
+            warning,
+            &f.alerts.oldest_warning,
+            d.oldest_warning,
+        )?,
+        oldest_critical: duration(
+            "alerts.oldest_critical (--oldest-critical)",
+            critical,
+            &f.alerts.oldest_critical,
+            d.oldest_critical,
+        )?,
+    };
+    if !(a.slo_ratio > 0.0 && a.slo_ratio <= 1.0) {
+        return Err(fail(
+            2,
+            "invalid alerts.slo_ratio (--slo-ratio): must be in (0, 1], e.g. 0.999",
+        ));
+    }
+    if a.oldest_critical < a.oldest_warning {
+        return Err(fail(
+            2,
+            "invalid alerts.oldest_critical: must not be shorter than alerts.oldest_warning",
+        ));
+    }
+    Ok(a)
 }
 
 #[derive(Args, Debug)]
@@ -346,8 +402,16 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Cmd::Relay(args) => {
             // Validate every setting before touching the database.
             let (config, sink) = relay_settings(&args, &file)?;
+            let alerts = alert_settings(
+                &args.slo_target,
+                &args.slo_ratio,
+                &args.oldest_warning,
+                &args.oldest_critical,
+                &file,
+            )?;
+            let listen = metrics_listen(&args, &file)?;
             let store = open(!args.no_migrate).await?;
-            run_relay(config, sink, metrics_listen(&args, &file)?, store).await
+            run_relay(config, sink, listen, alerts, store).await
         }
         Cmd::Status(args) => status(args, &file, open(false).await?).await,
         Cmd::Quarantine { cmd } => quarantine(cmd, open(false).await?).await,
@@ -491,6 +555,7 @@ async fn run_relay(
     config: RelayConfig,
     spec: SinkSpec,
     listen: Option<std::net::SocketAddr>,
+    alerts: ferry_relay::metrics::AlertThresholds,
     store: Arc<dyn OutboxStore>,
 ) -> Result<u8, Failure> {
     let mut kafka = None;
@@ -505,6 +570,7 @@ async fn run_relay(
     };
     let owner = config.owner.clone();
     let relay = Relay::new(store, sink, config).map_err(|e| fail(2, e.to_string()))?;
+    *relay.metrics().alerts.lock().expect("alerts lock") = alerts;
     let cancel = CancellationToken::new();
     if let Some(addr) = listen {
         let (m, c) = (relay.metrics(), cancel.clone());
@@ -568,24 +634,8 @@ fn fmt_age(us: Option<i64>) -> String {
 }
 
 async fn status(a: StatusArgs, f: &FileConfig, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
-    let warn = duration(
-        "alerts.oldest_warning (--oldest-warning)",
-        &a.oldest_warning,
-        &f.alerts.oldest_warning,
-        Duration::from_secs(300),
-    )?;
-    let crit = duration(
-        "alerts.oldest_critical (--oldest-critical)",
-        &a.oldest_critical,
-        &f.alerts.oldest_critical,
-        Duration::from_secs(3600),
-    )?;
-    if crit < warn {
-        return Err(fail(
-            2,
-            "invalid alerts.oldest_critical: must not be shorter than alerts.oldest_warning",
-        ));
-    }
+    let thresholds = alert_settings(&None, &None, &a.oldest_warning, &a.oldest_critical, f)?;
+    let (warn, crit) = (thresholds.oldest_warning, thresholds.oldest_critical);
     let st = store.status().await?;
     let leases = store.slot_leases().await?;
     let quarantined = store.list_quarantined(20).await?;

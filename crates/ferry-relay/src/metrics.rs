@@ -42,9 +42,36 @@ impl Latency {
 /// Quantiles reported for every latency.
 pub const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
 
+/// Alert thresholds (from the seed's operating targets), exposed with the metrics so alert rules
+/// and `ferry status` share one definition.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AlertThresholds {
+    /// Publish SLO: this share of intents... (default 0.999)
+    pub slo_ratio: f64,
+    /// ...is SENT within this time of its commit (default 30 s).
+    pub slo_target: Duration,
+    /// Warn when the oldest unsent intent is older (default 5 min).
+    pub oldest_warning: Duration,
+    /// Critical (pause related automatic compensation, escalate) when older (default 1 h).
+    pub oldest_critical: Duration,
+}
+
+impl Default for AlertThresholds {
+    fn default() -> Self {
+        Self {
+            slo_ratio: 0.999,
+            slo_target: Duration::from_secs(30),
+            oldest_warning: Duration::from_secs(300),
+            oldest_critical: Duration::from_secs(3600),
+        }
+    }
+}
+
 /// All relay metrics. Cheap to update from every worker.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// Alert thresholds (set once at start).
+    pub alerts: Mutex<AlertThresholds>,
     /// Items acked by the sink whose SENT CAS applied.
     pub sent: AtomicU64,
     /// Items scheduled for retry.
@@ -252,6 +279,21 @@ impl Metrics {
             1e6,
         );
         o
+    }
+}
+
+/// The alert level: 2 critical, 1 warning, 0 ok.
+pub fn alert_level(
+    a: &AlertThresholds,
+    oldest: Option<Duration>,
+    blocked: i64,
+    within_slo: f64,
+) -> u8 {
+    match oldest {
+        Some(age) if age >= a.oldest_critical => 2,
+        Some(age) if age >= a.oldest_warning => 1,
+        _ if blocked > 0 || within_slo < a.slo_ratio => 1,
+        _ => 0,
     }
 }
 
