@@ -1,0 +1,280 @@
+//! MySQL 8.0+ / MariaDB 10.6+ (tested on MariaDB 10.11).
+//!
+//! Dedupe is a plain `INSERT` whose duplicate-key error (1062) means `Duplicate`: a second
+//! transaction inserting the same key waits for the first's record lock, then gets the
+//! duplicate (first committed) or inserts (first rolled back). A failed statement rolls back
+//! only itself in InnoDB, so the caller's transaction stays usable. `INSERT IGNORE` is not
+//! used: it would also turn truncation and other errors into warnings.
+//!
+//! The aggregate row is created/locked with `INSERT … ON DUPLICATE KEY UPDATE` (an exclusive
+//! lock straight away: a `SELECT … FOR UPDATE` on a missing row would take a gap lock under
+//! `REPEATABLE READ`, and two such transactions inserting the same new aggregate deadlock),
+//! then read with `SELECT … FOR UPDATE`. Every read of inbox rows is a locking read
+//! (`LOCK IN SHARE MODE`), which sees the latest committed rows even under `REPEATABLE READ`.
+use std::collections::{BTreeMap, HashSet};
+
+use sqlx::{MySql, MySqlConnection, QueryBuilder};
+
+use crate::engine::{self, AggState, Ops};
+use crate::error::{db_err, is_unique_violation};
+use crate::{Delivery, GapInfo, InboxConfig, InboxError, Verdict, MIGRATIONS_MYSQL};
+
+/// Records `delivery` inside the caller's transaction (`&mut *tx`) and returns what to do;
+/// see [`Verdict`]. On `Err`, roll the transaction back.
+pub async fn record(
+    conn: &mut MySqlConnection,
+    config: &InboxConfig,
+    delivery: &Delivery,
+) -> Result<Verdict, InboxError> {
+    engine::record(conn, config, delivery).await
+}
+
+/// Operator repair inside the caller's transaction: versions up to `through` of
+/// `aggregate_id` count as done for `consumer`. Returns the new contiguous mark.
+pub async fn accept_gap(
+    conn: &mut MySqlConnection,
+    consumer: &str,
+    aggregate_id: &str,
+    through: i64,
+) -> Result<i64, InboxError> {
+    engine::accept_gap(conn, consumer, aggregate_id, through).await
+}
+
+/// The subset of `event_ids` recorded (effect committed) for `consumer`.
+pub async fn consumed<S: AsRef<str>>(
+    conn: &mut MySqlConnection,
+    consumer: &str,
+    event_ids: &[S],
+) -> Result<HashSet<String>, InboxError> {
+    let mut out = HashSet::new();
+    // 1 000 placeholders per statement: well under the protocol's 65 535.
+    for chunk in event_ids.chunks(1_000) {
+        let mut qb: QueryBuilder<MySql> =
+            QueryBuilder::new("SELECT event_id FROM ferry_inbox WHERE consumer = ");
+        qb.push_bind(consumer).push(" AND event_id IN (");
+        let mut ids = qb.separated(", ");
+        for id in chunk {
+            ids.push_bind(id.as_ref());
+        }
+        qb.push(")");
+        let rows: Vec<Vec<u8>> = qb
+            .build_query_scalar()
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("consumed", e))?;
+        out.extend(rows.into_iter().map(text));
+    }
+    Ok(out)
+}
+
+/// Number of consumed events per consumer.
+pub async fn consumed_counts(
+    conn: &mut MySqlConnection,
+) -> Result<BTreeMap<String, i64>, InboxError> {
+    let rows: Vec<(Vec<u8>, i64)> =
+        sqlx::query_as("SELECT consumer, COUNT(*) FROM ferry_inbox GROUP BY consumer")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("consumed_counts", e))?;
+    Ok(rows.into_iter().map(|(c, n)| (text(c), n)).collect())
+}
+
+/// Aggregates with an open version gap for `consumer`, oldest gap first.
+pub async fn gaps(conn: &mut MySqlConnection, consumer: &str) -> Result<Vec<GapInfo>, InboxError> {
+    let rows: Vec<(Vec<u8>, i64, i64, i64)> = sqlx::query_as(
+        "SELECT aggregate_id, applied_upto, max_seen, gap_since_us FROM ferry_inbox_aggregate \
+         WHERE consumer = ? AND gap_since_us IS NOT NULL ORDER BY gap_since_us, aggregate_id",
+    )
+    .bind(consumer)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| db_err("gaps", e))?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(aggregate_id, applied_upto, max_seen, since_micros)| GapInfo {
+                aggregate_id: text(aggregate_id),
+                applied_upto,
+                max_seen,
+                since_micros,
+            },
+        )
+        .collect())
+}
+
+/// Applies pending inbox migrations under `GET_LOCK('ferry_inbox_migrate:<database>', 300)`.
+/// MySQL DDL is not transactional, so every statement is idempotent (`IF NOT EXISTS`) and a
+/// migration that died half-way is simply re-run; its version row is written last. Returns
+/// the versions applied by this call.
+pub async fn migrate(conn: &mut MySqlConnection) -> Result<Vec<i64>, InboxError> {
+    let got: Option<i64> =
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_inbox_migrate:', DATABASE()), 300)")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| db_err("migrate: lock", e))?;
+    if got != Some(1) {
+        return Err(InboxError::Database(ferry_core::StoreError::new(
+            ferry_core::StoreErrorKind::Conflict,
+            "inbox migrate: another migration held the lock for 300 s",
+        )));
+    }
+    let result = async {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS ferry_inbox_migrations (version BIGINT PRIMARY KEY, \
+             name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| db_err("migrate: create ferry_inbox_migrations", e))?;
+        let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_inbox_migrations")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("migrate: read applied", e))?
+            .into_iter()
+            .collect();
+        let mut applied = Vec::new();
+        for m in MIGRATIONS_MYSQL.iter().filter(|m| !done.contains(&m.version)) {
+            sqlx::raw_sql(m.sql)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+            sqlx::query("INSERT INTO ferry_inbox_migrations (version, name) VALUES (?, ?)")
+                .bind(m.version)
+                .bind(m.name)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| db_err("migrate: record", e))?;
+            applied.push(m.version);
+        }
+        Ok(applied)
+    }
+    .await;
+    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ferry_inbox_migrate:', DATABASE()))")
+        .execute(&mut *conn)
+        .await;
+    result
+}
+
+/// A `utf8mb4_bin` column is reported with the BINARY flag, so sqlx decodes it as bytes; they
+/// are the UTF-8 this crate wrote.
+fn text(b: Vec<u8>) -> String {
+    String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+impl Ops for MySqlConnection {
+    async fn lock_aggregate(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+    ) -> Result<AggState, InboxError> {
+        sqlx::query(
+            "INSERT INTO ferry_inbox_aggregate (consumer, aggregate_id) VALUES (?, ?) \
+             ON DUPLICATE KEY UPDATE applied_upto = applied_upto",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("lock aggregate", e))?;
+        let (upto, max_seen, gap_since_us): (i64, i64, Option<i64>) = sqlx::query_as(
+            "SELECT applied_upto, max_seen, gap_since_us FROM ferry_inbox_aggregate \
+             WHERE consumer = ? AND aggregate_id = ? FOR UPDATE",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .fetch_one(&mut *self)
+        .await
+        .map_err(|e| db_err("lock aggregate", e))?;
+        Ok(AggState {
+            upto,
+            max_seen,
+            gap_since_us,
+        })
+    }
+
+    async fn insert(&mut self, d: &Delivery) -> Result<bool, InboxError> {
+        match sqlx::query(
+            "INSERT INTO ferry_inbox (consumer, event_id, aggregate_id, aggregate_version) \
+             VALUES (?, ?, ?, ?)",
+        )
+        .bind(&d.consumer)
+        .bind(&d.event_id)
+        .bind(&d.aggregate_id)
+        .bind(d.aggregate_version)
+        .execute(&mut *self)
+        .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_unique_violation(&e) => Ok(false),
+            Err(e) => Err(db_err("record", e)),
+        }
+    }
+
+    async fn delete(&mut self, consumer: &str, event_id: &str) -> Result<(), InboxError> {
+        sqlx::query("DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?")
+            .bind(consumer)
+            .bind(event_id)
+            .execute(&mut *self)
+            .await
+            .map_err(|e| db_err("unrecord", e))?;
+        Ok(())
+    }
+
+    async fn recorded_above(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        above: i64,
+    ) -> Result<Vec<i64>, InboxError> {
+        sqlx::query_scalar(
+            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
+             AND aggregate_version > ? ORDER BY aggregate_version LOCK IN SHARE MODE",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(above)
+        .fetch_all(&mut *self)
+        .await
+        .map_err(|e| db_err("read recorded versions", e))
+    }
+
+    async fn version_rows(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        version: i64,
+    ) -> Result<i64, InboxError> {
+        let rows: Vec<i64> = sqlx::query_scalar(
+            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
+             AND aggregate_version = ? LOCK IN SHARE MODE",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(version)
+        .fetch_all(&mut *self)
+        .await
+        .map_err(|e| db_err("count version", e))?;
+        Ok(rows.len() as i64)
+    }
+
+    async fn store_aggregate(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        s: &AggState,
+    ) -> Result<(), InboxError> {
+        sqlx::query(
+            "UPDATE ferry_inbox_aggregate SET applied_upto = ?, max_seen = ?, gap_since_us = ?, \
+             updated_at = UTC_TIMESTAMP(6) WHERE consumer = ? AND aggregate_id = ?",
+        )
+        .bind(s.upto)
+        .bind(s.max_seen)
+        .bind(s.gap_since_us)
+        .bind(consumer)
+        .bind(aggregate_id)
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("update aggregate", e))?;
+        Ok(())
+    }
+}

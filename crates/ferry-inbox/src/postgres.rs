@@ -1,0 +1,288 @@
+//! PostgreSQL (12+; tested on 15).
+//!
+//! Dedupe is `INSERT … ON CONFLICT (consumer, event_id) DO NOTHING`: a second transaction
+//! inserting the same key waits for the first; at `READ COMMITTED` it then inserts nothing
+//! (`Duplicate`) or, if the first rolled back, inserts (`New`); at `REPEATABLE READ` and
+//! `SERIALIZABLE` a conflicting row committed after its snapshot raises a serialization
+//! failure (40001, retryable). The aggregate row is locked with `SELECT … FOR UPDATE`.
+use std::collections::{BTreeMap, HashSet};
+
+use sqlx::{Connection, PgConnection};
+
+use crate::engine::{self, AggState, Ops};
+use crate::error::db_err;
+use crate::{Delivery, GapInfo, InboxConfig, InboxError, Verdict, MIGRATIONS_POSTGRES};
+
+/// Records `delivery` inside the caller's transaction (`&mut *tx`) and returns what to do;
+/// see [`Verdict`]. On `Err`, roll the transaction back.
+pub async fn record(
+    conn: &mut PgConnection,
+    config: &InboxConfig,
+    delivery: &Delivery,
+) -> Result<Verdict, InboxError> {
+    engine::record(conn, config, delivery).await
+}
+
+/// Operator repair inside the caller's transaction: versions up to `through` of
+/// `aggregate_id` count as done for `consumer`. Returns the new contiguous mark.
+pub async fn accept_gap(
+    conn: &mut PgConnection,
+    consumer: &str,
+    aggregate_id: &str,
+    through: i64,
+) -> Result<i64, InboxError> {
+    engine::accept_gap(conn, consumer, aggregate_id, through).await
+}
+
+/// The subset of `event_ids` recorded (effect committed) for `consumer`.
+pub async fn consumed<S: AsRef<str>>(
+    conn: &mut PgConnection,
+    consumer: &str,
+    event_ids: &[S],
+) -> Result<HashSet<String>, InboxError> {
+    let mut out = HashSet::new();
+    // 10 000 ids per statement: one array bind, bounded memory per round trip.
+    for chunk in event_ids.chunks(10_000) {
+        let ids: Vec<&str> = chunk.iter().map(AsRef::as_ref).collect();
+        let rows: Vec<String> = sqlx::query_scalar(
+            "SELECT event_id FROM ferry_inbox WHERE consumer = $1 AND event_id = ANY($2)",
+        )
+        .bind(consumer)
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| db_err("consumed", e))?;
+        out.extend(rows);
+    }
+    Ok(out)
+}
+
+/// Number of consumed events per consumer.
+pub async fn consumed_counts(conn: &mut PgConnection) -> Result<BTreeMap<String, i64>, InboxError> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT consumer, COUNT(*) FROM ferry_inbox GROUP BY consumer")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("consumed_counts", e))?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Aggregates with an open version gap for `consumer`, oldest gap first.
+pub async fn gaps(conn: &mut PgConnection, consumer: &str) -> Result<Vec<GapInfo>, InboxError> {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT aggregate_id, applied_upto, max_seen, gap_since_us FROM ferry_inbox_aggregate \
+         WHERE consumer = $1 AND gap_since_us IS NOT NULL ORDER BY gap_since_us, aggregate_id",
+    )
+    .bind(consumer)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| db_err("gaps", e))?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(aggregate_id, applied_upto, max_seen, since_micros)| GapInfo {
+                aggregate_id,
+                applied_upto,
+                max_seen,
+                since_micros,
+            },
+        )
+        .collect())
+}
+
+/// Applies pending inbox migrations in one transaction under
+/// `pg_advisory_xact_lock(hashtext('ferry_inbox_migrate:' || current_schema()))`: DDL is
+/// transactional, so a migration applies fully or not at all, and a concurrent migrate waits
+/// and then finds nothing to do. Returns the versions applied by this call.
+pub async fn migrate(conn: &mut PgConnection) -> Result<Vec<i64>, InboxError> {
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| db_err("migrate: begin", e))?;
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtext('ferry_inbox_migrate:' || current_schema()))",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| db_err("migrate: lock", e))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS ferry_inbox_migrations (version BIGINT PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| db_err("migrate: create ferry_inbox_migrations", e))?;
+    let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_inbox_migrations")
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: read applied", e))?
+        .into_iter()
+        .collect();
+    let mut applied = Vec::new();
+    for m in MIGRATIONS_POSTGRES
+        .iter()
+        .filter(|m| !done.contains(&m.version))
+    {
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+        sqlx::query("INSERT INTO ferry_inbox_migrations (version, name) VALUES ($1, $2)")
+            .bind(m.version)
+            .bind(m.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("migrate: record", e))?;
+        applied.push(m.version);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| db_err("migrate: commit", e))?;
+    Ok(applied)
+}
+
+async fn select_for_update(
+    conn: &mut PgConnection,
+    consumer: &str,
+    aggregate_id: &str,
+) -> Result<Option<AggState>, InboxError> {
+    let row: Option<(i64, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT applied_upto, max_seen, gap_since_us FROM ferry_inbox_aggregate \
+         WHERE consumer = $1 AND aggregate_id = $2 FOR UPDATE",
+    )
+    .bind(consumer)
+    .bind(aggregate_id)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(|e| db_err("lock aggregate", e))?;
+    Ok(row.map(|(upto, max_seen, gap_since_us)| AggState {
+        upto,
+        max_seen,
+        gap_since_us,
+    }))
+}
+
+impl Ops for PgConnection {
+    async fn lock_aggregate(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+    ) -> Result<AggState, InboxError> {
+        // The common case (known aggregate) is one locking read and writes nothing yet.
+        if let Some(s) = select_for_update(self, consumer, aggregate_id).await? {
+            return Ok(s);
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO ferry_inbox_aggregate (consumer, aggregate_id) VALUES ($1, $2) \
+             ON CONFLICT (consumer, aggregate_id) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("create aggregate", e))?
+        .rows_affected();
+        if inserted == 1 {
+            // our own uncommitted row: locked by the insert
+            return Ok(AggState {
+                upto: 0,
+                max_seen: 0,
+                gap_since_us: None,
+            });
+        }
+        // a concurrent transaction created it first and committed (we waited for it)
+        select_for_update(self, consumer, aggregate_id)
+            .await?
+            .ok_or_else(|| {
+                db_err(
+                    "lock aggregate",
+                    sqlx::Error::Protocol(
+                        "aggregate row vanished after a conflicting insert".into(),
+                    ),
+                )
+            })
+    }
+
+    async fn insert(&mut self, d: &Delivery) -> Result<bool, InboxError> {
+        let n = sqlx::query(
+            "INSERT INTO ferry_inbox (consumer, event_id, aggregate_id, aggregate_version) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, event_id) DO NOTHING",
+        )
+        .bind(&d.consumer)
+        .bind(&d.event_id)
+        .bind(&d.aggregate_id)
+        .bind(d.aggregate_version)
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("record", e))?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    async fn delete(&mut self, consumer: &str, event_id: &str) -> Result<(), InboxError> {
+        sqlx::query("DELETE FROM ferry_inbox WHERE consumer = $1 AND event_id = $2")
+            .bind(consumer)
+            .bind(event_id)
+            .execute(&mut *self)
+            .await
+            .map_err(|e| db_err("unrecord", e))?;
+        Ok(())
+    }
+
+    async fn recorded_above(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        above: i64,
+    ) -> Result<Vec<i64>, InboxError> {
+        sqlx::query_scalar(
+            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = $1 AND aggregate_id = $2 \
+             AND aggregate_version > $3 ORDER BY aggregate_version",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(above)
+        .fetch_all(&mut *self)
+        .await
+        .map_err(|e| db_err("read recorded versions", e))
+    }
+
+    async fn version_rows(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        version: i64,
+    ) -> Result<i64, InboxError> {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM ferry_inbox WHERE consumer = $1 AND aggregate_id = $2 \
+             AND aggregate_version = $3",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(version)
+        .fetch_one(&mut *self)
+        .await
+        .map_err(|e| db_err("count version", e))
+    }
+
+    async fn store_aggregate(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        s: &AggState,
+    ) -> Result<(), InboxError> {
+        sqlx::query(
+            "UPDATE ferry_inbox_aggregate SET applied_upto = $3, max_seen = $4, \
+             gap_since_us = $5, updated_at = now() WHERE consumer = $1 AND aggregate_id = $2",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(s.upto)
+        .bind(s.max_seen)
+        .bind(s.gap_since_us)
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("update aggregate", e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! SQLite (3.35+; bundled 3.46).
+//!
+//! SQLite has one writer at a time, so two transactions recording the same event are
+//! serialized by the database lock: the second waits (busy timeout) and then sees the first's
+//! committed row. Begin the consumer transaction with `BEGIN IMMEDIATE`; every inbox call
+//! writes before it reads, so even a deferred transaction takes the write lock on its first
+//! inbox statement, unless it already read (then a stale snapshot fails with
+//! `SQLITE_BUSY_SNAPSHOT`, classified retryable).
+use std::collections::{BTreeMap, HashSet};
+
+use ferry_core::now_micros;
+use sqlx::{Connection, QueryBuilder, Sqlite, SqliteConnection};
+
+use crate::engine::{self, AggState, Ops};
+use crate::error::db_err;
+use crate::{Delivery, GapInfo, InboxConfig, InboxError, Verdict, MIGRATIONS_SQLITE};
+
+/// Records `delivery` inside the caller's transaction (`&mut *tx`) and returns what to do;
+/// see [`Verdict`]. On `Err`, roll the transaction back.
+pub async fn record(
+    conn: &mut SqliteConnection,
+    config: &InboxConfig,
+    delivery: &Delivery,
+) -> Result<Verdict, InboxError> {
+    engine::record(conn, config, delivery).await
+}
+
+/// Operator repair inside the caller's transaction: versions up to `through` of
+/// `aggregate_id` count as done for `consumer`. Returns the new contiguous mark.
+pub async fn accept_gap(
+    conn: &mut SqliteConnection,
+    consumer: &str,
+    aggregate_id: &str,
+    through: i64,
+) -> Result<i64, InboxError> {
+    engine::accept_gap(conn, consumer, aggregate_id, through).await
+}
+
+/// The subset of `event_ids` recorded (effect committed) for `consumer`.
+pub async fn consumed<S: AsRef<str>>(
+    conn: &mut SqliteConnection,
+    consumer: &str,
+    event_ids: &[S],
+) -> Result<HashSet<String>, InboxError> {
+    let mut out = HashSet::new();
+    // 1 000 placeholders per statement: under SQLite's 32 766 host-parameter limit.
+    for chunk in event_ids.chunks(1_000) {
+        let mut qb: QueryBuilder<Sqlite> =
+            QueryBuilder::new("SELECT event_id FROM ferry_inbox WHERE consumer = ");
+        qb.push_bind(consumer).push(" AND event_id IN (");
+        let mut ids = qb.separated(", ");
+        for id in chunk {
+            ids.push_bind(id.as_ref());
+        }
+        qb.push(")");
+        let rows: Vec<String> = qb
+            .build_query_scalar()
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("consumed", e))?;
+        out.extend(rows);
+    }
+    Ok(out)
+}
+
+/// Number of consumed events per consumer.
+pub async fn consumed_counts(
+    conn: &mut SqliteConnection,
+) -> Result<BTreeMap<String, i64>, InboxError> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT consumer, COUNT(*) FROM ferry_inbox GROUP BY consumer")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("consumed_counts", e))?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Aggregates with an open version gap for `consumer`, oldest gap first.
+pub async fn gaps(conn: &mut SqliteConnection, consumer: &str) -> Result<Vec<GapInfo>, InboxError> {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT aggregate_id, applied_upto, max_seen, gap_since_us FROM ferry_inbox_aggregate \
+         WHERE consumer = ? AND gap_since_us IS NOT NULL ORDER BY gap_since_us, aggregate_id",
+    )
+    .bind(consumer)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| db_err("gaps", e))?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(aggregate_id, applied_upto, max_seen, since_micros)| GapInfo {
+                aggregate_id,
+                applied_upto,
+                max_seen,
+                since_micros,
+            },
+        )
+        .collect())
+}
+
+/// Applies pending inbox migrations inside one `BEGIN IMMEDIATE` transaction: the write lock
+/// serializes concurrent migrates, and SQLite DDL is transactional. Returns the versions
+/// applied by this call.
+pub async fn migrate(conn: &mut SqliteConnection) -> Result<Vec<i64>, InboxError> {
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| db_err("migrate: begin", e))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS ferry_inbox_migrations (version INTEGER PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| db_err("migrate: create ferry_inbox_migrations", e))?;
+    let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_inbox_migrations")
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: read applied", e))?
+        .into_iter()
+        .collect();
+    let mut applied = Vec::new();
+    for m in MIGRATIONS_SQLITE
+        .iter()
+        .filter(|m| !done.contains(&m.version))
+    {
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+        sqlx::query(
+            "INSERT INTO ferry_inbox_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+        )
+        .bind(m.version)
+        .bind(m.name)
+        .bind(now_micros())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: record", e))?;
+        applied.push(m.version);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| db_err("migrate: commit", e))?;
+    Ok(applied)
+}
+
+impl Ops for SqliteConnection {
+    async fn lock_aggregate(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+    ) -> Result<AggState, InboxError> {
+        // write first: takes the database write lock before anything is read
+        sqlx::query(
+            "INSERT INTO ferry_inbox_aggregate (consumer, aggregate_id, updated_at) \
+             VALUES (?, ?, ?) ON CONFLICT (consumer, aggregate_id) DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(now_micros())
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("lock aggregate", e))?;
+        let (upto, max_seen, gap_since_us): (i64, i64, Option<i64>) = sqlx::query_as(
+            "SELECT applied_upto, max_seen, gap_since_us FROM ferry_inbox_aggregate \
+             WHERE consumer = ? AND aggregate_id = ?",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .fetch_one(&mut *self)
+        .await
+        .map_err(|e| db_err("lock aggregate", e))?;
+        Ok(AggState {
+            upto,
+            max_seen,
+            gap_since_us,
+        })
+    }
+
+    async fn insert(&mut self, d: &Delivery) -> Result<bool, InboxError> {
+        let n = sqlx::query(
+            "INSERT INTO ferry_inbox (consumer, event_id, aggregate_id, aggregate_version, \
+             recorded_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (consumer, event_id) DO NOTHING",
+        )
+        .bind(&d.consumer)
+        .bind(&d.event_id)
+        .bind(&d.aggregate_id)
+        .bind(d.aggregate_version)
+        .bind(now_micros())
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("record", e))?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    async fn delete(&mut self, consumer: &str, event_id: &str) -> Result<(), InboxError> {
+        sqlx::query("DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?")
+            .bind(consumer)
+            .bind(event_id)
+            .execute(&mut *self)
+            .await
+            .map_err(|e| db_err("unrecord", e))?;
+        Ok(())
+    }
+
+    async fn recorded_above(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        above: i64,
+    ) -> Result<Vec<i64>, InboxError> {
+        sqlx::query_scalar(
+            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
+             AND aggregate_version > ? ORDER BY aggregate_version",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(above)
+        .fetch_all(&mut *self)
+        .await
+        .map_err(|e| db_err("read recorded versions", e))
+    }
+
+    async fn version_rows(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        version: i64,
+    ) -> Result<i64, InboxError> {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
+             AND aggregate_version = ?",
+        )
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(version)
+        .fetch_one(&mut *self)
+        .await
+        .map_err(|e| db_err("count version", e))
+    }
+
+    async fn store_aggregate(
+        &mut self,
+        consumer: &str,
+        aggregate_id: &str,
+        s: &AggState,
+    ) -> Result<(), InboxError> {
+        sqlx::query(
+            "UPDATE ferry_inbox_aggregate SET applied_upto = ?, max_seen = ?, gap_since_us = ?, \
+             updated_at = ? WHERE consumer = ? AND aggregate_id = ?",
+        )
+        .bind(s.upto)
+        .bind(s.max_seen)
+        .bind(s.gap_since_us)
+        .bind(now_micros())
+        .bind(consumer)
+        .bind(aggregate_id)
+        .execute(&mut *self)
+        .await
+        .map_err(|e| db_err("update aggregate", e))?;
+        Ok(())
+    }
+}
