@@ -345,6 +345,7 @@ async fn worker(
     cancel: CancellationToken,
 ) {
     let cfg = &ctx.config;
+    let abandon = CancellationToken::new();
     let mut inflight = FuturesUnordered::new();
     let mut delay = cfg.poll_min;
     let mut store_backoff = Duration::from_millis(50);
@@ -423,7 +424,7 @@ async fn worker(
             .lock()
             .expect("in-flight lock")
             .insert(id, claimed.iter().map(|e| e.token.clone()).collect());
-        inflight.push(process_batch(ctx.clone(), id, claimed));
+        inflight.push(process_batch(ctx.clone(), id, claimed, abandon.clone()));
         if full {
             delay = cfg.poll_min;
         } else {
@@ -442,9 +443,9 @@ async fn worker(
     while !inflight.is_empty() {
         tokio::select! {
             _ = inflight.next() => {}
-            _ = &mut deadline => {
-                tracing::warn!(worker = w, batches = inflight.len(), "shutdown deadline reached with batches in flight");
-                break;
+            _ = &mut deadline, if !abandon.is_cancelled() => {
+                tracing::warn!(worker = w, batches = inflight.len(), "shutdown deadline reached with batches in flight; abandoning their sends");
+                abandon.cancel();
             }
         }
     }
@@ -473,18 +474,35 @@ async fn claim_or_recover(
     }
 }
 
-async fn process_batch(ctx: Arc<Ctx>, id: u64, items: Vec<ClaimedEvent>) {
+/// Sends one claimed batch and applies its outcomes.
+///
+/// Store calls are never cancelled half-way: a future dropped between `BEGIN` and `COMMIT`
+/// would leave a pooled connection inside a transaction (on SQLite, holding the only write
+/// lock). Only the *send* can be abandoned (`abandon`, at the shutdown deadline); the batch's
+/// tokens then stay in `in_flight` and `Relay::run` releases them.
+async fn process_batch(
+    ctx: Arc<Ctx>,
+    id: u64,
+    items: Vec<ClaimedEvent>,
+    abandon: CancellationToken,
+) {
     let cfg = &ctx.config;
     let tokens: Vec<ClaimToken> = items.iter().map(|e| e.token.clone()).collect();
-    // Renew the claim lease while the send is outstanding (slow broker).
+    // Renew the claim lease while the send is outstanding (slow broker). Stopped by a token and
+    // awaited, never aborted, so a renewal cannot land after (and be fenced by) our own ack.
+    let stop_renew = CancellationToken::new();
     let renew = {
         let store = ctx.store.clone();
         let metrics = ctx.metrics.clone();
         let tokens = tokens.clone();
         let lease = cfg.claim_lease;
+        let stop = stop_renew.clone();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(lease / 3).await;
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(lease / 3) => {}
+                }
                 match store.extend_lease(&tokens, lease).await {
                     Ok(r) => {
                         metrics
@@ -498,9 +516,21 @@ async fn process_batch(ctx: Arc<Ctx>, id: u64, items: Vec<ClaimedEvent>) {
     };
     ferry_core::failpoint::hit("relay-after-claim");
     let t0 = Instant::now();
-    let outcomes = ctx.sink.send_batch(&items).await;
+    let sent = tokio::select! {
+        o = ctx.sink.send_batch(&items) => Some(o),
+        _ = abandon.cancelled() => None,
+    };
+    stop_renew.cancel();
+    let _ = renew.await;
+    let Some(outcomes) = sent else {
+        tracing::info!(
+            batch = id,
+            items = items.len(),
+            "send abandoned at the shutdown deadline; the batch will be released"
+        );
+        return;
+    };
     ctx.metrics.send_latency.record(t0.elapsed());
-    renew.abort();
     debug_assert_eq!(outcomes.len(), items.len());
 
     let mut acked = Vec::new();

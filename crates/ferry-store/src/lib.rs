@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreErrorKind};
 
+pub mod memory;
 mod migrate;
 pub mod mysql;
 mod ops;
@@ -144,7 +145,11 @@ pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
         | sqlx::Error::Tls(_)
         | sqlx::Error::WorkerCrashed => StoreErrorKind::Unavailable,
         sqlx::Error::Database(d) => {
-            let code = d.code().map(|c| c.to_string()).unwrap_or_default();
+            // sqlx reports the SQLSTATE as `code()`; MySQL's own error number says more.
+            let code = match d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                Some(my) => my.number().to_string(),
+                None => d.code().map(|c| c.to_string()).unwrap_or_default(),
+            };
             let msg = d.message().to_ascii_lowercase();
             match code.as_str() {
                 // PostgreSQL serialization failure / deadlock; MySQL deadlock / lock wait timeout;
@@ -152,6 +157,8 @@ pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
                 "40001" | "40P01" | "1213" | "1205" | "5" | "6" | "517" => StoreErrorKind::Conflict,
                 // undefined table/column (PostgreSQL, MySQL)
                 "42P01" | "42703" | "1146" | "1054" => StoreErrorKind::Schema,
+                // PostgreSQL admin shutdown / idle-in-transaction timeout; MySQL server gone
+                "57P01" | "25P03" | "2006" | "2013" | "1927" => StoreErrorKind::Unavailable,
                 _ if msg.contains("no such table") || msg.contains("no such column") => {
                     StoreErrorKind::Schema
                 }

@@ -187,6 +187,10 @@ impl MyStore {
                 Box::pin(async move {
                     c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .await?;
+                    // MariaDB 10.3+: abort a session idle for 10 s inside a transaction, so a
+                    // stalled relay cannot hold its row locks (and block a takeover) forever.
+                    // MySQL has no such variable; the error is ignored there.
+                    let _ = c.execute("SET SESSION idle_transaction_timeout = 10").await;
                     Ok(())
                 })
             })

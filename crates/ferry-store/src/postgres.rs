@@ -124,6 +124,10 @@ impl PgStore {
         conn: PgConnectOptions,
         opts: &ConnectOptions,
     ) -> Result<Self, StoreError> {
+        // Every ferry transaction is a few statements long. A relay that stops inside one (GC
+        // pause, SIGSTOP, lost network) would hold its row locks — and block the takeover of its
+        // slots — forever; the server aborts such a session after 10 s idle in a transaction.
+        let conn = conn.options([("idle_in_transaction_session_timeout", "10s")]);
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections)
             .acquire_timeout(opts.acquire_timeout)
