@@ -16,6 +16,7 @@ use ferry_store::{redact_url, ConnectOptions};
 use tokio_util::sync::CancellationToken;
 
 mod config;
+mod lab;
 
 use config::{duration, pick, ConfigError, FileConfig};
 
@@ -69,6 +70,22 @@ enum Cmd {
     Purge(PurgeArgs),
     /// Classify every intent under a fixed watermark into mutually exclusive classes.
     Reconcile(ReconcileArgs),
+    /// The seed's reliability lab: run its cases on a fresh database (temporary SQLite file by
+    /// default, or a new schema/database on --database-url) with a real Kafka receiver (the
+    /// embedded mock cluster) and a consumer Inbox; print the durable facts; exit 1 if an
+    /// expectation did not hold.
+    Lab(LabArgs),
+}
+
+#[derive(Args, Debug)]
+struct LabArgs {
+    /// all, rollback, committed, send-before-mark, mark-before-send, stale-claim, batch,
+    /// two-sessions (the seed's MySQL experiment) or kafka-duplicate (its Kafka experiment).
+    #[arg(long, default_value = "all")]
+    case: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -364,6 +381,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
     };
+    if let Cmd::Lab(a) = &cli.cmd {
+        return run_lab(a, pick(&cli.database_url, &file.database_url)).await;
+    }
     let url = pick(&cli.database_url, &file.database_url).ok_or_else(|| {
         fail(2, "no database URL: pass --database-url, set FERRY_DATABASE_URL, or database_url in the config file")
     })?;
@@ -418,6 +438,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Cmd::Enqueue(args) => enqueue(args, open(true).await?).await,
         Cmd::Purge(args) => purge(args, open(false).await?).await,
         Cmd::Reconcile(args) => reconcile(args, open(false).await?).await,
+        Cmd::Lab(_) => unreachable!("handled before the database URL is required"),
     }
 }
 
@@ -975,4 +996,49 @@ mod tests {
             Ok(ferry_core::Watermark::Seq(120))
         ));
     }
+}
+
+async fn run_lab(a: &LabArgs, url: Option<String>) -> Result<u8, Failure> {
+    if a.case != "all" && !lab::CASES.contains(&a.case.as_str()) {
+        return Err(fail(
+            2,
+            format!(
+                "invalid --case {:?}: use all or one of {}",
+                a.case,
+                lab::CASES.join(", ")
+            ),
+        ));
+    }
+    let results = lab::run(&a.case, url.as_deref()).await.map_err(|e| {
+        let e = match &url {
+            Some(u) => e.replace(u.as_str(), &redact_url(u)),
+            None => e,
+        };
+        fail(1, e)
+    })?;
+    let all_held = results.iter().all(|r| r.held);
+    if a.json {
+        let v = serde_json::json!({ "all_held": all_held, "cases": results });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        for r in &results {
+            println!(
+                "[{}] {} ({}): {}",
+                if r.held { "held" } else { "FAILED" },
+                r.case,
+                r.backend,
+                r.expectation
+            );
+            println!("    {}", r.facts);
+        }
+        println!(
+            "{}",
+            if all_held {
+                "all expectations held"
+            } else {
+                "SOME EXPECTATIONS DID NOT HOLD"
+            }
+        );
+    }
+    Ok(if all_held { 0 } else { 1 })
 }

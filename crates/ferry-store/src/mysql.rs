@@ -457,7 +457,10 @@ impl OutboxStore for MyStore {
                    AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
                  ORDER BY o.seq LIMIT ",
             );
-            qb.push_bind(req.limit as i64);
+            // Over-fetch candidates: a concurrent claimer may hold some of them locked (SKIP
+            // LOCKED then passes over them), and without spares a contended claim would come
+            // back short or empty while other due rows wait.
+            qb.push_bind((req.limit.saturating_mul(3) + 16) as i64);
             let candidates: Vec<i64> = qb
                 .build_query_scalar()
                 .fetch_all(&mut *tx)
@@ -472,7 +475,11 @@ impl OutboxStore for MyStore {
             push_list(&mut qb, candidates.iter().copied());
             qb.push(
                 ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
-                 ORDER BY seq FOR UPDATE SKIP LOCKED",
+                 ORDER BY seq LIMIT ",
+            );
+            qb.push_bind(req.limit as i64);
+            qb.push(
+                " FOR UPDATE SKIP LOCKED",
             );
             let rows = qb
                 .build()

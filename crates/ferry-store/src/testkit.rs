@@ -91,32 +91,30 @@ impl TestDb {
     /// A fresh database for `backend` with `opts`, or `None` when the backend is skipped.
     pub async fn open_with(backend: Backend, opts: ConnectOptions) -> Option<TestDb> {
         let admin_url = env_url(backend)?;
+        Some(Self::open_on(backend, &admin_url, opts).await.expect("open an isolated test database"))
+    }
+
+    /// A fresh, isolated database on the server at `admin_url` (a new PostgreSQL schema or
+    /// MariaDB database; for SQLite a new file in a temporary directory, `admin_url` unused).
+    /// Used by tests and by `ferry lab`.
+    pub async fn open_on(backend: Backend, admin_url: &str, opts: ConnectOptions) -> Result<TestDb, StoreError> {
+        let admin_url = admin_url.to_string();
         let name = unique_name();
+        let io = |e: std::io::Error| StoreError::new(ferry_core::StoreErrorKind::Other, format!("temp dir: {e}"));
         let (url, dir) = match backend {
             Backend::Sqlite => {
-                let dir = TempDir::new("ferry-test").expect("temp dir");
-                (
-                    format!("sqlite://{}", dir.path().join("outbox.db").display()),
-                    Some(dir),
-                )
+                let dir = TempDir::new("ferry-test").map_err(io)?;
+                (format!("sqlite://{}", dir.path().join("outbox.db").display()), Some(dir))
             }
             Backend::Postgres => {
-                let mut c = crate::postgres::connect_one(&admin_url)
-                    .await
-                    .expect("connect to PostgreSQL");
-                c.execute(format!("CREATE SCHEMA {name}").as_str())
-                    .await
-                    .expect("create schema");
+                let mut c = crate::postgres::connect_one(&admin_url).await?;
+                c.execute(format!("CREATE SCHEMA {name}").as_str()).await.map_err(|e| db_err("create schema", e))?;
                 let sep = if admin_url.contains('?') { '&' } else { '?' };
                 (format!("{admin_url}{sep}options[search_path]={name}"), None)
             }
             Backend::Mysql => {
-                let pool = sqlx::MySqlPool::connect(&admin_url)
-                    .await
-                    .expect("connect to MySQL");
-                pool.execute(format!("CREATE DATABASE {name}").as_str())
-                    .await
-                    .expect("create database");
+                let pool = sqlx::MySqlPool::connect(&admin_url).await.map_err(|e| db_err("connect to MySQL", e))?;
+                pool.execute(format!("CREATE DATABASE {name}").as_str()).await.map_err(|e| db_err("create database", e))?;
                 pool.close().await;
                 let (base, query) = match admin_url.split_once('?') {
                     Some((b, q)) => (b.to_string(), format!("?{q}")),
@@ -131,21 +129,9 @@ impl TestDb {
             }
         };
         let kind = match backend {
-            Backend::Postgres => Kind::Pg(
-                PgStore::connect(&url, &opts)
-                    .await
-                    .expect("open PostgreSQL store"),
-            ),
-            Backend::Mysql => Kind::My(
-                MyStore::connect(&url, &opts)
-                    .await
-                    .expect("open MySQL store"),
-            ),
-            Backend::Sqlite => Kind::Lite(
-                SqliteStore::connect(&url, &opts)
-                    .await
-                    .expect("open SQLite store"),
-            ),
+            Backend::Postgres => Kind::Pg(PgStore::connect(&url, &opts).await?),
+            Backend::Mysql => Kind::My(MyStore::connect(&url, &opts).await?),
+            Backend::Sqlite => Kind::Lite(SqliteStore::connect(&url, &opts).await?),
         };
         let store: Arc<dyn OutboxStore> = match &kind {
             Kind::Pg(s) => Arc::new(s.clone()),
@@ -161,8 +147,8 @@ impl TestDb {
             name,
             _dir: dir,
         };
-        db.exec(ORDERS_PG).await.expect("create orders");
-        Some(db)
+        db.exec(ORDERS_PG).await?;
+        Ok(db)
     }
 
     /// A fresh database with default options.
@@ -199,6 +185,16 @@ impl TestDb {
                 .map_err(|e| db_err("exec", e))?
                 .rows_affected(),
         })
+    }
+
+    /// Runs a query returning one integer (e.g. `SELECT effects FROM projection`).
+    pub async fn scalar(&self, sql: &str) -> Result<i64, StoreError> {
+        match &self.kind {
+            Kind::Pg(s) => sqlx::query_scalar(sql).fetch_one(s.pool()).await,
+            Kind::My(s) => sqlx::query_scalar(sql).fetch_one(s.pool()).await,
+            Kind::Lite(s) => sqlx::query_scalar(sql).fetch_one(s.pool()).await,
+        }
+        .map_err(|e| db_err("scalar", e))
     }
 
     /// `SELECT COUNT(*)` of a query's rows.
