@@ -314,3 +314,61 @@ on_every_backend!(
     permanent_error_quarantines_and_blocks_until_requeue,
     brokers_down_then_back_drains_backlog,
 );
+
+/// Message key = aggregate key; headers carry event id, aggregate, version, event type and the
+/// stored headers (a W3C traceparent passes through untouched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_record_carries_key_and_headers() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let db = TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
+    let kafka = EmbeddedKafka::start(1).unwrap();
+    kafka.create_topic(TOPIC, 1).unwrap();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut e = ev("order-42", 1);
+    e.headers.insert("traceparent".into(), tp.into());
+    db.store.enqueue(&[e]).await.unwrap();
+    let relay = start_relay(&db, &kafka, fast_config(), &[]);
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap_servers())
+        .set("group.id", "headers-test")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(TOPIC, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let msg = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                return m.detach();
+            }
+            assert!(std::time::Instant::now() < deadline, "no message");
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(msg.key(), Some("order-42".as_bytes()));
+    assert_eq!(
+        msg.payload(),
+        Some(r#"{"agg":"order-42","v":1}"#.as_bytes())
+    );
+    let headers: std::collections::BTreeMap<String, String> = msg
+        .headers()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h.key.to_string(),
+                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(headers["ferry-event-id"], "e-order-42-1");
+    assert_eq!(headers["ferry-aggregate-id"], "order-42");
+    assert_eq!(headers["ferry-aggregate-version"], "1");
+    assert_eq!(headers["ferry-event-type"], "OrderChanged");
+    assert_eq!(headers["traceparent"], tp);
+    relay.stop().await;
+}
