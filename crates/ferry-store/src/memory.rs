@@ -553,18 +553,22 @@ impl MemoryStore {
             .map(|(i, r)| ((base + i as i64) << SLOT_BITS) | i64::from(r.shard_slot))
             .collect();
         for (i, r) in rows.iter().enumerate() {
-            match self.ids.entry(r.event_id.as_str().into()) {
+            // The entry holds its DashMap shard's write lock: let it go before undoing the
+            // reservations made so far (they may live in the same DashMap shard).
+            let taken = match self.ids.entry(r.event_id.as_str().into()) {
                 Entry::Vacant(v) => {
                     v.insert(seqs[i]);
+                    false
                 }
-                Entry::Occupied(_) => {
-                    for done in &rows[..i] {
-                        self.ids.remove(done.event_id.as_str());
-                    }
-                    return Err(EnqueueError::DuplicateEventId {
-                        event_id: r.event_id.clone(),
-                    });
+                Entry::Occupied(_) => true,
+            };
+            if taken {
+                for done in &rows[..i] {
+                    self.ids.remove(done.event_id.as_str());
                 }
+                return Err(EnqueueError::DuplicateEventId {
+                    event_id: r.event_id.clone(),
+                });
             }
         }
         let now = now_micros();
@@ -1272,10 +1276,11 @@ mod tests {
     async fn a_refused_batch_writes_nothing() {
         let s = MemoryStore::new();
         s.enqueue(&[ev("a", 1)]).await.unwrap();
-        let e = s
-            .enqueue(&[ev("b", 1), ev("c", 1).with_id("a-1")])
-            .await
-            .unwrap_err();
+        // 100 ids reserved before the duplicate: undoing them touches every DashMap shard,
+        // including the one whose entry found the duplicate (a deadlock before it was dropped).
+        let mut batch: Vec<NewEvent> = (0..100).map(|i| ev(&format!("b{i}"), 1)).collect();
+        batch.push(ev("c", 1).with_id("a-1"));
+        let e = s.enqueue(&batch).await.unwrap_err();
         assert_eq!(
             e,
             EnqueueError::DuplicateEventId {
@@ -1283,8 +1288,15 @@ mod tests {
             }
         );
         assert_eq!(s.len(), 1);
-        s.enqueue(&[ev("b", 1), ev("c", 1)]).await.unwrap();
-        assert_eq!(s.len(), 3);
+        batch.pop();
+        s.enqueue(&batch).await.unwrap();
+        assert_eq!(s.len(), 101);
+        let e = s.enqueue(&[ev("b7", 1).with_id("new")]).await.unwrap_err();
+        assert!(matches!(
+            e,
+            EnqueueError::DuplicateVersion { version: 1, .. }
+        ));
+        assert_eq!(s.len(), 101);
     }
 
     #[tokio::test]
