@@ -478,9 +478,7 @@ impl OutboxStore for MyStore {
                  ORDER BY seq LIMIT ",
             );
             qb.push_bind(req.limit as i64);
-            qb.push(
-                " FOR UPDATE SKIP LOCKED",
-            );
+            qb.push(" FOR UPDATE SKIP LOCKED");
             let rows = qb
                 .build()
                 .fetch_all(&mut *tx)

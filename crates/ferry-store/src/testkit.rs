@@ -91,30 +91,49 @@ impl TestDb {
     /// A fresh database for `backend` with `opts`, or `None` when the backend is skipped.
     pub async fn open_with(backend: Backend, opts: ConnectOptions) -> Option<TestDb> {
         let admin_url = env_url(backend)?;
-        Some(Self::open_on(backend, &admin_url, opts).await.expect("open an isolated test database"))
+        Some(
+            Self::open_on(backend, &admin_url, opts)
+                .await
+                .expect("open an isolated test database"),
+        )
     }
 
     /// A fresh, isolated database on the server at `admin_url` (a new PostgreSQL schema or
     /// MariaDB database; for SQLite a new file in a temporary directory, `admin_url` unused).
     /// Used by tests and by `ferry lab`.
-    pub async fn open_on(backend: Backend, admin_url: &str, opts: ConnectOptions) -> Result<TestDb, StoreError> {
+    pub async fn open_on(
+        backend: Backend,
+        admin_url: &str,
+        opts: ConnectOptions,
+    ) -> Result<TestDb, StoreError> {
         let admin_url = admin_url.to_string();
         let name = unique_name();
-        let io = |e: std::io::Error| StoreError::new(ferry_core::StoreErrorKind::Other, format!("temp dir: {e}"));
+        let io = |e: std::io::Error| {
+            StoreError::new(ferry_core::StoreErrorKind::Other, format!("temp dir: {e}"))
+        };
         let (url, dir) = match backend {
             Backend::Sqlite => {
                 let dir = TempDir::new("ferry-test").map_err(io)?;
-                (format!("sqlite://{}", dir.path().join("outbox.db").display()), Some(dir))
+                (
+                    format!("sqlite://{}", dir.path().join("outbox.db").display()),
+                    Some(dir),
+                )
             }
             Backend::Postgres => {
                 let mut c = crate::postgres::connect_one(&admin_url).await?;
-                c.execute(format!("CREATE SCHEMA {name}").as_str()).await.map_err(|e| db_err("create schema", e))?;
+                c.execute(format!("CREATE SCHEMA {name}").as_str())
+                    .await
+                    .map_err(|e| db_err("create schema", e))?;
                 let sep = if admin_url.contains('?') { '&' } else { '?' };
                 (format!("{admin_url}{sep}options[search_path]={name}"), None)
             }
             Backend::Mysql => {
-                let pool = sqlx::MySqlPool::connect(&admin_url).await.map_err(|e| db_err("connect to MySQL", e))?;
-                pool.execute(format!("CREATE DATABASE {name}").as_str()).await.map_err(|e| db_err("create database", e))?;
+                let pool = sqlx::MySqlPool::connect(&admin_url)
+                    .await
+                    .map_err(|e| db_err("connect to MySQL", e))?;
+                pool.execute(format!("CREATE DATABASE {name}").as_str())
+                    .await
+                    .map_err(|e| db_err("create database", e))?;
                 pool.close().await;
                 let (base, query) = match admin_url.split_once('?') {
                     Some((b, q)) => (b.to_string(), format!("?{q}")),
