@@ -16,33 +16,38 @@
 //!   and a stale token is reported [`CasResult::Fenced`];
 //! * quarantine / requeue / skip with `resolved_by`, `lookup_claim`, `status`;
 //! * slot leases with epochs and fenced claims, relay membership;
-//! * commit wake-ups ([`OutboxStore::listen_commits`]): an enqueue wakes idle relays at once.
+//! * commit wake-ups ([`OutboxStore::listen_commits`]): an enqueue wakes idle relays at once;
+//! * retention ([`OutboxStore::purge_sent`]) and [`OutboxStore::reconcile`]; there is no Inbox
+//!   or business table in memory, so a request naming a consumer or a business table is refused.
 //!
-//! # Design (for speed: ≥ 1,000,000 events/s through the relay with the null sink)
-//! There is no global scan per claim. Rows live in [`SLOT_COUNT`] shards, one per slot, each
-//! behind its own `Mutex`; an aggregate maps to exactly one slot, so its whole predecessor chain
-//! lives in one shard. Per shard:
-//! * `open`: aggregate → its unfinished versions, sorted; the first one is the aggregate's *head*,
-//!   the only row of the aggregate that can ever be claimable;
-//! * `ready`: heads that are claimable now, ordered by `seq`;
-//! * `timed`: heads that become claimable later — `PENDING` rows waiting for `available_at` and
-//!   `CLAIMED` rows until `lease_until` — ordered by that time, moved to `ready` when due.
+//! # Design (for speed: the relay with the null sink must not wait on its store)
+//! There is no global scan per claim and no lock shared by all workers. Rows live in
+//! [`SLOT_COUNT`] shards, one per slot, each behind its own `Mutex`; an aggregate maps to
+//! exactly one slot, so its whole predecessor chain lives in one shard. Per shard:
+//! * `rows`: every row in `seq` order (a `Vec`; `keys` beside it is binary-searched to address a
+//!   row). Claims take rows in `seq` order, so a backlog drains as a sequential memory walk;
+//! * `aggs`: one entry per aggregate (a slab the row points into) with its unfinished versions
+//!   in order; the first is the aggregate's *head*, the only row of it that can be claimable;
+//! * `ready`: heads claimable now, by `seq`; `timed`: heads claimable later — `PENDING` rows
+//!   waiting for `available_at`, `CLAIMED` rows until `lease_until` — moved to `ready` when due.
 //!
-//! Both indexes are maintained eagerly on every transition, so a claim pops `ready` (merging the
-//! requested slots by `seq`) and an ack removes one entry and promotes the next version: O(log n)
-//! per event, no lock shared by all workers. A claim holds the locks of the slots it reads plus a
-//! read lock on the slot-lease table (the fence, like PostgreSQL's `FOR SHARE` on lease rows), so
-//! it is atomic like a database claim. Relay workers own disjoint slots and never contend.
+//! The indexes are maintained eagerly on every transition, so a claim pops `ready` (merging the
+//! requested slots by `seq`) and an ack removes one entry and promotes the next version:
+//! O(log n) per event. Status counters are kept per shard, so `status` costs O(slots), not
+//! O(backlog). A claim holds the locks of the slots it reads plus a read lock on the slot-lease
+//! table (the fence, like PostgreSQL's `FOR SHARE` on lease rows), so it is atomic like a
+//! database claim. Relay workers own disjoint slots and never contend.
+//!
+//! Measured on a 2-core machine (bench `engine`, `docs/performance.md`): the first version
+//! (hash maps keyed by seq and aggregate id, seven string allocations per row) spent ~75 % of a
+//! backlog drain in cache misses inside the store; this layout removes most of them.
 //!
 //! `seq` values increase in insertion order but are not dense: the low 8 bits hold the slot
 //! (`seq = counter · 256 + slot`), so a token addresses its shard without a global index.
 //!
 //! Memory grows with every row ever enqueued (`SENT` rows stay readable through
-//! [`OutboxStore::record`], as in a table) until [`OutboxStore::purge_sent`] drops old `SENT`
-//! rows, as on the SQL backends. [`OutboxStore::reconcile`] classifies intents under a
-//! watermark; there is no Inbox or business table in memory, so a request naming a consumer or
-//! a business table is refused.
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+//! [`OutboxStore::record`], as in a table) until [`OutboxStore::purge_sent`] drops old ones.
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -91,32 +96,46 @@ impl Default for MemoryStore {
     }
 }
 
+/// The intent's text columns, in this order, in one allocation (one cache-friendly block
+/// instead of seven scattered strings).
+const EVENT_ID: usize = 0;
+const AGGREGATE_ID: usize = 1;
+const TOPIC: usize = 2;
+const KEY: usize = 3;
+const EVENT_TYPE: usize = 4;
+const HEADERS: usize = 5;
+const PAYLOAD: usize = 6;
+
 /// One outbox row: the immutable intent plus its delivery state.
 struct Row {
     seq: i64,
-    event_id: Box<str>,
-    aggregate_id: Arc<str>,
+    /// Index of the aggregate in the shard's `aggs`.
+    agg: u32,
+    /// End offset of each text column in `text`.
+    ends: [u32; 7],
+    text: Box<str>,
     aggregate_version: i64,
-    topic: Box<str>,
-    key: Box<str>,
-    event_type: Box<str>,
-    headers: Box<str>,
-    payload: Box<str>,
     created_at: Micros,
-    state: EventState,
     available_at: Micros,
     claim_version: i64,
     /// Shared by every row of one claim (one allocation per claim, not per row).
     claim_id: Option<Arc<str>>,
     /// Meaningful while `CLAIMED`.
     lease_until: Micros,
-    attempts: i32,
-    last_error: Option<Box<str>>,
     /// When it became `SENT` (retention).
     sent_at: Micros,
-    resolved_by: Option<Box<str>>,
+    state: EventState,
+    attempts: i32,
     /// Which claim index holds the row.
     idx: Idx,
+    /// `last_error`, `resolved_by`: rare, kept out of line.
+    notes: Option<Box<Notes>>,
+}
+
+#[derive(Default)]
+struct Notes {
+    last_error: Option<String>,
+    resolved_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,43 +148,126 @@ enum Idx {
     Timed(Micros),
 }
 
-/// Rows are keyed by `seq >> 8`, unique within a shard. Fibonacci hashing with the high half
-/// folded into the low half (hashbrown takes the bucket from the low bits and a tag from the
-/// top 7): ~1 ns instead of SipHash's ~20 ns on the per-event path. Keys are generated by the
-/// store, never by users, so HashDoS resistance is not needed here.
+/// An aggregate's unfinished versions as `(version, seq)`, sorted; the first one (the head) is
+/// kept inline because most aggregates have a single unfinished event.
 #[derive(Default)]
-struct SeqHasher(u64);
+struct Chain {
+    head: Option<(i64, i64)>,
+    rest: VecDeque<(i64, i64)>,
+}
 
-impl Hasher for SeqHasher {
-    fn finish(&self) -> u64 {
-        self.0
+impl Chain {
+    fn head_seq(&self) -> Option<i64> {
+        self.head.map(|(_, s)| s)
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(self.0 ^ u64::from(*b));
+
+    /// Inserts; true when the new entry is the head.
+    fn insert(&mut self, version: i64, seq: i64) -> bool {
+        match self.head {
+            None => {
+                self.head = Some((version, seq));
+                true
+            }
+            Some(h) if version < h.0 => {
+                self.rest.push_front(h);
+                self.head = Some((version, seq));
+                true
+            }
+            Some(_) => {
+                match self.rest.back() {
+                    Some(last) if last.0 > version => {
+                        let i = self
+                            .rest
+                            .binary_search_by_key(&version, |(v, _)| *v)
+                            .unwrap_or_else(|i| i);
+                        self.rest.insert(i, (version, seq));
+                    }
+                    _ => self.rest.push_back((version, seq)),
+                }
+                false
+            }
         }
     }
-    fn write_u64(&mut self, n: u64) {
-        let h = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 32);
+
+    /// Removes; true when it was the head (the next one, if any, is the head now).
+    fn remove(&mut self, version: i64, seq: i64) -> bool {
+        if self.head == Some((version, seq)) {
+            self.head = self.rest.pop_front();
+            return true;
+        }
+        if let Ok(i) = self.rest.binary_search_by_key(&version, |(v, _)| *v) {
+            self.rest.remove(i);
+        }
+        false
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(i64, i64)> {
+        self.head.iter().chain(self.rest.iter())
     }
 }
 
-type SeqMap<V> = HashMap<u64, V, BuildHasherDefault<SeqHasher>>;
+#[derive(Default)]
+struct Agg {
+    open: Chain,
+    /// Unfinished rows of this aggregate that are `QUARANTINED` (it is blocked while > 0).
+    quarantined: u32,
+}
+
+/// Fibonacci hashing with a folded high half, for keys the store generates itself (seq
+/// counters, aggregate indexes): ~1 ns instead of SipHash's ~20 ns. Never used for
+/// user-supplied strings, so HashDoS resistance is not needed.
+#[derive(Default)]
+struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_i64(&mut self, n: i64) {
+        self.write_u64(n as u64);
+    }
+}
+
+type Fast = BuildHasherDefault<FastHasher>;
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    pending: i64,
+    claimed: i64,
+    quarantined: i64,
+    /// Aggregates with a quarantined row.
+    blocked: i64,
+}
 
 #[derive(Default)]
 struct Shard {
-    rows: SeqMap<Row>,
-    /// Every version ever enqueued per aggregate, sorted: the `(aggregate_id, aggregate_version)`
-    /// unique key.
-    versions: HashMap<Arc<str>, Vec<i64>>,
-    /// Unfinished (`PENDING`/`CLAIMED`/`QUARANTINED`) versions per aggregate, sorted, as
-    /// `(version, seq)`; an aggregate leaves the map when its last unfinished row finishes.
-    open: HashMap<Arc<str>, VecDeque<(i64, i64)>>,
+    /// `seq >> 8` of each row, ascending (rows are appended in seq order under the lock).
+    keys: Vec<u64>,
+    /// The rows, parallel to `keys`.
+    rows: Vec<Row>,
+    /// Aggregate id → index in `aggs` (enqueue only).
+    agg_index: HashMap<Arc<str>, u32>,
+    aggs: Vec<Agg>,
+    /// `(aggregate index, version)` of every row: the unique key.
+    versions: HashSet<(u32, i64), Fast>,
     /// Claimable heads by seq.
     ready: BTreeSet<i64>,
     /// Heads claimable later, by (time, seq).
     timed: BTreeSet<(Micros, i64)>,
+    /// No row before this key is unfinished (advanced lazily by `status`).
+    oldest_open: u64,
+    counts: Counts,
 }
 
 struct LeaseRow {
@@ -196,6 +298,13 @@ fn no_sql_tables(what: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::InvalidInput,
         format!("{what} needs the ferry_inbox/business tables of a SQL database; the in-memory store has none — use sqlite://, postgres:// or mysql://"),
+    )
+}
+
+fn is_open(state: EventState) -> bool {
+    matches!(
+        state,
+        EventState::Pending | EventState::Claimed | EventState::Quarantined
     )
 }
 
@@ -244,38 +353,52 @@ fn place(
 }
 
 impl Row {
+    fn text(&self, column: usize) -> &str {
+        let start = if column == 0 {
+            0
+        } else {
+            self.ends[column - 1] as usize
+        };
+        &self.text[start..self.ends[column] as usize]
+    }
+
     fn claimed_event(&self) -> ClaimedEvent {
         ClaimedEvent {
             token: ClaimToken {
                 seq: self.seq,
-                event_id: self.event_id.to_string(),
+                event_id: self.text(EVENT_ID).to_string(),
                 claim_id: self.claim_id.as_deref().unwrap_or_default().to_string(),
                 claim_version: self.claim_version,
             },
-            aggregate_id: self.aggregate_id.to_string(),
+            aggregate_id: self.text(AGGREGATE_ID).to_string(),
             aggregate_version: self.aggregate_version,
             shard_slot: slot_of(self.seq) as SlotId,
-            topic: self.topic.to_string(),
-            key: self.key.to_string(),
-            event_type: self.event_type.to_string(),
-            headers: self.headers.to_string(),
-            payload: self.payload.to_string(),
+            topic: self.text(TOPIC).to_string(),
+            key: self.text(KEY).to_string(),
+            event_type: self.text(EVENT_TYPE).to_string(),
+            headers: self.text(HEADERS).to_string(),
+            payload: self.text(PAYLOAD).to_string(),
             attempts: self.attempts,
             created_at: self.created_at,
         }
     }
 
     fn record(&self) -> EventRecord {
+        let notes = self.notes.as_deref();
         EventRecord {
-            event_id: self.event_id.to_string(),
+            event_id: self.text(EVENT_ID).to_string(),
             state: self.state,
             claim_version: self.claim_version,
             claim_id: self.claim_id.as_deref().map(str::to_string),
             attempts: self.attempts,
-            last_error: self.last_error.as_deref().map(str::to_string),
-            resolved_by: self.resolved_by.as_deref().map(str::to_string),
-            payload: self.payload.to_string(),
+            last_error: notes.and_then(|n| n.last_error.clone()),
+            resolved_by: notes.and_then(|n| n.resolved_by.clone()),
+            payload: self.text(PAYLOAD).to_string(),
         }
+    }
+
+    fn notes(&mut self) -> &mut Notes {
+        self.notes.get_or_insert_with(Box::default)
     }
 
     fn token_matches(&self, t: &ClaimToken) -> bool {
@@ -286,74 +409,119 @@ impl Row {
 }
 
 impl Shard {
+    fn pos(&self, seq: i64) -> Option<usize> {
+        self.keys.binary_search(&key_of(seq)).ok()
+    }
+
     fn has_version(&self, aggregate_id: &str, version: i64) -> bool {
-        self.versions
+        self.agg_index
             .get(aggregate_id)
-            .is_some_and(|v| v.binary_search(&version).is_ok())
+            .is_some_and(|a| self.versions.contains(&(*a, version)))
+    }
+
+    /// Moves `rows[pos]` to `to`, keeping the counters (and blocked aggregates) right.
+    fn set_state(&mut self, pos: usize, to: EventState) {
+        let row = &mut self.rows[pos];
+        let from = row.state;
+        if from == to {
+            return;
+        }
+        row.state = to;
+        let c = &mut self.counts;
+        for (s, d) in [(from, -1), (to, 1)] {
+            match s {
+                EventState::Pending => c.pending += d,
+                EventState::Claimed => c.claimed += d,
+                EventState::Quarantined => {
+                    c.quarantined += d;
+                    let a = &mut self.aggs[row.agg as usize];
+                    if d > 0 {
+                        a.quarantined += 1;
+                        c.blocked += i64::from(a.quarantined == 1);
+                    } else {
+                        a.quarantined -= 1;
+                        c.blocked -= i64::from(a.quarantined == 0);
+                    }
+                }
+                EventState::Sent | EventState::Skipped => {}
+            }
+        }
     }
 
     fn insert(&mut self, v: ValidatedEvent, seq: i64, now: Micros) {
-        let Shard {
-            rows,
-            versions,
-            open,
-            ready,
-            timed,
-        } = self;
-        let aggregate_id: Arc<str> = match versions.get_key_value(v.aggregate_id.as_str()) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(v.aggregate_id.as_str()),
-        };
-        let all = versions.entry(aggregate_id.clone()).or_default();
-        match all.last() {
-            Some(last) if *last > v.aggregate_version => {
-                if let Err(i) = all.binary_search(&v.aggregate_version) {
-                    all.insert(i, v.aggregate_version);
-                }
+        let agg = match self.agg_index.get(v.aggregate_id.as_str()) {
+            Some(a) => *a,
+            None => {
+                let a = self.aggs.len() as u32;
+                self.aggs.push(Agg::default());
+                self.agg_index.insert(Arc::from(v.aggregate_id.as_str()), a);
+                a
             }
-            _ => all.push(v.aggregate_version),
-        }
-        let chain = open.entry(aggregate_id.clone()).or_default();
-        let pos = match chain.back() {
-            Some((last, _)) if *last > v.aggregate_version => chain
-                .binary_search_by_key(&v.aggregate_version, |(ver, _)| *ver)
-                .unwrap_or_else(|i| i),
-            _ => chain.len(),
         };
+        self.versions.insert((agg, v.aggregate_version));
+        let old_head = self.aggs[agg as usize].open.head_seq();
+        let head = self.aggs[agg as usize]
+            .open
+            .insert(v.aggregate_version, seq);
         // A version below the current head (enqueued out of order) becomes the head and blocks
         // the old one, exactly like the database's NOT EXISTS (lower unfinished version).
-        if pos == 0 {
-            if let Some(&(_, old)) = chain.front() {
-                if let Some(r) = rows.get_mut(&key_of(old)) {
-                    place(r, false, now, ready, timed);
-                }
+        if head {
+            if let Some(old) = old_head.and_then(|s| self.pos(s)) {
+                place(
+                    &mut self.rows[old],
+                    false,
+                    now,
+                    &mut self.ready,
+                    &mut self.timed,
+                );
             }
         }
-        chain.insert(pos, (v.aggregate_version, seq));
+        let mut text = String::with_capacity(
+            v.event_id.len()
+                + v.aggregate_id.len()
+                + v.topic.len()
+                + v.key.len()
+                + v.event_type.len()
+                + v.headers.len()
+                + v.payload.len(),
+        );
+        let mut ends = [0u32; 7];
+        for (i, s) in [
+            &v.event_id,
+            &v.aggregate_id,
+            &v.topic,
+            &v.key,
+            &v.event_type,
+            &v.headers,
+            &v.payload,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            text.push_str(s);
+            ends[i] = text.len() as u32;
+        }
         let mut row = Row {
             seq,
-            event_id: v.event_id.into_boxed_str(),
-            aggregate_id,
+            agg,
+            ends,
+            text: text.into_boxed_str(),
             aggregate_version: v.aggregate_version,
-            topic: v.topic.into_boxed_str(),
-            key: v.key.into_boxed_str(),
-            event_type: v.event_type.into_boxed_str(),
-            headers: v.headers.into_boxed_str(),
-            payload: v.payload.into_boxed_str(),
             created_at: now,
-            state: EventState::Pending,
             available_at: now,
             claim_version: 0,
             claim_id: None,
             lease_until: 0,
-            attempts: 0,
-            last_error: None,
             sent_at: 0,
-            resolved_by: None,
+            state: EventState::Pending,
+            attempts: 0,
             idx: Idx::None,
+            notes: None,
         };
-        place(&mut row, pos == 0, now, ready, timed);
-        rows.insert(key_of(seq), row);
+        place(&mut row, head, now, &mut self.ready, &mut self.timed);
+        self.counts.pending += 1;
+        self.keys.push(key_of(seq));
+        self.rows.push(row);
     }
 
     /// Moves heads whose time has come from `timed` to `ready`.
@@ -364,16 +532,17 @@ impl Shard {
             }
             self.timed.pop_first();
             self.ready.insert(seq);
-            if let Some(r) = self.rows.get_mut(&key_of(seq)) {
-                r.idx = Idx::Ready;
+            if let Some(p) = self.pos(seq) {
+                self.rows[p].idx = Idx::Ready;
             }
         }
     }
 
     /// Claims ready row `seq` (popped from `ready` by the caller).
     fn take(&mut self, seq: i64, claim_id: &Arc<str>, lease_until: Micros) -> Option<ClaimedEvent> {
-        let row = self.rows.get_mut(&key_of(seq))?;
-        row.state = EventState::Claimed;
+        let p = self.pos(seq)?;
+        self.set_state(p, EventState::Claimed);
+        let row = &mut self.rows[p];
         row.claim_version += 1;
         row.claim_id = Some(claim_id.clone());
         row.lease_until = lease_until;
@@ -382,76 +551,46 @@ impl Shard {
         Some(row.claimed_event())
     }
 
-    /// Re-places `key`'s row after a change of its state or times (it keeps its chain position).
-    fn replace(&mut self, key: u64, now: Micros) {
-        let Shard {
-            rows,
-            open,
-            ready,
-            timed,
-            ..
-        } = self;
-        let Some(row) = rows.get_mut(&key) else {
-            return;
-        };
-        let head = open
-            .get(&*row.aggregate_id)
-            .and_then(|c| c.front())
-            .is_some_and(|(_, s)| *s == row.seq);
-        place(row, head, now, ready, timed);
+    /// Re-places `rows[pos]` after a change of its state or times (same chain position).
+    fn replace(&mut self, pos: usize, now: Micros) {
+        let row = &mut self.rows[pos];
+        let head = self.aggs[row.agg as usize].open.head_seq() == Some(row.seq);
+        place(row, head, now, &mut self.ready, &mut self.timed);
     }
 
-    /// Takes `key`'s row (already `SENT`/`SKIPPED`) out of its aggregate's unfinished chain and
-    /// promotes the next version if it was the head.
-    fn finish(&mut self, key: u64, now: Micros) {
-        let Shard {
-            rows,
-            open,
-            ready,
-            timed,
-            ..
-        } = self;
-        let Some(row) = rows.get_mut(&key) else {
-            return;
-        };
-        place(row, false, now, ready, timed);
-        let (seq, version) = (row.seq, row.aggregate_version);
-        let Some(chain) = open.get_mut(&*row.aggregate_id) else {
-            return;
-        };
-        let was_head = match chain.front() {
-            Some((_, s)) if *s == seq => {
-                chain.pop_front();
-                true
+    /// Moves `rows[pos]` to a finished state (`SENT`/`SKIPPED`), takes it out of its
+    /// aggregate's chain and promotes the next version if it was the head.
+    fn finish(&mut self, pos: usize, to: EventState, now: Micros) {
+        self.set_state(pos, to);
+        let row = &mut self.rows[pos];
+        place(row, false, now, &mut self.ready, &mut self.timed);
+        let chain = &mut self.aggs[row.agg as usize].open;
+        if chain.remove(row.aggregate_version, row.seq) {
+            if let Some(next) = chain.head_seq().and_then(|s| self.pos(s)) {
+                place(
+                    &mut self.rows[next],
+                    true,
+                    now,
+                    &mut self.ready,
+                    &mut self.timed,
+                );
             }
-            _ => {
-                if let Ok(i) = chain.binary_search_by_key(&version, |(v, _)| *v) {
-                    chain.remove(i);
-                }
-                false
-            }
-        };
-        match chain.front() {
-            None => {
-                let agg = row.aggregate_id.clone();
-                open.remove(&agg);
-            }
-            Some(&(_, next)) if was_head => {
-                if let Some(r) = rows.get_mut(&key_of(next)) {
-                    place(r, true, now, ready, timed);
-                }
-            }
-            Some(_) => {}
         }
     }
 
-    /// Unfinished rows (the backlog), in no particular order.
-    fn open_rows(&self) -> impl Iterator<Item = (&VecDeque<(i64, i64)>, &Row)> + '_ {
-        self.open.values().flat_map(move |chain| {
-            chain
-                .iter()
-                .filter_map(move |(_, seq)| self.rows.get(&key_of(*seq)).map(|r| (chain, r)))
-        })
+    /// Unfinished rows from the oldest one on (the backlog), advancing the cursor past
+    /// finished rows.
+    fn open_rows(&mut self) -> impl Iterator<Item = &Row> + '_ {
+        let mut p = self.keys.partition_point(|k| *k < self.oldest_open);
+        while p < self.rows.len() && !is_open(self.rows[p].state) {
+            p += 1;
+        }
+        // past the end: rows appended later have larger keys than every current one
+        self.oldest_open = match self.keys.get(p) {
+            Some(k) => *k,
+            None => self.keys.last().map_or(0, |k| k + 1),
+        };
+        self.rows[p..].iter().filter(|r| is_open(r.state))
     }
 }
 
@@ -512,7 +651,7 @@ impl MemoryStore {
         let mut all: Vec<(i64, EventRecord)> = Vec::with_capacity(self.len());
         for slot in 0..SLOT_COUNT as usize {
             let g = self.shard(slot);
-            all.extend(g.rows.values().map(|r| (r.seq, r.record())));
+            all.extend(g.rows.iter().map(|r| (r.seq, r.record())));
         }
         all.sort_unstable_by_key(|(s, _)| *s);
         all.into_iter().map(|(_, r)| r).collect()
@@ -524,12 +663,12 @@ impl MemoryStore {
             return Ok(Vec::new());
         }
         // Lock every slot the batch touches, in ascending order (the order every multi-slot
-        // operation uses), so the batch becomes visible at once: one "transaction".
+        // operation uses), so the batch becomes visible at once: one "transaction". Seqs are
+        // allocated under these locks, so each shard's rows are appended in seq order.
         let mut slots: Vec<usize> = rows.iter().map(|r| r.shard_slot as usize).collect();
         slots.sort_unstable();
         slots.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
-            slots.iter().map(|s| (*s, self.shard(*s))).collect();
+        let mut guards: Vec<MutexGuard<'_, Shard>> = slots.iter().map(|s| self.shard(*s)).collect();
         let guard_of = |slot: usize| {
             slots
                 .binary_search(&slot)
@@ -537,7 +676,6 @@ impl MemoryStore {
         };
         for r in &rows {
             if guards[guard_of(r.shard_slot as usize)]
-                .1
                 .has_version(&r.aggregate_id, r.aggregate_version)
             {
                 return Err(EnqueueError::DuplicateVersion {
@@ -575,7 +713,7 @@ impl MemoryStore {
         let ids: Vec<String> = rows.iter().map(|r| r.event_id.clone()).collect();
         for (r, seq) in rows.into_iter().zip(seqs) {
             let g = guard_of(r.shard_slot as usize);
-            guards[g].1.insert(r, seq, now);
+            guards[g].insert(r, seq, now);
         }
         drop(guards);
         for wake in self.wakers.read().unwrap_or_else(|e| e.into_inner()).iter() {
@@ -619,22 +757,24 @@ impl MemoryStore {
         }
         let claim_id: Arc<str> = Arc::from(req.claim_id.as_str());
         let lease_until = now.saturating_add(micros(req.lease));
-        let mut out = Vec::with_capacity(req.limit.min(4096));
         // k-way merge by seq: ORDER BY seq LIMIT n over the requested slots. Keep taking from
-        // one shard while it holds the smallest seq (no heap traffic for runs).
-        while out.len() < req.limit {
+        // one shard while it holds the smallest seq (no heap traffic for runs). Only the seqs
+        // are picked here; rows are then touched shard by shard (each shard's rows are
+        // contiguous: sequential memory instead of one jump per event) and sorted back.
+        let mut picked: Vec<Vec<i64>> = vec![Vec::new(); guards.len()];
+        let mut n = 0;
+        while n < req.limit {
             let Some(std::cmp::Reverse((_, i))) = heads.pop() else {
                 break;
             };
             let bound = heads.peek().map(|h| h.0 .0);
             let g = &mut guards[i];
-            while out.len() < req.limit {
+            while n < req.limit {
                 let Some(seq) = g.ready.pop_first() else {
                     break;
                 };
-                if let Some(e) = g.take(seq, &claim_id, lease_until) {
-                    out.push(e);
-                }
+                picked[i].push(seq);
+                n += 1;
                 match (g.ready.first(), bound) {
                     (Some(&next), Some(b)) if next > b => {
                         heads.push(std::cmp::Reverse((next, i)));
@@ -645,6 +785,14 @@ impl MemoryStore {
                 }
             }
         }
+        let mut out = Vec::with_capacity(n);
+        for (g, seqs) in guards.iter_mut().zip(&picked) {
+            out.extend(
+                seqs.iter()
+                    .filter_map(|s| g.take(*s, &claim_id, lease_until)),
+            );
+        }
+        out.sort_unstable_by_key(|e| e.token.seq);
         out
     }
 
@@ -654,7 +802,7 @@ impl MemoryStore {
         &self,
         items: &[T],
         token: impl Fn(&T) -> &ClaimToken,
-        mut apply: impl FnMut(&mut Shard, u64, &T, Micros),
+        mut apply: impl FnMut(&mut Shard, usize, &T, Micros),
     ) -> CasReport {
         let now = now_micros();
         let mut report = Vec::with_capacity(items.len());
@@ -672,19 +820,19 @@ impl MemoryStore {
                 let Some((_, g)) = current.as_mut() else {
                     unreachable!("the shard was just locked")
                 };
-                let key = key_of(t.seq);
-                if g.rows.get(&key).is_some_and(|r| r.token_matches(t)) {
-                    apply(g, key, item, now);
-                    true
-                } else {
+                match g.pos(t.seq) {
+                    Some(p) if g.rows[p].token_matches(t) => {
+                        apply(g, p, item, now);
+                        true
+                    }
                     // The SQL backends report every input whose seq their UPDATE touched as
                     // applied, so the same token twice in one batch is applied twice. A stale
                     // token is fenced here even next to a live one for the same row (there,
                     // `CasReport::from_applied` would count it applied too).
-                    items[..i]
+                    _ => items[..i]
                         .iter()
                         .zip(&report)
-                        .any(|(prev, (_, r))| *r == CasResult::Applied && token(prev) == t)
+                        .any(|(prev, (_, r))| *r == CasResult::Applied && token(prev) == t),
                 }
             };
             let r = if applied {
@@ -698,11 +846,11 @@ impl MemoryStore {
     }
 
     /// Runs `f` on the row of `event_id` under its shard's lock.
-    fn with_row<R>(&self, event_id: &str, f: impl FnOnce(&mut Shard, u64) -> R) -> Option<R> {
+    fn with_row<R>(&self, event_id: &str, f: impl FnOnce(&mut Shard, usize) -> R) -> Option<R> {
         let seq = *self.ids.get(event_id)?;
         let mut g = self.shard(slot_of(seq));
-        let key = key_of(seq);
-        g.rows.contains_key(&key).then(|| f(&mut g, key))
+        let p = g.pos(seq)?;
+        Some(f(&mut g, p))
     }
 
     fn operator(
@@ -711,65 +859,58 @@ impl MemoryStore {
         operator: &str,
         target: EventState,
     ) -> Result<(), StoreError> {
-        self.with_row(event_id, |g, key| {
+        self.with_row(event_id, |g, p| {
             let now = now_micros();
-            let Some(row) = g.rows.get_mut(&key) else {
-                return Err(not_quarantined(event_id, None));
-            };
-            if row.state != EventState::Quarantined {
-                return Err(not_quarantined(event_id, Some(row.record())));
+            if g.rows[p].state != EventState::Quarantined {
+                return Err(not_quarantined(event_id, Some(g.rows[p].record())));
             }
-            row.state = target;
-            row.resolved_by = Some(operator.into());
+            g.rows[p].notes().resolved_by = Some(operator.to_string());
             if target == EventState::Pending {
+                g.set_state(p, target);
+                let row = &mut g.rows[p];
                 row.available_at = now;
                 row.attempts = 0;
-                g.replace(key, now);
+                g.replace(p, now);
             } else {
-                g.finish(key, now);
+                g.finish(p, target, now);
             }
             Ok(())
         })
         .unwrap_or_else(|| Err(not_quarantined(event_id, None)))
     }
 
-    /// Deletes (or counts) `SENT` rows with `sent_at < cutoff`, at most `batch` per shard lock
-    /// hold, forgetting their event ids and aggregate versions as a `DELETE` would.
-    fn purge_now(&self, cutoff: Micros, batch: usize, dry_run: bool) -> u64 {
+    /// Deletes (or counts) `SENT` rows with `sent_at < cutoff`, one shard at a time, forgetting
+    /// their event ids and aggregate versions as a `DELETE` would.
+    fn purge_now(&self, cutoff: Micros, dry_run: bool) -> u64 {
         let old = |r: &Row| r.state == EventState::Sent && r.sent_at < cutoff;
         let mut total = 0u64;
         for slot in 0..SLOT_COUNT as usize {
-            loop {
-                let mut g = self.shard(slot);
-                let keys: Vec<u64> = if dry_run {
-                    total += g.rows.values().filter(|r| old(r)).count() as u64;
-                    break;
+            let mut g = self.shard(slot);
+            if dry_run {
+                total += g.rows.iter().filter(|r| old(r)).count() as u64;
+                continue;
+            }
+            if !g.rows.iter().any(old) {
+                continue;
+            }
+            let Shard {
+                keys,
+                rows,
+                versions,
+                ..
+            } = &mut *g;
+            let mut kept = Vec::with_capacity(rows.len());
+            for r in rows.drain(..) {
+                if old(&r) {
+                    self.ids.remove(r.text(EVENT_ID));
+                    versions.remove(&(r.agg, r.aggregate_version));
+                    total += 1;
                 } else {
-                    g.rows
-                        .iter()
-                        .filter(|(_, r)| old(r))
-                        .take(batch)
-                        .map(|(k, _)| *k)
-                        .collect()
-                };
-                let Shard { rows, versions, .. } = &mut *g;
-                for k in &keys {
-                    let Some(r) = rows.remove(k) else { continue };
-                    self.ids.remove(&*r.event_id);
-                    if let Some(v) = versions.get_mut(&*r.aggregate_id) {
-                        if let Ok(i) = v.binary_search(&r.aggregate_version) {
-                            v.remove(i);
-                        }
-                        if v.is_empty() {
-                            versions.remove(&*r.aggregate_id);
-                        }
-                    }
-                }
-                total += keys.len() as u64;
-                if keys.len() < batch {
-                    break;
+                    kept.push(r);
                 }
             }
+            *keys = kept.iter().map(|r| key_of(r.seq)).collect();
+            *rows = kept;
         }
         total
     }
@@ -785,18 +926,18 @@ impl MemoryStore {
         let mut quarantined: Vec<(i64, String)> = Vec::new();
         for slot in 0..SLOT_COUNT as usize {
             let g = self.shard(slot);
-            for r in g.rows.values().filter(|r| under(r)) {
+            for r in g.rows.iter().filter(|r| under(r)) {
                 rep.total += 1;
                 match r.state {
                     EventState::Quarantined => {
                         rep.quarantined += 1;
-                        quarantined.push((r.seq, r.event_id.to_string()));
+                        quarantined.push((r.seq, r.text(EVENT_ID).to_string()));
                     }
                     EventState::Skipped => rep.skipped += 1,
                     EventState::Sent => rep.published_awaiting_consumption += 1,
                     EventState::Claimed => {
                         rep.outcome_unknown += 1;
-                        unknown.push((r.seq, r.event_id.to_string()));
+                        unknown.push((r.seq, r.text(EVENT_ID).to_string()));
                     }
                     EventState::Pending => {
                         rep.not_yet_published += 1;
@@ -824,29 +965,70 @@ impl MemoryStore {
         let mut st = OutboxStatus::default();
         let mut oldest: Option<Micros> = None;
         for slot in 0..SLOT_COUNT as usize {
-            let g = self.shard(slot);
-            for chain in g.open.values() {
-                let mut blocked = false;
-                for (_, seq) in chain {
-                    let Some(r) = g.rows.get(&key_of(*seq)) else {
-                        continue;
-                    };
-                    match r.state {
-                        EventState::Pending => st.pending += 1,
-                        EventState::Claimed => st.claimed += 1,
-                        EventState::Quarantined => {
-                            st.quarantined += 1;
-                            blocked = true;
-                        }
-                        _ => {}
-                    }
-                    oldest = Some(oldest.map_or(r.created_at, |o| o.min(r.created_at)));
-                }
-                st.blocked_aggregates += i64::from(blocked);
+            let mut g = self.shard(slot);
+            let c = g.counts;
+            st.pending += c.pending;
+            st.claimed += c.claimed;
+            st.quarantined += c.quarantined;
+            st.blocked_aggregates += c.blocked;
+            // rows are in seq (= creation) order: the first open one is the shard's oldest
+            let first = g.open_rows().next().map(|r| r.created_at);
+            if let Some(t) = first {
+                oldest = Some(oldest.map_or(t, |o| o.min(t)));
             }
         }
         st.oldest_unfinished_age_us = oldest.map(|o| now - o);
         st
+    }
+
+    /// Claimed rows of `claim_id`, by seq: a recovery path (a lost claim response), not a hot
+    /// one, so it scans the backlog.
+    fn lookup_now(&self, claim_id: &str) -> Vec<ClaimedEvent> {
+        let mut found = Vec::new();
+        for slot in 0..SLOT_COUNT as usize {
+            let mut g = self.shard(slot);
+            found.extend(
+                g.open_rows()
+                    .filter(|r| {
+                        r.state == EventState::Claimed && r.claim_id.as_deref() == Some(claim_id)
+                    })
+                    .map(Row::claimed_event),
+            );
+        }
+        found.sort_unstable_by_key(|e| e.token.seq);
+        found
+    }
+
+    fn quarantined_now(&self, limit: usize) -> Vec<QuarantinedEvent> {
+        let mut found: Vec<(i64, QuarantinedEvent)> = Vec::new();
+        for slot in 0..SLOT_COUNT as usize {
+            let mut g = self.shard(slot);
+            let picked: Vec<(i64, QuarantinedEvent, u32)> = g
+                .open_rows()
+                .filter(|r| r.state == EventState::Quarantined)
+                .map(|r| {
+                    let q = QuarantinedEvent {
+                        event_id: r.text(EVENT_ID).to_string(),
+                        aggregate_id: r.text(AGGREGATE_ID).to_string(),
+                        aggregate_version: r.aggregate_version,
+                        last_error: r.notes.as_ref().and_then(|n| n.last_error.clone()),
+                        attempts: r.attempts,
+                        blocked_successors: 0,
+                    };
+                    (r.seq, q, r.agg)
+                })
+                .collect();
+            for (seq, mut q, agg) in picked {
+                q.blocked_successors = g.aggs[agg as usize]
+                    .open
+                    .iter()
+                    .filter(|(v, _)| *v > q.aggregate_version)
+                    .count() as i64;
+                found.push((seq, q));
+            }
+        }
+        found.sort_unstable_by_key(|(s, _)| *s);
+        found.into_iter().take(limit).map(|(_, q)| q).collect()
     }
 }
 
@@ -873,23 +1055,7 @@ impl OutboxStore for MemoryStore {
         &'a self,
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            // A recovery path (a lost claim response), not a hot one: scan the backlog.
-            let mut found = Vec::new();
-            for slot in 0..SLOT_COUNT as usize {
-                let g = self.shard(slot);
-                found.extend(
-                    g.open_rows()
-                        .filter(|(_, r)| {
-                            r.state == EventState::Claimed
-                                && r.claim_id.as_deref() == Some(claim_id)
-                        })
-                        .map(|(_, r)| r.claimed_event()),
-                );
-            }
-            found.sort_unstable_by_key(|e| e.token.seq);
-            Ok(found)
-        })
+        Box::pin(async move { Ok(self.lookup_now(claim_id)) })
     }
 
     fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
@@ -897,12 +1063,9 @@ impl OutboxStore for MemoryStore {
             Ok(self.cas(
                 tokens,
                 |t| t,
-                |g, key, _, now| {
-                    if let Some(r) = g.rows.get_mut(&key) {
-                        r.state = EventState::Sent;
-                        r.sent_at = now;
-                    }
-                    g.finish(key, now);
+                |g, p, _, now| {
+                    g.rows[p].sent_at = now;
+                    g.finish(p, EventState::Sent, now);
                 },
             ))
         })
@@ -913,14 +1076,13 @@ impl OutboxStore for MemoryStore {
             Ok(self.cas(
                 items,
                 |i| &i.token,
-                |g, key, item, now| {
-                    if let Some(r) = g.rows.get_mut(&key) {
-                        r.state = EventState::Pending;
-                        r.attempts += 1;
-                        r.last_error = Some(item.error.as_str().into());
-                        r.available_at = now.saturating_add(micros(item.delay));
-                    }
-                    g.replace(key, now);
+                |g, p, item, now| {
+                    g.set_state(p, EventState::Pending);
+                    let r = &mut g.rows[p];
+                    r.attempts += 1;
+                    r.notes().last_error = Some(item.error.clone());
+                    r.available_at = now.saturating_add(micros(item.delay));
+                    g.replace(p, now);
                 },
             ))
         })
@@ -934,13 +1096,12 @@ impl OutboxStore for MemoryStore {
             Ok(self.cas(
                 items,
                 |i| &i.0,
-                |g, key, item, now| {
-                    if let Some(r) = g.rows.get_mut(&key) {
-                        r.state = EventState::Quarantined;
-                        r.attempts += 1;
-                        r.last_error = Some(item.1.as_str().into());
-                    }
-                    g.replace(key, now);
+                |g, p, item, now| {
+                    g.set_state(p, EventState::Quarantined);
+                    let r = &mut g.rows[p];
+                    r.attempts += 1;
+                    r.notes().last_error = Some(item.1.clone());
+                    g.replace(p, now);
                 },
             ))
         })
@@ -954,12 +1115,10 @@ impl OutboxStore for MemoryStore {
             Ok(self.cas(
                 tokens,
                 |t| t,
-                |g, key, _, now| {
-                    if let Some(r) = g.rows.get_mut(&key) {
-                        r.state = EventState::Pending;
-                        r.available_at = now;
-                    }
-                    g.replace(key, now);
+                |g, p, _, now| {
+                    g.set_state(p, EventState::Pending);
+                    g.rows[p].available_at = now;
+                    g.replace(p, now);
                 },
             ))
         })
@@ -974,11 +1133,9 @@ impl OutboxStore for MemoryStore {
             Ok(self.cas(
                 tokens,
                 |t| t,
-                |g, key, _, now| {
-                    if let Some(r) = g.rows.get_mut(&key) {
-                        r.lease_until = now.saturating_add(micros(lease));
-                    }
-                    g.replace(key, now);
+                |g, p, _, now| {
+                    g.rows[p].lease_until = now.saturating_add(micros(lease));
+                    g.replace(p, now);
                 },
             ))
         })
@@ -1004,35 +1161,7 @@ impl OutboxStore for MemoryStore {
         &self,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
-        Box::pin(async move {
-            let mut found: Vec<(i64, QuarantinedEvent)> = Vec::new();
-            for slot in 0..SLOT_COUNT as usize {
-                let g = self.shard(slot);
-                found.extend(
-                    g.open_rows()
-                        .filter(|(_, r)| r.state == EventState::Quarantined)
-                        .map(|(chain, r)| {
-                            let successors = chain
-                                .iter()
-                                .filter(|(v, _)| *v > r.aggregate_version)
-                                .count();
-                            (
-                                r.seq,
-                                QuarantinedEvent {
-                                    event_id: r.event_id.to_string(),
-                                    aggregate_id: r.aggregate_id.to_string(),
-                                    aggregate_version: r.aggregate_version,
-                                    last_error: r.last_error.as_deref().map(str::to_string),
-                                    attempts: r.attempts,
-                                    blocked_successors: successors as i64,
-                                },
-                            )
-                        }),
-                );
-            }
-            found.sort_unstable_by_key(|(s, _)| *s);
-            Ok(found.into_iter().take(limit).map(|(_, q)| q).collect())
-        })
+        Box::pin(async move { Ok(self.quarantined_now(limit)) })
     }
 
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
@@ -1043,11 +1172,7 @@ impl OutboxStore for MemoryStore {
         &'a self,
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
-        Box::pin(async move {
-            Ok(self
-                .with_row(event_id, |g, key| g.rows.get(&key).map(Row::record))
-                .flatten())
-        })
+        Box::pin(async move { Ok(self.with_row(event_id, |g, p| g.rows[p].record())) })
     }
 
     fn acquire_slots<'a>(
@@ -1166,11 +1291,7 @@ impl OutboxStore for MemoryStore {
             if consumer.is_some() {
                 return Err(no_sql_tables("purge by consumer"));
             }
-            Ok(self.purge_now(
-                now_micros().saturating_sub(micros(older_than)),
-                batch,
-                dry_run,
-            ))
+            Ok(self.purge_now(now_micros().saturating_sub(micros(older_than)), dry_run))
         })
     }
 
@@ -1356,6 +1477,95 @@ mod tests {
         with_inbox.consumer = Some("billing".into());
         let e = s.reconcile(&with_inbox).await.unwrap_err().to_string();
         assert!(e.contains("in-memory store has none"), "{e}");
+    }
+
+    /// The status counters are kept incrementally; after any mix of transitions they must
+    /// equal a recount of the rows, and claims must still honour the predecessor rule.
+    #[tokio::test]
+    async fn counters_match_a_recount_after_random_transitions() {
+        let s = MemoryStore::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut version = [0i64; 12];
+        let mut held: Vec<ClaimToken> = Vec::new();
+        for _ in 0..3000 {
+            match next() % 8 {
+                0 | 1 => {
+                    let a = (next() % 12) as usize;
+                    version[a] += 1;
+                    s.enqueue(&[ev(&format!("g{a}"), version[a])])
+                        .await
+                        .unwrap();
+                }
+                2 => {
+                    for e in s.claim(&all((next() % 4) as usize)).await.unwrap() {
+                        // nothing lower of the aggregate is unfinished
+                        for v in 1..e.aggregate_version {
+                            let id = format!("{}-{v}", e.aggregate_id);
+                            let st = s.record(&id).await.unwrap().unwrap().state;
+                            assert!(
+                                !is_open(st),
+                                "{} claimed before {id} ({st})",
+                                e.token.event_id
+                            );
+                        }
+                        held.push(e.token);
+                    }
+                }
+                op if !held.is_empty() => {
+                    let t = held.swap_remove((next() as usize) % held.len());
+                    match op {
+                        3 | 4 => drop(s.ack(&[t]).await.unwrap()),
+                        5 => drop(
+                            s.retry(&[RetryItem {
+                                token: t,
+                                delay: Duration::ZERO,
+                                error: "x".into(),
+                            }])
+                            .await
+                            .unwrap(),
+                        ),
+                        6 => drop(s.quarantine(&[(t, "bad".into())]).await.unwrap()),
+                        _ => drop(s.release(&[t]).await.unwrap()),
+                    }
+                }
+                _ => {
+                    if let Some(q) = s.list_quarantined(1).await.unwrap().pop() {
+                        if next() % 2 == 0 {
+                            s.requeue(&q.event_id, "op").await.unwrap();
+                        } else {
+                            s.skip(&q.event_id, "op").await.unwrap();
+                        }
+                    }
+                }
+            }
+            let st = s.status().await.unwrap();
+            let recs = s.records();
+            let n = |want: EventState| recs.iter().filter(|r| r.state == want).count() as i64;
+            assert_eq!(
+                (st.pending, st.claimed, st.quarantined),
+                (
+                    n(EventState::Pending),
+                    n(EventState::Claimed),
+                    n(EventState::Quarantined)
+                )
+            );
+            let blocked: std::collections::HashSet<&str> = recs
+                .iter()
+                .filter(|r| r.state == EventState::Quarantined)
+                .map(|r| r.event_id.split('-').next().unwrap_or(""))
+                .collect();
+            assert_eq!(st.blocked_aggregates, blocked.len() as i64);
+            assert_eq!(
+                st.oldest_unfinished_age_us.is_some(),
+                recs.iter().any(|r| is_open(r.state))
+            );
+        }
     }
 
     #[tokio::test]
