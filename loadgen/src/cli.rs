@@ -1,0 +1,498 @@
+//! Command-line flags. Every value is checked by a clap value parser, so a bad value prints one
+//! line naming the flag and what it accepts; combinations are checked in [`Args::check`].
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{value_parser, CommandFactory, Parser, ValueEnum};
+use serde::Serialize;
+
+/// Which database holds the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// A SQLite file (default: a fresh file in a temporary directory).
+    Sqlite,
+    /// PostgreSQL (a fresh schema per run).
+    Postgres,
+    /// MySQL 8 / MariaDB 10.6+ (a fresh database per run).
+    #[value(alias = "mariadb")]
+    Mysql,
+}
+
+impl StoreKind {
+    /// The backend a database URL names, by scheme.
+    pub fn from_url(url: &str) -> Option<Self> {
+        match ferry_store::Backend::from_url(url).ok()? {
+            ferry_store::Backend::Sqlite => Some(Self::Sqlite),
+            ferry_store::Backend::Postgres => Some(Self::Postgres),
+            ferry_store::Backend::Mysql => Some(Self::Mysql),
+        }
+    }
+
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::Mysql => "mysql",
+        }
+    }
+}
+
+/// Where relays send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// Kafka: the in-process mock cluster, or `--kafka-brokers`. Verified by a consumer.
+    Kafka,
+    /// Acknowledge without sending: the engine and the database alone.
+    Null,
+    /// One JSON line per event on stdout (debugging; interleaves with the report).
+    Stdout,
+}
+
+impl SinkKind {
+    /// The flag value (also `ferry relay --sink`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kafka => "kafka",
+            Self::Null => "null",
+            Self::Stdout => "stdout",
+        }
+    }
+}
+
+/// How aggregates are picked for each new order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Skew {
+    /// Every aggregate equally likely.
+    Uniform,
+    /// Zipf-distributed hot keys (`--zipf-s`).
+    Zipf,
+}
+
+/// Where relays run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RelayMode {
+    /// `Relay` instances inside loadgen, each with its own owner id and connection pool.
+    InProcess,
+    /// `ferry relay` child processes (needed for `--chaos`).
+    Process,
+}
+
+/// SQLite `synchronous` setting for every connection loadgen opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSync {
+    /// fsync the WAL on every commit: a committed intent survives power loss (ferry's default).
+    Full,
+    /// Survives process crashes only; faster. Benchmarks only.
+    Normal,
+}
+
+/// Values of a sweep, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SweepValues(pub Vec<u32>);
+
+/// ferry load generator: commits orders and their outbox intents, relays them, reads them back
+/// from Kafka and reports throughput, latency, loss and ordering.
+///
+/// With no arguments it runs for 30 s on a SQLite file in a temporary directory and the
+/// in-process Kafka mock cluster. Exit code: 0 when nothing was lost and no aggregate was
+/// reordered, 1 when the verification failed, 2 for bad flags, 3 when the run could not be
+/// carried out (database unreachable, relay binary missing, ...).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "loadgen", version, max_term_width = 100)]
+pub struct Args {
+    /// Length of the load phase (per point when sweeping): 30s, 500ms, 2m or plain seconds.
+    #[arg(long, default_value = "30s", value_parser = parse_duration_positive)]
+    pub duration: Duration,
+
+    /// How long to wait after the load phase for every committed intent to be sent and
+    /// consumed [default: 60s, 120s with --chaos].
+    #[arg(long, value_parser = parse_duration_positive)]
+    pub drain_timeout: Option<Duration>,
+
+    /// Outbox database [default: from --database-url, else sqlite].
+    #[arg(long, value_enum)]
+    pub store: Option<StoreKind>,
+
+    /// Database URL (postgres://, mysql://, sqlite://). PostgreSQL gets a fresh schema and
+    /// MySQL a fresh database per run, dropped afterwards; an explicit SQLite file is emptied
+    /// first (only if loadgen created it).
+    #[arg(long, env = "LOADGEN_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Keep the run's schema/database/file afterwards (its URL is printed).
+    #[arg(long)]
+    pub keep_db: bool,
+
+    /// SQLite durability: `full` (fsync per commit, ferry's default) or `normal`.
+    #[arg(long, value_enum, default_value_t = SqliteSync::Full)]
+    pub sqlite_synchronous: SqliteSync,
+
+    /// PostgreSQL: run ANALYZE on the outbox 1 s into the load and then at this interval; 0
+    /// disables it. A stand-in for autovacuum's analyze, whose one-minute naptime never comes
+    /// round in a short run on a fresh schema: without statistics the planner runs the claim's
+    /// slot-lease subquery once per outbox row.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub pg_analyze_every: Duration,
+
+    /// Producer tasks; each owns a disjoint share of the aggregates [default: 2 on SQLite
+    /// (one writer at a time), 8 on PostgreSQL/MySQL].
+    #[arg(long, value_parser = value_parser!(u32).range(1..=256))]
+    pub producers: Option<u32>,
+
+    /// Orders (each with its outbox intent) per business transaction.
+    #[arg(long, default_value_t = 50, value_parser = value_parser!(u32).range(1..=10_000))]
+    pub orders_per_tx: u32,
+
+    /// Target enqueue rate in events/s over all producers; 0 = as fast as possible.
+    #[arg(long, default_value_t = 0, value_parser = value_parser!(u64).range(0..=10_000_000))]
+    pub rate: u64,
+
+    /// Number of aggregates (orders) whose versions are produced.
+    #[arg(long, default_value_t = 100_000, value_parser = value_parser!(u64).range(1..=100_000_000))]
+    pub aggregates: u64,
+
+    /// Aggregate popularity: uniform, or zipf hot keys.
+    #[arg(long, value_enum, default_value_t = Skew::Uniform)]
+    pub skew: Skew,
+
+    /// Zipf exponent s (with --skew zipf): 1.0 makes the hottest key ~1/ln(N) of the traffic.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_zipf_s, allow_negative_numbers = true)]
+    pub zipf_s: f64,
+
+    /// Payload size in bytes (valid JSON, padded to exactly this size).
+    #[arg(long, default_value_t = 200, value_parser = value_parser!(u32).range(128..=1_048_576))]
+    pub payload_bytes: u32,
+
+    /// Where relays send: kafka (verified by a consumer), null or stdout.
+    #[arg(long, value_enum, default_value_t = SinkKind::Kafka)]
+    pub sink: SinkKind,
+
+    /// An external Kafka bootstrap list instead of the in-process mock cluster. The topic
+    /// must exist (see --topic) or the broker must auto-create topics.
+    #[arg(long, value_parser = parse_nonempty)]
+    pub kafka_brokers: Option<String>,
+
+    /// Topic to produce to [default: a fresh `loadgen-<run id>` per run]. With an external
+    /// broker, an existing topic should be empty: old messages count as foreign deliveries.
+    #[arg(long, value_parser = parse_topic)]
+    pub topic: Option<String>,
+
+    /// Partitions of the topic created on the mock cluster (more partitions = more of the
+    /// mock's ~5 MiB-per-partition retention between producer and verifier).
+    #[arg(long, default_value_t = 32, value_parser = value_parser!(u32).range(1..=1024))]
+    pub partitions: u32,
+
+    /// Competing relays over the same slots (each its own owner id).
+    #[arg(long, default_value_t = 1, value_parser = value_parser!(u32).range(1..=64))]
+    pub relays: u32,
+
+    /// Run relays in this process or as `ferry relay` child processes.
+    #[arg(long, value_enum, default_value_t = RelayMode::InProcess)]
+    pub relay_mode: RelayMode,
+
+    /// The `ferry` binary for --relay-mode process [default: `ferry` next to loadgen].
+    #[arg(long)]
+    pub ferry_bin: Option<PathBuf>,
+
+    /// Extra argument passed to every `ferry relay` process (repeatable), e.g.
+    /// --relay-arg=--claim-lease=10s.
+    #[arg(long = "relay-arg", allow_hyphen_values = true, value_name = "ARG")]
+    pub relay_args: Vec<String>,
+
+    /// Shard workers per relay.
+    #[arg(long, default_value_t = 4, value_parser = value_parser!(u32).range(1..=256))]
+    pub workers: u32,
+
+    /// Maximum events per claim.
+    #[arg(long, default_value_t = 500, value_parser = value_parser!(u32).range(1..=10_000))]
+    pub batch_size: u32,
+
+    /// Batches in flight per worker [default: 1 on SQLite, 2 (the relay's default) elsewhere;
+    /// see the note in the report].
+    #[arg(long, value_parser = value_parser!(u32).range(1..=64))]
+    pub in_flight: Option<u32>,
+
+    /// First run the same producers with no relay, and state relay throughput as a ratio of
+    /// that producer-only ceiling.
+    #[arg(long)]
+    pub baseline: bool,
+
+    /// Length of the producer-only phase [default: --duration, at most 10s].
+    #[arg(long, value_parser = parse_duration_positive, requires = "baseline")]
+    pub baseline_duration: Option<Duration>,
+
+    /// Run once per batch size (e.g. 1,10,100,500,1000), print a table, write a chart.
+    #[arg(long, value_parser = parse_batch_list, conflicts_with = "sweep_relays")]
+    pub sweep_batch: Option<SweepValues>,
+
+    /// Run once per number of competing relays (e.g. 1,2,4,8): claim contention.
+    #[arg(long, value_parser = parse_relay_list)]
+    pub sweep_relays: Option<SweepValues>,
+
+    /// SVG chart of a sweep [default: loadgen-sweep-<batch|relays>.svg].
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+
+    /// SIGKILL a random relay process every --chaos-interval and restart it (needs
+    /// --relay-mode process); loss and reordering must still be zero.
+    #[arg(long)]
+    pub chaos: bool,
+
+    /// Time between chaos kills.
+    #[arg(long, default_value = "3s", value_parser = parse_duration_positive)]
+    pub chaos_interval: Duration,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// No live progress line on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
+
+    /// Seed of the workload's random choices (aggregates, amounts) [default: random].
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl Args {
+    /// Parses the command line and checks flag combinations; exits with status 2 and one clear
+    /// line on error.
+    pub fn parse_checked() -> Self {
+        let args = Self::parse();
+        if let Err((kind, msg)) = args.check() {
+            Self::command().error(kind, msg).exit();
+        }
+        args
+    }
+
+    /// The store, from `--store` or the URL's scheme.
+    pub fn store_kind(&self) -> StoreKind {
+        self.store
+            .or_else(|| self.database_url.as_deref().and_then(StoreKind::from_url))
+            .unwrap_or(StoreKind::Sqlite)
+    }
+
+    /// Checks combinations a single value parser cannot see.
+    fn check(&self) -> Result<(), (ErrorKind, String)> {
+        let conflict = |m: String| Err((ErrorKind::ArgumentConflict, m));
+        if let Some(url) = &self.database_url {
+            let Some(from_url) = StoreKind::from_url(url) else {
+                return Err((
+                    ErrorKind::InvalidValue,
+                    format!(
+                        "invalid value '{}' for '--database-url': use postgres://, mysql:// (MariaDB too) or sqlite://",
+                        ferry_store::redact_url(url)
+                    ),
+                ));
+            };
+            if let Some(store) = self.store {
+                if store != from_url {
+                    return conflict(format!(
+                        "'--store {}' does not match '--database-url' ({} URL)",
+                        store.as_str(),
+                        from_url.as_str()
+                    ));
+                }
+            }
+        } else if matches!(self.store, Some(StoreKind::Postgres | StoreKind::Mysql)) {
+            return Err((
+                ErrorKind::MissingRequiredArgument,
+                format!(
+                    "'--store {}' needs '--database-url', e.g. {}",
+                    self.store_kind().as_str(),
+                    if self.store == Some(StoreKind::Postgres) {
+                        "postgres://postgres@127.0.0.1:5432/test"
+                    } else {
+                        "mysql://root@127.0.0.1:3306/test"
+                    }
+                ),
+            ));
+        }
+        if self.chaos && self.relay_mode != RelayMode::Process {
+            return conflict(
+                "'--chaos' kills relay processes: add '--relay-mode process'".to_string(),
+            );
+        }
+        if self.kafka_brokers.is_some() && self.sink != SinkKind::Kafka {
+            return conflict(format!(
+                "'--kafka-brokers' only applies to '--sink kafka' (got '--sink {}')",
+                self.sink.as_str()
+            ));
+        }
+        if self.sink == SinkKind::Stdout && self.relay_mode == RelayMode::Process {
+            return conflict(
+                "'--sink stdout' with '--relay-mode process' would mix the relays' output into the log files; use it in-process".to_string(),
+            );
+        }
+        let producers = u64::from(self.producers.unwrap_or(1));
+        if producers > self.aggregates {
+            return conflict(format!(
+                "'--producers {producers}' exceeds '--aggregates {}': every producer owns at least one aggregate",
+                self.aggregates
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `30s`, `500ms`, `2m`, `1.5s` or plain seconds (`30`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("expected a duration like 30s, 500ms, 2m or 30 (seconds), got '{s}'");
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], s[i..].trim()),
+        None => (s, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "sec" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(bad()),
+    };
+    if !secs.is_finite() || !(0.0..=86_400.0 * 7.0).contains(&secs) {
+        return Err(format!("duration '{s}' is out of range (0 to 7 days)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_duration_positive(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("duration '{s}' is too short: at least 100ms"));
+    }
+    Ok(d)
+}
+
+fn parse_zipf_s(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 5.0 => Ok(v),
+        _ => Err(format!(
+            "expected a number greater than 0 and at most 5 (e.g. 0.8, 1.0, 1.2), got '{s}'"
+        )),
+    }
+}
+
+fn parse_nonempty(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(s.trim().to_string())
+}
+
+/// Kafka's topic rule: 1..=249 characters of `[a-zA-Z0-9._-]`.
+fn parse_topic(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 249
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "a Kafka topic is 1 to 249 characters of letters, digits, '.', '_' and '-', got '{s}'"
+        ))
+    }
+}
+
+fn parse_list(s: &str, lo: u32, hi: u32, example: &str) -> Result<SweepValues, String> {
+    let bad = || {
+        format!(
+            "expected a comma-separated list of integers in {lo}..={hi}, e.g. {example}; got '{s}'"
+        )
+    };
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let v: u32 = part.trim().parse().map_err(|_| bad())?;
+        if !(lo..=hi).contains(&v) {
+            return Err(bad());
+        }
+        if out.contains(&v) {
+            return Err(format!("value {v} appears twice in '{s}'"));
+        }
+        out.push(v);
+    }
+    if out.len() < 2 {
+        return Err(format!(
+            "a sweep needs at least two values, e.g. {example}; got '{s}'"
+        ));
+    }
+    Ok(SweepValues(out))
+}
+
+fn parse_batch_list(s: &str) -> Result<SweepValues, String> {
+    parse_list(s, 1, 10_000, "1,10,100,500,1000")
+}
+
+fn parse_relay_list(s: &str) -> Result<SweepValues, String> {
+    parse_list(s, 1, 64, "1,2,4,8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("abc").unwrap_err().contains("30s"));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration_positive("0").is_err());
+    }
+
+    #[test]
+    fn lists() {
+        assert_eq!(
+            parse_batch_list("1, 10,100").unwrap(),
+            SweepValues(vec![1, 10, 100])
+        );
+        assert!(parse_batch_list("1").unwrap_err().contains("two values"));
+        assert!(parse_relay_list("1,65").unwrap_err().contains("1..=64"));
+        assert!(parse_relay_list("2,2").unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn combinations_name_the_flags() {
+        let parse = |v: &[&str]| {
+            let mut all = vec!["loadgen"];
+            all.extend_from_slice(v);
+            Args::try_parse_from(all).unwrap().check()
+        };
+        assert!(parse(&[]).is_ok());
+        let e = parse(&["--chaos"]).unwrap_err().1;
+        assert!(e.contains("--relay-mode process"), "{e}");
+        let e = parse(&["--store", "postgres"]).unwrap_err().1;
+        assert!(e.contains("--database-url"), "{e}");
+        let e = parse(&["--store", "mysql", "--database-url", "postgres://u:pw@h/db"])
+            .unwrap_err()
+            .1;
+        assert!(e.contains("does not match") && !e.contains("pw"), "{e}");
+        let e = parse(&["--database-url", "redis://u:pw@h"]).unwrap_err().1;
+        assert!(e.contains("postgres://") && !e.contains("pw"), "{e}");
+        let e = parse(&["--sink", "null", "--kafka-brokers", "h:9092"])
+            .unwrap_err()
+            .1;
+        assert!(e.contains("--kafka-brokers"), "{e}");
+        let e = parse(&["--aggregates", "3", "--producers", "4"])
+            .unwrap_err()
+            .1;
+        assert!(e.contains("--producers"), "{e}");
+        assert!(Args::try_parse_from(["loadgen", "--relays", "0"]).is_err());
+        assert!(Args::try_parse_from(["loadgen", "--store", "oracle"]).is_err());
+    }
+}

@@ -1,0 +1,697 @@
+//! The run's database: an isolated namespace per run, the business transaction, and the
+//! store-side checks and costs.
+//!
+//! Isolation: PostgreSQL gets a fresh schema (selected with `search_path` in the URL, so child
+//! `ferry relay` processes see the same tables), MySQL a fresh database, SQLite a fresh file in
+//! a temporary directory. They are dropped after the run unless `--keep-db`. An explicit
+//! SQLite file is emptied first, but only if it holds loadgen's own table (or nothing).
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{now_micros, Limits, NewEvent, OutboxStore};
+use ferry_store::mysql::MyStore;
+use ferry_store::postgres::PgStore;
+use ferry_store::sqlite::SqliteStore;
+use ferry_store::{redact_url, ConnectOptions};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
+use sqlx::{Connection, Executor, MySql, MySqlPool, PgPool, QueryBuilder, Sqlite, SqlitePool};
+
+use crate::cli::{SqliteSync, StoreKind};
+use crate::error::{Error, Result};
+use crate::workload::Order;
+
+/// Rows per multi-row business insert (5 placeholders per row, far below SQLite's 32,766).
+const CHUNK: usize = 1000;
+
+/// How to get the run's database.
+#[derive(Debug, Clone)]
+pub struct DbSpec {
+    /// Backend.
+    pub store: StoreKind,
+    /// Server URL (PostgreSQL/MySQL) or SQLite file URL; `None` = a temporary SQLite file.
+    pub url: Option<String>,
+    /// Keep the namespace after the run.
+    pub keep: bool,
+    /// SQLite durability.
+    pub sqlite_sync: SqliteSync,
+}
+
+#[derive(Clone)]
+enum Pool {
+    Pg(PgPool),
+    My(MySqlPool),
+    Lite(SqlitePool),
+}
+
+enum Cleanup {
+    Nothing,
+    Dir(PathBuf),
+    PgSchema { admin_url: String, name: String },
+    MyDatabase { admin_url: String, name: String },
+}
+
+/// The run's database, with a pool for the producers' business transactions.
+pub struct Database {
+    /// Backend.
+    pub kind: StoreKind,
+    /// URL of the isolated namespace (may contain a password: print only through [`redact_url`]).
+    pub url: String,
+    /// The outbox store over the producers' pool (status, slot leases).
+    pub store: Arc<dyn OutboxStore>,
+    pool: Pool,
+    sqlite_sync: SqliteSync,
+    cleanup: Cleanup,
+    keep: bool,
+}
+
+/// What went wrong with one business transaction.
+#[derive(Debug)]
+pub enum TxError {
+    /// Failed before COMMIT: rolled back, nothing written.
+    RolledBack(String),
+    /// COMMIT itself failed: the transaction may or may not have committed.
+    Unknown(String),
+}
+
+/// Everything loadgen's own statements need: backend-specific SQL in one place.
+struct Sql {
+    orders_ddl: &'static str,
+    order_exists: &'static str,
+    count_sent: &'static str,
+    count_rows: &'static str,
+    unsent_examples: &'static str,
+    commit_to_ack_us: &'static str,
+}
+
+const SQL_PG: Sql = Sql {
+    orders_ddl: "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id BIGINT PRIMARY KEY, \
+        aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, \
+        amount_cents BIGINT NOT NULL, status VARCHAR(16) NOT NULL, created_at_us BIGINT NOT NULL)",
+    order_exists: "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = $1",
+    count_sent: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
+    count_rows: "SELECT COUNT(*) FROM ferry_outbox",
+    unsent_examples: "SELECT event_id || ' (' || state || ')' FROM ferry_outbox \
+        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
+    commit_to_ack_us: "SELECT (extract(epoch from (sent_at - created_at)) * 1000000)::int8 \
+        FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL",
+};
+
+const SQL_MY: Sql = Sql {
+    orders_ddl: "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id BIGINT PRIMARY KEY, \
+        aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, \
+        amount_cents BIGINT NOT NULL, status VARCHAR(16) NOT NULL, created_at_us BIGINT NOT NULL) \
+        ENGINE = InnoDB",
+    order_exists: "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = ?",
+    count_sent: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
+    count_rows: "SELECT COUNT(*) FROM ferry_outbox",
+    unsent_examples: "SELECT CAST(CONCAT(event_id, ' (', state, ')') AS CHAR) FROM ferry_outbox \
+        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
+    commit_to_ack_us: "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) AS SIGNED) \
+        FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL",
+};
+
+const SQL_LITE: Sql = Sql {
+    orders_ddl: "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id INTEGER PRIMARY KEY, \
+        aggregate_id TEXT NOT NULL, aggregate_version INTEGER NOT NULL, \
+        amount_cents INTEGER NOT NULL, status TEXT NOT NULL, created_at_us INTEGER NOT NULL)",
+    order_exists: "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = ?",
+    count_sent: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
+    count_rows: "SELECT COUNT(*) FROM ferry_outbox",
+    unsent_examples: "SELECT event_id || ' (' || state || ')' FROM ferry_outbox \
+        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
+    commit_to_ack_us: "SELECT sent_at - created_at FROM ferry_outbox \
+        WHERE state = 'SENT' AND sent_at IS NOT NULL",
+};
+
+/// Successive versions of an aggregate both SENT, the later one marked SENT first. The relay
+/// claims v(n+1) only after v(n) is SENT, so this must be zero; it is the ordering check when
+/// no consumer reads the events back (null and stdout sinks).
+const SENT_ORDER_VIOLATIONS: &str = "SELECT COUNT(*) FROM ferry_outbox a JOIN ferry_outbox b \
+    ON b.aggregate_id = a.aggregate_id AND b.aggregate_version = a.aggregate_version + 1 \
+    WHERE a.state = 'SENT' AND b.state = 'SENT' AND b.sent_at < a.sent_at";
+
+/// PostgreSQL table statistics and sizes of the outbox.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PgCosts {
+    /// `pg_total_relation_size('ferry_outbox')` (heap + indexes + TOAST), bytes.
+    pub outbox_total_bytes: i64,
+    /// Heap only, bytes.
+    pub outbox_table_bytes: i64,
+    /// `pg_indexes_size('ferry_outbox')`, bytes.
+    pub outbox_index_bytes: i64,
+    /// `pg_total_relation_size('loadgen_orders')`, bytes.
+    pub orders_total_bytes: i64,
+    /// `pg_stat_user_tables.n_live_tup`.
+    pub n_live_tup: i64,
+    /// `pg_stat_user_tables.n_dead_tup`: the claim and ack updates' garbage.
+    pub n_dead_tup: i64,
+    /// Rows inserted.
+    pub n_tup_ins: i64,
+    /// Rows updated.
+    pub n_tup_upd: i64,
+    /// Of which heap-only (no index maintenance).
+    pub n_tup_hot_upd: i64,
+    /// Autovacuum runs on the outbox.
+    pub autovacuum_count: i64,
+}
+
+impl Database {
+    /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
+    /// business table.
+    pub async fn create(spec: &DbSpec, run: &str, pool_size: u32) -> Result<Self> {
+        let name = format!("loadgen_{run}");
+        let (url, cleanup) = match (spec.store, &spec.url) {
+            (StoreKind::Sqlite, None) => {
+                let dir = std::env::temp_dir().join(format!("loadgen-{run}"));
+                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+                    what: "create the temporary directory",
+                    path: dir.clone(),
+                    source,
+                })?;
+                let url = format!("sqlite://{}", dir.join("outbox.db").display());
+                (url, Cleanup::Dir(dir))
+            }
+            (StoreKind::Sqlite, Some(url)) => (url.clone(), Cleanup::Nothing),
+            (StoreKind::Postgres, Some(admin)) => {
+                let mut c = ferry_store::postgres::connect_one(admin)
+                    .await
+                    .map_err(|source| Error::Connect {
+                        url: redact_url(admin),
+                        source,
+                    })?;
+                c.execute(format!("CREATE SCHEMA {name}").as_str())
+                    .await
+                    .map_err(Error::sql(format!(
+                        "create schema {name} on {}",
+                        redact_url(admin)
+                    )))?;
+                let _ = c.close().await;
+                let sep = if admin.contains('?') { '&' } else { '?' };
+                (
+                    format!("{admin}{sep}options[search_path]={name}"),
+                    Cleanup::PgSchema {
+                        admin_url: admin.clone(),
+                        name: name.clone(),
+                    },
+                )
+            }
+            (StoreKind::Mysql, Some(admin)) => {
+                let mut c = sqlx::MySqlConnection::connect(admin)
+                    .await
+                    .map_err(Error::sql(format!(
+                        "connect to MySQL at {}",
+                        redact_url(admin)
+                    )))?;
+                c.execute(format!("CREATE DATABASE {name}").as_str())
+                    .await
+                    .map_err(Error::sql(format!("create database {name}")))?;
+                let _ = c.close().await;
+                (
+                    mysql_url_with_db(admin, &name),
+                    Cleanup::MyDatabase {
+                        admin_url: admin.clone(),
+                        name: name.clone(),
+                    },
+                )
+            }
+            (kind, None) => {
+                return Err(Error::Setup(format!(
+                    "--store {} needs --database-url",
+                    kind.as_str()
+                )))
+            }
+        };
+        let opts = ConnectOptions {
+            max_connections: pool_size,
+            acquire_timeout: Duration::from_secs(30),
+            migrate: true,
+            limits: Limits::default(),
+        };
+        let (store, pool) = match open(spec.store, &url, spec.sqlite_sync, &opts).await {
+            Ok(v) => v,
+            Err(e) => {
+                cleanup.run().await;
+                return Err(e);
+            }
+        };
+        let db = Database {
+            kind: spec.store,
+            url,
+            store,
+            pool,
+            sqlite_sync: spec.sqlite_sync,
+            cleanup,
+            keep: spec.keep,
+        };
+        if let Err(e) = db.prepare(spec.url.is_some()).await {
+            db.cleanup.run().await;
+            return Err(e);
+        }
+        Ok(db)
+    }
+
+    /// Creates the business table; empties an explicit SQLite file that loadgen created.
+    async fn prepare(&self, explicit_sqlite: bool) -> Result<()> {
+        let sql = self.sql();
+        if self.kind == StoreKind::Sqlite && explicit_sqlite {
+            let Pool::Lite(p) = &self.pool else {
+                unreachable!("sqlite kind has a sqlite pool")
+            };
+            let ours: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'loadgen_orders'",
+            )
+            .fetch_one(p)
+            .await
+            .map_err(Error::sql("inspect the SQLite file"))?;
+            let rows: i64 = sqlx::query_scalar(sql.count_rows)
+                .fetch_one(p)
+                .await
+                .map_err(Error::sql("count outbox rows"))?;
+            if ours == 0 && rows > 0 {
+                return Err(Error::Setup(format!(
+                    "{} already holds {rows} outbox rows that loadgen did not create; \
+                     point --database-url at a new file (or omit it for a temporary one)",
+                    redact_url(&self.url)
+                )));
+            }
+            p.execute(
+                "DELETE FROM ferry_outbox; \
+                 UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL; \
+                 DELETE FROM ferry_relay_member; DROP TABLE IF EXISTS loadgen_orders;",
+            )
+            .await
+            .map_err(Error::sql("empty the SQLite file"))?;
+        }
+        self.exec(sql.orders_ddl, "create loadgen_orders").await
+    }
+
+    fn sql(&self) -> &'static Sql {
+        match self.kind {
+            StoreKind::Postgres => &SQL_PG,
+            StoreKind::Mysql => &SQL_MY,
+            StoreKind::Sqlite => &SQL_LITE,
+        }
+    }
+
+    async fn exec(&self, stmt: &str, what: &str) -> Result<()> {
+        match &self.pool {
+            Pool::Pg(p) => p.execute(stmt).await.map(|_| ()),
+            Pool::My(p) => p.execute(stmt).await.map(|_| ()),
+            Pool::Lite(p) => p.execute(stmt).await.map(|_| ()),
+        }
+        .map_err(Error::sql(what))
+    }
+
+    async fn scalar(&self, stmt: &str, what: &str) -> Result<i64> {
+        match &self.pool {
+            Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_one(p).await,
+            Pool::My(p) => sqlx::query_scalar(stmt).fetch_one(p).await,
+            Pool::Lite(p) => sqlx::query_scalar(stmt).fetch_one(p).await,
+        }
+        .map_err(Error::sql(what))
+    }
+
+    /// Opens another store on the same namespace with its own pool (one per in-process relay,
+    /// as separate relay processes would have).
+    pub async fn open_store(&self, max_connections: u32) -> Result<Arc<dyn OutboxStore>> {
+        let opts = ConnectOptions {
+            max_connections,
+            acquire_timeout: Duration::from_secs(30),
+            migrate: false,
+            limits: Limits::default(),
+        };
+        Ok(open(self.kind, &self.url, self.sqlite_sync, &opts).await?.0)
+    }
+
+    /// The business transaction: the order rows and their outbox intents in one local
+    /// transaction, so both commit or neither.
+    pub async fn commit_orders(
+        &self,
+        orders: &[Order],
+        events: &[NewEvent],
+    ) -> Result<(), TxError> {
+        let limits = Limits::default();
+        let now = now_micros();
+        let rb = |e: &dyn std::fmt::Display| TxError::RolledBack(e.to_string());
+        match &self.pool {
+            Pool::Pg(p) => {
+                let mut tx = p.begin().await.map_err(|e| rb(&e))?;
+                sqlx::query(
+                    "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) \
+                     SELECT o.*, $6::int8 FROM UNNEST($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::text[]) AS o",
+                )
+                .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
+                .bind(orders.iter().map(|o| o.aggregate_id.clone()).collect::<Vec<_>>())
+                .bind(orders.iter().map(|o| o.version).collect::<Vec<_>>())
+                .bind(orders.iter().map(|o| o.amount_cents).collect::<Vec<_>>())
+                .bind(orders.iter().map(|o| o.status()).collect::<Vec<_>>())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| rb(&e))?;
+                ferry_store::postgres::enqueue_many(&mut tx, events, &limits)
+                    .await
+                    .map_err(|e| rb(&e))?;
+                tx.commit()
+                    .await
+                    .map_err(|e| TxError::Unknown(e.to_string()))
+            }
+            Pool::My(p) => {
+                let mut tx = p.begin().await.map_err(|e| rb(&e))?;
+                for chunk in orders.chunks(CHUNK) {
+                    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+                        "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) ",
+                    );
+                    qb.push_values(chunk, |mut b, o| {
+                        b.push_bind(o.order_id)
+                            .push_bind(&o.aggregate_id)
+                            .push_bind(o.version)
+                            .push_bind(o.amount_cents)
+                            .push_bind(o.status())
+                            .push_bind(now);
+                    });
+                    qb.build().execute(&mut *tx).await.map_err(|e| rb(&e))?;
+                }
+                ferry_store::mysql::enqueue_many(&mut tx, events, &limits)
+                    .await
+                    .map_err(|e| rb(&e))?;
+                tx.commit()
+                    .await
+                    .map_err(|e| TxError::Unknown(e.to_string()))
+            }
+            Pool::Lite(p) => {
+                // IMMEDIATE takes the write lock up front, so the busy timeout applies instead
+                // of a deferred read→write upgrade failing with SQLITE_BUSY.
+                let mut tx = p.begin_with("BEGIN IMMEDIATE").await.map_err(|e| rb(&e))?;
+                for chunk in orders.chunks(CHUNK) {
+                    let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+                        "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) ",
+                    );
+                    qb.push_values(chunk, |mut b, o| {
+                        b.push_bind(o.order_id)
+                            .push_bind(&o.aggregate_id)
+                            .push_bind(o.version)
+                            .push_bind(o.amount_cents)
+                            .push_bind(o.status())
+                            .push_bind(now);
+                    });
+                    qb.build().execute(&mut *tx).await.map_err(|e| rb(&e))?;
+                }
+                ferry_store::sqlite::enqueue_many(&mut tx, events, &limits)
+                    .await
+                    .map_err(|e| rb(&e))?;
+                tx.commit()
+                    .await
+                    .map_err(|e| TxError::Unknown(e.to_string()))
+            }
+        }
+    }
+
+    /// Whether order `order_id` exists: resolves a transaction whose COMMIT outcome was lost
+    /// (the order row and its intents commit together).
+    pub async fn order_exists(&self, order_id: i64) -> Result<bool> {
+        let stmt = self.sql().order_exists;
+        let n: i64 = match &self.pool {
+            Pool::Pg(p) => sqlx::query_scalar(stmt).bind(order_id).fetch_one(p).await,
+            Pool::My(p) => sqlx::query_scalar(stmt).bind(order_id).fetch_one(p).await,
+            Pool::Lite(p) => sqlx::query_scalar(stmt).bind(order_id).fetch_one(p).await,
+        }
+        .map_err(Error::sql("look up an order"))?;
+        Ok(n > 0)
+    }
+
+    /// Outbox rows in `SENT`.
+    pub async fn count_sent(&self) -> Result<i64> {
+        self.scalar(self.sql().count_sent, "count SENT rows").await
+    }
+
+    /// All outbox rows.
+    pub async fn count_rows(&self) -> Result<i64> {
+        self.scalar(self.sql().count_rows, "count outbox rows")
+            .await
+    }
+
+    /// Up to ten unsent rows, `event_id (STATE)`.
+    pub async fn unsent_examples(&self) -> Result<Vec<String>> {
+        let stmt = self.sql().unsent_examples;
+        match &self.pool {
+            Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
+            Pool::My(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
+            Pool::Lite(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
+        }
+        .map_err(Error::sql("list unsent rows"))
+    }
+
+    /// Pairs of successive versions marked SENT out of order (see [`SENT_ORDER_VIOLATIONS`]).
+    pub async fn sent_order_violations(&self) -> Result<i64> {
+        self.scalar(SENT_ORDER_VIOLATIONS, "check SENT order").await
+    }
+
+    /// Commit→SENT latency of every SENT row, from `created_at`/`sent_at` (used when relays
+    /// run as processes and their metrics are out of reach). Values in µs.
+    pub async fn commit_to_ack_from_rows(&self) -> Result<Histogram<u64>> {
+        let stmt = self.sql().commit_to_ack_us;
+        let values: Vec<i64> = match &self.pool {
+            Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
+            Pool::My(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
+            Pool::Lite(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
+        }
+        .map_err(Error::sql("read commit→SENT latencies"))?;
+        let mut h = new_histogram();
+        for v in values {
+            let _ = h.record(v.clamp(1, 3_600_000_000) as u64);
+        }
+        Ok(h)
+    }
+
+    /// PostgreSQL-side costs of the outbox; `None` on other backends. Uses a fresh
+    /// connection: pooled backends flush their table statistics only about once a second (or
+    /// when they exit), so read this after closing the pools for exact end-of-run figures.
+    pub async fn pg_costs(&self) -> Result<Option<PgCosts>> {
+        if self.kind != StoreKind::Postgres {
+            return Ok(None);
+        }
+        let mut conn = ferry_store::postgres::connect_one(&self.url).await?;
+        let r: (i64, i64, i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT pg_total_relation_size('ferry_outbox'), pg_relation_size('ferry_outbox'), \
+               pg_indexes_size('ferry_outbox'), pg_total_relation_size('loadgen_orders'), \
+               COALESCE(s.n_live_tup, 0), COALESCE(s.n_dead_tup, 0), COALESCE(s.n_tup_ins, 0), \
+               COALESCE(s.n_tup_upd, 0), COALESCE(s.n_tup_hot_upd, 0), COALESCE(s.autovacuum_count, 0) \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN pg_stat_user_tables s ON s.relid = 'ferry_outbox'::regclass",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .map_err(Error::sql("read pg_stat_user_tables"))?;
+        let _ = conn.close().await;
+        Ok(Some(PgCosts {
+            outbox_total_bytes: r.0,
+            outbox_table_bytes: r.1,
+            outbox_index_bytes: r.2,
+            orders_total_bytes: r.3,
+            n_live_tup: r.4,
+            n_dead_tup: r.5,
+            n_tup_ins: r.6,
+            n_tup_upd: r.7,
+            n_tup_hot_upd: r.8,
+            autovacuum_count: r.9,
+        }))
+    }
+
+    /// `n_dead_tup` of the outbox right now (PostgreSQL; sampled once a second).
+    pub async fn pg_dead_tuples(&self) -> Option<i64> {
+        let Pool::Pg(p) = &self.pool else {
+            return None;
+        };
+        sqlx::query_scalar(
+            "SELECT COALESCE((SELECT n_dead_tup FROM pg_stat_user_tables \
+               WHERE relid = 'ferry_outbox'::regclass), 0)",
+        )
+        .fetch_one(p)
+        .await
+        .ok()
+    }
+
+    /// `ANALYZE` the outbox and the business table (PostgreSQL; a no-op elsewhere). Returns
+    /// whether it ran.
+    pub async fn pg_analyze(&self) -> Result<bool> {
+        let Pool::Pg(p) = &self.pool else {
+            return Ok(false);
+        };
+        p.execute("ANALYZE ferry_outbox, ferry_slot_lease, loadgen_orders")
+            .await
+            .map_err(Error::sql("ANALYZE"))?;
+        Ok(true)
+    }
+
+    /// Closes the producers' pool (its backends exit and flush their statistics).
+    pub async fn close_pool(&self) {
+        match &self.pool {
+            Pool::Pg(p) => p.close().await,
+            Pool::My(p) => p.close().await,
+            Pool::Lite(p) => p.close().await,
+        }
+    }
+
+    /// Server version and durability settings worth echoing in the report.
+    pub async fn server_info(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        match &self.pool {
+            Pool::Pg(p) => {
+                for key in ["server_version", "synchronous_commit", "fsync"] {
+                    if let Ok(v) = sqlx::query_scalar::<_, String>(&format!("SHOW {key}"))
+                        .fetch_one(p)
+                        .await
+                    {
+                        out.push((key.to_string(), v));
+                    }
+                }
+            }
+            Pool::My(p) => {
+                if let Ok(v) = sqlx::query_scalar::<_, String>(
+                    "SELECT CAST(CONCAT(VERSION(), ' flush_log_at_trx_commit=', @@innodb_flush_log_at_trx_commit) AS CHAR)",
+                )
+                .fetch_one(p)
+                .await
+                {
+                    out.push(("server".to_string(), v));
+                }
+            }
+            Pool::Lite(p) => {
+                if let Ok(v) = sqlx::query_scalar::<_, String>("SELECT sqlite_version()")
+                    .fetch_one(p)
+                    .await
+                {
+                    out.push(("sqlite_version".to_string(), v));
+                }
+                out.push((
+                    "synchronous".to_string(),
+                    format!("{:?}", self.sqlite_sync).to_lowercase(),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Drops the namespace (unless `--keep-db`, then says where it is).
+    pub async fn finish(self) {
+        if self.keep {
+            eprintln!("loadgen: kept the database: {}", redact_url(&self.url));
+            return;
+        }
+        self.close_pool().await;
+        self.cleanup.run().await;
+    }
+}
+
+impl Cleanup {
+    /// Drops what [`Database::create`] made.
+    async fn run(&self) {
+        match self {
+            Cleanup::Nothing => {}
+            Cleanup::Dir(d) => {
+                let _ = std::fs::remove_dir_all(d);
+            }
+            Cleanup::PgSchema { admin_url, name } => {
+                if let Ok(mut c) = ferry_store::postgres::connect_one(admin_url).await {
+                    if let Err(e) = c
+                        .execute(format!("DROP SCHEMA IF EXISTS {name} CASCADE").as_str())
+                        .await
+                    {
+                        eprintln!("loadgen: could not drop schema {name}: {e}");
+                    }
+                }
+            }
+            Cleanup::MyDatabase { admin_url, name } => {
+                if let Ok(mut c) = sqlx::MySqlConnection::connect(admin_url).await {
+                    if let Err(e) = c
+                        .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
+                        .await
+                    {
+                        eprintln!("loadgen: could not drop database {name}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A new latency histogram: 1 µs .. 1 h, 3 significant digits (as the relay's).
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant bounds are valid")
+}
+
+async fn open(
+    kind: StoreKind,
+    url: &str,
+    sync: SqliteSync,
+    opts: &ConnectOptions,
+) -> Result<(Arc<dyn OutboxStore>, Pool)> {
+    Ok(match kind {
+        StoreKind::Postgres => {
+            let s = PgStore::connect(url, opts).await?;
+            let pool = Pool::Pg(s.pool().clone());
+            (Arc::new(s), pool)
+        }
+        StoreKind::Mysql => {
+            let s = MyStore::connect(url, opts).await?;
+            let pool = Pool::My(s.pool().clone());
+            (Arc::new(s), pool)
+        }
+        StoreKind::Sqlite => {
+            let conn = SqliteConnectOptions::from_str(url).map_err(|e| {
+                Error::Setup(format!(
+                    "invalid SQLite URL {}: {e} (use sqlite:///absolute/path.db)",
+                    redact_url(url)
+                ))
+            })?;
+            let conn = conn.synchronous(match sync {
+                SqliteSync::Full => SqliteSynchronous::Full,
+                SqliteSync::Normal => SqliteSynchronous::Normal,
+            });
+            let s = SqliteStore::connect_with(conn, opts).await?;
+            let pool = Pool::Lite(s.pool().clone());
+            (Arc::new(s), pool)
+        }
+    })
+}
+
+/// `mysql://u:p@h:3306/old?x` → `mysql://u:p@h:3306/<db>?x`.
+fn mysql_url_with_db(admin: &str, db: &str) -> String {
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (admin, String::new()),
+    };
+    let base = base.trim_end_matches('/');
+    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let host = match base[authority_start..].find('/') {
+        Some(i) => &base[..authority_start + i],
+        None => base,
+    };
+    format!("{host}/{db}{query}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_database_is_swapped() {
+        assert_eq!(
+            mysql_url_with_db("mysql://root@127.0.0.1:3306/test", "x"),
+            "mysql://root@127.0.0.1:3306/x"
+        );
+        assert_eq!(
+            mysql_url_with_db("mysql://u:p@h/test?ssl-mode=disabled", "x"),
+            "mysql://u:p@h/x?ssl-mode=disabled"
+        );
+        assert_eq!(
+            mysql_url_with_db("mysql://u@h:3306", "x"),
+            "mysql://u@h:3306/x"
+        );
+    }
+}

@@ -1,0 +1,220 @@
+//! Producer tasks: each simulates the application, committing orders and their outbox intents
+//! in one transaction per `--orders-per-tx` orders.
+//!
+//! A producer owns its aggregates' version counters outright, so an aggregate's versions are
+//! committed in order without any locking. A failed transaction is retried with the *same*
+//! intents (same event ids, versions and payloads); a COMMIT whose outcome was lost is resolved
+//! by looking the first order up, never by guessing.
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{now_micros, NewEvent};
+use ferry_relay::verify::COMMIT_TS_HEADER;
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::Skew;
+use crate::db::{new_histogram, Database, TxError};
+use crate::error::{Error, Result};
+use crate::workload::{self, Ids, KeyPicker, Order};
+
+/// Consecutive failed attempts of one transaction before the producer gives up.
+const MAX_ATTEMPTS: u32 = 10;
+
+/// What every producer of a run shares.
+#[derive(Debug, Clone)]
+pub struct ProducerPlan {
+    /// Identities of the run.
+    pub ids: Ids,
+    /// Number of producers.
+    pub producers: usize,
+    /// Total aggregates.
+    pub aggregates: u64,
+    /// Key popularity.
+    pub skew: Skew,
+    /// Zipf exponent.
+    pub zipf_s: f64,
+    /// Orders per transaction.
+    pub orders_per_tx: usize,
+    /// Events/s over all producers; 0 = flat out.
+    pub rate: u64,
+    /// Payload size.
+    pub payload_bytes: usize,
+    /// Destination topic of every intent.
+    pub topic: String,
+    /// Workload seed; producer `p` uses `seed + p`.
+    pub seed: u64,
+}
+
+/// Live counters, read by the progress line.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Intents committed.
+    pub enqueued: AtomicU64,
+    /// Transactions committed.
+    pub txs: AtomicU64,
+    /// Failed attempts that were retried.
+    pub retries: AtomicU64,
+}
+
+/// One producer's final account.
+#[derive(Debug)]
+pub struct ProducerResult {
+    /// Producer index.
+    pub producer: usize,
+    /// Intents committed: exactly event numbers `0..committed` of this producer.
+    pub committed: u64,
+    /// Latency of each business transaction (begin → commit returned), µs.
+    pub tx_latency: Histogram<u64>,
+}
+
+/// Runs producer `p` until `stop`; returns what it committed.
+pub async fn run(
+    db: Arc<Database>,
+    plan: Arc<ProducerPlan>,
+    p: usize,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) -> Result<ProducerResult> {
+    let local = workload::local_aggregates(plan.aggregates, plan.producers, p);
+    let picker = KeyPicker::new(local, plan.skew, plan.zipf_s);
+    let mut rng = StdRng::seed_from_u64(plan.seed.wrapping_add(p as u64));
+    // versions[i] = last version handed out for local aggregate i (global index i*P + p)
+    let mut versions = vec![0i64; local];
+    let mut agg_ids: Vec<Option<String>> = vec![None; local];
+    let mut next: u64 = 0;
+    let mut tx_latency = new_histogram();
+    // Pacing: transaction t is due at start + t * interval; a producer that fell more than a
+    // second behind forgets the debt instead of bursting to catch up.
+    let interval = (plan.rate > 0).then(|| {
+        Duration::from_secs_f64(
+            plan.orders_per_tx as f64 * plan.producers as f64 / plan.rate as f64,
+        )
+    });
+    let mut due = Instant::now();
+
+    while !stop.is_cancelled() {
+        if let Some(interval) = interval {
+            let now = Instant::now();
+            if now > due + Duration::from_secs(1) {
+                due = now;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep_until(due) => {}
+            }
+            due += interval;
+        }
+        let mut orders = Vec::with_capacity(plan.orders_per_tx);
+        let mut events: Vec<NewEvent> = Vec::with_capacity(plan.orders_per_tx);
+        for i in 0..plan.orders_per_tx {
+            let local_idx = picker.pick(&mut rng);
+            versions[local_idx] += 1;
+            let aggregate_id = agg_ids[local_idx]
+                .get_or_insert_with(|| plan.ids.aggregate(local_idx * plan.producers + p))
+                .clone();
+            let n = next + i as u64;
+            let order = Order {
+                order_id: Ids::order(p, n),
+                aggregate_id,
+                version: versions[local_idx],
+                amount_cents: rng.gen_range(100..100_000),
+            };
+            events.push(workload::event(
+                &plan.ids,
+                p,
+                n,
+                &order,
+                &plan.topic,
+                plan.payload_bytes,
+            ));
+            orders.push(order);
+        }
+        // The commit timestamp travels in the intent itself, so it is taken just before the
+        // transaction's statements run: it slightly over-states commit→ack/consumed (by the
+        // insert and COMMIT time), never under-states it.
+        let ts = now_micros().to_string();
+        for e in &mut events {
+            e.headers.insert(COMMIT_TS_HEADER.to_string(), ts.clone());
+        }
+        let t0 = Instant::now();
+        commit_with_retries(&db, p, &orders, &events, &counters).await?;
+        let _ = tx_latency.record((t0.elapsed().as_micros() as u64).clamp(1, 3_600_000_000));
+        next += orders.len() as u64;
+        counters
+            .enqueued
+            .fetch_add(orders.len() as u64, Ordering::Relaxed);
+        counters.txs.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(ProducerResult {
+        producer: p,
+        committed: next,
+        tx_latency,
+    })
+}
+
+/// Commits one transaction, retrying the identical intents after a rollback, and resolving an
+/// unknown COMMIT outcome by looking the first order up. Cancellation never interrupts a
+/// transaction half-way: the caller only checks `stop` between transactions.
+async fn commit_with_retries(
+    db: &Database,
+    p: usize,
+    orders: &[Order],
+    events: &[NewEvent],
+    counters: &Counters,
+) -> Result<()> {
+    let mut backoff = Duration::from_millis(20);
+    let give_up = |reason: String| Error::Producer {
+        producer: p,
+        reason,
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let err = match db.commit_orders(orders, events).await {
+            Ok(()) => return Ok(()),
+            Err(TxError::RolledBack(e)) => e,
+            Err(TxError::Unknown(e)) => {
+                let first = orders.first().map(|o| o.order_id).unwrap_or_default();
+                match resolve(db, first).await {
+                    Some(true) => return Ok(()),
+                    Some(false) => e,
+                    None => {
+                        return Err(give_up(format!(
+                            "COMMIT failed ({e}) and whether it committed cannot be determined; \
+                             stopping rather than guessing"
+                        )))
+                    }
+                }
+            }
+        };
+        counters.retries.fetch_add(1, Ordering::Relaxed);
+        if attempt >= MAX_ATTEMPTS {
+            return Err(give_up(format!(
+                "a business transaction failed {MAX_ATTEMPTS} times in a row; last error: {err}"
+            )));
+        }
+        tracing::warn!(producer = p, attempt, error = %err, "business transaction failed; retrying the same intents");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Whether the transaction whose first order is `order_id` committed; `None` if the database
+/// cannot tell us within a few tries.
+async fn resolve(db: &Database, order_id: i64) -> Option<bool> {
+    for _ in 0..5 {
+        match db.order_exists(order_id).await {
+            Ok(b) => return Some(b),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot resolve a COMMIT outcome yet");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,161 @@
+//! The once-a-second progress line on stderr and the run's timeline.
+//!
+//! In-process relays are read through their counters (cheap); relay processes through the
+//! store's status (`sent` = committed − pending − claimed − quarantined).
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::Ordering;
+
+use ferry_relay::verify::Verifier;
+use hdrhistogram::Histogram;
+use tokio::time::Instant;
+
+use crate::db::Database;
+use crate::producer::Counters;
+use crate::relays::Relays;
+use crate::report::{self, Quantiles, Sample};
+
+/// What the sampler reads every second.
+pub struct Live<'a> {
+    pub db: &'a Database,
+    pub counters: &'a Counters,
+    pub relays: &'a Relays,
+    pub verifier: Option<&'a Verifier>,
+}
+
+/// Totals at one instant.
+#[derive(Default, Clone, Copy)]
+pub struct Totals {
+    /// Intents committed.
+    pub enqueued: u64,
+    /// Events marked SENT.
+    pub sent: u64,
+    /// Messages consumed.
+    pub consumed: u64,
+    /// Committed but not SENT.
+    pub backlog: i64,
+}
+
+impl Live<'_> {
+    /// Totals now.
+    pub async fn totals(&self) -> Totals {
+        let enqueued = self.counters.enqueued.load(Ordering::Relaxed);
+        let consumed = self.verifier.map_or(0, |v| v.report().consumed);
+        let (sent, backlog) = match self.relays.sent() {
+            Some(sent) => (sent, enqueued as i64 - sent as i64),
+            None => match self.db.store.status().await {
+                // processes: what is neither pending, claimed nor quarantined was sent
+                Ok(s) => {
+                    let open = s.pending + s.claimed + s.quarantined;
+                    (
+                        (enqueued as i64 - open).max(0) as u64,
+                        s.pending + s.claimed,
+                    )
+                }
+                Err(_) => (0, 0),
+            },
+        };
+        Totals {
+            enqueued,
+            sent,
+            consumed,
+            backlog: backlog.max(0),
+        }
+    }
+}
+
+/// Once-a-second progress line and timeline.
+pub struct Sampler {
+    /// When the load phase started.
+    pub t0: Instant,
+    last_at: Instant,
+    last: Totals,
+    last_hist: Option<Histogram<u64>>,
+    print: bool,
+    tty: bool,
+    /// The samples so far.
+    pub timeline: Vec<Sample>,
+    /// Highest PostgreSQL `n_dead_tup` sampled.
+    pub dead_peak: i64,
+}
+
+impl Sampler {
+    /// A sampler starting now; `print` shows the line.
+    pub fn new(print: bool) -> Self {
+        let now = Instant::now();
+        Self {
+            t0: now,
+            last_at: now,
+            last: Totals::default(),
+            last_hist: None,
+            print,
+            tty: std::io::stderr().is_terminal(),
+            timeline: Vec::new(),
+            dead_peak: 0,
+        }
+    }
+
+    /// Samples, records and (maybe) prints one line.
+    pub async fn tick(&mut self, live: &Live<'_>, phase: &'static str) -> Totals {
+        let now = Instant::now();
+        let dt = now.duration_since(self.last_at).as_secs_f64().max(1e-3);
+        let t = live.totals().await;
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt;
+        // p99 of what was acked in this interval: cumulative histogram minus the last one
+        let hist = live.relays.commit_to_ack();
+        let p99 = match (&hist, &self.last_hist) {
+            (Some(h), Some(prev)) => {
+                let mut d = h.clone();
+                d.subtract(prev)
+                    .ok()
+                    .and_then(|_| Quantiles::from_us(&d))
+                    .map(|q| q.p99)
+            }
+            (Some(h), None) => Quantiles::from_us(h).map(|q| q.p99),
+            _ => None,
+        };
+        if let Some(dead) = live.db.pg_dead_tuples().await {
+            self.dead_peak = self.dead_peak.max(dead);
+        }
+        let s = Sample {
+            t: report::round3(now.duration_since(self.t0).as_secs_f64()),
+            phase,
+            enqueued_per_sec: report::round3(per(t.enqueued, self.last.enqueued)),
+            sent_per_sec: report::round3(per(t.sent, self.last.sent)),
+            consumed_per_sec: report::round3(per(t.consumed, self.last.consumed)),
+            backlog: t.backlog,
+            p99_commit_to_ack_ms: p99,
+        };
+        if self.print {
+            let line = format!(
+                "loadgen [{:>5.0}s {phase:<5}] enq {:>7}/s  sent {:>7}/s  cons {:>7}/s  backlog {:>8}  p99 commit→ack {}",
+                s.t,
+                report::rate(s.enqueued_per_sec),
+                report::rate(s.sent_per_sec),
+                if live.verifier.is_some() { report::rate(s.consumed_per_sec) } else { "-".to_string() },
+                s.backlog,
+                p99.map_or("-".to_string(), |v| format!("{v:.1} ms")),
+            );
+            let mut err = std::io::stderr().lock();
+            if self.tty {
+                let _ = write!(err, "\r{line}\x1b[K");
+            } else {
+                let _ = writeln!(err, "{line}");
+            }
+            let _ = err.flush();
+        }
+        self.timeline.push(s);
+        self.last = t;
+        self.last_at = now;
+        if hist.is_some() {
+            self.last_hist = hist;
+        }
+        t
+    }
+
+    /// Ends a `\r`-updated line.
+    pub fn finish_line(&self) {
+        if self.print && self.tty {
+            eprintln!();
+        }
+    }
+}

@@ -1,0 +1,560 @@
+//! The relays of a run: K in-process [`Relay`] instances, or K `ferry relay` child processes.
+//!
+//! In-process relays each get their own owner id, connection pool, sink and metrics, exactly as
+//! separate processes would: they share the slots only through the ownership leases in the
+//! database. Every other setting is the relay's default (heartbeat 5 s, slot TTL 15 s, claim
+//! lease 60 s): loadgen measures the engine as shipped, and waits for the slots to settle
+//! before it starts the load instead of shortening the heartbeat (a 1 s heartbeat was tried:
+//! its slot-lease UPDATEs queue behind the claims' `FOR SHARE` on PostgreSQL).
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_relay::{
+    KafkaConfig, KafkaSink, Metrics, NullSink, Relay, RelayConfig, Sink, StdoutSink,
+};
+use ferry_store::redact_url;
+use hdrhistogram::Histogram;
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{RelayMode, SinkKind};
+use crate::db::{new_histogram, Database};
+use crate::error::{Error, Result};
+
+/// How the relays of a run are set up.
+#[derive(Debug, Clone)]
+pub struct RelaySpec {
+    /// Number of relays.
+    pub relays: usize,
+    /// In-process or child processes.
+    pub mode: RelayMode,
+    /// Shard workers per relay.
+    pub workers: usize,
+    /// Maximum events per claim.
+    pub batch_size: usize,
+    /// Batches in flight per worker.
+    pub in_flight: usize,
+    /// Sink kind.
+    pub sink: SinkKind,
+    /// The `ferry` binary (process mode).
+    pub ferry_bin: Option<PathBuf>,
+    /// Extra `ferry relay` arguments (process mode).
+    pub extra_args: Vec<String>,
+}
+
+/// One in-process relay.
+pub struct InProcess {
+    cancel: CancellationToken,
+    handle: JoinHandle<std::result::Result<(), ferry_core::StoreError>>,
+    metrics: Arc<Metrics>,
+}
+
+/// `ferry relay` child processes; chaos kills and restarts them through [`Self::kill_and_restart`].
+pub struct Processes {
+    bin: PathBuf,
+    args: Vec<String>,
+    database_url: String,
+    log_dir: PathBuf,
+    children: Vec<Child>,
+    /// `/metrics` port of each relay's current process.
+    ports: Vec<u16>,
+    /// Chaos kills so far.
+    pub kills: u64,
+}
+
+/// The running relays.
+pub enum Relays {
+    /// In this process.
+    InProcess(Vec<InProcess>),
+    /// Child processes, shared with the chaos task.
+    Processes(Arc<tokio::sync::Mutex<Processes>>),
+}
+
+/// Relay-side numbers merged over all in-process relays.
+pub struct RelayMetrics {
+    /// Acked and marked SENT.
+    pub sent: u64,
+    /// Claim transactions.
+    pub claims: u64,
+    /// Claims that found nothing.
+    pub empty_claims: u64,
+    /// Items claimed.
+    pub claimed_items: u64,
+    /// Fenced CAS outcomes and lease renewals.
+    pub fenced: u64,
+    /// Retried items.
+    pub retried: u64,
+    /// Unknown outcomes.
+    pub unknown: u64,
+    /// Quarantined items.
+    pub quarantined: u64,
+    /// Store errors.
+    pub store_errors: u64,
+    /// Slot leases lost to another relay.
+    pub slot_fenced: u64,
+    /// Sent per relay.
+    pub per_relay_sent: Vec<u64>,
+    /// Commit→SENT latency, µs.
+    pub commit_to_ack: Histogram<u64>,
+    /// Items per claim.
+    pub batch_size: Histogram<u64>,
+    /// Claim transaction latency, µs.
+    pub claim_latency: Histogram<u64>,
+    /// Outcome CAS latency per batch, µs.
+    pub ack_latency: Histogram<u64>,
+}
+
+impl RelayMetrics {
+    fn empty() -> Self {
+        Self {
+            sent: 0,
+            claims: 0,
+            empty_claims: 0,
+            claimed_items: 0,
+            fenced: 0,
+            retried: 0,
+            unknown: 0,
+            quarantined: 0,
+            store_errors: 0,
+            slot_fenced: 0,
+            per_relay_sent: Vec::new(),
+            commit_to_ack: new_histogram(),
+            batch_size: new_histogram(),
+            claim_latency: new_histogram(),
+            ack_latency: new_histogram(),
+        }
+    }
+}
+
+impl Relays {
+    /// Starts the relays against `db`, sending to `kafka_brokers` for the Kafka sink.
+    pub async fn start(
+        spec: &RelaySpec,
+        db: &Database,
+        run: &str,
+        kafka_brokers: Option<&str>,
+        log_dir: &Path,
+    ) -> Result<Self> {
+        match spec.mode {
+            RelayMode::InProcess => {
+                let mut relays = Vec::with_capacity(spec.relays);
+                for k in 0..spec.relays {
+                    // claims + outcome CAS + lease renewals + ownership/status, with headroom
+                    let pool = (spec.workers * spec.in_flight * 2 + 4) as u32;
+                    let store = db.open_store(pool).await?;
+                    let sink = make_sink(spec.sink, kafka_brokers)?;
+                    let config = RelayConfig {
+                        owner: format!("loadgen-{run}-r{k}"),
+                        workers: spec.workers,
+                        batch_size: spec.batch_size,
+                        max_in_flight: spec.in_flight,
+                        ..RelayConfig::default()
+                    };
+                    let relay =
+                        Relay::new(store, sink, config).map_err(|e| Error::Relay(e.to_string()))?;
+                    let metrics = relay.metrics();
+                    let cancel = CancellationToken::new();
+                    let handle = tokio::spawn(relay.run(cancel.clone()));
+                    relays.push(InProcess {
+                        cancel,
+                        handle,
+                        metrics,
+                    });
+                }
+                Ok(Relays::InProcess(relays))
+            }
+            RelayMode::Process => {
+                let bin = ferry_binary(spec.ferry_bin.as_deref())?;
+                // The URL travels in the environment (`ferry` reads FERRY_DATABASE_URL like
+                // --database-url): a password on a command line is visible to every local
+                // user through `ps`.
+                let mut args = vec![
+                    "relay".to_string(),
+                    "--sink".to_string(),
+                    spec.sink.as_str().to_string(),
+                    "--workers".to_string(),
+                    spec.workers.to_string(),
+                    "--batch-size".to_string(),
+                    spec.batch_size.to_string(),
+                    "--in-flight".to_string(),
+                    spec.in_flight.to_string(),
+                ];
+                if let Some(b) = kafka_brokers {
+                    args.push("--kafka-brokers".to_string());
+                    args.push(b.to_string());
+                }
+                args.extend(spec.extra_args.iter().cloned());
+                let mut procs = Processes {
+                    bin,
+                    args,
+                    database_url: db.url.clone(),
+                    log_dir: log_dir.to_path_buf(),
+                    children: Vec::with_capacity(spec.relays),
+                    ports: vec![0; spec.relays],
+                    kills: 0,
+                };
+                for k in 0..spec.relays {
+                    let child = procs.spawn(k)?;
+                    procs.children.push(child);
+                }
+                Ok(Relays::Processes(Arc::new(tokio::sync::Mutex::new(procs))))
+            }
+        }
+    }
+
+    /// Merged metrics: in-process relays' registries, or the counters scraped from the relay
+    /// processes' `/metrics` (no histograms there: latency then comes from the rows).
+    pub async fn metrics(&self) -> RelayMetrics {
+        let relays = match self {
+            Relays::InProcess(relays) => relays,
+            Relays::Processes(p) => return p.lock().await.scrape().await,
+        };
+        let l = |f: fn(&Metrics) -> &std::sync::atomic::AtomicU64| {
+            relays
+                .iter()
+                .map(|r| f(&r.metrics).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let merge = |f: fn(&Metrics) -> &ferry_relay::metrics::Latency| {
+            let mut h = new_histogram();
+            for r in relays {
+                let _ = h.add(f(&r.metrics).snapshot());
+            }
+            h
+        };
+        RelayMetrics {
+            sent: l(|m| &m.sent),
+            claims: l(|m| &m.claims),
+            empty_claims: l(|m| &m.empty_claims),
+            claimed_items: l(|m| &m.claimed_items),
+            fenced: l(|m| &m.fenced),
+            retried: l(|m| &m.retried),
+            unknown: l(|m| &m.unknown),
+            quarantined: l(|m| &m.quarantined),
+            store_errors: l(|m| &m.store_errors),
+            slot_fenced: l(|m| &m.slot_fenced),
+            per_relay_sent: relays
+                .iter()
+                .map(|r| r.metrics.sent.load(Ordering::Relaxed))
+                .collect(),
+            commit_to_ack: merge(|m| &m.commit_to_ack),
+            batch_size: merge(|m| &m.batch_size),
+            claim_latency: merge(|m| &m.claim_latency),
+            ack_latency: merge(|m| &m.ack_latency),
+        }
+    }
+
+    /// Sent so far by in-process relays (cheap: counters only); `None` for processes.
+    pub fn sent(&self) -> Option<u64> {
+        match self {
+            Relays::InProcess(r) => Some(
+                r.iter()
+                    .map(|r| r.metrics.sent.load(Ordering::Relaxed))
+                    .sum(),
+            ),
+            Relays::Processes(_) => None,
+        }
+    }
+
+    /// Commit→SENT histogram merged over in-process relays (for the live p99).
+    pub fn commit_to_ack(&self) -> Option<Histogram<u64>> {
+        let Relays::InProcess(relays) = self else {
+            return None;
+        };
+        let mut h = new_histogram();
+        for r in relays {
+            let _ = h.add(r.metrics.commit_to_ack.snapshot());
+        }
+        Some(h)
+    }
+
+    /// Fails if a relay stopped on its own (an in-process relay returned, a process exited
+    /// without being killed by chaos).
+    pub async fn check_alive(&self) -> Result<()> {
+        match self {
+            Relays::InProcess(relays) => {
+                for (k, r) in relays.iter().enumerate() {
+                    if r.handle.is_finished() && !r.cancel.is_cancelled() {
+                        return Err(Error::Relay(format!(
+                            "in-process relay {k} stopped unexpectedly (see the log above)"
+                        )));
+                    }
+                }
+                Ok(())
+            }
+            Relays::Processes(p) => p.lock().await.check_alive(),
+        }
+    }
+
+    /// Stops every relay gracefully (in-flight batches finish, claims are released).
+    pub async fn stop(self) -> Result<()> {
+        match self {
+            Relays::InProcess(relays) => {
+                for r in &relays {
+                    r.cancel.cancel();
+                }
+                let mut first_err = None;
+                for (k, r) in relays.into_iter().enumerate() {
+                    match tokio::time::timeout(Duration::from_secs(30), r.handle).await {
+                        Ok(Ok(Ok(()))) => {}
+                        Ok(Ok(Err(e))) => {
+                            first_err.get_or_insert(Error::Relay(format!("relay {k}: {e}")));
+                        }
+                        Ok(Err(e)) => {
+                            first_err
+                                .get_or_insert(Error::Relay(format!("relay {k} panicked: {e}")));
+                        }
+                        Err(_) => {
+                            first_err.get_or_insert(Error::Relay(format!(
+                                "relay {k} did not stop within 30s"
+                            )));
+                        }
+                    }
+                }
+                first_err.map_or(Ok(()), Err)
+            }
+            Relays::Processes(p) => {
+                let mut p = p.lock().await;
+                p.stop_all().await;
+                Ok(())
+            }
+        }
+    }
+
+    /// The process set, for chaos.
+    pub fn processes(&self) -> Option<Arc<tokio::sync::Mutex<Processes>>> {
+        match self {
+            Relays::Processes(p) => Some(p.clone()),
+            Relays::InProcess(_) => None,
+        }
+    }
+}
+
+impl Processes {
+    fn spawn(&mut self, k: usize) -> Result<Child> {
+        let log = self.log_dir.join(format!("relay-{k}.log"));
+        // Every relay needs its own metrics port (the default 9464 would collide); ask the OS
+        // for a free one. Another process could take it before the relay binds it: the relay
+        // then exits with a clear message and the liveness check reports it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|source| Error::Io {
+                what: "find a free port for relay metrics on",
+                path: PathBuf::from("127.0.0.1"),
+                source,
+            })?;
+        self.ports[k] = port;
+        let open = |what| {
+            File::options()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .map_err(|source| Error::Io {
+                    what,
+                    path: log.clone(),
+                    source,
+                })
+        };
+        let out = open("open the relay log")?;
+        let err = open("open the relay log")?;
+        Command::new(&self.bin)
+            .args(&self.args)
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("FERRY_DATABASE_URL", &self.database_url)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                Error::Relay(format!(
+                    "cannot start `{} relay` on {}: {e}",
+                    self.bin.display(),
+                    redact_url(&self.database_url)
+                ))
+            })
+    }
+
+    /// Number of relay processes.
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    /// SIGKILLs relay `k`, waits for it to die, and starts a new one in its place (a new
+    /// process, hence a new owner id: its old slots and claims expire and are taken over).
+    pub async fn kill_and_restart(&mut self, k: usize) -> Result<()> {
+        let child = &mut self.children[k];
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        self.kills += 1;
+        let new = self.spawn(k)?;
+        self.children[k] = new;
+        Ok(())
+    }
+
+    /// Sums the counters of every running relay's `/metrics` (counters of processes killed by
+    /// chaos are gone with them).
+    async fn scrape(&self) -> RelayMetrics {
+        let mut m = RelayMetrics::empty();
+        for port in &self.ports {
+            let Some(text) = get_metrics(*port).await else {
+                m.per_relay_sent.push(0);
+                continue;
+            };
+            let v = |name: &str| prom_value(&text, name);
+            m.sent += v("ferry_sent_total");
+            m.claims += v("ferry_claims_total");
+            m.empty_claims += v("ferry_empty_claims_total");
+            m.claimed_items += v("ferry_claimed_events_total");
+            m.fenced += v("ferry_fenced_total");
+            m.retried += v("ferry_retried_total");
+            m.unknown += v("ferry_unknown_total");
+            m.quarantined += v("ferry_quarantined_total");
+            m.store_errors += v("ferry_store_errors_total");
+            m.slot_fenced += v("ferry_slot_fenced_total");
+            m.per_relay_sent.push(v("ferry_sent_total"));
+        }
+        m
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        for (k, c) in self.children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = c.try_wait() {
+                let log = self.log_dir.join(format!("relay-{k}.log"));
+                return Err(Error::Relay(format!(
+                    "relay process {k} exited on its own ({status}); last lines of {}:\n{}",
+                    log.display(),
+                    tail(&log, 15)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGTERM to all, then up to 20 s for a graceful drain, then SIGKILL.
+    async fn stop_all(&mut self) {
+        for c in &self.children {
+            if let Some(pid) = c.id() {
+                // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGTERM);
+                }
+            }
+        }
+        for c in &mut self.children {
+            if tokio::time::timeout(Duration::from_secs(20), c.wait())
+                .await
+                .is_err()
+            {
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+            }
+        }
+    }
+}
+
+/// `GET /metrics` from a relay on this machine (a one-shot HTTP/1.1 request; the relay's
+/// endpoint closes the connection after answering). `None` when it does not answer in 2 s.
+async fn get_metrics(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        sock.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = Vec::new();
+        sock.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        text.split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The value of an unlabelled sample `name` in a Prometheus text exposition (0 if absent).
+fn prom_value(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (n, v) = l.split_once(' ')?;
+            (n == name).then(|| v.trim().parse::<f64>().ok())?
+        })
+        .map_or(0, |v| v.max(0.0) as u64)
+}
+
+/// The last `n` lines of a file (best effort).
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn make_sink(kind: SinkKind, brokers: Option<&str>) -> Result<Arc<dyn Sink>> {
+    Ok(match kind {
+        SinkKind::Null => Arc::new(NullSink),
+        SinkKind::Stdout => Arc::new(StdoutSink),
+        SinkKind::Kafka => {
+            let brokers =
+                brokers.ok_or_else(|| Error::Kafka("no brokers for the Kafka sink".into()))?;
+            let sink = KafkaSink::new(KafkaConfig {
+                brokers: brokers.to_string(),
+                ..KafkaConfig::default()
+            })
+            .map_err(|e| Error::Kafka(e.to_string()))?;
+            Arc::new(sink)
+        }
+    })
+}
+
+/// `--ferry-bin`, or `ferry` next to the running loadgen (`target/<profile>/ferry`).
+fn ferry_binary(explicit: Option<&Path>) -> Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let exe = std::env::current_exe().map_err(|e| {
+                Error::Setup(format!("cannot locate the loadgen binary to find `ferry` next to it: {e}; pass --ferry-bin"))
+            })?;
+            exe.with_file_name(format!("ferry{}", std::env::consts::EXE_SUFFIX))
+        }
+    };
+    if !path.is_file() {
+        let profile = if cfg!(debug_assertions) {
+            ""
+        } else {
+            " --release"
+        };
+        return Err(Error::Setup(format!(
+            "--relay-mode process needs the `ferry` binary, not found at {}; build it with \
+             `cargo build{profile} -p ferry-cli` or pass --ferry-bin PATH",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_prometheus_counters() {
+        let text =
+            "# HELP ferry_sent_total x\n# TYPE ferry_sent_total counter\nferry_sent_total 1234\n\
+                    ferry_claims_total 7\nferry_batch_size_events{quantile=\"0.5\"} 3\n";
+        assert_eq!(prom_value(text, "ferry_sent_total"), 1234);
+        assert_eq!(prom_value(text, "ferry_claims_total"), 7);
+        assert_eq!(prom_value(text, "ferry_fenced_total"), 0);
+    }
+}

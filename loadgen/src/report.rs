@@ -1,0 +1,647 @@
+//! The report of a run: one value serialized to JSON (`--json`) and printed as a table.
+//!
+//! JSON field names are a contract for scripts (CI checks `lost` and `ordering_violations`);
+//! add fields, do not rename them.
+use std::fmt::Write as _;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::cli::{RelayMode, SinkKind, Skew, StoreKind};
+use crate::db::PgCosts;
+use crate::error::{Error, Result};
+
+/// Latency quantiles in milliseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Maximum.
+    pub max: f64,
+    /// Number of samples.
+    pub count: u64,
+}
+
+impl Quantiles {
+    /// From a histogram of microseconds; `None` when empty.
+    pub fn from_us(h: &Histogram<u64>) -> Option<Self> {
+        if h.is_empty() {
+            return None;
+        }
+        let ms = |q: f64| round3(h.value_at_quantile(q) as f64 / 1000.0);
+        Some(Self {
+            p50: ms(0.5),
+            p90: ms(0.9),
+            p99: ms(0.99),
+            p999: ms(0.999),
+            max: round3(h.max() as f64 / 1000.0),
+            count: h.len(),
+        })
+    }
+}
+
+/// The latency distributions.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latencies {
+    /// Intent commit (`created_at`) → SENT compare-and-set after the broker's ack.
+    pub commit_to_ack: Option<Quantiles>,
+    /// Commit timestamp header → first delivery to the verifying consumer.
+    pub commit_to_consumed: Option<Quantiles>,
+    /// One business transaction, begin → COMMIT returned.
+    pub producer_tx: Option<Quantiles>,
+    /// One claim transaction (in-process relays).
+    pub claim: Option<Quantiles>,
+    /// One batch's outcome compare-and-set (in-process relays).
+    pub ack_cas: Option<Quantiles>,
+}
+
+/// Claim statistics: the in-process relays' registries, or the counters scraped from the relay
+/// processes' `/metrics` at the end of the drain.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Claims {
+    /// Claim transactions.
+    pub claims: u64,
+    /// Per second over load + drain.
+    pub claims_per_sec: f64,
+    /// Claims that returned nothing.
+    pub empty_claims: u64,
+    /// `empty_claims / claims`.
+    pub empty_ratio: f64,
+    /// Events claimed (more than sent when claims were released or fenced).
+    pub claimed_items: u64,
+    /// Compare-and-set outcomes rejected by a stale token.
+    pub fenced: u64,
+    /// Slot leases found taken over by another relay.
+    pub slot_fenced: u64,
+    /// Items scheduled for retry.
+    pub retried: u64,
+    /// Items with unknown outcome, released for resend.
+    pub unknown: u64,
+    /// Items quarantined.
+    pub quarantined: u64,
+    /// Store operations that failed and were retried.
+    pub store_errors: u64,
+    /// Rows skipped because another claimer held their lock: not observable through the store
+    /// API (always `null`).
+    pub rows_skipped_locked: Option<u64>,
+}
+
+/// Items per claimed batch.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct BatchStats {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+impl BatchStats {
+    /// From a histogram of batch sizes; `None` when empty.
+    pub fn from_hist(h: &Histogram<u64>) -> Option<Self> {
+        (!h.is_empty()).then(|| Self {
+            mean: round3(h.mean()),
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+        })
+    }
+}
+
+/// How delivery was verified.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Verification {
+    /// `kafka-consumer` (read back from the topic), or `store` (no consumer: every committed
+    /// row must be SENT, and successive versions SENT in order).
+    pub method: String,
+    /// Why consumer verification was skipped, if it was.
+    pub consumer_skipped: Option<String>,
+    /// Consumed messages without ferry headers (ignored).
+    pub foreign: u64,
+    /// Up to ten lost event ids.
+    pub lost_examples: Vec<String>,
+    /// Up to ten ordering violations.
+    pub ordering_examples: Vec<String>,
+    /// Mock-cluster partitions whose log start moved past offset 0 (retention).
+    pub retention_truncated_partitions: Option<u32>,
+}
+
+/// The store's view at the end of the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StoreCheck {
+    /// Outbox rows (must equal `enqueued`).
+    pub rows: i64,
+    /// Rows in SENT.
+    pub sent_rows: i64,
+    /// Up to ten rows not SENT, `event_id (STATE)`.
+    pub unsent_examples: Vec<String>,
+}
+
+/// The producer-only ceiling measured in the same invocation.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Baseline {
+    /// Length of the producer-only phase.
+    pub duration_secs: f64,
+    /// Intents committed in it.
+    pub enqueued: u64,
+    /// Producer-only throughput.
+    pub enqueued_per_sec: f64,
+    /// `sent_per_sec / enqueued_per_sec` of the baseline: end-to-end throughput as a share of
+    /// the database's own insert ceiling.
+    pub relay_ratio: f64,
+    /// `enqueued_per_sec` with relays running, as a share of the baseline.
+    pub enqueue_ratio: f64,
+}
+
+/// PostgreSQL costs before and after the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DbCosts {
+    /// Right after creating the schema.
+    pub before: PgCosts,
+    /// After the drain.
+    pub after: PgCosts,
+    /// Highest `n_dead_tup` seen by the once-a-second sampler.
+    pub n_dead_tup_peak: i64,
+    /// `after.outbox_total_bytes - before.outbox_total_bytes`.
+    pub outbox_growth_bytes: i64,
+    /// Growth per committed intent.
+    pub outbox_bytes_per_event: f64,
+}
+
+/// One second of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Seconds since the load phase started.
+    pub t: f64,
+    /// `load` or `drain`.
+    pub phase: &'static str,
+    /// Intents committed per second.
+    pub enqueued_per_sec: f64,
+    /// Events marked SENT per second.
+    pub sent_per_sec: f64,
+    /// Messages consumed per second.
+    pub consumed_per_sec: f64,
+    /// Committed but not yet SENT.
+    pub backlog: i64,
+    /// p99 commit→ack of the events acked in this second.
+    pub p99_commit_to_ack_ms: Option<f64>,
+}
+
+/// The effective configuration (no secrets).
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigEcho {
+    /// Run id (part of every event id, schema and topic name).
+    pub run_id: String,
+    /// Backend.
+    pub store: StoreKind,
+    /// Database URL with the password redacted (`None`: temporary SQLite file).
+    pub database_url: Option<String>,
+    /// Server version and durability settings.
+    pub server: Vec<(String, String)>,
+    /// Sink.
+    pub sink: SinkKind,
+    /// `embedded` or the external bootstrap list.
+    pub kafka: Option<String>,
+    /// Topic.
+    pub topic: Option<String>,
+    /// Topic partitions.
+    pub partitions: Option<i32>,
+    /// Relays.
+    pub relays: usize,
+    /// Relay mode.
+    pub relay_mode: RelayMode,
+    /// Workers per relay.
+    pub workers: usize,
+    /// Claim batch size.
+    pub batch_size: usize,
+    /// Batches in flight per worker.
+    pub in_flight: usize,
+    /// Producer tasks.
+    pub producers: usize,
+    /// Orders per transaction.
+    pub orders_per_tx: usize,
+    /// Target rate (0 = flat out).
+    pub rate: u64,
+    /// Aggregates.
+    pub aggregates: u64,
+    /// Skew.
+    pub skew: Skew,
+    /// Zipf exponent (with zipf skew).
+    pub zipf_s: Option<f64>,
+    /// Payload bytes.
+    pub payload_bytes: usize,
+    /// Load phase.
+    pub duration_secs: f64,
+    /// Drain limit.
+    pub drain_timeout_secs: f64,
+    /// Chaos interval, when chaos is on.
+    pub chaos_interval_secs: Option<f64>,
+    /// Workload seed.
+    pub seed: u64,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// `run`, or the sweep point (`batch_size=100`).
+    pub label: String,
+    /// No loss, no ordering violation, no error.
+    pub ok: bool,
+    /// Intents committed by the producers.
+    pub enqueued: u64,
+    /// Events marked SENT (the relays' count, or the store's for processes).
+    pub sent: u64,
+    /// Messages the verifier consumed (duplicates included).
+    pub consumed: u64,
+    /// Distinct events the verifier saw.
+    pub delivered: u64,
+    /// Messages whose event id was already delivered.
+    pub duplicates: u64,
+    /// Committed intents never delivered (or never SENT without a consumer) by the end of the
+    /// drain.
+    pub lost: u64,
+    /// First deliveries of v(n+1) before v(n) of an aggregate.
+    pub ordering_violations: u64,
+    /// `enqueued / duration`.
+    pub enqueued_per_sec: f64,
+    /// SENT during the load phase / its duration: throughput under concurrent load.
+    pub sent_per_sec: f64,
+    /// Consumed during the load phase / its duration.
+    pub consumed_per_sec: f64,
+    /// All SENT / (load + drain time).
+    pub sent_per_sec_overall: f64,
+    /// Load phase length.
+    pub duration_secs: f64,
+    /// Time from the end of the load phase until everything was sent and consumed.
+    pub drain_secs: f64,
+    /// Whether the drain finished within the timeout.
+    pub drained: bool,
+    /// Committed but unsent when the load phase ended.
+    pub backlog_at_end_of_load: i64,
+    /// Latency distributions.
+    pub latency_ms: Latencies,
+    /// Claim statistics.
+    pub claims: Option<Claims>,
+    /// Items per claim (in-process relays).
+    pub batch_size: Option<BatchStats>,
+    /// Events each in-process relay marked SENT.
+    pub per_relay_sent: Vec<u64>,
+    /// Relay processes killed by `--chaos`.
+    pub chaos_kills: Option<u64>,
+    /// Business transactions committed.
+    pub producer_txs: u64,
+    /// Failed business transaction attempts that were retried.
+    pub producer_retries: u64,
+    /// The store's view.
+    pub store: StoreCheck,
+    /// How delivery was verified.
+    pub verification: Verification,
+    /// Producer-only baseline.
+    pub baseline: Option<Baseline>,
+    /// PostgreSQL-side costs.
+    pub db_costs: Option<DbCosts>,
+    /// Peak resident set size of loadgen (VmHWM; includes in-process relays, the verifier and
+    /// the mock cluster, not relay processes).
+    pub peak_rss_mb: f64,
+    /// What stopped the run early, if anything.
+    pub errors: Vec<String>,
+    /// Things worth knowing when reading the numbers.
+    pub notes: Vec<String>,
+    /// Once-a-second samples.
+    pub timeline: Vec<Sample>,
+    /// The configuration.
+    pub config: ConfigEcho,
+}
+
+/// A sweep: one report per value.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepReport {
+    /// `batch_size` or `relays`.
+    pub sweep: &'static str,
+    /// The swept values.
+    pub values: Vec<u32>,
+    /// Every point passed.
+    pub ok: bool,
+    /// Sums over the points (so scripts can check a sweep like a run).
+    pub enqueued: u64,
+    /// Sum of SENT.
+    pub sent: u64,
+    /// Sum of consumed.
+    pub consumed: u64,
+    /// Sum of duplicates.
+    pub duplicates: u64,
+    /// Sum of lost.
+    pub lost: u64,
+    /// Sum of ordering violations.
+    pub ordering_violations: u64,
+    /// The chart, if written.
+    pub chart: Option<String>,
+    /// The points.
+    pub points: Vec<RunReport>,
+}
+
+/// Peak resident set size of this process in MiB (`VmHWM`), 0 when unavailable.
+pub fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| round3(kb / 1024.0))
+        .unwrap_or(0.0)
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Io {
+        what: "serialize the report for",
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(path, text + "\n").map_err(|source| Error::Io {
+        what: "write the JSON report to",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Rounds to three decimals (reports carry no false precision).
+pub fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// `123456.7` → `123.5k`.
+pub fn rate(v: f64) -> String {
+    if v >= 1_000_000.0 {
+        format!("{:.2}M", v / 1_000_000.0)
+    } else if v >= 10_000.0 {
+        format!("{:.1}k", v / 1000.0)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".to_string(), |v| {
+        if v >= 100.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.2}")
+        }
+    })
+}
+
+fn mib(bytes: i64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+impl RunReport {
+    /// The human-readable table.
+    pub fn render(&self) -> String {
+        let c = &self.config;
+        let mut o = String::new();
+        let _ = writeln!(o, "\nferry loadgen — {} (run {})", self.label, c.run_id);
+        let db = c
+            .database_url
+            .clone()
+            .unwrap_or_else(|| "temporary file".to_string());
+        let server: Vec<String> = c.server.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(
+            o,
+            "  store     {} ({db}) {}",
+            c.store.as_str(),
+            server.join(" ")
+        );
+        let kafka = match (&c.kafka, &c.topic) {
+            (Some(k), Some(t)) => format!(
+                " → {k} topic {t} ({} partitions)",
+                c.partitions.unwrap_or(0)
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(o, "  sink      {}{kafka}", c.sink.as_str());
+        let _ = writeln!(
+            o,
+            "  relays    {} × {} workers, batch {}, in-flight {} ({:?})",
+            c.relays, c.workers, c.batch_size, c.in_flight, c.relay_mode
+        );
+        let target = if c.rate == 0 {
+            "flat out".to_string()
+        } else {
+            format!("{} ev/s", c.rate)
+        };
+        let _ = writeln!(
+            o,
+            "  workload  {} producers, {} orders/tx, {target}, {} aggregates ({:?}), {} B payload, {:.0}s",
+            c.producers, c.orders_per_tx, c.aggregates, c.skew, c.payload_bytes, c.duration_secs
+        );
+        let _ = writeln!(o, "\n  throughput            total        per second");
+        let _ = writeln!(
+            o,
+            "    enqueued     {:>14} {:>14}",
+            self.enqueued,
+            rate_str(self.enqueued_per_sec)
+        );
+        let _ = writeln!(
+            o,
+            "    sent         {:>14} {:>14}   (overall incl. drain {})",
+            self.sent,
+            rate_str(self.sent_per_sec),
+            rate_str(self.sent_per_sec_overall)
+        );
+        let _ = writeln!(
+            o,
+            "    consumed     {:>14} {:>14}",
+            self.consumed,
+            rate_str(self.consumed_per_sec)
+        );
+        let _ = writeln!(
+            o,
+            "    backlog at end of load {}, drained in {:.1}s{}",
+            self.backlog_at_end_of_load,
+            self.drain_secs,
+            if self.drained { "" } else { " (TIMED OUT)" }
+        );
+        if let Some(b) = &self.baseline {
+            let _ = writeln!(
+                o,
+                "    baseline (producers only, {:.0}s): {} ev/s → relay {:.2}× of it, enqueue under relay {:.2}×",
+                b.duration_secs,
+                rate(b.enqueued_per_sec),
+                b.relay_ratio,
+                b.enqueue_ratio
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\n  latency (ms)            p50      p90      p99    p99.9      max"
+        );
+        let lat = &self.latency_ms;
+        for (name, q) in [
+            ("commit → ack", lat.commit_to_ack),
+            ("commit → consumed", lat.commit_to_consumed),
+            ("producer tx", lat.producer_tx),
+            ("claim tx", lat.claim),
+            ("ack CAS", lat.ack_cas),
+        ] {
+            let Some(q) = q else { continue };
+            let _ = writeln!(
+                o,
+                "    {name:<18} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                ms(Some(q.p50)),
+                ms(Some(q.p90)),
+                ms(Some(q.p99)),
+                ms(Some(q.p999)),
+                ms(Some(q.max))
+            );
+        }
+        if let Some(cl) = &self.claims {
+            let _ = writeln!(
+                o,
+                "\n  claims    {} ({}/s), empty {} ({:.2}%), fenced {}, slot takeovers {}, retried {}, unknown {}, quarantined {}, store errors {}",
+                cl.claims,
+                rate(cl.claims_per_sec),
+                cl.empty_claims,
+                cl.empty_ratio * 100.0,
+                cl.fenced,
+                cl.slot_fenced,
+                cl.retried,
+                cl.unknown,
+                cl.quarantined,
+                cl.store_errors
+            );
+        }
+        if let Some(b) = &self.batch_size {
+            let _ = writeln!(
+                o,
+                "  batch     mean {:.1}, p50 {}, p99 {}, max {}",
+                b.mean, b.p50, b.p99, b.max
+            );
+        }
+        if self.per_relay_sent.len() > 1 {
+            let _ = writeln!(o, "  per relay sent {:?}", self.per_relay_sent);
+        }
+        if let Some(k) = self.chaos_kills {
+            let _ = writeln!(o, "  chaos     {k} relay processes killed and restarted");
+        }
+        let _ = writeln!(
+            o,
+            "  producers {} transactions, {} retried attempts",
+            self.producer_txs, self.producer_retries
+        );
+        if let Some(d) = &self.db_costs {
+            let _ = writeln!(
+                o,
+                "\n  postgres  outbox {} → {} (table {}, indexes {}), {:.0} B/event; orders {}",
+                mib(d.before.outbox_total_bytes),
+                mib(d.after.outbox_total_bytes),
+                mib(d.after.outbox_table_bytes),
+                mib(d.after.outbox_index_bytes),
+                d.outbox_bytes_per_event,
+                mib(d.after.orders_total_bytes)
+            );
+            let _ = writeln!(
+                o,
+                "            dead tuples {} at the end (peak {}), updates {} ({} HOT), autovacuums {}",
+                d.after.n_dead_tup, d.n_dead_tup_peak, d.after.n_tup_upd, d.after.n_tup_hot_upd, d.after.autovacuum_count
+            );
+        }
+        let _ = writeln!(o, "  peak RSS  {:.0} MiB", self.peak_rss_mb);
+        let v = &self.verification;
+        let _ = writeln!(o, "\n  verification ({})", v.method);
+        if let Some(why) = &v.consumer_skipped {
+            let _ = writeln!(o, "    consumer check skipped: {why}");
+        }
+        let _ = writeln!(
+            o,
+            "    delivered {}   duplicates {}   lost {}   ordering violations {}   store rows {} (SENT {})",
+            self.delivered,
+            self.duplicates,
+            self.lost,
+            self.ordering_violations,
+            self.store.rows,
+            self.store.sent_rows
+        );
+        for e in v.lost_examples.iter().take(5) {
+            let _ = writeln!(o, "    lost: {e}");
+        }
+        for e in v.ordering_examples.iter().take(5) {
+            let _ = writeln!(o, "    reordered: {e}");
+        }
+        for e in self.store.unsent_examples.iter().take(5) {
+            let _ = writeln!(o, "    not SENT: {e}");
+        }
+        for n in &self.notes {
+            let _ = writeln!(o, "  note: {n}");
+        }
+        for e in &self.errors {
+            let _ = writeln!(o, "  ERROR: {e}");
+        }
+        let _ = writeln!(o, "\n  {}", self.verdict());
+        o
+    }
+
+    /// One line saying whether the run passed, and why not.
+    pub fn verdict(&self) -> String {
+        if self.ok {
+            return format!(
+                "PASS: {} committed, 0 lost, 0 ordering violations ({} duplicates)",
+                self.enqueued, self.duplicates
+            );
+        }
+        let mut why = Vec::new();
+        if self.lost > 0 {
+            why.push(format!("{} lost", self.lost));
+        }
+        if self.ordering_violations > 0 {
+            why.push(format!("{} ordering violations", self.ordering_violations));
+        }
+        if !self.errors.is_empty() {
+            why.push(format!("{} error(s)", self.errors.len()));
+        }
+        format!("FAIL: {}", why.join(", "))
+    }
+}
+
+fn rate_str(v: f64) -> String {
+    format!("{}/s", rate(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_milliseconds() {
+        let mut h = crate::db::new_histogram();
+        for us in 1..=1000u64 {
+            h.record(us * 1000).unwrap();
+        }
+        let q = Quantiles::from_us(&h).unwrap();
+        assert!((q.p50 - 500.0).abs() < 1.0, "{q:?}");
+        assert!((q.max - 1000.0).abs() < 1.0, "{q:?}");
+        assert!(Quantiles::from_us(&crate::db::new_histogram()).is_none());
+    }
+
+    #[test]
+    fn rates_are_short() {
+        assert_eq!(rate(950.0), "950");
+        assert_eq!(rate(123_456.0), "123.5k");
+        assert_eq!(rate(1_250_000.0), "1.25M");
+    }
+
+    #[test]
+    fn peak_rss_reads_proc() {
+        assert!(peak_rss_mb() > 0.0);
+    }
+}

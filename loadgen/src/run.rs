@@ -1,0 +1,850 @@
+//! One run: fresh database namespace and topic → verifier → relays → producers for
+//! `--duration` → drain → verification → report.
+//!
+//! The verifier starts before anything is produced and reads concurrently (the mock cluster
+//! keeps only ~5 MiB per partition). Loss is computed from what the producers know they
+//! committed — event numbers `0..committed` of each producer — against the ids the consumer
+//! saw, never from the store's own bookkeeping.
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_relay::ownership::desired_slots;
+use ferry_relay::verify::Verifier;
+use ferry_store::redact_url;
+use hdrhistogram::Histogram;
+use rand::Rng;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Args, RelayMode, SinkKind, Skew, StoreKind};
+use crate::db::{new_histogram, Database, DbSpec};
+use crate::error::{Error, Result};
+use crate::kafka::KafkaTarget;
+use crate::producer::{self, Counters, ProducerPlan, ProducerResult};
+use crate::progress::{Live, Sampler};
+use crate::relays::{RelayMetrics, RelaySpec, Relays};
+use crate::report::{
+    self, Baseline, BatchStats, Claims, ConfigEcho, DbCosts, Latencies, Quantiles, RunReport,
+    StoreCheck, Verification,
+};
+use crate::workload::Ids;
+
+/// Everything one run needs; sweeps clone it and change one field.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Label in reports (`run`, `batch_size=100`).
+    pub label: String,
+    /// Load phase.
+    pub duration: Duration,
+    /// Drain limit.
+    pub drain_timeout: Duration,
+    /// Database.
+    pub db: DbSpec,
+    /// Relays.
+    pub relays: RelaySpec,
+    /// Chaos interval (process relays only).
+    pub chaos: Option<Duration>,
+    /// Producer tasks.
+    pub producers: usize,
+    /// Orders per transaction.
+    pub orders_per_tx: usize,
+    /// Target events/s (0 = flat out).
+    pub rate: u64,
+    /// Aggregates.
+    pub aggregates: u64,
+    /// Key popularity.
+    pub skew: Skew,
+    /// Zipf exponent.
+    pub zipf_s: f64,
+    /// Payload size.
+    pub payload_bytes: usize,
+    /// External Kafka brokers.
+    pub kafka_brokers: Option<String>,
+    /// Fixed topic name.
+    pub topic: Option<String>,
+    /// Partitions of the embedded topic.
+    pub partitions: i32,
+    /// PostgreSQL ANALYZE interval during the load (zero: never).
+    pub pg_analyze_every: Duration,
+    /// Producer-only baseline phase length.
+    pub baseline: Option<Duration>,
+    /// Live progress line.
+    pub progress: bool,
+    /// Workload seed.
+    pub seed: u64,
+}
+
+impl RunSpec {
+    /// The run the flags describe.
+    pub fn from_args(a: &Args) -> Self {
+        let store = a.store_kind();
+        let producers = a.producers.map(|p| p as usize).unwrap_or(match store {
+            // SQLite has one writer: more producers only queue on its lock.
+            StoreKind::Sqlite => 2,
+            // Server databases overlap commits (group commit); 8 keeps 2 cores busy.
+            StoreKind::Postgres | StoreKind::Mysql => 8,
+        });
+        let drain_timeout = a.drain_timeout.unwrap_or(if a.chaos {
+            // a killed relay's claims wait out their lease (60 s by default) before takeover
+            Duration::from_secs(120)
+        } else {
+            Duration::from_secs(60)
+        });
+        Self {
+            label: "run".to_string(),
+            duration: a.duration,
+            drain_timeout,
+            db: DbSpec {
+                store,
+                url: a.database_url.clone(),
+                keep: a.keep_db,
+                sqlite_sync: a.sqlite_synchronous,
+            },
+            relays: RelaySpec {
+                relays: a.relays as usize,
+                mode: a.relay_mode,
+                workers: a.workers as usize,
+                batch_size: a.batch_size as usize,
+                // ferry-relay polls a worker's in-flight batches only between claims: a batch
+                // suspended inside its SQLite outcome transaction (BEGIN IMMEDIATE) then holds
+                // the single write lock while the worker's next claim waits on it, stalling
+                // every writer for the 10 s busy timeout. One batch in flight avoids that.
+                in_flight: a.in_flight.map(|n| n as usize).unwrap_or(match store {
+                    StoreKind::Sqlite => 1,
+                    StoreKind::Postgres | StoreKind::Mysql => 2,
+                }),
+                sink: a.sink,
+                ferry_bin: a.ferry_bin.clone(),
+                extra_args: a.relay_args.clone(),
+            },
+            chaos: a.chaos.then_some(a.chaos_interval),
+            producers,
+            orders_per_tx: a.orders_per_tx as usize,
+            rate: a.rate,
+            aggregates: a.aggregates,
+            skew: a.skew,
+            zipf_s: a.zipf_s,
+            payload_bytes: a.payload_bytes as usize,
+            kafka_brokers: a.kafka_brokers.clone(),
+            topic: a.topic.clone(),
+            partitions: a.partitions as i32,
+            pg_analyze_every: a.pg_analyze_every,
+            baseline: a.baseline.then(|| {
+                a.baseline_duration
+                    .unwrap_or(a.duration.min(Duration::from_secs(10)))
+            }),
+            progress: !a.no_progress,
+            seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
+        }
+    }
+
+    fn plan(&self, run: &str, topic: &str) -> ProducerPlan {
+        ProducerPlan {
+            ids: Ids {
+                run: run.to_string(),
+            },
+            producers: self.producers,
+            aggregates: self.aggregates,
+            skew: self.skew,
+            zipf_s: self.zipf_s,
+            orders_per_tx: self.orders_per_tx,
+            rate: self.rate,
+            payload_bytes: self.payload_bytes,
+            topic: topic.to_string(),
+            seed: self.seed,
+        }
+    }
+}
+
+fn new_run_id() -> String {
+    format!("{:06x}", rand::thread_rng().gen::<u32>() & 0x00ff_ffff)
+}
+
+/// Runs producers against `db` until `stop`, returning their handles.
+fn start_producers(
+    db: &Arc<Database>,
+    plan: ProducerPlan,
+    counters: &Arc<Counters>,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<Result<ProducerResult>>> {
+    let plan = Arc::new(plan);
+    (0..plan.producers)
+        .map(|p| {
+            tokio::spawn(producer::run(
+                db.clone(),
+                plan.clone(),
+                p,
+                counters.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Joins producers: their results, and the errors of those that failed.
+async fn join_producers(
+    handles: Vec<JoinHandle<Result<ProducerResult>>>,
+) -> (Vec<ProducerResult>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut errors = Vec::new();
+    for h in handles {
+        match h.await {
+            Ok(Ok(r)) => ok.push(r),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(e) => errors.push(format!("a producer task panicked: {e}")),
+        }
+    }
+    (ok, errors)
+}
+
+/// The producer-only ceiling: the same producers, no relay, in a namespace of their own (so
+/// their rows do not become a backlog for the measured run).
+async fn run_baseline(
+    spec: &RunSpec,
+    length: Duration,
+    interrupt: &CancellationToken,
+) -> Result<(Duration, u64)> {
+    let run = new_run_id();
+    let mut db_spec = spec.db.clone();
+    db_spec.keep = false;
+    if spec.progress {
+        eprintln!(
+            "loadgen: baseline: {} producers, no relay, {:.0}s",
+            spec.producers,
+            length.as_secs_f64()
+        );
+    }
+    let db = Arc::new(Database::create(&db_spec, &run, spec.producers as u32 + 2).await?);
+    let counters = Arc::new(Counters::default());
+    let stop = CancellationToken::new();
+    let t0 = Instant::now();
+    let handles = start_producers(&db, spec.plan(&run, "loadgen-baseline"), &counters, &stop);
+    tokio::select! {
+        _ = tokio::time::sleep(length) => {}
+        _ = interrupt.cancelled() => {}
+    }
+    stop.cancel();
+    let (results, errors) = join_producers(handles).await;
+    let elapsed = t0.elapsed();
+    if spec.progress {
+        let n: u64 = results.iter().map(|r| r.committed).sum();
+        eprintln!(
+            "loadgen: baseline: {n} intents in {:.1}s = {} ev/s",
+            elapsed.as_secs_f64(),
+            report::rate(n as f64 / elapsed.as_secs_f64())
+        );
+    }
+    if let Ok(db) = Arc::try_unwrap(db) {
+        db.finish().await;
+    }
+    if let Some(e) = errors.into_iter().next() {
+        return Err(Error::Producer {
+            producer: 0,
+            reason: format!("baseline phase: {e}"),
+        });
+    }
+    Ok((elapsed, results.iter().map(|r| r.committed).sum()))
+}
+
+/// The producer-only baseline `spec` asks for (`--baseline`), as (length, intents committed).
+pub async fn baseline(
+    spec: &RunSpec,
+    interrupt: &CancellationToken,
+) -> Result<Option<(Duration, u64)>> {
+    match spec.baseline {
+        Some(d) => Ok(Some(run_baseline(spec, d, interrupt).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Carries out one run and reports it, relating its throughput to `baseline` if given.
+/// `interrupt` (Ctrl-C) ends the load phase early; the drain and the verification still run.
+pub async fn run(
+    spec: &RunSpec,
+    baseline: Option<(Duration, u64)>,
+    interrupt: &CancellationToken,
+) -> Result<RunReport> {
+    let run = new_run_id();
+    let db = Arc::new(Database::create(&spec.db, &run, spec.producers as u32 + 4).await?);
+    let result = execute(spec, &run, &db, baseline, interrupt).await;
+    match Arc::try_unwrap(db) {
+        Ok(db) => db.finish().await,
+        Err(_) => eprintln!("loadgen: the database is still in use; not dropping it"),
+    }
+    result
+}
+
+/// ANALYZEs the outbox 1 s into the load and then every `every` until `stop`; returns how
+/// often it ran. Failures are logged, not fatal: they only cost plan quality.
+fn start_analyzer(db: Arc<Database>, every: Duration, stop: CancellationToken) -> JoinHandle<u32> {
+    tokio::spawn(async move {
+        let mut n = 0;
+        let mut wait = Duration::from_secs(1).min(every);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return n,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            match db.pg_analyze().await {
+                Ok(true) => n += 1,
+                Ok(false) => return n,
+                Err(e) => tracing::warn!(error = %e, "ANALYZE failed"),
+            }
+            wait = every;
+        }
+    })
+}
+
+/// Waits until the relays split the slots as rendezvous hashing says (every expected owner
+/// holds exactly its share), so the measurement does not include the rebalance.
+async fn wait_for_slots(
+    db: &Database,
+    relays: &Relays,
+    n: usize,
+    timeout: Duration,
+) -> Result<bool> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        relays.check_alive().await?;
+        if let Ok(leases) = db.store.slot_leases().await {
+            let owners: Vec<String> = leases
+                .iter()
+                .map(|l| l.owner.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let settled = owners.len() == n
+                && leases.len() == ferry_core::SLOT_COUNT as usize
+                && owners.iter().all(|o| {
+                    let held: BTreeSet<_> = leases
+                        .iter()
+                        .filter(|l| &l.owner == o)
+                        .map(|l| l.slot)
+                        .collect();
+                    held == desired_slots(o, &owners).into_iter().collect()
+                });
+            if settled {
+                return Ok(true);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(false)
+}
+
+/// Ids committed by the producers that the verifier has not seen.
+fn missing_ids(v: &Verifier, ids: &Ids, results: &[ProducerResult]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in results {
+        for n in 0..r.committed {
+            let id = ids.event(r.producer, n);
+            if !v.was_delivered(&id) {
+                out.push(id);
+            }
+        }
+    }
+    out
+}
+
+/// Waits until every committed intent is SENT and, with a consumer, delivered. Returns whether
+/// that happened before `timeout`, and the ids still missing at the last exact check.
+async fn drain(
+    live: &Live<'_>,
+    sampler: &mut Sampler,
+    ids: &Ids,
+    results: &[ProducerResult],
+    timeout: Duration,
+    errors: &mut Vec<String>,
+) -> (bool, Option<Vec<String>>) {
+    let committed: u64 = results.iter().map(|r| r.committed).sum();
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut missing: Option<Vec<String>> = None;
+    let mut store_drained_at: Option<Instant> = None;
+    let mut next_tick = start + Duration::from_secs(1);
+    let drained = loop {
+        if Instant::now() >= next_tick {
+            sampler.tick(live, "drain").await;
+            next_tick += Duration::from_secs(1);
+            if let Err(e) = live.relays.check_alive().await {
+                errors.push(e.to_string());
+                break false;
+            }
+        }
+        let open = match live.db.store.status().await {
+            Ok(s) => s.pending + s.claimed,
+            Err(_) => 1,
+        };
+        if open == 0 {
+            let since = *store_drained_at.get_or_insert_with(Instant::now);
+            match live.verifier {
+                None => break true,
+                Some(v) => {
+                    // A cheap count first; the exact per-id check once it looks complete (or
+                    // once the consumer has had 3 s to catch up), then only the stragglers.
+                    if v.report().delivered >= committed || since.elapsed() > Duration::from_secs(3)
+                    {
+                        let still = match missing.take() {
+                            None => missing_ids(v, ids, results),
+                            Some(m) => m.into_iter().filter(|id| !v.was_delivered(id)).collect(),
+                        };
+                        let done = still.is_empty();
+                        missing = Some(still);
+                        if done {
+                            break true;
+                        }
+                    }
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    (drained, missing)
+}
+
+/// What the verification found.
+struct Verified {
+    delivered: u64,
+    consumed: u64,
+    duplicates: u64,
+    lost: u64,
+    ordering_violations: u64,
+    consumed_latency: Option<Histogram<u64>>,
+    verification: Verification,
+}
+
+/// Loss and order: against the consumer's deliveries when there is one, else against the
+/// store (every committed intent SENT, successive versions SENT in order).
+#[allow(clippy::too_many_arguments)]
+async fn verify(
+    db: &Database,
+    verifier: Option<&Verifier>,
+    missing: Option<Vec<String>>,
+    ids: &Ids,
+    results: &[ProducerResult],
+    sink: SinkKind,
+    sent_rows: i64,
+    unsent_examples: &[String],
+) -> Result<Verified> {
+    let committed: u64 = results.iter().map(|r| r.committed).sum();
+    let mut verification = Verification::default();
+    Ok(match verifier {
+        Some(v) => {
+            let rep = v.report();
+            let still: Vec<String> = match missing {
+                Some(m) => m.into_iter().filter(|id| !v.was_delivered(id)).collect(),
+                None => missing_ids(v, ids, results),
+            };
+            verification.method = "kafka-consumer".to_string();
+            verification.foreign = rep.foreign;
+            verification.lost_examples = still.iter().take(10).cloned().collect();
+            verification.ordering_examples = rep.examples.clone();
+            Verified {
+                delivered: rep.delivered,
+                consumed: rep.consumed,
+                duplicates: rep.duplicates,
+                lost: still.len() as u64,
+                ordering_violations: rep.ordering_violations,
+                consumed_latency: Some(v.latency()),
+                verification,
+            }
+        }
+        None => {
+            verification.method = "store".to_string();
+            verification.consumer_skipped = Some(format!(
+                "--sink {} has no consumer; checked instead that every committed intent is SENT and that successive versions were marked SENT in order",
+                sink.as_str()
+            ));
+            verification.lost_examples = unsent_examples.to_vec();
+            Verified {
+                delivered: 0,
+                consumed: 0,
+                duplicates: 0,
+                lost: committed.saturating_sub(sent_rows.max(0) as u64),
+                ordering_violations: db.sent_order_violations().await?.max(0) as u64,
+                consumed_latency: None,
+                verification,
+            }
+        }
+    })
+}
+
+async fn execute(
+    spec: &RunSpec,
+    run: &str,
+    db: &Arc<Database>,
+    baseline: Option<(Duration, u64)>,
+    interrupt: &CancellationToken,
+) -> Result<RunReport> {
+    let mut notes = Vec::new();
+    let mut errors = Vec::new();
+    if spec.db.store == StoreKind::Sqlite && spec.relays.in_flight > 1 {
+        notes.push(format!(
+            "--in-flight {} on SQLite: ferry-relay leaves a worker's in-flight batches unpolled while it claims, so one can hold the write lock (BEGIN IMMEDIATE) and stall every writer for the 10 s busy timeout; use --in-flight 1 until the relay polls them concurrently",
+            spec.relays.in_flight
+        ));
+    }
+    let pg_before = db.pg_costs().await?;
+    let server = db.server_info().await;
+    let topic = spec
+        .topic
+        .clone()
+        .unwrap_or_else(|| format!("loadgen-{run}"));
+    let kafka = if spec.relays.sink == SinkKind::Kafka {
+        let (brokers, topic, partitions) =
+            (spec.kafka_brokers.clone(), topic.clone(), spec.partitions);
+        let target = tokio::task::spawn_blocking(move || match brokers {
+            Some(b) => KafkaTarget::external(&b, &topic),
+            None => KafkaTarget::embedded(&topic, partitions),
+        })
+        .await
+        .map_err(|e| Error::Kafka(format!("setup task failed: {e}")))??;
+        Some(target)
+    } else {
+        None
+    };
+    let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
+    let log_dir = std::env::temp_dir().join(format!("loadgen-{run}-relay-logs"));
+    if spec.relays.mode == RelayMode::Process {
+        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
+            what: "create the relay log directory",
+            path: log_dir.clone(),
+            source,
+        })?;
+    }
+    let relays = Relays::start(
+        &spec.relays,
+        db,
+        run,
+        kafka.as_ref().map(|k| k.brokers.as_str()),
+        &log_dir,
+    )
+    .await?;
+    let settle = match spec.relays.mode {
+        // relays heartbeat every 5 s by default: a rebalance takes two or three rounds
+        RelayMode::InProcess => Duration::from_secs(30),
+        RelayMode::Process => Duration::from_secs(40),
+    };
+    let settled = match wait_for_slots(db, &relays, spec.relays.relays, settle).await {
+        Ok(settled) => settled,
+        Err(e) => {
+            let _ = relays.stop().await;
+            return Err(e);
+        }
+    };
+    if !settled {
+        notes.push(format!(
+            "slot ownership had not settled after {:.0}s; the load started anyway",
+            settle.as_secs_f64()
+        ));
+    }
+    let chaos_stop = CancellationToken::new();
+    let chaos = match (spec.chaos, relays.processes()) {
+        (Some(every), Some(p)) => Some(crate::chaos::start(p, every, chaos_stop.clone())),
+        _ => None,
+    };
+
+    // ---- load phase
+    let ids = Ids {
+        run: run.to_string(),
+    };
+    let counters = Arc::new(Counters::default());
+    let stop = CancellationToken::new();
+    let live = Live {
+        db,
+        counters: &counters,
+        relays: &relays,
+        verifier: verifier.as_ref(),
+    };
+    let mut sampler = Sampler::new(spec.progress);
+    let handles = start_producers(db, spec.plan(run, &topic), &counters, &stop);
+    let analyzer = (spec.db.store == StoreKind::Postgres && !spec.pg_analyze_every.is_zero())
+        .then(|| start_analyzer(db.clone(), spec.pg_analyze_every, stop.clone()));
+    let t0 = sampler.t0;
+    let load_end = t0 + spec.duration;
+    let mut tick = 1u32;
+    loop {
+        let next = (t0 + Duration::from_secs(u64::from(tick))).min(load_end);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = interrupt.cancelled() => {
+                notes.push(format!("interrupted after {:.1}s of load", t0.elapsed().as_secs_f64()));
+                break;
+            }
+        }
+        tick += 1;
+        sampler.tick(&live, "load").await;
+        if let Err(e) = relays.check_alive().await {
+            errors.push(e.to_string());
+            break;
+        }
+        if handles.iter().any(JoinHandle::is_finished) {
+            errors.push("a producer stopped early (see below)".to_string());
+            break;
+        }
+        if Instant::now() >= load_end {
+            break;
+        }
+    }
+    stop.cancel();
+    let (results, producer_errors) = join_producers(handles).await;
+    errors.extend(producer_errors);
+    if let Some(a) = analyzer {
+        let n = a.await.unwrap_or(0);
+        notes.push(format!(
+            "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
+            spec.pg_analyze_every.as_secs_f64()
+        ));
+    }
+    let load_secs = t0.elapsed().as_secs_f64();
+    let at_load_end = live.totals().await;
+    let committed: u64 = results.iter().map(|r| r.committed).sum();
+
+    // ---- drain: until every committed intent is SENT and (with a consumer) delivered
+    let drain_start = Instant::now();
+    let (drained, missing) = drain(
+        &live,
+        &mut sampler,
+        &ids,
+        &results,
+        spec.drain_timeout,
+        &mut errors,
+    )
+    .await;
+    let drain_secs = drain_start.elapsed().as_secs_f64();
+    sampler.tick(&live, "drain").await;
+    sampler.finish_line();
+    chaos_stop.cancel();
+    let chaos_kills = match chaos {
+        Some(h) => h.await.ok(),
+        None => None,
+    };
+    let relay_metrics = relays.metrics().await;
+    if let Err(e) = relays.stop().await {
+        errors.push(e.to_string());
+    }
+
+    // ---- verification
+    let rows = db.count_rows().await?;
+    let sent_rows = db.count_sent().await?;
+    let unsent_examples = if sent_rows < rows {
+        db.unsent_examples().await?
+    } else {
+        Vec::new()
+    };
+    if rows as u64 != committed {
+        let msg =
+            format!("the outbox holds {rows} rows but the producers committed {committed} intents");
+        if (rows as u64) < committed {
+            errors.push(msg);
+        } else {
+            notes.push(msg);
+        }
+    }
+    let Verified {
+        delivered,
+        consumed,
+        duplicates,
+        lost,
+        ordering_violations,
+        consumed_latency,
+        mut verification,
+    } = verify(
+        db,
+        verifier.as_ref(),
+        missing,
+        &ids,
+        &results,
+        spec.relays.sink,
+        sent_rows,
+        &unsent_examples,
+    )
+    .await?;
+    drop(verifier);
+    if !drained && lost > 0 {
+        notes.push(format!(
+            "the drain timed out after {:.0}s: `lost` counts intents still undelivered at that deadline ({} rows not SENT); rerun with a longer --drain-timeout to tell a slow relay from a lossy one",
+            spec.drain_timeout.as_secs_f64(),
+            rows - sent_rows
+        ));
+    }
+    if let Some(k) = &kafka {
+        if lost > 0 && k.embedded {
+            let truncated = {
+                let (brokers, topic, partitions) =
+                    (k.brokers.clone(), k.topic.clone(), k.partitions);
+                tokio::task::spawn_blocking(move || {
+                    crate::kafka::truncated_partitions(&brokers, &topic, partitions)
+                })
+                .await
+                .ok()
+                .flatten()
+            };
+            verification.retention_truncated_partitions = truncated;
+            if truncated.unwrap_or(0) > 0 {
+                notes.push(format!(
+                    "{} partitions of the mock cluster dropped old messages (~5 MiB retention per partition): if the consumer lagged that far, the missing ids are retention drops, not relay loss; check `store.sent_rows` and rerun with more --partitions",
+                    truncated.unwrap_or(0)
+                ));
+            }
+        }
+    }
+    drop(kafka);
+
+    // ---- latencies and costs
+    let in_process = spec.relays.mode == RelayMode::InProcess;
+    let commit_to_ack = if in_process {
+        relay_metrics.commit_to_ack.clone()
+    } else {
+        notes.push("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
+        db.commit_to_ack_from_rows().await?
+    };
+    let mut producer_tx = new_histogram();
+    for r in &results {
+        let _ = producer_tx.add(&r.tx_latency);
+    }
+    db.close_pool().await;
+    let pg_after = db.pg_costs().await?;
+    let db_costs = match (pg_before, pg_after) {
+        (Some(before), Some(after)) => {
+            let growth = after.outbox_total_bytes - before.outbox_total_bytes;
+            Some(DbCosts {
+                n_dead_tup_peak: sampler.dead_peak.max(after.n_dead_tup),
+                outbox_growth_bytes: growth,
+                outbox_bytes_per_event: report::round3(growth as f64 / committed.max(1) as f64),
+                before,
+                after,
+            })
+        }
+        _ => None,
+    };
+
+    let total_secs = load_secs + drain_secs;
+    let sent = if in_process {
+        relay_metrics.sent
+    } else {
+        sent_rows.max(0) as u64
+    };
+    let sent_per_sec = at_load_end.sent as f64 / load_secs;
+    let baseline = baseline.map(|(d, n)| {
+        let per_sec = n as f64 / d.as_secs_f64();
+        Baseline {
+            duration_secs: report::round3(d.as_secs_f64()),
+            enqueued: n,
+            enqueued_per_sec: report::round3(per_sec),
+            relay_ratio: report::round3(sent_per_sec / per_sec.max(1e-9)),
+            enqueue_ratio: report::round3(committed as f64 / load_secs / per_sec.max(1e-9)),
+        }
+    });
+    let claims = claims(&relay_metrics, total_secs);
+    let batch_size = BatchStats::from_hist(&relay_metrics.batch_size);
+    if claims.quarantined > 0 {
+        errors.push(format!(
+            "{} events were quarantined (see the relay warnings)",
+            claims.quarantined
+        ));
+    }
+    let ok = lost == 0 && ordering_violations == 0 && errors.is_empty();
+    Ok(RunReport {
+        label: spec.label.clone(),
+        ok,
+        enqueued: committed,
+        sent,
+        consumed,
+        delivered,
+        duplicates,
+        lost,
+        ordering_violations,
+        enqueued_per_sec: report::round3(committed as f64 / load_secs),
+        sent_per_sec: report::round3(sent_per_sec),
+        consumed_per_sec: report::round3(at_load_end.consumed as f64 / load_secs),
+        sent_per_sec_overall: report::round3(sent as f64 / total_secs),
+        duration_secs: report::round3(load_secs),
+        drain_secs: report::round3(drain_secs),
+        drained,
+        backlog_at_end_of_load: at_load_end.backlog,
+        latency_ms: Latencies {
+            commit_to_ack: Quantiles::from_us(&commit_to_ack),
+            commit_to_consumed: consumed_latency.as_ref().and_then(Quantiles::from_us),
+            producer_tx: Quantiles::from_us(&producer_tx),
+            claim: Quantiles::from_us(&relay_metrics.claim_latency),
+            ack_cas: Quantiles::from_us(&relay_metrics.ack_latency),
+        },
+        claims: Some(claims),
+        batch_size,
+        per_relay_sent: relay_metrics.per_relay_sent.clone(),
+        chaos_kills,
+        producer_txs: counters.txs.load(Ordering::Relaxed),
+        producer_retries: counters.retries.load(Ordering::Relaxed),
+        store: StoreCheck {
+            rows,
+            sent_rows,
+            unsent_examples,
+        },
+        verification,
+        baseline,
+        db_costs,
+        peak_rss_mb: report::peak_rss_mb(),
+        errors,
+        notes,
+        timeline: std::mem::take(&mut sampler.timeline),
+        config: echo(spec, run, &topic, &server),
+    })
+}
+
+fn claims(m: &RelayMetrics, secs: f64) -> Claims {
+    Claims {
+        claims: m.claims,
+        claims_per_sec: report::round3(m.claims as f64 / secs.max(1e-9)),
+        empty_claims: m.empty_claims,
+        empty_ratio: report::round3(m.empty_claims as f64 / m.claims.max(1) as f64),
+        claimed_items: m.claimed_items,
+        fenced: m.fenced,
+        slot_fenced: m.slot_fenced,
+        retried: m.retried,
+        unknown: m.unknown,
+        quarantined: m.quarantined,
+        store_errors: m.store_errors,
+        rows_skipped_locked: None,
+    }
+}
+
+fn echo(spec: &RunSpec, run: &str, topic: &str, server: &[(String, String)]) -> ConfigEcho {
+    let kafka = spec.relays.sink == SinkKind::Kafka;
+    ConfigEcho {
+        run_id: run.to_string(),
+        store: spec.db.store,
+        database_url: spec.db.url.as_deref().map(redact_url),
+        server: server.to_vec(),
+        sink: spec.relays.sink,
+        kafka: kafka.then(|| {
+            spec.kafka_brokers
+                .clone()
+                .unwrap_or_else(|| "embedded mock cluster".to_string())
+        }),
+        topic: kafka.then(|| topic.to_string()),
+        partitions: (kafka && spec.kafka_brokers.is_none()).then_some(spec.partitions),
+        relays: spec.relays.relays,
+        relay_mode: spec.relays.mode,
+        workers: spec.relays.workers,
+        batch_size: spec.relays.batch_size,
+        in_flight: spec.relays.in_flight,
+        producers: spec.producers,
+        orders_per_tx: spec.orders_per_tx,
+        rate: spec.rate,
+        aggregates: spec.aggregates,
+        skew: spec.skew,
+        zipf_s: (spec.skew == Skew::Zipf).then_some(spec.zipf_s),
+        payload_bytes: spec.payload_bytes,
+        duration_secs: spec.duration.as_secs_f64(),
+        drain_timeout_secs: spec.drain_timeout.as_secs_f64(),
+        chaos_interval_secs: spec.chaos.map(|d| d.as_secs_f64()),
+        seed: spec.seed,
+    }
+}

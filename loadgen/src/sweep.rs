@@ -1,0 +1,242 @@
+//! `--sweep-batch` and `--sweep-relays`: the same workload once per value, each point on a
+//! fresh database namespace and topic, then a comparison table and an SVG chart.
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::chart::Chart;
+use crate::error::{Error, Result};
+use crate::report::{self, RunReport, SweepReport};
+use crate::run::{self, RunSpec};
+
+/// What is swept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepKind {
+    /// Claim batch size.
+    Batch,
+    /// Competing relays.
+    Relays,
+}
+
+impl SweepKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Batch => "batch_size",
+            Self::Relays => "relays",
+        }
+    }
+
+    fn file_stem(self) -> &'static str {
+        match self {
+            Self::Batch => "batch",
+            Self::Relays => "relays",
+        }
+    }
+
+    fn apply(self, spec: &mut RunSpec, v: u32) {
+        match self {
+            Self::Batch => spec.relays.batch_size = v as usize,
+            Self::Relays => spec.relays.relays = v as usize,
+        }
+        spec.label = format!("{}={v}", self.name());
+    }
+}
+
+/// Runs every point; a point that fails to run at all stops the sweep. With `interrupt`, the
+/// current point ends early and no further points start.
+pub async fn run(
+    base: &RunSpec,
+    kind: SweepKind,
+    values: &[u32],
+    chart: Option<&Path>,
+    interrupt: &CancellationToken,
+) -> Result<SweepReport> {
+    // one producer-only baseline for the whole sweep: the producers do not change per point
+    let baseline = run::baseline(base, interrupt).await?;
+    let mut points: Vec<RunReport> = Vec::with_capacity(values.len());
+    for (i, v) in values.iter().enumerate() {
+        if interrupt.is_cancelled() {
+            break;
+        }
+        let mut spec = base.clone();
+        kind.apply(&mut spec, *v);
+        if spec.progress {
+            eprintln!(
+                "loadgen: sweep point {}/{}: {}",
+                i + 1,
+                values.len(),
+                spec.label
+            );
+        }
+        let r = run::run(&spec, baseline, interrupt).await?;
+        if spec.progress {
+            eprintln!("loadgen: {}: {}", spec.label, r.verdict());
+        }
+        points.push(r);
+    }
+    let done: Vec<u32> = values[..points.len()].to_vec();
+    let chart_path = chart
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(format!("loadgen-sweep-{}.svg", kind.file_stem())));
+    write_chart(kind, &done, &points, &chart_path)?;
+    let sum = |f: fn(&RunReport) -> u64| points.iter().map(f).sum::<u64>();
+    Ok(SweepReport {
+        sweep: kind.name(),
+        values: done,
+        ok: points.iter().all(|p| p.ok) && points.len() == values.len(),
+        enqueued: sum(|p| p.enqueued),
+        sent: sum(|p| p.sent),
+        consumed: sum(|p| p.consumed),
+        duplicates: sum(|p| p.duplicates),
+        lost: sum(|p| p.lost),
+        ordering_violations: sum(|p| p.ordering_violations),
+        chart: Some(chart_path.display().to_string()),
+        points,
+    })
+}
+
+/// The p99 plotted per point: commit→ack when the relays' metrics or rows give it, else
+/// commit→consumed.
+fn p99(r: &RunReport) -> Option<f64> {
+    r.latency_ms
+        .commit_to_ack
+        .or(r.latency_ms.commit_to_consumed)
+        .map(|q| q.p99)
+}
+
+fn write_chart(kind: SweepKind, xs: &[u32], points: &[RunReport], path: &Path) -> Result<()> {
+    let Some(first) = points.first() else {
+        return Ok(());
+    };
+    let c = &first.config;
+    let subtitle = format!(
+        "{} store, {} sink, {} producers × {} orders/tx, {} B payload, {:.0}s per point",
+        c.store.as_str(),
+        c.sink.as_str(),
+        c.producers,
+        c.orders_per_tx,
+        c.payload_bytes,
+        c.duration_secs
+    );
+    let (title, x_label) = match kind {
+        SweepKind::Batch => (
+            "ferry loadgen: claim batch size sweep",
+            "claim batch size (events)",
+        ),
+        SweepKind::Relays => (
+            "ferry loadgen: competing relays sweep",
+            "relays over the same slots",
+        ),
+    };
+    let throughput: Vec<f64> = points.iter().map(|p| p.sent_per_sec).collect();
+    let lat: Vec<Option<f64>> = points.iter().map(p99).collect();
+    let svg = Chart {
+        title,
+        subtitle: &subtitle,
+        x_label,
+        xs,
+        throughput: &throughput,
+        p99_ms: &lat,
+        latency_label: "commit→ack",
+    }
+    .render();
+    std::fs::write(path, svg).map_err(|source| Error::Io {
+        what: "write the chart to",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl SweepReport {
+    /// The comparison table.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "\nferry loadgen — sweep over {}", self.sweep);
+        if let Some(first) = self.points.first() {
+            let c = &first.config;
+            let _ = writeln!(
+                o,
+                "  {} store, {} sink, {} relay(s) × {} workers, batch {}, {} producers × {} orders/tx, {:.0}s per point",
+                c.store.as_str(),
+                c.sink.as_str(),
+                c.relays,
+                c.workers,
+                c.batch_size,
+                c.producers,
+                c.orders_per_tx,
+                c.duration_secs
+            );
+            if let Some(b) = &first.baseline {
+                let _ = writeln!(
+                    o,
+                    "  producer-only baseline: {} ev/s",
+                    report::rate(b.enqueued_per_sec)
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "\n  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>7} {:>6} {:>6} {:>5}",
+            self.sweep,
+            "enq/s",
+            "sent/s",
+            "cons/s",
+            "×base",
+            "p99 ack ms",
+            "p99 cons ms",
+            "batch",
+            "empty%",
+            "fenced",
+            "dups",
+            "lost",
+            "viol"
+        );
+        for (v, p) in self.values.iter().zip(&self.points) {
+            let ms = |q: Option<crate::report::Quantiles>| {
+                q.map_or("-".to_string(), |q| format!("{:.2}", q.p99))
+            };
+            let _ = writeln!(
+                o,
+                "  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>7} {:>6} {:>6} {:>5}",
+                v,
+                report::rate(p.enqueued_per_sec),
+                report::rate(p.sent_per_sec),
+                if p.verification.method == "kafka-consumer" { report::rate(p.consumed_per_sec) } else { "-".to_string() },
+                p.baseline.as_ref().map_or("-".to_string(), |b| format!("{:.2}", b.relay_ratio)),
+                ms(p.latency_ms.commit_to_ack),
+                ms(p.latency_ms.commit_to_consumed),
+                p.batch_size.map_or("-".to_string(), |b| format!("{:.1}", b.mean)),
+                p.claims.as_ref().map_or("-".to_string(), |c| format!("{:.2}", c.empty_ratio * 100.0)),
+                p.claims.as_ref().map_or("-".to_string(), |c| c.fenced.to_string()),
+                p.duplicates,
+                p.lost,
+                p.ordering_violations
+            );
+        }
+        if let Some(c) = &self.chart {
+            let _ = writeln!(o, "\n  chart: {c}");
+        }
+        for p in self.points.iter().filter(|p| !p.ok) {
+            let _ = writeln!(o, "  {}: {}", p.label, p.verdict());
+            for e in &p.errors {
+                let _ = writeln!(o, "    ERROR: {e}");
+            }
+        }
+        let verdict = if self.ok {
+            format!(
+                "PASS: {} points, 0 lost, 0 ordering violations",
+                self.points.len()
+            )
+        } else {
+            format!(
+                "FAIL: {} lost, {} ordering violations over {} points",
+                self.lost,
+                self.ordering_violations,
+                self.points.len()
+            )
+        };
+        let _ = writeln!(o, "\n  {verdict}");
+        o
+    }
+}
