@@ -325,8 +325,11 @@ impl OutboxStore for PgStore {
             // a takeover (UPDATE of the lease row) waits until this claim commits, and a claim
             // by an owner whose lease ended finds no slot.
             let slot_filter = if req.fence.is_some() {
-                "o.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
-                 AND l.owner = $5 AND l.lease_until > now() FOR SHARE)"
+                // ARRAY(...) is an InitPlan: the lease rows are read (and locked) once per claim,
+                // whatever the planner's row estimates (a plain IN-subquery was planned as a
+                // per-row SubPlan on a fresh, un-ANALYZEd table).
+                "o.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
+                 AND l.owner = $5 AND l.lease_until > now() FOR SHARE))"
             } else {
                 "o.shard_slot = ANY($1)"
             };
