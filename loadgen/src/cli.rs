@@ -219,8 +219,8 @@ pub struct Args {
     #[arg(long, value_parser = value_parser!(u32).range(1..=64))]
     pub in_flight: Option<u32>,
 
-    /// First run the same producers with no relay, and state relay throughput as a ratio of
-    /// that producer-only ceiling.
+    /// First run the same producers flat out (ignoring --rate) with no relay, and state relay
+    /// throughput as a ratio of that producer-only ceiling.
     #[arg(long)]
     pub baseline: bool,
 

@@ -200,8 +200,8 @@ async fn join_producers(
     (ok, errors)
 }
 
-/// The producer-only ceiling: the same producers, no relay, in a namespace of their own (so
-/// their rows do not become a backlog for the measured run).
+/// The producer-only ceiling: the same producers, flat out, no relay, in a namespace of their
+/// own (so their rows do not become a backlog for the measured run).
 async fn run_baseline(
     spec: &RunSpec,
     length: Duration,
@@ -221,7 +221,10 @@ async fn run_baseline(
     let counters = Arc::new(Counters::default());
     let stop = CancellationToken::new();
     let t0 = Instant::now();
-    let handles = start_producers(&db, spec.plan(&run, "loadgen-baseline"), &counters, &stop);
+    // Flat out whatever --rate says: the baseline is the database's own insert ceiling.
+    let mut plan = spec.plan(&run, "loadgen-baseline");
+    plan.rate = 0;
+    let handles = start_producers(&db, plan, &counters, &stop);
     tokio::select! {
         _ = tokio::time::sleep(length) => {}
         _ = interrupt.cancelled() => {}

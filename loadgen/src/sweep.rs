@@ -155,14 +155,23 @@ impl SweepReport {
         let _ = writeln!(o, "\nferry loadgen — sweep over {}", self.sweep);
         if let Some(first) = self.points.first() {
             let c = &first.config;
+            // the swept setting varies per point; show only the fixed ones
+            let relays = if self.sweep == "relays" {
+                "K".to_string()
+            } else {
+                c.relays.to_string()
+            };
+            let batch = if self.sweep == "batch_size" {
+                "swept".to_string()
+            } else {
+                c.batch_size.to_string()
+            };
             let _ = writeln!(
                 o,
-                "  {} store, {} sink, {} relay(s) × {} workers, batch {}, {} producers × {} orders/tx, {:.0}s per point",
+                "  {} store, {} sink, {relays} relay(s) × {} workers, batch {batch}, {} producers × {} orders/tx, {:.0}s per point",
                 c.store.as_str(),
                 c.sink.as_str(),
-                c.relays,
                 c.workers,
-                c.batch_size,
                 c.producers,
                 c.orders_per_tx,
                 c.duration_secs
