@@ -754,6 +754,16 @@ async fn execute(
         ));
     }
     let ok = lost == 0 && ordering_violations == 0 && errors.is_empty();
+    if spec.relays.mode == RelayMode::Process {
+        if ok {
+            let _ = std::fs::remove_dir_all(&log_dir);
+        } else {
+            notes.push(format!(
+                "relay process logs are kept in {}",
+                log_dir.display()
+            ));
+        }
+    }
     Ok(RunReport {
         label: spec.label.clone(),
         ok,
