@@ -15,7 +15,6 @@ use ferry_core::{
     now_micros, Backoff, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, OutboxStore, Outcome,
     RetryItem, SlotFence, SlotId, StoreError,
 };
-use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -346,18 +345,20 @@ async fn worker(
 ) {
     let cfg = &ctx.config;
     let abandon = CancellationToken::new();
-    let mut inflight = FuturesUnordered::new();
+    // Each batch runs as its own task: it must make progress (e.g. finish an outcome
+    // transaction that holds SQLite's write lock) while this loop waits on the next claim.
+    let mut inflight: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
     let mut delay = cfg.poll_min;
     let mut store_backoff = Duration::from_millis(50);
     loop {
         // reap finished batches without blocking
-        while let Some(Some(())) = futures::FutureExt::now_or_never(inflight.next()) {}
+        while inflight.try_join_next().is_some() {}
         if cancel.is_cancelled() {
             break;
         }
         if inflight.len() >= cfg.max_in_flight {
             tokio::select! {
-                _ = inflight.next() => {}
+                _ = inflight.join_next() => {}
                 _ = cancel.cancelled() => {}
             }
             continue;
@@ -371,7 +372,7 @@ async fn worker(
         if slots.is_empty() {
             tokio::select! {
                 _ = slots_rx.changed() => {}
-                Some(()) = inflight.next(), if !inflight.is_empty() => {}
+                Some(_) = inflight.join_next(), if !inflight.is_empty() => {}
                 _ = cancel.cancelled() => {}
                 _ = tokio::time::sleep(cfg.poll_idle) => {}
             }
@@ -406,7 +407,7 @@ async fn worker(
             ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
             tokio::select! {
                 _ = ctx.wake.notified() => {}
-                Some(()) = inflight.next(), if !inflight.is_empty() => {}
+                Some(_) = inflight.join_next(), if !inflight.is_empty() => {}
                 _ = cancel.cancelled() => {}
                 _ = slots_rx.changed() => {}
                 _ = tokio::time::sleep(delay) => {}
@@ -424,7 +425,7 @@ async fn worker(
             .lock()
             .expect("in-flight lock")
             .insert(id, claimed.iter().map(|e| e.token.clone()).collect());
-        inflight.push(process_batch(ctx.clone(), id, claimed, abandon.clone()));
+        inflight.spawn(process_batch(ctx.clone(), id, claimed, abandon.clone()));
         if full {
             delay = cfg.poll_min;
         } else {
@@ -442,7 +443,7 @@ async fn worker(
     tokio::pin!(deadline);
     while !inflight.is_empty() {
         tokio::select! {
-            _ = inflight.next() => {}
+            _ = inflight.join_next() => {}
             _ = &mut deadline, if !abandon.is_cancelled() => {
                 tracing::warn!(worker = w, batches = inflight.len(), "shutdown deadline reached with batches in flight; abandoning their sends");
                 abandon.cancel();

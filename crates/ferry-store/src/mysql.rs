@@ -2,7 +2,7 @@
 //!
 //! Sessions run at `READ COMMITTED`; all times are `UTC_TIMESTAMP(6)` so the session time zone
 //! of an application's connection never shifts them. Claim, in one short transaction:
-//! 1. (fenced claims) lock the owner's live slot-lease rows `LOCK IN SHARE MODE`;
+//! 1. (fenced claims) read which of the requested slots the owner holds a live lease on;
 //! 2. a plain (non-locking) read picks due candidates whose aggregate has no unfinished lower
 //!    version — a locking read would also lock, or `SKIP LOCKED` past, the predecessor rows the
 //!    subquery examines, which could hide an in-flight v1 and release v2;
@@ -436,7 +436,10 @@ impl OutboxStore for MyStore {
                 qb.push_bind(&f.owner)
                     .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
                 push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
-                qb.push(") LOCK IN SHARE MODE");
+                // A plain read (no share lock): a locking read made lease renewals queue behind
+                // slow claims; a claim racing a takeover is harmless (rows are claimed under
+                // SKIP LOCKED and state, never twice).
+                qb.push(")");
                 qb.build_query_scalar()
                     .fetch_all(&mut *tx)
                     .await

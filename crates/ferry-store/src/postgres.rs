@@ -321,15 +321,16 @@ impl OutboxStore for PgStore {
             if req.slots.is_empty() || req.limit == 0 {
                 return Ok(Vec::new());
             }
-            // With a slot fence, the owned lease rows are read FOR SHARE in the same transaction:
-            // a takeover (UPDATE of the lease row) waits until this claim commits, and a claim
-            // by an owner whose lease ended finds no slot.
+            // With a slot fence, only slots whose lease this owner holds at the claim's start
+            // count: a relay whose lease ended claims nothing. The lease rows are read without a
+            // lock: a share lock made the owner's own lease renewal (and a takeover) queue behind
+            // slow claims until every lease expired. A claim racing a takeover is harmless: rows
+            // are taken one at a time under SKIP LOCKED, state and token, never twice.
+            // ARRAY(...) is an InitPlan, evaluated once per claim whatever the planner's row
+            // estimates (an IN-subquery became a per-row SubPlan on un-ANALYZEd tables).
             let slot_filter = if req.fence.is_some() {
-                // ARRAY(...) is an InitPlan: the lease rows are read (and locked) once per claim,
-                // whatever the planner's row estimates (a plain IN-subquery was planned as a
-                // per-row SubPlan on a fresh, un-ANALYZEd table).
                 "o.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
-                 AND l.owner = $5 AND l.lease_until > now() FOR SHARE))"
+                 AND l.owner = $5 AND l.lease_until > now()))"
             } else {
                 "o.shard_slot = ANY($1)"
             };
@@ -357,6 +358,13 @@ impl OutboxStore for PgStore {
                 .begin()
                 .await
                 .map_err(|e| db_err("claim: begin", e))?;
+            // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
+            // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
+            // slots first (stats from a small backlog, generic plans), which grows with the backlog.
+            sqlx::query("SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)")
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim: plan settings", e))?;
             let mut q = sqlx::query(&sql)
                 .bind(slots)
                 .bind(req.limit as i64)
