@@ -334,6 +334,10 @@ impl OutboxStore for PgStore {
             } else {
                 "o.shard_slot = ANY($1)"
             };
+            // The predecessor rule as "o is its aggregate's lowest unfinished version": a scalar
+            // subquery stays a per-candidate index probe. The equivalent NOT EXISTS was planned,
+            // under load, as an anti join scanning the whole unfinished index per candidate
+            // (measured: 64M rows filtered, 82 s for one claim, against 6.7 ms for this form).
             let sql = format!(
                 "WITH due AS ( \
                    SELECT o.seq FROM ferry_outbox o \
@@ -341,9 +345,8 @@ impl OutboxStore for PgStore {
                      AND o.state IN ('PENDING', 'CLAIMED') \
                      AND ((o.state = 'PENDING' AND o.available_at <= now()) \
                        OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
-                     AND NOT EXISTS (SELECT 1 FROM ferry_outbox p \
+                     AND o.aggregate_version = (SELECT min(p.aggregate_version) FROM ferry_outbox p \
                        WHERE p.aggregate_id = o.aggregate_id \
-                         AND p.aggregate_version < o.aggregate_version \
                          AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
                    ORDER BY o.seq LIMIT $2 \
                    FOR UPDATE OF o SKIP LOCKED) \
