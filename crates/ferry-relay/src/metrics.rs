@@ -29,6 +29,13 @@ impl Latency {
         let mut h = self.0.lock().expect("histogram lock");
         let _ = h.record_n(us.clamp(1, 3_600_000_000), n);
     }
+    /// Records many values in µs under one lock.
+    pub fn record_many_us(&self, values: impl IntoIterator<Item = u64>) {
+        let mut h = self.0.lock().expect("histogram lock");
+        for us in values {
+            let _ = h.record(us.clamp(1, 3_600_000_000));
+        }
+    }
     /// Records one value in µs.
     pub fn record_us(&self, us: u64) {
         self.record_n_us(us, 1);

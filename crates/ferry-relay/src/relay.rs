@@ -535,12 +535,16 @@ async fn process_batch(
     debug_assert_eq!(outcomes.len(), items.len());
 
     let mut acked = Vec::new();
+    let mut acked_created = Vec::new();
     let mut retry = Vec::new();
     let mut quarantine = Vec::new();
     let mut unknown = Vec::new();
     for (e, o) in items.iter().zip(outcomes) {
         match o {
-            Outcome::Acked => acked.push(e.token.clone()),
+            Outcome::Acked => {
+                acked.push(e.token.clone());
+                acked_created.push(e.created_at);
+            }
             Outcome::Retry(err) => {
                 let attempt = e.attempts as u32 + 1;
                 if attempt >= cfg.max_attempts {
@@ -570,16 +574,16 @@ async fn process_batch(
     let m = &ctx.metrics;
     if !acked.is_empty() {
         if let Some(r) = apply(&ctx, "ack", || ctx.store.ack(&acked)).await {
+            // The report is in input order: zip it with the acked items' commit times and
+            // record them under one histogram lock.
             let now = now_micros();
-            let by_seq: HashMap<i64, i64> =
-                items.iter().map(|e| (e.token.seq, e.created_at)).collect();
-            for (seq, res) in &r.items {
-                if *res == ferry_core::CasResult::Applied {
-                    if let Some(c) = by_seq.get(seq) {
-                        m.commit_to_ack.record_us((now - c).max(1) as u64);
-                    }
-                }
-            }
+            m.commit_to_ack.record_many_us(
+                r.items
+                    .iter()
+                    .zip(&acked_created)
+                    .filter(|((_, res), _)| *res == ferry_core::CasResult::Applied)
+                    .map(|(_, c)| (now - c).max(1) as u64),
+            );
             m.sent.fetch_add(r.applied() as u64, Ordering::Relaxed);
         }
     }

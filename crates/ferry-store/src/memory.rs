@@ -35,7 +35,7 @@
 //! requested slots by `seq`) and an ack removes one entry and promotes the next version:
 //! O(log n) per event. Status counters are kept per shard, so `status` costs O(slots), not
 //! O(backlog). A claim holds the locks of the slots it reads plus a read lock on the slot-lease
-//! table (the fence, like PostgreSQL's `FOR SHARE` on lease rows), so it is atomic like a
+//! table (the slot fence, as the SQL backends check the lease in the claim), so it is atomic like a
 //! database claim. Relay workers own disjoint slots and never contend.
 //!
 //! Measured on a 2-core machine (bench `engine`, `docs/performance.md`): the first version
