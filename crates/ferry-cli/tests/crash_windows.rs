@@ -248,7 +248,100 @@ async fn dies_after_ack_before_sent(db: TestDb) {
         (1, 1),
         "one event, delivered twice, deduped by id: {r:?}"
     );
+    // The consumer side: both deliveries go through the Inbox (Inbox + effect in one
+    // transaction, in the outbox's own database); the effect is applied once.
+    let effects = apply_through_inbox(&db, k.bootstrap_servers(), 2).await;
+    assert_eq!(effects, (1, 1), "(new, duplicate) verdicts");
+    assert_eq!(
+        db.scalar("SELECT applied FROM crash_effects WHERE id = 1")
+            .await
+            .unwrap(),
+        1
+    );
     db.cleanup().await;
+}
+
+/// Reads `expect` messages from the topic and applies each through the Inbox with a counter
+/// effect; returns the (New, Duplicate) verdict counts.
+async fn apply_through_inbox(db: &TestDb, brokers: &str, expect: usize) -> (usize, usize) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    db.exec("CREATE TABLE crash_effects (id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)")
+        .await
+        .unwrap();
+    db.exec("INSERT INTO crash_effects VALUES (1, 0)")
+        .await
+        .unwrap();
+    let brokers = brokers.to_string();
+    let messages = tokio::task::spawn_blocking(move || {
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", "crash-inbox")
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..2 {
+            tpl.add_partition_offset(TOPIC, p, rdkafka::Offset::Beginning)
+                .unwrap();
+        }
+        c.assign(&tpl).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut out: Vec<Vec<(String, Option<Vec<u8>>)>> = Vec::new();
+        while out.len() < expect && Instant::now() < deadline {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
+                out.push(
+                    m.headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec())))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        out
+    })
+    .await
+    .unwrap();
+    assert_eq!(messages.len(), expect, "deliveries at the broker");
+    let inbox = ferry_inbox::Inbox::connect(&db.url, ferry_inbox::InboxConfig::default())
+        .await
+        .unwrap();
+    let (mut new, mut dup) = (0, 0);
+    for headers in &messages {
+        let d = ferry_inbox::Delivery::from_headers(
+            "crash-consumer",
+            headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())),
+        )
+        .unwrap();
+        let verdict = inbox
+            .apply_once(&d, |conn, _| {
+                Box::pin(async move {
+                    let sql = "UPDATE crash_effects SET applied = applied + 1 WHERE id = 1";
+                    match conn {
+                        ferry_inbox::Conn::Postgres(c) => {
+                            sqlx::query(sql).execute(c).await.map(|_| ())?
+                        }
+                        ferry_inbox::Conn::Mysql(c) => {
+                            sqlx::query(sql).execute(c).await.map(|_| ())?
+                        }
+                        ferry_inbox::Conn::Sqlite(c) => {
+                            sqlx::query(sql).execute(c).await.map(|_| ())?
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .await
+            .unwrap();
+        match verdict {
+            ferry_inbox::Verdict::New => new += 1,
+            ferry_inbox::Verdict::Duplicate => dup += 1,
+            other => panic!("unexpected verdict {other:?}"),
+        }
+    }
+    (new, dup)
 }
 
 macro_rules! on_every_backend {
