@@ -344,32 +344,7 @@ async fn apply_through_inbox(db: &TestDb, brokers: &str, expect: usize) -> (usiz
     (new, dup)
 }
 
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                super::$name(ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap()).await;
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
-                super::$name(db).await;
-            })*
-        }
-        mod mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
-                super::$name(db).await;
-            })*
-        }
-    };
-}
-
-on_every_backend!(
+ferry_store::on_every_backend!(
     dies_before_commit,
     dies_after_commit_before_claim,
     dies_after_claim_before_ack,

@@ -288,32 +288,7 @@ async fn paused_owner_is_fenced(db: TestDb) {
     db.cleanup().await;
 }
 
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                super::$name(ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap()).await;
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
-                super::$name(db).await;
-            })*
-        }
-        mod mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
-                super::$name(db).await;
-            })*
-        }
-    };
-}
-
-on_every_backend!(
+ferry_store::on_every_backend!(
     graceful_shutdown_releases_everything,
     two_relays_split_slots_and_survive_sigkill
 );

@@ -283,32 +283,7 @@ async fn brokers_down_then_back_drains_backlog(db: TestDb) {
     db.cleanup().await;
 }
 
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                super::$name(ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap()).await;
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
-                super::$name(db).await;
-            })*
-        }
-        mod mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
-                super::$name(db).await;
-            })*
-        }
-    };
-}
-
-on_every_backend!(
+ferry_store::on_every_backend!(
     relays_in_order_with_no_loss,
     transient_produce_errors_are_retried,
     permanent_error_quarantines_and_blocks_until_requeue,

@@ -331,3 +331,34 @@ impl Cleanup {
         }
     }
 }
+
+/// Generates one `#[tokio::test]` per backend (modules `sqlite`, `postgres`, `mysql`) for each
+/// named `async fn name(db: TestDb)` in the calling module. The server backends return early
+/// (skipped, with a printed reason) when their URL is unset, unless `FERRY_REQUIRE_DBS=1`.
+/// The calling crate needs `tokio` (with `macros`) as a dev-dependency.
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let db = $crate::testkit::TestDb::open($crate::Backend::Sqlite).await.expect("SQLite is always available");
+                super::$name(db).await;
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Postgres).await else { return };
+                super::$name(db).await;
+            })*
+        }
+        mod mysql {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Mysql).await else { return };
+                super::$name(db).await;
+            })*
+        }
+    };
+}
