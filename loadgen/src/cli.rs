@@ -112,7 +112,8 @@ pub struct Args {
     pub duration: Duration,
 
     /// How long to wait after the load phase for every committed intent to be sent and
-    /// consumed [default: 60s, 120s with --chaos].
+    /// consumed; with --inbox, also how long the Inbox consumer may go without applying a
+    /// message while it catches up [default: 60s, 120s with --chaos].
     #[arg(long, value_parser = parse_duration_positive)]
     pub drain_timeout: Option<Duration>,
 
@@ -245,6 +246,22 @@ pub struct Args {
     #[arg(long)]
     pub chaos: bool,
 
+    /// Also apply every consumed message through ferry's consumer Inbox (`apply_once`) with a
+    /// real effect in the same transaction (tables loadgen_effects and loadgen_projection);
+    /// the run fails unless every committed event's effect was applied exactly once.
+    #[arg(long)]
+    pub inbox: bool,
+
+    /// The Inbox database (postgres://, mysql:// or sqlite://) [default: a fresh SQLite file
+    /// in a temporary directory; its `synchronous` follows --sqlite-synchronous].
+    #[arg(long, requires = "inbox", value_parser = parse_nonempty)]
+    pub inbox_url: Option<String>,
+
+    /// Inbox apply tasks; each aggregate always goes to the same task, so its versions are
+    /// applied in delivery order. A SQLite Inbox has one connection that the tasks share.
+    #[arg(long, default_value_t = 4, requires = "inbox", value_parser = value_parser!(u32).range(1..=64))]
+    pub inbox_workers: u32,
+
     /// Time between chaos kills.
     #[arg(long, default_value = "3s", value_parser = parse_duration_positive)]
     pub chaos_interval: Duration,
@@ -326,6 +343,23 @@ impl Args {
                 "'--kafka-brokers' only applies to '--sink kafka' (got '--sink {}')",
                 self.sink.as_str()
             ));
+        }
+        if self.inbox && self.sink != SinkKind::Kafka {
+            return conflict(format!(
+                "'--inbox' consumes from Kafka: it needs '--sink kafka' (got '--sink {}')",
+                self.sink.as_str()
+            ));
+        }
+        if let Some(url) = &self.inbox_url {
+            if ferry_store::Backend::from_url(url).is_err() {
+                return Err((
+                    ErrorKind::InvalidValue,
+                    format!(
+                        "invalid value '{}' for '--inbox-url': use postgres://, mysql:// (MariaDB too) or sqlite://",
+                        ferry_store::redact_url(url)
+                    ),
+                ));
+            }
         }
         if self.sink == SinkKind::Stdout && self.relay_mode == RelayMode::Process {
             return conflict(
@@ -492,6 +526,14 @@ mod tests {
             .unwrap_err()
             .1;
         assert!(e.contains("--producers"), "{e}");
+        let e = parse(&["--inbox", "--sink", "null"]).unwrap_err().1;
+        assert!(e.contains("--sink kafka"), "{e}");
+        let e = parse(&["--inbox", "--inbox-url", "redis://u:pw@h"])
+            .unwrap_err()
+            .1;
+        assert!(e.contains("--inbox-url") && !e.contains("pw"), "{e}");
+        assert!(parse(&["--inbox", "--inbox-url", "sqlite:///tmp/x.db"]).is_ok());
+        assert!(Args::try_parse_from(["loadgen", "--inbox-url", "sqlite://x.db"]).is_err());
         assert!(Args::try_parse_from(["loadgen", "--relays", "0"]).is_err());
         assert!(Args::try_parse_from(["loadgen", "--store", "oracle"]).is_err());
     }

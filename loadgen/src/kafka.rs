@@ -101,6 +101,20 @@ pub fn truncated_partitions(brokers: &str, topic: &str, partitions: i32) -> Opti
     Some(n)
 }
 
+/// The high watermark (next offset) of every partition of `topic`; `None` if one could not be
+/// read. Blocking.
+pub fn high_watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<i64>> {
+    let consumer = metadata_client(brokers).ok()?;
+    (0..partitions)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .ok()
+                .map(|(_, high)| high)
+        })
+        .collect()
+}
+
 fn metadata_client(brokers: &str) -> Result<BaseConsumer> {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)

@@ -4,7 +4,9 @@
 //! send and mark them SENT; a Kafka consumer reads the topic back while the run goes on. The
 //! report states throughput, latency distributions, claim statistics and database costs, and
 //! the run fails (exit code 1) if any committed intent was lost or any aggregate's versions
-//! were first delivered out of order.
+//! were first delivered out of order. With `--inbox`, a consumer also applies every message
+//! through ferry's consumer Inbox, and the run fails unless every committed event's effect was
+//! applied exactly once.
 //!
 //! Exit codes: 0 pass, 1 verification failed, 2 bad flags, 3 the run could not be carried out,
 //! 130 interrupted twice.
@@ -17,6 +19,7 @@ mod chart;
 mod cli;
 mod db;
 mod error;
+mod inbox;
 mod kafka;
 mod producer;
 mod progress;

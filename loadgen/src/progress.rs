@@ -10,6 +10,7 @@ use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
 use crate::db::Database;
+use crate::inbox::InboxConsumer;
 use crate::producer::Counters;
 use crate::relays::Relays;
 use crate::report::{self, Quantiles, Sample};
@@ -20,6 +21,7 @@ pub struct Live<'a> {
     pub counters: &'a Counters,
     pub relays: &'a Relays,
     pub verifier: Option<&'a Verifier>,
+    pub inbox: Option<&'a InboxConsumer>,
 }
 
 /// Totals at one instant.
@@ -31,6 +33,8 @@ pub struct Totals {
     pub sent: u64,
     /// Messages consumed.
     pub consumed: u64,
+    /// Messages the Inbox consumer applied.
+    pub inbox: u64,
     /// Committed but not SENT.
     pub backlog: i64,
 }
@@ -40,6 +44,7 @@ impl Live<'_> {
     pub async fn totals(&self) -> Totals {
         let enqueued = self.counters.enqueued.load(Ordering::Relaxed);
         let consumed = self.verifier.map_or(0, |v| v.report().consumed);
+        let inbox = self.inbox.map_or(0, InboxConsumer::processed);
         let (sent, backlog) = match self.relays.sent() {
             Some(sent) => (sent, enqueued as i64 - sent as i64),
             None => match self.db.store.status().await {
@@ -58,6 +63,7 @@ impl Live<'_> {
             enqueued,
             sent,
             consumed,
+            inbox,
             backlog: backlog.max(0),
         }
     }
@@ -124,10 +130,20 @@ impl Sampler {
             consumed_per_sec: report::round3(per(t.consumed, self.last.consumed)),
             backlog: t.backlog,
             p99_commit_to_ack_ms: p99,
+            inbox_applied_per_sec: live
+                .inbox
+                .map(|_| report::round3(per(t.inbox, self.last.inbox))),
+            inbox_lag: live
+                .inbox
+                .map(|_| (t.consumed as i64 - t.inbox as i64).max(0)),
         };
         if self.print {
+            let inbox = match (s.inbox_applied_per_sec, s.inbox_lag) {
+                (Some(r), Some(lag)) => format!("  inbox {:>7}/s lag {lag:>6}", report::rate(r)),
+                _ => String::new(),
+            };
             let line = format!(
-                "loadgen [{:>5.0}s {phase:<5}] enq {:>7}/s  sent {:>7}/s  cons {:>7}/s  backlog {:>8}  p99 commit→ack {}",
+                "loadgen [{:>5.0}s {phase:<5}] enq {:>7}/s  sent {:>7}/s  cons {:>7}/s{inbox}  backlog {:>8}  p99 commit→ack {}",
                 s.t,
                 report::rate(s.enqueued_per_sec),
                 report::rate(s.sent_per_sec),

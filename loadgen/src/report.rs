@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::cli::{RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::PgCosts;
 use crate::error::{Error, Result};
+use crate::inbox::InboxReport;
 
 /// Latency quantiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -195,6 +196,10 @@ pub struct Sample {
     pub backlog: i64,
     /// p99 commit→ack of the events acked in this second.
     pub p99_commit_to_ack_ms: Option<f64>,
+    /// Messages the Inbox consumer applied per second (`--inbox`).
+    pub inbox_applied_per_sec: Option<f64>,
+    /// Messages the verifier consumed that the Inbox consumer had not applied yet.
+    pub inbox_lag: Option<i64>,
 }
 
 /// The effective configuration (no secrets).
@@ -255,7 +260,7 @@ pub struct ConfigEcho {
 pub struct RunReport {
     /// `run`, or the sweep point (`batch_size=100`).
     pub label: String,
-    /// No loss, no ordering violation, no error.
+    /// No loss, no ordering violation, no error (and with `--inbox`, effects exactly once).
     pub ok: bool,
     /// Intents committed by the producers.
     pub enqueued: u64,
@@ -306,6 +311,8 @@ pub struct RunReport {
     pub store: StoreCheck,
     /// How delivery was verified.
     pub verification: Verification,
+    /// The Inbox consumer's account (`--inbox`): verdicts, effect rows, exactly-once.
+    pub inbox: Option<InboxReport>,
     /// Producer-only baseline.
     pub baseline: Option<Baseline>,
     /// PostgreSQL-side costs.
@@ -581,6 +588,51 @@ impl RunReport {
         for e in self.store.unsent_examples.iter().take(5) {
             let _ = writeln!(o, "    not SENT: {e}");
         }
+        if let Some(ib) = &self.inbox {
+            let _ = writeln!(
+                o,
+                "\n  inbox ({} {}, consumer {}, {} workers on {} connection{})",
+                ib.backend,
+                ib.url,
+                ib.consumer,
+                ib.workers,
+                ib.connections,
+                if ib.connections == 1 { "" } else { "s" }
+            );
+            let _ = writeln!(
+                o,
+                "    consumed {}   inbox_new {}   inbox_duplicates {}   inbox_gaps {}   inbox_early {}   stale {}   foreign {}",
+                ib.consumed, ib.new, ib.duplicates, ib.gaps, ib.early, ib.stale, ib.foreign
+            );
+            let _ = writeln!(
+                o,
+                "    effects_rows {} (committed {}, delivered {}; missing {}, unexpected {})   inbox rows {}   projection {} aggregates, {} mismatched",
+                ib.effects_rows,
+                self.enqueued,
+                self.delivered,
+                ib.effects_missing,
+                ib.effects_unexpected,
+                ib.inbox_rows,
+                ib.projection_aggregates,
+                ib.projection_mismatches
+            );
+            let _ = writeln!(
+                o,
+                "    applied twice {}   errors {}   retried {}   open gaps {}   applied {}/s during load, peak lag {}, settled {} in {:.1}s",
+                ib.effect_failures,
+                ib.errors,
+                ib.retries,
+                ib.open_gaps,
+                rate(ib.applied_per_sec),
+                ib.lag_peak,
+                if ib.settled { "yes" } else { "NO" },
+                ib.settle_secs
+            );
+            let _ = writeln!(o, "    effects_exactly_once {}", ib.effects_exactly_once);
+            for e in ib.examples.iter().take(5) {
+                let _ = writeln!(o, "    inbox: {e}");
+            }
+        }
         for n in &self.notes {
             let _ = writeln!(o, "  note: {n}");
         }
@@ -594,8 +646,15 @@ impl RunReport {
     /// One line saying whether the run passed, and why not.
     pub fn verdict(&self) -> String {
         if self.ok {
+            let inbox = match &self.inbox {
+                Some(ib) => format!(
+                    "; Inbox: {} effects applied exactly once, {} duplicates skipped",
+                    ib.effects_rows, ib.duplicates
+                ),
+                None => String::new(),
+            };
             return format!(
-                "PASS: {} committed, 0 lost, 0 ordering violations ({} duplicates)",
+                "PASS: {} committed, 0 lost, 0 ordering violations ({} duplicates){inbox}",
                 self.enqueued, self.duplicates
             );
         }
@@ -605,6 +664,15 @@ impl RunReport {
         }
         if self.ordering_violations > 0 {
             why.push(format!("{} ordering violations", self.ordering_violations));
+        }
+        if let Some(ib) = &self.inbox {
+            if !ib.effects_exactly_once {
+                why.push("Inbox effects not exactly once".to_string());
+            }
+            let order = ib.gaps + ib.early + ib.stale;
+            if order > 0 {
+                why.push(format!("{order} Inbox gap/early/stale verdicts"));
+            }
         }
         if !self.errors.is_empty() {
             why.push(format!("{} error(s)", self.errors.len()));

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Args, RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::{new_histogram, Database, DbSpec};
 use crate::error::{Error, Result};
+use crate::inbox::{InboxConsumer, InboxSpec};
 use crate::kafka::KafkaTarget;
 use crate::producer::{self, Counters, ProducerPlan, ProducerResult};
 use crate::progress::{Live, Sampler};
@@ -71,6 +72,8 @@ pub struct RunSpec {
     pub pg_analyze_every: Duration,
     /// Producer-only baseline phase length.
     pub baseline: Option<Duration>,
+    /// The Inbox consumer (`--inbox`).
+    pub inbox: Option<InboxSpec>,
     /// Live progress line.
     pub progress: bool,
     /// Workload seed.
@@ -135,6 +138,12 @@ impl RunSpec {
             baseline: a.baseline.then(|| {
                 a.baseline_duration
                     .unwrap_or(a.duration.min(Duration::from_secs(10)))
+            }),
+            inbox: a.inbox.then(|| InboxSpec {
+                url: a.inbox_url.clone(),
+                workers: a.inbox_workers as usize,
+                sqlite_sync: a.sqlite_synchronous,
+                keep: a.keep_db,
             }),
             progress: !a.no_progress,
             seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
@@ -353,7 +362,8 @@ fn missing_ids(v: &Verifier, ids: &Ids, results: &[ProducerResult]) -> Vec<Strin
 }
 
 /// Waits until every committed intent is SENT and, with a consumer, delivered. Returns whether
-/// that happened before `timeout`, and the ids still missing at the last exact check.
+/// that happened before `timeout`, and the ids still missing at the last exact check. (The
+/// Inbox consumer catches up afterwards, once the relays have stopped: see `inbox::finish`.)
 async fn drain(
     live: &Live<'_>,
     sampler: &mut Sampler,
@@ -513,6 +523,12 @@ async fn execute(
         None
     };
     let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
+    let inbox = match (&spec.inbox, &kafka) {
+        (Some(s), Some(k)) => {
+            Some(InboxConsumer::start(s, run, &k.brokers, &k.topic, k.partitions).await?)
+        }
+        _ => None,
+    };
     let log_dir = std::env::temp_dir().join(format!("loadgen-{run}-relay-logs"));
     if spec.relays.mode == RelayMode::Process {
         std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
@@ -564,6 +580,7 @@ async fn execute(
         counters: &counters,
         relays: &relays,
         verifier: verifier.as_ref(),
+        inbox: inbox.as_ref(),
     };
     let mut sampler = Sampler::new(spec.progress);
     let handles = start_producers(db, spec.plan(run, &topic), &counters, &stop);
@@ -632,6 +649,40 @@ async fn execute(
     if let Err(e) = relays.stop().await {
         errors.push(e.to_string());
     }
+
+    // ---- Inbox: every message up to the final high watermarks applied, effects read back
+    let inbox = match (inbox, &kafka) {
+        (Some(ib), Some(k)) => {
+            let high = {
+                let (brokers, topic, partitions) =
+                    (k.brokers.clone(), k.topic.clone(), k.partitions);
+                tokio::task::spawn_blocking(move || {
+                    crate::kafka::high_watermarks(&brokers, &topic, partitions)
+                })
+                .await
+                .ok()
+                .flatten()
+            };
+            let mut r = ib
+                .finish(high, spec.drain_timeout, &ids, &results, spec.progress)
+                .await?;
+            r.applied_per_sec = report::round3(at_load_end.inbox as f64 / load_secs);
+            r.lag_peak = sampler
+                .timeline
+                .iter()
+                .filter_map(|s| s.inbox_lag)
+                .max()
+                .unwrap_or(0);
+            if !r.settled {
+                errors.push(format!(
+                    "the Inbox consumer stopped applying messages for {:.0}s (--drain-timeout) before it had applied every message of the topic",
+                    spec.drain_timeout.as_secs_f64()
+                ));
+            }
+            Some(r)
+        }
+        _ => None,
+    };
 
     // ---- verification
     let rows = db.count_rows().await?;
@@ -753,7 +804,13 @@ async fn execute(
             claims.quarantined
         ));
     }
-    let ok = lost == 0 && ordering_violations == 0 && errors.is_empty();
+    let ok = lost == 0
+        && ordering_violations == 0
+        && errors.is_empty()
+        && match &inbox {
+            Some(r) => r.ok(),
+            None => true,
+        };
     if spec.relays.mode == RelayMode::Process {
         if ok {
             let _ = std::fs::remove_dir_all(&log_dir);
@@ -801,6 +858,7 @@ async fn execute(
             unsent_examples,
         },
         verification,
+        inbox,
         baseline,
         db_costs,
         peak_rss_mb: report::peak_rss_mb(),

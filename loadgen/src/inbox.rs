@@ -1,0 +1,1020 @@
+//! `--inbox`: a consumer that applies every delivered message through ferry's consumer Inbox
+//! ([`ferry_inbox::Inbox::apply_once`]) with a real business effect in the same transaction,
+//! and proves at the end that every committed event's effect was applied exactly once.
+//!
+//! # How it consumes
+//!
+//! A Kafka consumer of its own (`assign()` on every partition from the beginning, no group,
+//! like the verifier) runs on a thread concurrently with the load, so the mock cluster's
+//! ~5 MiB-per-partition retention never overtakes it. It hands each message to one of
+//! `--inbox-workers` async tasks chosen by a hash of the aggregate id: one aggregate is always
+//! applied by the same task, in partition order, so the Inbox's per-aggregate gap tracking
+//! sees the relay's order (a gap would be a real ordering fault, not an artefact of the
+//! consumer). Each message is one `apply_once` transaction: record `(consumer, event id)` in
+//! `ferry_inbox`, and, only for a `New` (or `Gap`) verdict, the effect. Duplicates, which
+//! chaos produces (a relay killed after the broker's ack but before its SENT commit), are
+//! recorded as `Duplicate` verdicts and their effect is skipped.
+//!
+//! # The effect
+//!
+//! * `loadgen_effects (event_id PRIMARY KEY, applied)`: a plain INSERT with `applied = 1`. A
+//!   second application of the same event would violate the primary key, fail its transaction
+//!   loudly and count as an `effect_failures` ("applied twice"), which must never happen.
+//! * `loadgen_projection (aggregate_id PRIMARY KEY, version, applied)`: an upsert that sets the
+//!   aggregate's last applied version and counts applications. Producers commit versions
+//!   `1..=n` of each aggregate, so at the end every row must have `applied = version`: a
+//!   missing, doubled or reordered application breaks that equality.
+//!
+//! # Settling and the verdict
+//!
+//! After the relays stopped, loadgen reads each partition's high watermark and waits until the
+//! consumer has polled up to it and every polled message has gone through `apply_once`: every
+//! message (duplicates included) was applied or rejected, none is in flight. Then the effect
+//! rows of the run are read back and matched against what the producers committed (event
+//! numbers `0..committed` per producer). `effects_exactly_once` holds when the rows are exactly
+//! the committed events, no effect failed or was applied twice, the projection agrees and
+//! the Inbox recorded exactly as many events as effects.
+//!
+//! # Database
+//!
+//! By default a fresh SQLite file `inbox.db` in a temporary directory of its own (independent
+//! of the outbox store), removed after the run unless `--keep-db`; or `--inbox-url` (the
+//! consumer name `loadgen-<run>` and the `run_id` column keep runs apart, and this run's rows
+//! are deleted afterwards unless `--keep-db`). SQLite has one writer: the pool has a single
+//! connection (more would only sleep in SQLite's busy handler) and the workers queue on it.
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use ferry_core::BoxFuture;
+use ferry_inbox::{
+    Backend, BoxError, Conn, Delivery, Inbox, InboxConfig, InboxError, InboxPool, Verdict,
+};
+use ferry_store::redact_url;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::Serialize;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Executor;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::cli::SqliteSync;
+use crate::error::{Error, Result};
+use crate::producer::ProducerResult;
+use crate::workload::Ids;
+
+/// Messages buffered per worker between the Kafka thread and the worker.
+const QUEUE: usize = 2048;
+/// Attempts of one delivery's transaction when it fails with a retryable error.
+const MAX_ATTEMPTS: u32 = 50;
+/// Examples of failures kept for the report.
+const MAX_EXAMPLES: usize = 10;
+
+/// Deletes this run's effect rows and its consumer's Inbox rows from `$pool`, with `$ph` the
+/// backend's placeholder.
+macro_rules! delete_rows {
+    ($pool:expr, $ph:literal, $run:expr, $consumer:expr) => {{
+        let mut res = Ok(());
+        for (table, col, v) in [
+            ("loadgen_effects", "run_id", $run),
+            ("loadgen_projection", "run_id", $run),
+            ("ferry_inbox", "consumer", $consumer),
+            ("ferry_inbox_aggregate", "consumer", $consumer),
+        ] {
+            let stmt = format!("DELETE FROM {table} WHERE {col} = {}", $ph);
+            if let Err(e) = sqlx::query(&stmt).bind(v).execute($pool).await {
+                res = Err(Error::sql(format!("delete this run's rows from {table}"))(
+                    e,
+                ));
+                break;
+            }
+        }
+        res
+    }};
+}
+
+/// How the Inbox consumer of a run is set up.
+#[derive(Debug, Clone)]
+pub struct InboxSpec {
+    /// The Inbox database; `None`: a fresh SQLite file in a temporary directory.
+    pub url: Option<String>,
+    /// Apply tasks (one aggregate always goes to the same one).
+    pub workers: usize,
+    /// `synchronous` of a SQLite Inbox.
+    pub sqlite_sync: SqliteSync,
+    /// Keep the database (or this run's rows) afterwards.
+    pub keep: bool,
+}
+
+/// What the Inbox consumer found; the `inbox` object of the JSON report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct InboxReport {
+    /// `sqlite`, `postgres` or `mysql`.
+    pub backend: String,
+    /// The Inbox database (password redacted); the temporary file's URL by default.
+    pub url: String,
+    /// The Inbox consumer name (`loadgen-<run>`).
+    pub consumer: String,
+    /// Apply tasks.
+    pub workers: usize,
+    /// Connections in the Inbox pool.
+    pub connections: u32,
+    /// Messages consumed from the topic (duplicates included).
+    pub consumed: u64,
+    /// Messages without ferry headers or of another run (not applied).
+    pub foreign: u64,
+    /// `New` verdicts: first deliveries, effect applied.
+    pub new: u64,
+    /// `Duplicate` verdicts: redeliveries, effect skipped.
+    pub duplicates: u64,
+    /// `Gap` verdicts (v(n+1) before v(n)); must be 0 since the relay delivers in order.
+    pub gaps: u64,
+    /// `Early` verdicts (hold-back policy; loadgen reports gaps instead): must be 0.
+    pub early: u64,
+    /// `Stale` verdicts (a new event id at an already covered version): must be 0.
+    pub stale: u64,
+    /// Effects rejected by `loadgen_effects`' primary key: an event applied twice. Must be 0.
+    pub effect_failures: u64,
+    /// Deliveries that failed for good (non-retryable error, or retries exhausted).
+    pub errors: u64,
+    /// Transaction attempts retried after a retryable error (busy, deadlock, ...).
+    pub retries: u64,
+    /// Rows of this run in `loadgen_effects`.
+    pub effects_rows: u64,
+    /// Effect rows whose event the producers did not commit (foreign or unknown ids).
+    pub effects_unexpected: u64,
+    /// Committed events without an effect row.
+    pub effects_missing: u64,
+    /// Events recorded in `ferry_inbox` for this consumer (`consumed_counts`).
+    pub inbox_rows: u64,
+    /// Aggregates in `loadgen_projection`.
+    pub projection_aggregates: u64,
+    /// Aggregates whose application count differs from their last applied version.
+    pub projection_mismatches: u64,
+    /// Aggregates the Inbox lists with an open gap at the end.
+    pub open_gaps: u64,
+    /// Effect rows equal the committed events, none applied twice or failed, the projection
+    /// and the Inbox agree, and every message was applied.
+    pub effects_exactly_once: bool,
+    /// Whether every consumed message had gone through `apply_once` by the end.
+    pub settled: bool,
+    /// Time after the relays stopped until the last message was applied (the consumer catching
+    /// up when it applies more slowly than the relays send).
+    pub settle_secs: f64,
+    /// Messages applied per second during the load phase.
+    pub applied_per_sec: f64,
+    /// Highest once-a-second lag behind the verifying consumer (messages).
+    pub lag_peak: i64,
+    /// A few failures.
+    pub examples: Vec<String>,
+}
+
+impl InboxReport {
+    /// Every check this report makes passed.
+    pub fn ok(&self) -> bool {
+        self.effects_exactly_once && self.gaps == 0 && self.early == 0 && self.stale == 0
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    consumed: AtomicU64,
+    foreign: AtomicU64,
+    dispatched: AtomicU64,
+    done: AtomicU64,
+    new: AtomicU64,
+    duplicates: AtomicU64,
+    gaps: AtomicU64,
+    early: AtomicU64,
+    stale: AtomicU64,
+    effect_failures: AtomicU64,
+    errors: AtomicU64,
+    retries: AtomicU64,
+    examples: Mutex<Vec<String>>,
+}
+
+impl Stats {
+    fn example(&self, e: String) {
+        let mut ex = self.examples.lock().expect("inbox examples lock");
+        if ex.len() < MAX_EXAMPLES {
+            ex.push(e);
+        }
+    }
+}
+
+/// The effect found the event's row already there: it was applied before.
+#[derive(Debug, thiserror::Error)]
+#[error("effect applied twice: event {0} is already in loadgen_effects")]
+struct AppliedTwice(String);
+
+/// The running Inbox consumer.
+pub struct InboxConsumer {
+    inbox: Inbox,
+    run: Arc<str>,
+    consumer: String,
+    url: String,
+    workers: usize,
+    connections: u32,
+    /// Temporary directory of the default SQLite file.
+    dir: Option<PathBuf>,
+    keep: bool,
+    stats: Arc<Stats>,
+    /// Next offset to poll, per partition (`-1`: nothing polled yet).
+    polled: Arc<Vec<AtomicI64>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl InboxConsumer {
+    /// Opens (and migrates) the Inbox database, creates the effect tables and starts consuming
+    /// `topic` (all `partitions`) from `brokers`.
+    pub async fn start(
+        spec: &InboxSpec,
+        run: &str,
+        brokers: &str,
+        topic: &str,
+        partitions: i32,
+    ) -> Result<Self> {
+        let (url, dir) = match &spec.url {
+            Some(u) => (u.clone(), None),
+            None => {
+                let dir = std::env::temp_dir().join(format!("loadgen-{run}-inbox"));
+                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+                    what: "create the Inbox directory",
+                    path: dir.clone(),
+                    source,
+                })?;
+                (
+                    format!("sqlite://{}", dir.join("inbox.db").display()),
+                    Some(dir),
+                )
+            }
+        };
+        let workers = spec.workers.max(1);
+        let setup = async {
+            let backend = Backend::from_url(&url).map_err(|e| {
+                Error::Setup(format!(
+                    "--inbox-url {}: {e} (use postgres://, mysql:// or sqlite://)",
+                    redact_url(&url)
+                ))
+            })?;
+            let (pool, connections) = match backend {
+                Backend::Sqlite => (sqlite_pool(&url, spec.sqlite_sync).await?, 1),
+                Backend::Postgres | Backend::Mysql => {
+                    let n = workers as u32;
+                    let pool = InboxPool::connect(&url, n).await.map_err(|e| {
+                        Error::Setup(format!(
+                            "cannot open the Inbox database {}: {e}",
+                            redact_url(&url)
+                        ))
+                    })?;
+                    (pool, n)
+                }
+            };
+            let inbox = Inbox::new(pool, InboxConfig::default());
+            inbox.migrate().await.map_err(|e| {
+                Error::Setup(format!(
+                    "cannot migrate the Inbox database {}: {e}",
+                    redact_url(&url)
+                ))
+            })?;
+            create_effect_tables(inbox.pool()).await?;
+            Ok::<_, Error>((inbox, connections))
+        };
+        let (inbox, connections) = match setup.await {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some(d) = &dir {
+                    let _ = std::fs::remove_dir_all(d);
+                }
+                return Err(e);
+            }
+        };
+
+        let kafka: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set(
+                "group.id",
+                format!("loadgen-inbox-{run}-{}", rand::random::<u32>()),
+            )
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .map_err(|e| Error::Kafka(format!("Inbox consumer: {e}")))?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .map_err(|e| Error::Kafka(format!("Inbox consumer: {e}")))?;
+        }
+        kafka
+            .assign(&tpl)
+            .map_err(|e| Error::Kafka(format!("Inbox consumer: {e}")))?;
+
+        let run: Arc<str> = Arc::from(run);
+        let consumer = format!("loadgen-{run}");
+        let stats = Arc::new(Stats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let polled: Arc<Vec<AtomicI64>> =
+            Arc::new((0..partitions).map(|_| AtomicI64::new(-1)).collect());
+        let mut senders = Vec::with_capacity(workers);
+        let mut tasks = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let (tx, rx) = mpsc::channel::<Delivery>(QUEUE);
+            senders.push(tx);
+            tasks.push(tokio::spawn(apply_loop(
+                inbox.clone(),
+                rx,
+                run.clone(),
+                stats.clone(),
+                stop.clone(),
+            )));
+        }
+        let thread = {
+            let (stats, stop, polled, consumer) = (
+                stats.clone(),
+                stop.clone(),
+                polled.clone(),
+                consumer.clone(),
+            );
+            let prefix = format!("lg-{run}-");
+            thread::Builder::new()
+                .name("loadgen-inbox".into())
+                .spawn(move || poll_loop(kafka, senders, consumer, &prefix, stats, polled, stop))
+                .map_err(|e| Error::Kafka(format!("cannot start the Inbox consumer: {e}")))?
+        };
+        Ok(Self {
+            inbox,
+            run,
+            consumer,
+            url,
+            workers,
+            connections,
+            dir,
+            keep: spec.keep,
+            stats,
+            polled,
+            stop,
+            thread: Some(thread),
+            tasks,
+        })
+    }
+
+    /// Messages that went through `apply_once` (or were skipped as foreign) so far.
+    pub fn processed(&self) -> u64 {
+        self.stats.done.load(Ordering::Relaxed) + self.stats.foreign.load(Ordering::Relaxed)
+    }
+
+    /// Whether every message polled up to `high` (per partition) has been applied.
+    fn settled(&self, high: &[i64]) -> bool {
+        let all_polled = high.iter().enumerate().all(|(p, h)| {
+            *h <= 0
+                || self
+                    .polled
+                    .get(p)
+                    .is_some_and(|o| o.load(Ordering::Acquire) >= *h)
+        });
+        all_polled
+            && self.stats.done.load(Ordering::Acquire)
+                == self.stats.dispatched.load(Ordering::Acquire)
+    }
+
+    /// Waits until every message up to the topic's high watermarks (`high`, read after the
+    /// relays stopped) has been applied, giving up when no message was applied for `stall`,
+    /// stops consuming, then reads the effects back and checks them against what the producers
+    /// committed.
+    pub async fn finish(
+        mut self,
+        high: Option<Vec<i64>>,
+        stall: Duration,
+        ids: &Ids,
+        results: &[ProducerResult],
+        progress: bool,
+    ) -> Result<InboxReport> {
+        let start = Instant::now();
+        let mut settled = false;
+        let mut next_line = start + Duration::from_secs(1);
+        let (mut last, mut last_at) = (self.processed(), start);
+        if let Some(high) = &high {
+            let total: i64 = high.iter().map(|h| (*h).max(0)).sum();
+            loop {
+                if self.settled(high) {
+                    settled = true;
+                    break;
+                }
+                let now = Instant::now();
+                let n = self.processed();
+                if n != last {
+                    (last, last_at) = (n, now);
+                } else if now.duration_since(last_at) >= stall {
+                    break;
+                }
+                if progress && now >= next_line {
+                    next_line += Duration::from_secs(1);
+                    eprintln!(
+                        "loadgen [{:>5.0}s inbox] applied {n} of {total} messages after the relays stopped",
+                        now.duration_since(start).as_secs_f64()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let settle_secs = crate::report::round3(start.elapsed().as_secs_f64());
+        self.shutdown().await;
+
+        let s = &self.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut r = InboxReport {
+            backend: match self.inbox.pool().backend() {
+                Backend::Sqlite => "sqlite",
+                Backend::Postgres => "postgres",
+                Backend::Mysql => "mysql",
+            }
+            .to_string(),
+            url: redact_url(&self.url),
+            consumer: self.consumer.clone(),
+            workers: self.workers,
+            connections: self.connections,
+            consumed: load(&s.consumed),
+            foreign: load(&s.foreign),
+            new: load(&s.new),
+            duplicates: load(&s.duplicates),
+            gaps: load(&s.gaps),
+            early: load(&s.early),
+            stale: load(&s.stale),
+            effect_failures: load(&s.effect_failures),
+            errors: load(&s.errors),
+            retries: load(&s.retries),
+            settled,
+            settle_secs,
+            examples: s.examples.lock().expect("inbox examples lock").clone(),
+            ..Default::default()
+        };
+        if high.is_none() {
+            r.examples
+                .push("the topic's high watermarks could not be read: not settled".to_string());
+        }
+
+        // ---- read the effects back
+        let effect_ids = self.effect_ids().await?;
+        r.effects_rows = effect_ids.len() as u64;
+        let committed: HashMap<usize, u64> =
+            results.iter().map(|p| (p.producer, p.committed)).collect();
+        let total_committed: u64 = committed.values().sum();
+        let mut matched = 0u64;
+        for id in &effect_ids {
+            match parse_event(ids, id) {
+                Some((p, n)) if n < committed.get(&p).copied().unwrap_or(0) => matched += 1,
+                _ => {
+                    r.effects_unexpected += 1;
+                    if r.examples.len() < MAX_EXAMPLES {
+                        r.examples.push(format!("unexpected effect row: {id}"));
+                    }
+                }
+            }
+        }
+        r.effects_missing = total_committed.saturating_sub(matched);
+        let (aggregates, mismatches) = self.projection().await?;
+        r.projection_aggregates = aggregates;
+        r.projection_mismatches = mismatches;
+        r.inbox_rows = self
+            .inbox
+            .consumed_counts()
+            .await
+            .map_err(|e| Error::Setup(format!("Inbox consumed_counts: {e}")))?
+            .get(&self.consumer)
+            .copied()
+            .unwrap_or(0)
+            .max(0) as u64;
+        r.open_gaps = self
+            .inbox
+            .gaps(&self.consumer)
+            .await
+            .map_err(|e| Error::Setup(format!("Inbox gaps: {e}")))?
+            .len() as u64;
+        r.effects_exactly_once = settled
+            && r.effect_failures == 0
+            && r.errors == 0
+            && r.effects_unexpected == 0
+            && r.effects_missing == 0
+            && r.effects_rows == total_committed
+            && r.effects_rows == r.new + r.gaps
+            && r.inbox_rows == r.effects_rows
+            && r.projection_mismatches == 0;
+        self.cleanup().await;
+        Ok(r)
+    }
+
+    /// Stops the Kafka thread and the apply tasks (those still retrying give up).
+    async fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+    }
+
+    /// Event ids of this run's effect rows.
+    async fn effect_ids(&self) -> Result<Vec<String>> {
+        let what = Error::sql("read loadgen_effects back");
+        let run: &str = &self.run;
+        match self.inbox.pool() {
+            InboxPool::Sqlite(p) => {
+                sqlx::query_scalar("SELECT event_id FROM loadgen_effects WHERE run_id = ?")
+                    .bind(run)
+                    .fetch_all(p)
+                    .await
+            }
+            InboxPool::Postgres(p) => {
+                sqlx::query_scalar("SELECT event_id FROM loadgen_effects WHERE run_id = $1")
+                    .bind(run)
+                    .fetch_all(p)
+                    .await
+            }
+            InboxPool::Mysql(p) => {
+                sqlx::query_scalar("SELECT event_id FROM loadgen_effects WHERE run_id = ?")
+                    .bind(run)
+                    .fetch_all(p)
+                    .await
+            }
+        }
+        .map_err(what)
+    }
+
+    /// (aggregates, aggregates whose application count differs from their last version).
+    async fn projection(&self) -> Result<(u64, u64)> {
+        let what = Error::sql("read loadgen_projection back");
+        let run: &str = &self.run;
+        // COUNT and a CASE count (not SUM: NUMERIC/DECIMAL on the servers)
+        let (n, bad): (i64, i64) = match self.inbox.pool() {
+            InboxPool::Sqlite(p) => {
+                sqlx::query_as(
+                    "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
+                     FROM loadgen_projection WHERE run_id = ?",
+                )
+                .bind(run)
+                .fetch_one(p)
+                .await
+            }
+            InboxPool::Postgres(p) => {
+                sqlx::query_as(
+                    "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
+                     FROM loadgen_projection WHERE run_id = $1",
+                )
+                .bind(run)
+                .fetch_one(p)
+                .await
+            }
+            InboxPool::Mysql(p) => {
+                sqlx::query_as(
+                    "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
+                     FROM loadgen_projection WHERE run_id = ?",
+                )
+                .bind(run)
+                .fetch_one(p)
+                .await
+            }
+        }
+        .map_err(what)?;
+        Ok((n.max(0) as u64, bad.max(0) as u64))
+    }
+
+    /// Removes the temporary database, or this run's rows from `--inbox-url` (not with
+    /// `--keep-db`, which says where they are).
+    async fn cleanup(&mut self) {
+        if self.keep {
+            eprintln!(
+                "loadgen: kept the Inbox database: {} (consumer {})",
+                redact_url(&self.url),
+                self.consumer
+            );
+            self.dir = None;
+            return;
+        }
+        if self.dir.is_none() {
+            let run: &str = &self.run;
+            let c = self.consumer.as_str();
+            let res: Result<()> = match self.inbox.pool() {
+                InboxPool::Sqlite(p) => delete_rows!(p, "?", run, c),
+                InboxPool::Postgres(p) => delete_rows!(p, "$1", run, c),
+                InboxPool::Mysql(p) => delete_rows!(p, "?", run, c),
+            };
+            if let Err(e) = res {
+                eprintln!("loadgen: could not delete this run's Inbox rows: {e}");
+            }
+        }
+        match self.inbox.pool() {
+            InboxPool::Sqlite(p) => p.close().await,
+            InboxPool::Postgres(p) => p.close().await,
+            InboxPool::Mysql(p) => p.close().await,
+        }
+        if let Some(d) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+impl Drop for InboxConsumer {
+    fn drop(&mut self) {
+        // error paths: stop the thread; tasks end when its senders are dropped
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(d) = self.dir.take() {
+            if !self.keep {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
+}
+
+/// A SQLite Inbox pool of one connection (one writer: more connections would only sleep in
+/// the busy handler), WAL, `synchronous` as asked.
+async fn sqlite_pool(url: &str, sync: SqliteSync) -> Result<InboxPool> {
+    let opts = SqliteConnectOptions::from_str(url)
+        .map_err(|e| Error::Setup(format!("--inbox-url {}: {e}", redact_url(url))))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(match sync {
+            SqliteSync::Full => SqliteSynchronous::Full,
+            SqliteSync::Normal => SqliteSynchronous::Normal,
+        })
+        .busy_timeout(Duration::from_secs(10));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(opts)
+        .await
+        .map_err(Error::sql(format!(
+            "open the Inbox database {}",
+            redact_url(url)
+        )))?;
+    Ok(InboxPool::Sqlite(pool))
+}
+
+const EFFECTS_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_effects (\
+    event_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, aggregate_id TEXT NOT NULL, \
+    aggregate_version INTEGER NOT NULL, applied INTEGER NOT NULL) WITHOUT ROWID; \
+    CREATE TABLE IF NOT EXISTS loadgen_projection (\
+    aggregate_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, version INTEGER NOT NULL, \
+    applied INTEGER NOT NULL) WITHOUT ROWID;";
+const EFFECTS_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_effects (\
+    event_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, \
+    aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, applied INT NOT NULL); \
+    CREATE TABLE IF NOT EXISTS loadgen_projection (\
+    aggregate_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, version BIGINT NOT NULL, \
+    applied BIGINT NOT NULL);";
+const EFFECTS_MY: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS loadgen_effects (\
+    event_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, \
+    aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, applied INT NOT NULL) \
+    ENGINE = InnoDB",
+    "CREATE TABLE IF NOT EXISTS loadgen_projection (\
+    aggregate_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, version BIGINT NOT NULL, \
+    applied BIGINT NOT NULL) ENGINE = InnoDB",
+];
+
+async fn create_effect_tables(pool: &InboxPool) -> Result<()> {
+    let what = || Error::sql("create the effect tables loadgen_effects and loadgen_projection");
+    match pool {
+        InboxPool::Sqlite(p) => p.execute(EFFECTS_SQLITE).await.map(|_| ()).map_err(what()),
+        InboxPool::Postgres(p) => p.execute(EFFECTS_PG).await.map(|_| ()).map_err(what()),
+        InboxPool::Mysql(p) => {
+            for stmt in EFFECTS_MY {
+                p.execute(stmt).await.map_err(what())?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The business effect, on the Inbox's transaction: the event's effect row (a second
+/// application fails on the primary key) and the aggregate's projection.
+fn effect<'c>(
+    conn: Conn<'c>,
+    d: &'c Delivery,
+    run: Arc<str>,
+) -> BoxFuture<'c, Result<(), BoxError>> {
+    Box::pin(async move {
+        let (id, agg, v) = (&d.event_id, &d.aggregate_id, d.aggregate_version);
+        let run: &str = &run;
+        let twice = |e: sqlx::Error| -> BoxError {
+            match &e {
+                sqlx::Error::Database(db) if db.is_unique_violation() => {
+                    Box::new(AppliedTwice(id.clone()))
+                }
+                _ => Box::new(e),
+            }
+        };
+        match conn {
+            Conn::Sqlite(c) => {
+                sqlx::query(
+                    "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+                     aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
+                )
+                .bind(id)
+                .bind(run)
+                .bind(agg)
+                .bind(v)
+                .execute(&mut *c)
+                .await
+                .map_err(twice)?;
+                sqlx::query(
+                    "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
+                     VALUES (?, ?, ?, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
+                     version = excluded.version, applied = loadgen_projection.applied + 1",
+                )
+                .bind(agg)
+                .bind(run)
+                .bind(v)
+                .execute(&mut *c)
+                .await?;
+            }
+            Conn::Postgres(c) => {
+                sqlx::query(
+                    "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+                     aggregate_version, applied) VALUES ($1, $2, $3, $4, 1)",
+                )
+                .bind(id)
+                .bind(run)
+                .bind(agg)
+                .bind(v)
+                .execute(&mut *c)
+                .await
+                .map_err(twice)?;
+                sqlx::query(
+                    "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
+                     VALUES ($1, $2, $3, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
+                     version = excluded.version, applied = loadgen_projection.applied + 1",
+                )
+                .bind(agg)
+                .bind(run)
+                .bind(v)
+                .execute(&mut *c)
+                .await?;
+            }
+            Conn::Mysql(c) => {
+                sqlx::query(
+                    "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+                     aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
+                )
+                .bind(id)
+                .bind(run)
+                .bind(agg)
+                .bind(v)
+                .execute(&mut *c)
+                .await
+                .map_err(twice)?;
+                sqlx::query(
+                    "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
+                     VALUES (?, ?, ?, 1) ON DUPLICATE KEY UPDATE \
+                     version = VALUES(version), applied = applied + 1",
+                )
+                .bind(agg)
+                .bind(run)
+                .bind(v)
+                .execute(&mut *c)
+                .await?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// One apply task: every delivery of its aggregates, in the order the Kafka thread saw them.
+async fn apply_loop(
+    inbox: Inbox,
+    mut rx: mpsc::Receiver<Delivery>,
+    run: Arc<str>,
+    stats: Arc<Stats>,
+    stop: Arc<AtomicBool>,
+) {
+    while let Some(d) = rx.recv().await {
+        apply(&inbox, &d, &run, &stats, &stop).await;
+        stats.done.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// One delivery through `apply_once`, retried on retryable errors.
+async fn apply(inbox: &Inbox, d: &Delivery, run: &Arc<str>, stats: &Stats, stop: &AtomicBool) {
+    let mut attempt = 1;
+    loop {
+        let r = run.clone();
+        let err = match inbox.apply_once(d, move |c, d| effect(c, d, r)).await {
+            Ok(v) => {
+                let counter = match v {
+                    Verdict::New => &stats.new,
+                    Verdict::Duplicate => &stats.duplicates,
+                    Verdict::Gap { expected, got } => {
+                        stats.example(format!(
+                            "gap: {} v{got} before v{expected} ({})",
+                            d.aggregate_id, d.event_id
+                        ));
+                        &stats.gaps
+                    }
+                    Verdict::Early { expected, got } => {
+                        stats.example(format!(
+                            "early: {} v{got} before v{expected} ({})",
+                            d.aggregate_id, d.event_id
+                        ));
+                        &stats.early
+                    }
+                    Verdict::Stale { applied_through } => {
+                        stats.example(format!(
+                            "stale: {} v{} already covered through v{applied_through} ({})",
+                            d.aggregate_id, d.aggregate_version, d.event_id
+                        ));
+                        &stats.stale
+                    }
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(e) => e,
+        };
+        if let InboxError::Effect(inner) = &err {
+            if inner.downcast_ref::<AppliedTwice>().is_some() {
+                tracing::error!(event_id = %d.event_id, "inbox: {err}");
+                stats.effect_failures.fetch_add(1, Ordering::Relaxed);
+                stats.example(err.to_string());
+                return;
+            }
+        }
+        if err.is_transient() && attempt < MAX_ATTEMPTS && !stop.load(Ordering::Relaxed) {
+            stats.retries.fetch_add(1, Ordering::Relaxed);
+            let backoff = Duration::from_millis((5u64 << attempt.min(6)).min(500));
+            tokio::time::sleep(backoff).await;
+            attempt += 1;
+            continue;
+        }
+        tracing::error!(event_id = %d.event_id, attempts = attempt, "inbox: {err}");
+        stats.errors.fetch_add(1, Ordering::Relaxed);
+        stats.example(format!("{} (after {attempt} attempts): {err}", d.event_id));
+        return;
+    }
+}
+
+/// The Kafka thread: polls every partition and hands each message of this run (event id
+/// `prefix…`) to the apply task of its aggregate (blocking while that task's queue is full).
+fn poll_loop(
+    kafka: BaseConsumer,
+    senders: Vec<mpsc::Sender<Delivery>>,
+    consumer: String,
+    prefix: &str,
+    stats: Arc<Stats>,
+    polled: Arc<Vec<AtomicI64>>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let Some(msg) = kafka.poll(Duration::from_millis(50)) else {
+            continue;
+        };
+        let Ok(msg) = msg else { continue };
+        stats.consumed.fetch_add(1, Ordering::Relaxed);
+        let headers: Vec<(&str, Option<&[u8]>)> = msg
+            .headers()
+            .map(|h| h.iter().map(|h| (h.key, h.value)).collect())
+            .unwrap_or_default();
+        match Delivery::from_headers(consumer.as_str(), headers) {
+            Ok(d) if d.event_id.starts_with(prefix) => {
+                let worker = shard(&d.aggregate_id, senders.len());
+                stats.dispatched.fetch_add(1, Ordering::AcqRel);
+                if senders[worker].blocking_send(d).is_err() {
+                    // the task is gone (shutdown): count it as done so nothing waits on it
+                    stats.done.fetch_add(1, Ordering::AcqRel);
+                    return;
+                }
+            }
+            // no ferry headers, or another run's event on a reused topic
+            _ => {
+                stats.foreign.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(o) = polled.get(msg.partition() as usize) {
+            o.fetch_max(msg.offset() + 1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The apply task of an aggregate.
+fn shard(aggregate_id: &str, n: usize) -> usize {
+    let mut h = DefaultHasher::new();
+    aggregate_id.hash(&mut h);
+    (h.finish() % n.max(1) as u64) as usize
+}
+
+/// `(producer, n)` of a loadgen event id of this run (`lg-<run>-p<producer>-<n>`).
+fn parse_event(ids: &Ids, id: &str) -> Option<(usize, u64)> {
+    let rest = id.strip_prefix("lg-")?.strip_prefix(ids.run.as_str())?;
+    let (p, n) = rest.strip_prefix("-p")?.split_once('-')?;
+    Some((p.parse().ok()?, n.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_parse_back() {
+        let ids = Ids {
+            run: "abc123".into(),
+        };
+        assert_eq!(parse_event(&ids, &ids.event(7, 42)), Some((7, 42)));
+        let other = Ids {
+            run: "ffffff".into(),
+        };
+        assert_eq!(parse_event(&ids, &other.event(7, 42)), None);
+        assert_eq!(parse_event(&ids, "e-7-1"), None);
+    }
+
+    #[tokio::test]
+    async fn duplicates_are_skipped_and_a_second_application_fails_loudly() {
+        let dir = std::env::temp_dir().join(format!("loadgen-inbox-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("inbox.db").display());
+        let inbox = Inbox::new(
+            sqlite_pool(&url, SqliteSync::Normal).await.unwrap(),
+            InboxConfig::default(),
+        );
+        inbox.migrate().await.unwrap();
+        create_effect_tables(inbox.pool()).await.unwrap();
+        let (stats, stop) = (Stats::default(), AtomicBool::new(false));
+        let run: Arc<str> = Arc::from("abc123");
+        let d1 = Delivery::new(
+            "loadgen-abc123",
+            "lg-abc123-p000-000000000000",
+            "lg-abc123-a1",
+            1,
+        );
+        apply(&inbox, &d1, &run, &stats, &stop).await;
+        apply(&inbox, &d1, &run, &stats, &stop).await; // a redelivery
+        assert_eq!(stats.new.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.duplicates.load(Ordering::Relaxed), 1);
+        // a consumer whose dedupe does not see the first record: the effect's key rejects it
+        let mut again = d1.clone();
+        again.consumer = "another-consumer".into();
+        apply(&inbox, &again, &run, &stats, &stop).await;
+        assert_eq!(stats.effect_failures.load(Ordering::Relaxed), 1);
+        assert!(stats.examples.lock().unwrap()[0].contains("applied twice"));
+        // v3 before v2: a gap, applied and reported; then v2 closes it
+        let d3 = Delivery::new(
+            "loadgen-abc123",
+            "lg-abc123-p000-000000000002",
+            "lg-abc123-a1",
+            3,
+        );
+        let d2 = Delivery::new(
+            "loadgen-abc123",
+            "lg-abc123-p000-000000000001",
+            "lg-abc123-a1",
+            2,
+        );
+        apply(&inbox, &d3, &run, &stats, &stop).await;
+        apply(&inbox, &d2, &run, &stats, &stop).await;
+        assert_eq!(stats.gaps.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.new.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.errors.load(Ordering::Relaxed), 0);
+        let InboxPool::Sqlite(p) = inbox.pool() else {
+            unreachable!()
+        };
+        let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM loadgen_effects")
+            .fetch_one(p)
+            .await
+            .unwrap();
+        assert_eq!(rows, 3);
+        // applied v1, v3, v2: three applications, last version 2: the projection disagrees
+        let (n, v): (i64, i64) = sqlx::query_as(
+            "SELECT applied, version FROM loadgen_projection WHERE aggregate_id = ?",
+        )
+        .bind("lg-abc123-a1")
+        .fetch_one(p)
+        .await
+        .unwrap();
+        assert_eq!((n, v), (3, 2));
+        p.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn one_aggregate_one_task() {
+        for n in [1, 3, 8] {
+            let a = shard("lg-abc123-a17", n);
+            assert!(a < n);
+            assert_eq!(a, shard("lg-abc123-a17", n));
+        }
+    }
+}
