@@ -137,8 +137,8 @@ pub struct Args {
 
     /// PostgreSQL: run ANALYZE on the outbox 1 s into the load and then at this interval; 0
     /// disables it. A stand-in for autovacuum's analyze, whose one-minute naptime never comes
-    /// round in a short run on a fresh schema: without statistics the planner runs the claim's
-    /// slot-lease subquery once per outbox row.
+    /// round in a short run on a fresh schema (and this machine's server runs with autovacuum
+    /// off): statistics keep the planner's estimates for the outbox realistic.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub pg_analyze_every: Duration,
 
@@ -215,8 +215,7 @@ pub struct Args {
     #[arg(long, default_value_t = 500, value_parser = value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
 
-    /// Batches in flight per worker [default: 1 on SQLite, 2 (the relay's default) elsewhere;
-    /// see the note in the report].
+    /// Batches in flight per worker [default: 2, the relay's default].
     #[arg(long, value_parser = value_parser!(u32).range(1..=64))]
     pub in_flight: Option<u32>,
 

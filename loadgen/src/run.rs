@@ -111,14 +111,9 @@ impl RunSpec {
                 mode: a.relay_mode,
                 workers: a.workers as usize,
                 batch_size: a.batch_size as usize,
-                // ferry-relay polls a worker's in-flight batches only between claims: a batch
-                // suspended inside its SQLite outcome transaction (BEGIN IMMEDIATE) then holds
-                // the single write lock while the worker's next claim waits on it, stalling
-                // every writer for the 10 s busy timeout. One batch in flight avoids that.
-                in_flight: a.in_flight.map(|n| n as usize).unwrap_or(match store {
-                    StoreKind::Sqlite => 1,
-                    StoreKind::Postgres | StoreKind::Mysql => 2,
-                }),
+                // ferry-relay's default (each batch runs as its own task, so a batch finishing its
+                // outcome transaction never waits on the worker's next claim).
+                in_flight: a.in_flight.map(|n| n as usize).unwrap_or(2),
                 sink: a.sink,
                 ferry_bin: a.ferry_bin.clone(),
                 extra_args: a.relay_args.clone(),
@@ -497,12 +492,6 @@ async fn execute(
 ) -> Result<RunReport> {
     let mut notes = Vec::new();
     let mut errors = Vec::new();
-    if spec.db.store == StoreKind::Sqlite && spec.relays.in_flight > 1 {
-        notes.push(format!(
-            "--in-flight {} on SQLite: ferry-relay leaves a worker's in-flight batches unpolled while it claims, so one can hold the write lock (BEGIN IMMEDIATE) and stall every writer for the 10 s busy timeout; use --in-flight 1 until the relay polls them concurrently",
-            spec.relays.in_flight
-        ));
-    }
     let pg_before = db.pg_costs().await?;
     let server = db.server_info().await;
     let topic = spec
