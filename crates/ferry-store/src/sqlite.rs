@@ -172,7 +172,9 @@ impl SqliteStore {
         Self::connect_with(conn.synchronous(SqliteSynchronous::Full), opts).await
     }
 
-    /// Opens with explicit options (WAL, a 10 s busy timeout and foreign keys are always set).
+    /// Opens with explicit options (WAL and a 30 s busy timeout are always set). SQLite has one
+    /// writer at a time: a process stopped inside a write transaction blocks every writer until it
+    /// resumes or dies (no server times it out).
     pub async fn connect_with(
         conn: SqliteConnectOptions,
         opts: &ConnectOptions,
