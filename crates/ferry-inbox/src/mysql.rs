@@ -107,52 +107,13 @@ pub async fn gaps(conn: &mut MySqlConnection, consumer: &str) -> Result<Vec<GapI
 /// migration that died half-way is simply re-run; its version row is written last. Returns
 /// the versions applied by this call.
 pub async fn migrate(conn: &mut MySqlConnection) -> Result<Vec<i64>, InboxError> {
-    let got: Option<i64> =
-        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_inbox_migrate:', DATABASE()), 300)")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| db_err("migrate: lock", e))?;
-    if got != Some(1) {
-        return Err(InboxError::Database(ferry_core::StoreError::new(
-            ferry_core::StoreErrorKind::Conflict,
-            "inbox migrate: another migration held the lock for 300 s",
-        )));
-    }
-    let result = async {
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS ferry_inbox_migrations (version BIGINT PRIMARY KEY, \
-             name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
-        )
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| db_err("migrate: create ferry_inbox_migrations", e))?;
-        let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_inbox_migrations")
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| db_err("migrate: read applied", e))?
-            .into_iter()
-            .collect();
-        let mut applied = Vec::new();
-        for m in MIGRATIONS_MYSQL.iter().filter(|m| !done.contains(&m.version)) {
-            sqlx::raw_sql(m.sql)
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-            sqlx::query("INSERT INTO ferry_inbox_migrations (version, name) VALUES (?, ?)")
-                .bind(m.version)
-                .bind(m.name)
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| db_err("migrate: record", e))?;
-            applied.push(m.version);
-        }
-        Ok(applied)
-    }
-    .await;
-    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ferry_inbox_migrate:', DATABASE()))")
-        .execute(&mut *conn)
-        .await;
-    result
+    Ok(ferry_store::migrate::apply_mysql(
+        conn,
+        "ferry_inbox_migrate",
+        "ferry_inbox_migrations",
+        MIGRATIONS_MYSQL,
+    )
+    .await?)
 }
 
 /// A `utf8mb4_bin` column is reported with the BINARY flag, so sqlx decodes it as bytes; they

@@ -7,7 +7,7 @@
 //! failure (40001, retryable). The aggregate row is locked with `SELECT … FOR UPDATE`.
 use std::collections::{BTreeMap, HashSet};
 
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 
 use crate::engine::{self, AggState, Ops};
 use crate::error::db_err;
@@ -95,50 +95,13 @@ pub async fn gaps(conn: &mut PgConnection, consumer: &str) -> Result<Vec<GapInfo
 /// transactional, so a migration applies fully or not at all, and a concurrent migrate waits
 /// and then finds nothing to do. Returns the versions applied by this call.
 pub async fn migrate(conn: &mut PgConnection) -> Result<Vec<i64>, InboxError> {
-    let mut tx = conn
-        .begin()
-        .await
-        .map_err(|e| db_err("migrate: begin", e))?;
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock(hashtext('ferry_inbox_migrate:' || current_schema()))",
+    Ok(ferry_store::migrate::apply_postgres(
+        conn,
+        "ferry_inbox_migrate",
+        "ferry_inbox_migrations",
+        MIGRATIONS_POSTGRES,
     )
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| db_err("migrate: lock", e))?;
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS ferry_inbox_migrations (version BIGINT PRIMARY KEY, \
-         name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| db_err("migrate: create ferry_inbox_migrations", e))?;
-    let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_inbox_migrations")
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| db_err("migrate: read applied", e))?
-        .into_iter()
-        .collect();
-    let mut applied = Vec::new();
-    for m in MIGRATIONS_POSTGRES
-        .iter()
-        .filter(|m| !done.contains(&m.version))
-    {
-        sqlx::raw_sql(m.sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-        sqlx::query("INSERT INTO ferry_inbox_migrations (version, name) VALUES ($1, $2)")
-            .bind(m.version)
-            .bind(m.name)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("migrate: record", e))?;
-        applied.push(m.version);
-    }
-    tx.commit()
-        .await
-        .map_err(|e| db_err("migrate: commit", e))?;
-    Ok(applied)
+    .await?)
 }
 
 async fn select_for_update(

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use ferry_core::now_micros;
-use sqlx::{Connection, QueryBuilder, Sqlite, SqliteConnection};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
 
 use crate::engine::{self, AggState, Ops};
 use crate::error::db_err;
@@ -102,47 +102,13 @@ pub async fn gaps(conn: &mut SqliteConnection, consumer: &str) -> Result<Vec<Gap
 /// serializes concurrent migrates, and SQLite DDL is transactional. Returns the versions
 /// applied by this call.
 pub async fn migrate(conn: &mut SqliteConnection) -> Result<Vec<i64>, InboxError> {
-    let mut tx = conn
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(|e| db_err("migrate: begin", e))?;
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS ferry_inbox_migrations (version INTEGER PRIMARY KEY, \
-         name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+    Ok(ferry_store::migrate::apply_sqlite(
+        conn,
+        "ferry_inbox_migrate",
+        "ferry_inbox_migrations",
+        MIGRATIONS_SQLITE,
     )
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| db_err("migrate: create ferry_inbox_migrations", e))?;
-    let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_inbox_migrations")
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| db_err("migrate: read applied", e))?
-        .into_iter()
-        .collect();
-    let mut applied = Vec::new();
-    for m in MIGRATIONS_SQLITE
-        .iter()
-        .filter(|m| !done.contains(&m.version))
-    {
-        sqlx::raw_sql(m.sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-        sqlx::query(
-            "INSERT INTO ferry_inbox_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-        )
-        .bind(m.version)
-        .bind(m.name)
-        .bind(now_micros())
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("migrate: record", e))?;
-        applied.push(m.version);
-    }
-    tx.commit()
-        .await
-        .map_err(|e| db_err("migrate: commit", e))?;
-    Ok(applied)
+    .await?)
 }
 
 impl Ops for SqliteConnection {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreErrorKind};
 
 pub mod memory;
-mod migrate;
+pub mod migrate;
 pub mod mysql;
 mod ops;
 pub mod postgres;

@@ -31,3 +31,184 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[Migration {
     name: "outbox",
     sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
 }];
+
+// ---------------------------------------------------------------- the runner
+//
+// One runner for every embedded migration set (the outbox's here, the Inbox's in ferry-inbox):
+// take the backend's lock, create the tracking table, apply what is missing in order, record each
+// version. `lock_key` and `table` are fixed constants of the calling crate.
+
+use std::collections::HashSet;
+
+use ferry_core::{StoreError, StoreErrorKind};
+use sqlx::{Connection, Executor, MySqlConnection, PgConnection, SqliteConnection};
+
+use crate::db_err;
+
+fn check_table(table: &str) -> Result<(), StoreError> {
+    crate::ops::validate_identifier("migrations table", table)
+}
+
+/// PostgreSQL: everything in one transaction under `pg_advisory_xact_lock(hashtext(lock_key ||
+/// ':' || current_schema()))`. DDL is transactional, so a migration applies fully or not at all,
+/// and a concurrent run waits for the lock and then finds nothing to do.
+pub async fn apply_postgres(
+    conn: &mut PgConnection,
+    lock_key: &str,
+    table: &str,
+    migrations: &[Migration],
+) -> Result<Vec<i64>, StoreError> {
+    check_table(table)?;
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| db_err("migrate: begin", e))?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1 || ':' || current_schema()))")
+        .bind(lock_key)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: lock", e))?;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (version BIGINT PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| db_err(&format!("migrate: create {table}"), e))?;
+    let done: HashSet<i64> = sqlx::query_scalar(&format!("SELECT version FROM {table}"))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: read applied", e))?
+        .into_iter()
+        .collect();
+    let mut applied = Vec::new();
+    for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+        sqlx::query(&format!(
+            "INSERT INTO {table} (version, name) VALUES ($1, $2)"
+        ))
+        .bind(m.version)
+        .bind(m.name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: record", e))?;
+        applied.push(m.version);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| db_err("migrate: commit", e))?;
+    Ok(applied)
+}
+
+/// MySQL/MariaDB: under `GET_LOCK(lock_key:<database>, 300)` on this connection. DDL is not
+/// transactional, so every statement is idempotent (`IF NOT EXISTS`), a migration that died
+/// half-way is simply re-run, and its version row is written last.
+pub async fn apply_mysql(
+    conn: &mut MySqlConnection,
+    lock_key: &str,
+    table: &str,
+    migrations: &[Migration],
+) -> Result<Vec<i64>, StoreError> {
+    check_table(table)?;
+    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, ':', DATABASE()), 300)")
+        .bind(lock_key)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| db_err("migrate: lock", e))?;
+    if got != Some(1) {
+        return Err(StoreError::new(
+            StoreErrorKind::Conflict,
+            format!("migrate: another migration held the {lock_key} lock for 300 s"),
+        ));
+    }
+    let result = async {
+        conn.execute(
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table} (version BIGINT PRIMARY KEY, \
+                 name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
+            )
+            .as_str(),
+        )
+        .await
+        .map_err(|e| db_err(&format!("migrate: create {table}"), e))?;
+        let done: HashSet<i64> = sqlx::query_scalar(&format!("SELECT version FROM {table}"))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("migrate: read applied", e))?
+            .into_iter()
+            .collect();
+        let mut applied = Vec::new();
+        for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
+            sqlx::raw_sql(m.sql)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+            sqlx::query(&format!("INSERT INTO {table} (version, name) VALUES (?, ?)"))
+                .bind(m.version)
+                .bind(m.name)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| db_err("migrate: record", e))?;
+            applied.push(m.version);
+        }
+        Ok(applied)
+    }
+    .await;
+    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT(?, ':', DATABASE()))")
+        .bind(lock_key)
+        .execute(&mut *conn)
+        .await;
+    result
+}
+
+/// SQLite: one `BEGIN IMMEDIATE` transaction: the write lock serialises concurrent runs, and
+/// SQLite DDL is transactional. (`lock_key` is unused: the database lock is the lock.)
+pub async fn apply_sqlite(
+    conn: &mut SqliteConnection,
+    _lock_key: &str,
+    table: &str,
+    migrations: &[Migration],
+) -> Result<Vec<i64>, StoreError> {
+    check_table(table)?;
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| db_err("migrate: begin", e))?;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (version INTEGER PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| db_err(&format!("migrate: create {table}"), e))?;
+    let done: HashSet<i64> = sqlx::query_scalar(&format!("SELECT version FROM {table}"))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: read applied", e))?
+        .into_iter()
+        .collect();
+    let mut applied = Vec::new();
+    for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+        sqlx::query(&format!(
+            "INSERT INTO {table} (version, name, applied_at) VALUES (?, ?, ?)"
+        ))
+        .bind(m.version)
+        .bind(m.name)
+        .bind(ferry_core::now_micros())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("migrate: record", e))?;
+        applied.push(m.version);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| db_err("migrate: commit", e))?;
+    Ok(applied)
+}

@@ -221,51 +221,13 @@ impl MyStore {
             .acquire()
             .await
             .map_err(|e| db_err("migrate: connect", e))?;
-        let got: Option<i64> =
-            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_migrate:', DATABASE()), 300)")
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(|e| db_err("migrate: lock", e))?;
-        if got != Some(1) {
-            return Err(StoreError::new(
-                StoreErrorKind::Conflict,
-                "migrate: another migration held the lock for 300 s",
-            ));
-        }
-        let result = async {
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS ferry_schema_migrations (version BIGINT PRIMARY KEY, \
-                 name VARCHAR(255) NOT NULL, applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))",
-            )
-            .await
-            .map_err(|e| db_err("migrate: create ferry_schema_migrations", e))?;
-            let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_schema_migrations")
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(|e| db_err("migrate: read applied", e))?
-                .into_iter()
-                .collect();
-            let mut applied = Vec::new();
-            for m in MIGRATIONS_MYSQL.iter().filter(|m| !done.contains(&m.version)) {
-                sqlx::raw_sql(m.sql)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-                sqlx::query("INSERT INTO ferry_schema_migrations (version, name) VALUES (?, ?)")
-                    .bind(m.version)
-                    .bind(m.name)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| db_err("migrate: record", e))?;
-                applied.push(m.version);
-            }
-            Ok(applied)
-        }
-        .await;
-        let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('ferry_migrate:', DATABASE()))")
-            .execute(&mut *conn)
-            .await;
-        result
+        crate::migrate::apply_mysql(
+            &mut conn,
+            "ferry_migrate",
+            "ferry_schema_migrations",
+            MIGRATIONS_MYSQL,
+        )
+        .await
     }
 
     /// One CAS per batch. `set` is the SET clause; `per_item` adds per-item values, which are

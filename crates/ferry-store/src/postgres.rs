@@ -153,49 +153,18 @@ impl PgStore {
     /// the current schema; PostgreSQL DDL is transactional, so a migration applies fully or not
     /// at all, and a concurrent migrate waits for the lock and then finds nothing to do.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut tx = self
+        let mut conn = self
             .pool
-            .begin()
+            .acquire()
             .await
-            .map_err(|e| db_err("migrate: begin", e))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('ferry_migrate:' || current_schema()))")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("migrate: lock", e))?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS ferry_schema_migrations (version BIGINT PRIMARY KEY, \
-             name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            .map_err(|e| db_err("migrate: connect", e))?;
+        crate::migrate::apply_postgres(
+            &mut conn,
+            "ferry_migrate",
+            "ferry_schema_migrations",
+            MIGRATIONS_POSTGRES,
         )
-        .execute(&mut *tx)
         .await
-        .map_err(|e| db_err("migrate: create ferry_schema_migrations", e))?;
-        let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_schema_migrations")
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("migrate: read applied", e))?
-            .into_iter()
-            .collect();
-        let mut applied = Vec::new();
-        for m in MIGRATIONS_POSTGRES
-            .iter()
-            .filter(|m| !done.contains(&m.version))
-        {
-            sqlx::raw_sql(m.sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-            sqlx::query("INSERT INTO ferry_schema_migrations (version, name) VALUES ($1, $2)")
-                .bind(m.version)
-                .bind(m.name)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("migrate: record", e))?;
-            applied.push(m.version);
-        }
-        tx.commit()
-            .await
-            .map_err(|e| db_err("migrate: commit", e))?;
-        Ok(applied)
     }
 
     async fn cas(

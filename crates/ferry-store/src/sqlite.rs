@@ -207,48 +207,18 @@ impl SqliteStore {
     /// Applies pending migrations inside one `BEGIN IMMEDIATE` transaction: the write lock
     /// serializes concurrent migrates, and SQLite DDL is transactional.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut tx = self
+        let mut conn = self
             .pool
-            .begin_with("BEGIN IMMEDIATE")
+            .acquire()
             .await
-            .map_err(|e| db_err("migrate: begin", e))?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS ferry_schema_migrations (version INTEGER PRIMARY KEY, \
-             name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+            .map_err(|e| db_err("migrate: connect", e))?;
+        crate::migrate::apply_sqlite(
+            &mut conn,
+            "ferry_migrate",
+            "ferry_schema_migrations",
+            MIGRATIONS_SQLITE,
         )
-        .execute(&mut *tx)
         .await
-        .map_err(|e| db_err("migrate: create ferry_schema_migrations", e))?;
-        let done: HashSet<i64> = sqlx::query_scalar("SELECT version FROM ferry_schema_migrations")
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("migrate: read applied", e))?
-            .into_iter()
-            .collect();
-        let mut applied = Vec::new();
-        for m in MIGRATIONS_SQLITE
-            .iter()
-            .filter(|m| !done.contains(&m.version))
-        {
-            sqlx::raw_sql(m.sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-            sqlx::query(
-                "INSERT INTO ferry_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-            )
-            .bind(m.version)
-            .bind(m.name)
-            .bind(now_micros())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("migrate: record", e))?;
-            applied.push(m.version);
-        }
-        tx.commit()
-            .await
-            .map_err(|e| db_err("migrate: commit", e))?;
-        Ok(applied)
     }
 
     /// A batched CAS: the tokens (and per-item number/text) travel as one JSON array, joined
