@@ -74,37 +74,7 @@ impl InboxError {
 
 /// Maps a sqlx error to ferry's classification, keeping the source (mirrors `ferry_store`).
 pub(crate) fn db_err(context: &str, e: sqlx::Error) -> InboxError {
-    let kind = match &e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed => StoreErrorKind::Unavailable,
-        sqlx::Error::Database(d) => {
-            // MySQL: classify by the server's error number; sqlx's `code()` is only the
-            // SQLSTATE there, and a lock wait timeout (1205) is the generic "HY000".
-            let code = match d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                Some(m) => m.number().to_string(),
-                None => d.code().map(|c| c.to_string()).unwrap_or_default(),
-            };
-            let msg = d.message().to_ascii_lowercase();
-            match code.as_str() {
-                // PostgreSQL serialization failure / deadlock / lock timeout; MySQL deadlock /
-                // lock wait timeout / MariaDB snapshot-isolation "record has changed since last
-                // read"; SQLite BUSY / LOCKED / BUSY_SNAPSHOT
-                "40001" | "40P01" | "55P03" | "1213" | "1205" | "1020" | "5" | "6" | "517" => {
-                    StoreErrorKind::Conflict
-                }
-                // undefined table/column (PostgreSQL, MySQL)
-                "42P01" | "42703" | "1146" | "1054" => StoreErrorKind::Schema,
-                _ if msg.contains("no such table") || msg.contains("no such column") => {
-                    StoreErrorKind::Schema
-                }
-                _ => StoreErrorKind::Other,
-            }
-        }
-        _ => StoreErrorKind::Other,
-    };
+    let kind = ferry_store::error_kind(&e);
     let hint = if kind == StoreErrorKind::Schema {
         " (apply the inbox migrations: Inbox::migrate or ferry_inbox::<backend>::migrate)"
     } else {

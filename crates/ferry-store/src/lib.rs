@@ -136,9 +136,9 @@ pub fn redact_url(url: &str) -> String {
     format!("{}://{}@{}", &url[..scheme_end], redacted, &rest[at + 1..])
 }
 
-/// Maps a sqlx error to the store's classification, keeping the source.
-pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
-    let kind = match &e {
+/// Classifies a sqlx error the same way on every backend (shared with ferry-inbox).
+pub fn error_kind(e: &sqlx::Error) -> StoreErrorKind {
+    match e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
@@ -152,9 +152,12 @@ pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
             };
             let msg = d.message().to_ascii_lowercase();
             match code.as_str() {
-                // PostgreSQL serialization failure / deadlock; MySQL deadlock / lock wait timeout;
-                // SQLite BUSY / LOCKED
-                "40001" | "40P01" | "1213" | "1205" | "5" | "6" | "517" => StoreErrorKind::Conflict,
+                // PostgreSQL serialization failure / deadlock / lock timeout; MySQL deadlock /
+                // lock wait timeout / MariaDB "record has changed since last read"; SQLite
+                // BUSY / LOCKED / BUSY_SNAPSHOT
+                "40001" | "40P01" | "55P03" | "1213" | "1205" | "1020" | "5" | "6" | "517" => {
+                    StoreErrorKind::Conflict
+                }
                 // undefined table/column (PostgreSQL, MySQL)
                 "42P01" | "42703" | "1146" | "1054" => StoreErrorKind::Schema,
                 // PostgreSQL admin shutdown / idle-in-transaction timeout; MySQL server gone
@@ -166,7 +169,12 @@ pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
             }
         }
         _ => StoreErrorKind::Other,
-    };
+    }
+}
+
+/// Maps a sqlx error to the store's classification, keeping the source.
+pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
+    let kind = error_kind(&e);
     let hint = if kind == StoreErrorKind::Schema {
         " (run `ferry migrate`)"
     } else {
