@@ -97,6 +97,9 @@ pub struct RelayMetrics {
     pub store_errors: u64,
     /// Slot leases lost to another relay.
     pub slot_fenced: u64,
+    /// Due rows claims passed over because another transaction held them; `None` when no
+    /// relay's store reports it.
+    pub skipped_locked: Option<u64>,
     /// Sent per relay.
     pub per_relay_sent: Vec<u64>,
     /// Commit→SENT latency, µs.
@@ -122,6 +125,7 @@ impl RelayMetrics {
             quarantined: 0,
             store_errors: 0,
             slot_fenced: 0,
+            skipped_locked: None,
             per_relay_sent: Vec::new(),
             commit_to_ack: new_histogram(),
             batch_size: new_histogram(),
@@ -238,6 +242,10 @@ impl Relays {
             quarantined: l(|m| &m.quarantined),
             store_errors: l(|m| &m.store_errors),
             slot_fenced: l(|m| &m.slot_fenced),
+            skipped_locked: relays
+                .iter()
+                .any(|r| r.metrics.skipped_locked_known.load(Ordering::Relaxed))
+                .then(|| l(|m| &m.skipped_locked)),
             per_relay_sent: relays
                 .iter()
                 .map(|r| r.metrics.sent.load(Ordering::Relaxed))
@@ -419,6 +427,9 @@ impl Processes {
             m.quarantined += v("ferry_quarantined_total");
             m.store_errors += v("ferry_store_errors_total");
             m.slot_fenced += v("ferry_slot_fenced_total");
+            if let Some(n) = prom_opt(&text, "ferry_claim_rows_skipped_locked_total") {
+                *m.skipped_locked.get_or_insert(0) += n;
+            }
             m.per_relay_sent.push(v("ferry_sent_total"));
         }
         m
@@ -485,13 +496,18 @@ async fn get_metrics(port: u16) -> Option<String> {
 
 /// The value of an unlabelled sample `name` in a Prometheus text exposition (0 if absent).
 fn prom_value(text: &str, name: &str) -> u64 {
+    prom_opt(text, name).unwrap_or(0)
+}
+
+/// A sample's value, `None` when the exposition does not carry it.
+fn prom_opt(text: &str, name: &str) -> Option<u64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| {
             let (n, v) = l.split_once(' ')?;
             (n == name).then(|| v.trim().parse::<f64>().ok())?
         })
-        .map_or(0, |v| v.max(0.0) as u64)
+        .map(|v| v.max(0.0) as u64)
 }
 
 /// The last `n` lines of a file (best effort).

@@ -89,8 +89,9 @@ pub struct Claims {
     pub quarantined: u64,
     /// Store operations that failed and were retried.
     pub store_errors: u64,
-    /// Rows skipped because another claimer held their lock: not observable through the store
-    /// API (always `null`).
+    /// Due rows claims passed over because a concurrent transaction held their lock (SKIP
+    /// LOCKED) or took them mid-claim; always 0 on SQLite (one writer, nothing to skip), `null`
+    /// when the relays did not report it.
     pub rows_skipped_locked: Option<u64>,
 }
 
@@ -515,11 +516,13 @@ impl RunReport {
         if let Some(cl) = &self.claims {
             let _ = writeln!(
                 o,
-                "\n  claims    {} ({}/s), empty {} ({:.2}%), fenced {}, slot takeovers {}, retried {}, unknown {}, quarantined {}, store errors {}",
+                "\n  claims    {} ({}/s), empty {} ({:.2}%), rows skipped as locked {}, fenced {}, slot takeovers {}, retried {}, unknown {}, quarantined {}, store errors {}",
                 cl.claims,
                 rate(cl.claims_per_sec),
                 cl.empty_claims,
                 cl.empty_ratio * 100.0,
+                cl.rows_skipped_locked
+                    .map_or_else(|| "n/a".to_string(), |n| n.to_string()),
                 cl.fenced,
                 cl.slot_fenced,
                 cl.retried,

@@ -871,7 +871,7 @@ fn claims(m: &RelayMetrics, secs: f64) -> Claims {
         unknown: m.unknown,
         quarantined: m.quarantined,
         store_errors: m.store_errors,
-        rows_skipped_locked: None,
+        rows_skipped_locked: m.skipped_locked,
     }
 }
 

@@ -186,7 +186,7 @@ impl SweepReport {
         }
         let _ = writeln!(
             o,
-            "\n  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>7} {:>6} {:>6} {:>5}",
+            "\n  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>8} {:>7} {:>6} {:>6} {:>5}",
             self.sweep,
             "enq/s",
             "sent/s",
@@ -196,6 +196,7 @@ impl SweepReport {
             "p99 cons ms",
             "batch",
             "empty%",
+            "skipped",
             "fenced",
             "dups",
             "lost",
@@ -207,7 +208,7 @@ impl SweepReport {
             };
             let _ = writeln!(
                 o,
-                "  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>7} {:>6} {:>6} {:>5}",
+                "  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>8} {:>7} {:>6} {:>6} {:>5}",
                 v,
                 report::rate(p.enqueued_per_sec),
                 report::rate(p.sent_per_sec),
@@ -217,6 +218,7 @@ impl SweepReport {
                 ms(p.latency_ms.commit_to_consumed),
                 p.batch_size.map_or("-".to_string(), |b| format!("{:.1}", b.mean)),
                 p.claims.as_ref().map_or("-".to_string(), |c| format!("{:.2}", c.empty_ratio * 100.0)),
+                p.claims.as_ref().and_then(|c| c.rows_skipped_locked).map_or("-".to_string(), |n| n.to_string()),
                 p.claims.as_ref().map_or("-".to_string(), |c| c.fenced.to_string()),
                 p.duplicates,
                 p.lost,

@@ -320,6 +320,15 @@ pub trait OutboxStore: Send + Sync {
         })
     }
 
+    /// Claim contention: due rows this store's claims passed over because a concurrent
+    /// transaction held them locked (`SKIP LOCKED`) or took them between the claim's snapshot
+    /// and its lock, summed over every claim since the store was opened. `None` where the
+    /// backend cannot observe it. Counted only for claims that came back short of their limit
+    /// (a full claim lost nothing to contention).
+    fn rows_skipped_locked(&self) -> Option<u64> {
+        None
+    }
+
     /// Capability: commit wake-ups. Arranges for `wake` to be called after enqueues commit
     /// (possibly coalesced) and returns `true`, or returns `false` when the backend has no such
     /// mechanism and relays must poll.

@@ -93,6 +93,12 @@ pub struct Metrics {
     pub claims: AtomicU64,
     /// Claims that returned nothing.
     pub empty_claims: AtomicU64,
+    /// Due rows claims passed over because another transaction held them (the store's
+    /// [`ferry_core::OutboxStore::rows_skipped_locked`]); meaningful only when
+    /// `skipped_locked_known`.
+    pub skipped_locked: AtomicU64,
+    /// Whether the store reports `skipped_locked`.
+    pub skipped_locked_known: std::sync::atomic::AtomicBool,
     /// Items claimed.
     pub claimed_items: AtomicU64,
     /// Store errors (claims/outcomes that failed and were retried).
@@ -196,6 +202,14 @@ impl Metrics {
             "Claim transactions that found nothing due.",
             l(&self.empty_claims),
         );
+        if self.skipped_locked_known.load(Ordering::Relaxed) {
+            counter(
+                &mut o,
+                "ferry_claim_rows_skipped_locked_total",
+                "Due rows claims passed over because a concurrent transaction held them (SKIP LOCKED).",
+                l(&self.skipped_locked),
+            );
+        }
         counter(
             &mut o,
             "ferry_claimed_events_total",

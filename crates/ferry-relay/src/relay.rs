@@ -403,6 +403,12 @@ async fn worker(
         };
         ctx.metrics.claim_latency.record(t0.elapsed());
         ctx.metrics.claims.fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = ctx.store.rows_skipped_locked() {
+            ctx.metrics.skipped_locked.store(n, Ordering::Relaxed);
+            ctx.metrics
+                .skipped_locked_known
+                .store(true, Ordering::Relaxed);
+        }
         if claimed.is_empty() {
             ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
             tokio::select! {

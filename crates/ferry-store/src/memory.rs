@@ -1051,6 +1051,11 @@ impl OutboxStore for MemoryStore {
         Box::pin(async move { Ok(self.claim_now(req)) })
     }
 
+    /// Never skips: a claim waits for the shard mutexes of its slots instead of passing rows over.
+    fn rows_skipped_locked(&self) -> Option<u64> {
+        Some(0)
+    }
+
     fn lookup_claim<'a>(
         &'a self,
         claim_id: &'a str,

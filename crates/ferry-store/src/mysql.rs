@@ -18,6 +18,8 @@
 //! fenced.
 use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{
@@ -89,6 +91,8 @@ pub(crate) async fn insert_validated(
 pub struct MyStore {
     pool: MySqlPool,
     limits: Limits,
+    /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
+    skipped: Arc<AtomicU64>,
 }
 
 const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
@@ -200,6 +204,7 @@ impl MyStore {
         let store = Self {
             pool,
             limits: opts.limits,
+            skipped: Arc::default(),
         };
         if opts.migrate {
             store.migrate().await?;
@@ -449,6 +454,29 @@ impl OutboxStore for MyStore {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err("claim: lock", e))?;
+            if rows.len() < req.limit.min(candidates.len()) {
+                // Short of both the limit and the candidates: some candidates were locked by a
+                // concurrent transaction (SKIP LOCKED passed over them) or taken since they were
+                // read. A plain read sees the locked ones still due (their claim has not
+                // committed); those in the claim's window, less ours, were skipped.
+                let mut qb = QueryBuilder::<MySql>::new(
+                    "SELECT count(*) FROM (SELECT seq FROM ferry_outbox WHERE seq IN (",
+                );
+                push_list(&mut qb, candidates.iter().copied());
+                qb.push(
+                    ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
+                     ORDER BY seq LIMIT ",
+                );
+                qb.push_bind(req.limit as i64);
+                qb.push(") w");
+                let window: i64 = qb
+                    .build_query_scalar()
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("claim: contention count", e))?;
+                let passed = (window - rows.len() as i64).max(0) as u64;
+                self.skipped.fetch_add(passed, Ordering::Relaxed);
+            }
             if rows.is_empty() {
                 return Ok(Vec::new());
             }
@@ -484,6 +512,10 @@ impl OutboxStore for MyStore {
             tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
             Ok(items)
         })
+    }
+
+    fn rows_skipped_locked(&self) -> Option<u64> {
+        Some(self.skipped.load(Ordering::Relaxed))
     }
 
     fn lookup_claim<'a>(

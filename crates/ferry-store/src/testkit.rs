@@ -273,6 +273,26 @@ impl TestDb {
         }
     }
 
+    /// Holds row locks on `ferry_outbox WHERE {where_sql}` (`SELECT … FOR UPDATE` in an open
+    /// transaction) until the returned guard is dropped, as a concurrent claimer mid-claim
+    /// would. `None` on SQLite, which has no row locks (one writer at a time).
+    pub async fn hold_row_locks(&self, where_sql: &str) -> Option<Box<dyn std::any::Any + Send>> {
+        let sql = format!("SELECT 1 FROM ferry_outbox WHERE {where_sql} FOR UPDATE");
+        match &self.kind {
+            Kind::Pg(s) => {
+                let mut tx = s.pool().begin().await.expect("begin");
+                tx.execute(sql.as_str()).await.expect("lock rows");
+                Some(Box::new(tx))
+            }
+            Kind::My(s) => {
+                let mut tx = s.pool().begin().await.expect("begin");
+                tx.execute(sql.as_str()).await.expect("lock rows");
+                Some(Box::new(tx))
+            }
+            Kind::Lite(_) => None,
+        }
+    }
+
     /// A second, independent store on the same database (a new pool: "reopen the connection").
     pub async fn reopen(&self) -> Arc<dyn OutboxStore> {
         crate::connect(

@@ -532,6 +532,33 @@ async fn concurrent_claimers_deliver_each_event_once(db: Db) {
     assert_eq!((st.pending, st.claimed), (0, 0));
 }
 
+/// The contention statistic: a claim that passes over a row another transaction holds locked
+/// counts it in `rows_skipped_locked`; the row is claimed once the lock is gone.
+async fn claims_count_rows_skipped_as_locked(db: TestDb) {
+    db.store
+        .enqueue(&[ev("lockA", 1), ev("lockB", 1), ev("lockC", 1)])
+        .await
+        .unwrap();
+    let before = db.store.rows_skipped_locked().expect("SQL stores report it");
+    let Some(hold) = db.hold_row_locks("aggregate_id = 'lockB'").await else {
+        // SQLite: one writer, no row locks, nothing is ever skipped
+        assert_eq!(db.store.claim(&req(10, LONG)).await.unwrap().len(), 3);
+        assert_eq!(db.store.rows_skipped_locked(), Some(0));
+        return;
+    };
+    let got = db.store.claim(&req(10, LONG)).await.unwrap();
+    let aggs: Vec<&str> = got.iter().map(|e| e.aggregate_id.as_str()).collect();
+    assert_eq!(aggs, ["lockA", "lockC"], "the locked row is passed over");
+    assert_eq!(db.store.rows_skipped_locked(), Some(before + 1));
+    drop(hold);
+    let got = db.store.claim(&req(10, LONG)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].aggregate_id, "lockB");
+    // nothing else was due, nothing was locked: the counter stays
+    assert!(db.store.claim(&req(10, LONG)).await.unwrap().is_empty());
+    assert_eq!(db.store.rows_skipped_locked(), Some(before + 1));
+}
+
 // ---------------------------------------------------------------- leases and lost commits
 
 async fn lease_expiry_and_takeover(db: Db) {
@@ -1129,6 +1156,7 @@ conformance!(
     // - intent_columns_are_immutable: a SQL `UPDATE` against the immutability trigger; in memory
     //   no API can change an intent column at all;
     // - concurrent_migrations_apply_once, fresh_concurrent_migrations: there is no schema;
+    // - claims_count_rows_skipped_as_locked: it holds SQL row locks from a second transaction;
     // - reconcile_classifies_every_intent_once: it needs the Inbox and business tables (the
     //   memory store refuses a reconcile naming them and is unit-tested without them).
     sql_only: [
@@ -1139,5 +1167,6 @@ conformance!(
         fresh_concurrent_migrations,
         multi_row_enqueue_in_caller_transaction,
         reconcile_classifies_every_intent_once,
+        claims_count_rows_skipped_as_locked,
     ],
 );
