@@ -384,9 +384,12 @@ impl Database {
                     .map_err(|e| TxError::Unknown(e.to_string()))
             }
             Pool::Lite(p) => {
-                // IMMEDIATE takes the write lock up front, so the busy timeout applies instead
-                // of a deferred read→write upgrade failing with SQLITE_BUSY.
-                let mut tx = p.begin_with("BEGIN IMMEDIATE").await.map_err(|e| rb(&e))?;
+                // IMMEDIATE (taken up front, so no deferred read→write upgrade fails with
+                // SQLITE_BUSY) behind the in-process write gate the relay's claims and acks
+                // queue on too.
+                let mut tx = ferry_store::sqlite::begin_write(p)
+                    .await
+                    .map_err(|e| rb(&e))?;
                 for chunk in orders.chunks(CHUNK) {
                     let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
                         "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) ",

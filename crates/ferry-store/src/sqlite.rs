@@ -6,8 +6,17 @@
 //! from this process's clock. The database runs in WAL mode with `synchronous = FULL` by default,
 //! so a committed intent survives a power loss; `NORMAL` (survives process crashes only) is
 //! available for benchmarks via [`SqliteStore::connect_with`].
-use std::collections::HashSet;
+//!
+//! Write transactions of one process queue on an in-process gate per database file
+//! ([`begin_write`]) before they ask SQLite for the write lock: SQLite's own busy handler polls
+//! with sleeps of up to 100 ms, which, with producers, claims and acks all wanting the one
+//! writer, left the database idle while writers slept. Other processes on the same file still
+//! meet the busy handler (30 s timeout).
+use std::collections::{HashMap, HashSet};
+use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ferry_core::{
@@ -16,13 +25,88 @@ use ferry_core::{
     SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tokio::sync::OwnedMutexGuard;
 
 use crate::postgres::{not_quarantined, record_from};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
 
 /// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
 const CHUNK: usize = 1000;
+
+/// The in-process write gate of the database file `pool` opens: one FIFO mutex per file,
+/// shared by every pool of this process on that file.
+pub fn write_gate(pool: &SqlitePool) -> Arc<tokio::sync::Mutex<()>> {
+    static GATES: OnceLock<Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+    let file = pool.connect_options().get_filename().to_path_buf();
+    let key = std::fs::canonicalize(&file).unwrap_or(file);
+    GATES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key)
+        .or_default()
+        .clone()
+}
+
+/// A write transaction (`BEGIN IMMEDIATE`) that holds this process's write gate of its
+/// database file until it commits or is dropped (rolled back). Dereferences to the
+/// transaction's connection, so `&mut *tx` runs statements in it.
+pub struct WriteTx {
+    // field order: the transaction is dropped (its rollback queued) before the gate opens
+    tx: Transaction<'static, Sqlite>,
+    _gate: Option<OwnedMutexGuard<()>>,
+}
+
+impl WriteTx {
+    /// Commits, then opens the gate.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+/// Begins a write transaction on `pool` behind the file's in-process write gate: application
+/// transactions that enqueue intents should use it, so they queue with the relay's claims and
+/// acks in FIFO order instead of sleeping in SQLite's busy handler.
+pub async fn begin_write(pool: &SqlitePool) -> Result<WriteTx, sqlx::Error> {
+    begin_gated(pool, write_gate(pool)).await
+}
+
+/// `FERRY_SQLITE_WRITE_GATE=off` leaves write transactions to SQLite's busy handler, as before
+/// the gate existed: a diagnostic switch for measuring what the gate buys, not a tuning knob.
+fn gate_disabled() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| {
+        std::env::var("FERRY_SQLITE_WRITE_GATE").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+    })
+}
+
+async fn begin_gated(
+    pool: &SqlitePool,
+    gate: Arc<tokio::sync::Mutex<()>>,
+) -> Result<WriteTx, sqlx::Error> {
+    // gate first, connection second: nothing holds a connection while it waits for the gate
+    let guard = if gate_disabled() {
+        None
+    } else {
+        Some(gate.lock_owned().await)
+    };
+    let tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    Ok(WriteTx { tx, _gate: guard })
+}
 
 /// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
 pub async fn enqueue(
@@ -124,6 +208,7 @@ pub(crate) async fn insert_validated(
 pub struct SqliteStore {
     pool: SqlitePool,
     limits: Limits,
+    gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 const COLUMNS: &str =
@@ -190,6 +275,7 @@ impl SqliteStore {
             .await
             .map_err(|e| db_err("cannot open SQLite database", e))?;
         let store = Self {
+            gate: write_gate(&pool),
             pool,
             limits: opts.limits,
         };
@@ -199,9 +285,14 @@ impl SqliteStore {
         Ok(store)
     }
 
-    /// The pool, for the application's own transactions.
+    /// The pool, for the application's own transactions (write ones through [`begin_write`]).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// A write transaction behind this database's in-process write gate.
+    pub async fn begin_write(&self) -> Result<WriteTx, sqlx::Error> {
+        begin_gated(&self.pool, self.gate.clone()).await
     }
 
     /// Applies pending migrations inside one `BEGIN IMMEDIATE` transaction: the write lock
@@ -248,8 +339,7 @@ impl SqliteStore {
              RETURNING ferry_outbox.seq"
         );
         let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
+            .begin_write()
             .await
             .map_err(|e| db_err("outcome: begin", e))?;
         let applied: HashSet<i64> = sqlx::query_scalar(&sql)
@@ -277,6 +367,7 @@ impl SqliteStore {
         } else {
             ""
         };
+        let gate = self.gate.lock().await;
         let n = sqlx::query(&format!(
             "UPDATE ferry_outbox SET state = '{target}', resolved_by = ?2, resolved_at = ?3, lease_until = NULL{extra} \
              WHERE event_id = ?1 AND state = 'QUARANTINED'"
@@ -288,6 +379,7 @@ impl SqliteStore {
         .await
         .map_err(|e| db_err("operator update", e))?
         .rows_affected();
+        drop(gate);
         if n == 1 {
             return Ok(());
         }
@@ -307,8 +399,7 @@ impl OutboxStore for SqliteStore {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
             let mut tx = self
-                .pool
-                .begin_with("BEGIN IMMEDIATE")
+                .begin_write()
                 .await
                 .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
             insert_validated(&mut tx, &rows).await?;
@@ -347,8 +438,7 @@ impl OutboxStore for SqliteStore {
                  RETURNING {COLUMNS}"
             );
             let mut tx = self
-                .pool
-                .begin_with("BEGIN IMMEDIATE")
+                .begin_write()
                 .await
                 .map_err(|e| db_err("claim: begin", e))?;
             let rows = sqlx::query(&sql)
@@ -558,8 +648,7 @@ impl OutboxStore for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let mut tx = self
-                .pool
-                .begin_with("BEGIN IMMEDIATE")
+                .begin_write()
                 .await
                 .map_err(|e| db_err("acquire slots: begin", e))?;
             let rows = sqlx::query(
@@ -598,6 +687,7 @@ impl OutboxStore for SqliteStore {
         slots: &'a [SlotId],
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
+            let _gate = self.gate.lock().await;
             sqlx::query(
                 "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
                  AND slot IN (SELECT value FROM json_each(?2))",
@@ -618,6 +708,7 @@ impl OutboxStore for SqliteStore {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
             let now = now_micros();
+            let gate = self.gate.lock().await;
             sqlx::query(
                 "INSERT INTO ferry_relay_member (owner, lease_until, joined_at) VALUES (?1, ?2 + ?3, ?2) \
                  ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until",
@@ -628,6 +719,7 @@ impl OutboxStore for SqliteStore {
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?;
+            drop(gate);
             sqlx::query_scalar(
                 "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
             )
@@ -640,6 +732,7 @@ impl OutboxStore for SqliteStore {
 
     fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
+            let _gate = self.gate.lock().await;
             sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
                 .bind(owner)
                 .execute(&self.pool)
