@@ -109,7 +109,11 @@ impl RunSpec {
             relays: RelaySpec {
                 relays: a.relays as usize,
                 mode: a.relay_mode,
-                workers: a.workers as usize,
+                workers: a.workers.map(|w| w as usize).unwrap_or(match store {
+                    // one writer: each extra worker adds claim/ack transactions, not throughput
+                    StoreKind::Sqlite => 1,
+                    _ => 4,
+                }),
                 batch_size: a.batch_size as usize,
                 // ferry-relay's default (each batch runs as its own task, so a batch finishing its
                 // outcome transaction never waits on the worker's next claim).
