@@ -154,7 +154,7 @@ async fn drain(store: &Arc<dyn OutboxStore>, k: usize, total: u64, seen: &Arc<Se
 /// (d) k claimers competing for the same slots; throughput of the whole drain.
 fn claim_contention(c: &mut Criterion) {
     let rt = runtime();
-    let stores = rt.block_on(Store::all());
+    let stores = rt.block_on(Store::all_with(true));
     let mut g = c.benchmark_group("contention");
     g.sampling_mode(SamplingMode::Flat);
     for s in &stores {
@@ -168,6 +168,7 @@ fn claim_contention(c: &mut Criterion) {
         let mut feeder = Feeder::unique(&format!("con-{}", s.name));
         for k in CLAIMERS {
             let seen = Arc::new(Seen::default());
+            let skipped_before = s.store.rows_skipped_locked();
             g.throughput(Throughput::Elements(total));
             g.bench_function(BenchmarkId::new(s.name, format!("k{k}")), |b| {
                 b.iter_custom(|iters| {
@@ -189,8 +190,12 @@ fn claim_contention(c: &mut Criterion) {
                 })
             });
             let claims = seen.claims.load(Ordering::Relaxed).max(1);
+            let skipped = match (skipped_before, s.store.rows_skipped_locked()) {
+                (Some(a), Some(b)) => (b - a).to_string(),
+                _ => "not measured".to_string(),
+            };
             println!(
-                "contention {}/k{k}: {claims} claims, {:.2}% empty while events were unclaimed (contended), {:.2}% empty in the drain's tail, {} fenced, {} transient errors",
+                "contention {}/k{k}: {claims} claims, {:.2}% empty while events were unclaimed (contended), {:.2}% empty in the drain's tail, rows skipped as locked {skipped}, {} fenced, {} transient errors",
                 s.name,
                 100.0 * seen.contended.load(Ordering::Relaxed) as f64 / claims as f64,
                 100.0 * seen.tail.load(Ordering::Relaxed) as f64 / claims as f64,

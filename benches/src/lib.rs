@@ -130,7 +130,21 @@ impl Store {
 
     /// A fresh database of `backend`, or `None` when its URL is not set.
     pub async fn sql(backend: Backend) -> Option<Self> {
-        let db = TestDb::open(backend).await?;
+        Self::sql_with(backend, false).await
+    }
+
+    /// As [`Store::sql`]; `measure_contention` makes the store count rows its claims skip as
+    /// locked (`ConnectOptions::measure_contention`).
+    pub async fn sql_with(backend: Backend, measure_contention: bool) -> Option<Self> {
+        let db = TestDb::open_with(
+            backend,
+            ferry_store::ConnectOptions {
+                max_connections: 16,
+                measure_contention,
+                ..Default::default()
+            },
+        )
+        .await?;
         let name = match backend {
             Backend::Postgres => "postgres",
             Backend::Mysql => "mysql",
@@ -146,9 +160,14 @@ impl Store {
 
     /// Every store this run can use: memory, SQLite, and the servers whose URLs are set.
     pub async fn all() -> Vec<Self> {
+        Self::all_with(false).await
+    }
+
+    /// As [`Store::all`], the SQL stores counting rows skipped as locked when asked.
+    pub async fn all_with(measure_contention: bool) -> Vec<Self> {
         let mut v = vec![Self::memory()];
         for b in [Backend::Sqlite, Backend::Postgres, Backend::Mysql] {
-            if let Some(s) = Self::sql(b).await {
+            if let Some(s) = Self::sql_with(b, measure_contention).await {
                 v.push(s);
             }
         }

@@ -213,6 +213,12 @@ pub struct Args {
     #[arg(long, value_parser = value_parser!(u32).range(1..=256))]
     pub workers: Option<u32>,
 
+    /// Count the due rows claims skip as locked (`ferry relay --measure-contention`; on
+    /// PostgreSQL a recount of every short claim, about +40 % claim latency) [default: true
+    /// with --relays > 1 or --sweep-relays, false otherwise: one relay owns every slot].
+    #[arg(long)]
+    pub measure_contention: Option<bool>,
+
     /// Maximum events per claim.
     #[arg(long, default_value_t = 500, value_parser = value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,

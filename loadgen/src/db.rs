@@ -230,6 +230,7 @@ impl Database {
             acquire_timeout: Duration::from_secs(30),
             migrate: true,
             limits: Limits::default(),
+            measure_contention: false,
         };
         let (store, pool) = match open(spec.store, &url, spec.sqlite_sync, &opts).await {
             Ok(v) => v,
@@ -317,12 +318,17 @@ impl Database {
 
     /// Opens another store on the same namespace with its own pool (one per in-process relay,
     /// as separate relay processes would have).
-    pub async fn open_store(&self, max_connections: u32) -> Result<Arc<dyn OutboxStore>> {
+    pub async fn open_store(
+        &self,
+        max_connections: u32,
+        measure_contention: bool,
+    ) -> Result<Arc<dyn OutboxStore>> {
         let opts = ConnectOptions {
             max_connections,
             acquire_timeout: Duration::from_secs(30),
             migrate: false,
             limits: Limits::default(),
+            measure_contention,
         };
         Ok(open(self.kind, &self.url, self.sqlite_sync, &opts).await?.0)
     }

@@ -45,6 +45,8 @@ pub struct RelaySpec {
     pub ferry_bin: Option<PathBuf>,
     /// Extra `ferry relay` arguments (process mode).
     pub extra_args: Vec<String>,
+    /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
+    pub measure_contention: bool,
 }
 
 /// One in-process relay.
@@ -150,7 +152,7 @@ impl Relays {
                 for k in 0..spec.relays {
                     // claims + outcome CAS + lease renewals + ownership/status, with headroom
                     let pool = (spec.workers * spec.in_flight * 2 + 4) as u32;
-                    let store = db.open_store(pool).await?;
+                    let store = db.open_store(pool, spec.measure_contention).await?;
                     let sink = make_sink(spec.sink, kafka_brokers)?;
                     let config = RelayConfig {
                         owner: format!("loadgen-{run}-r{k}"),
@@ -188,6 +190,9 @@ impl Relays {
                     "--in-flight".to_string(),
                     spec.in_flight.to_string(),
                 ];
+                if spec.measure_contention {
+                    args.push("--measure-contention".to_string());
+                }
                 if let Some(b) = kafka_brokers {
                     args.push("--kafka-brokers".to_string());
                     args.push(b.to_string());

@@ -522,7 +522,7 @@ impl RunReport {
                 cl.empty_claims,
                 cl.empty_ratio * 100.0,
                 cl.rows_skipped_locked
-                    .map_or_else(|| "n/a".to_string(), |n| n.to_string()),
+                    .map_or_else(|| "not measured".to_string(), |n| n.to_string()),
                 cl.fenced,
                 cl.slot_fenced,
                 cl.retried,

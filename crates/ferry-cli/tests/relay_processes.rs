@@ -253,7 +253,7 @@ async fn two_relays_split_slots_and_survive_sigkill(db: TestDb) {
 }
 
 async fn paused_owner_is_fenced(db: TestDb) {
-    let mut a = spawn_relay(&db.url, &["--sink", "null"], "stale-a");
+    let a = spawn_relay(&db.url, &["--sink", "null"], "stale-a");
     wait_until("A owns every slot", Duration::from_secs(20), || async {
         owners(&db).await.get("stale-a") == Some(&256)
     })

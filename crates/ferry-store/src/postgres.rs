@@ -80,6 +80,8 @@ pub struct PgStore {
     limits: Limits,
     /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
     skipped: Arc<AtomicU64>,
+    /// Whether claims measure `skipped` (`ConnectOptions::measure_contention`).
+    measure: bool,
 }
 
 const CLAIM_COLUMNS: &str = "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, \
@@ -142,6 +144,7 @@ impl PgStore {
             pool,
             limits: opts.limits,
             skipped: Arc::default(),
+            measure: opts.measure_contention,
         };
         if opts.migrate {
             store.migrate().await?;
@@ -321,28 +324,33 @@ impl OutboxStore for PgStore {
                    WHERE p.aggregate_id = o.aggregate_id \
                      AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))"
             );
-            // `passed` measures contention: when the claim comes back short of its limit, the
-            // same window read without locks (this statement's snapshot, where the rows just
-            // claimed still look due) minus what was claimed is what SKIP LOCKED passed over.
-            // The recount is an InitPlan under CASE, evaluated only for short claims; the LEFT
-            // JOIN returns one row even when nothing was claimed.
-            let sql = format!(
+            // With `measure`, `passed` counts contention: when the claim comes back short of its
+            // limit, the same window read without locks (this statement's snapshot, where the
+            // rows just claimed still look due) minus what was claimed is what SKIP LOCKED passed
+            // over. The recount is an InitPlan under CASE, evaluated only for short claims; the
+            // LEFT JOIN returns one row even when nothing was claimed.
+            let head = format!(
                 "WITH due AS ( \
                    SELECT o.seq FROM ferry_outbox o WHERE {due} \
                    ORDER BY o.seq LIMIT $2 \
-                   FOR UPDATE OF o SKIP LOCKED), \
-                 claimed AS ( \
-                   UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
-                     claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
-                   FROM due WHERE o.seq = due.seq \
-                   RETURNING {CLAIM_COLUMNS}), \
-                 passed AS ( \
-                   SELECT CASE WHEN (SELECT count(*) FROM claimed) < $2 \
-                     THEN (SELECT count(*) FROM (SELECT 1 FROM ferry_outbox o WHERE {due} \
-                             ORDER BY o.seq LIMIT $2) w) - (SELECT count(*) FROM claimed) \
-                     ELSE 0 END AS n) \
-                 SELECT c.*, passed.n FROM passed LEFT JOIN claimed c ON true"
+                   FOR UPDATE OF o SKIP LOCKED)"
             );
+            let update = "UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
+                   claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
+                 FROM due WHERE o.seq = due.seq";
+            let sql = if self.measure {
+                format!(
+                    "{head}, claimed AS ({update} RETURNING {CLAIM_COLUMNS}), \
+                     passed AS ( \
+                       SELECT CASE WHEN (SELECT count(*) FROM claimed) < $2 \
+                         THEN (SELECT count(*) FROM (SELECT 1 FROM ferry_outbox o WHERE {due} \
+                                 ORDER BY o.seq LIMIT $2) w) - (SELECT count(*) FROM claimed) \
+                         ELSE 0 END AS n) \
+                     SELECT c.*, passed.n FROM passed LEFT JOIN claimed c ON true"
+                )
+            } else {
+                format!("{head} {update} RETURNING {CLAIM_COLUMNS}, 0::int8")
+            };
             let slots: Vec<i16> = req.slots.iter().map(|s| *s as i16).collect();
             let mut tx = self
                 .pool
@@ -384,7 +392,8 @@ impl OutboxStore for PgStore {
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
-        Some(self.skipped.load(Ordering::Relaxed))
+        self.measure
+            .then(|| self.skipped.load(Ordering::Relaxed))
     }
 
     fn lookup_claim<'a>(
