@@ -12,11 +12,18 @@ pub struct Migration {
 }
 
 /// PostgreSQL migrations, in order.
-pub const MIGRATIONS_POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../../../migrations/postgres/0001_outbox.sql"),
-}];
+pub const MIGRATIONS_POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../../../migrations/postgres/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "hot_claims",
+        sql: include_str!("../../../migrations/postgres/0002_hot_claims.sql"),
+    },
+];
 
 /// MySQL/MariaDB migrations, in order.
 pub const MIGRATIONS_MYSQL: &[Migration] = &[Migration {

@@ -230,6 +230,10 @@ pub(crate) async fn purge_sent(
         "{q}.state = 'SENT' AND {q}.sent_at < {}",
         d.now_minus_param()
     );
+    if d == Dialect::Pg {
+        // the sent_at index is partial on `phase = 2` (migration 0002)
+        filter.push_str(" AND o.phase = 2");
+    }
     let mut binds = vec![Bind::I64(cutoff)];
     if let Some(c) = consumer {
         filter.push_str(" AND ");
