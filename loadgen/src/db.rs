@@ -63,6 +63,8 @@ pub struct Database {
     /// The outbox store over the producers' pool (status, slot leases).
     pub store: Arc<dyn OutboxStore>,
     pool: Pool,
+    /// The producers' pool's size (it grows to this as the producers start).
+    pool_size: u32,
     sqlite_sync: SqliteSync,
     cleanup: Cleanup,
     keep: bool,
@@ -244,6 +246,7 @@ impl Database {
             url,
             store,
             pool,
+            pool_size,
             sqlite_sync: spec.sqlite_sync,
             cleanup,
             keep: spec.keep,
@@ -314,6 +317,33 @@ impl Database {
             Pool::Lite(p) => sqlx::query_scalar(stmt).fetch_one(p).await,
         }
         .map_err(Error::sql(what))
+    }
+
+    /// Server connections still free for relay pools: `max_connections` less the superuser
+    /// reserve, every connection open now, the producers' pool at full size and a margin of 6
+    /// (verifier, Inbox, ANALYZE). PostgreSQL and MySQL; `None` on SQLite or when the server
+    /// will not say.
+    pub async fn free_connections(&self) -> Option<u32> {
+        let reserve = self.pool_size + 6;
+        let free: Option<i64> = match &self.pool {
+            Pool::Pg(p) => sqlx::query_scalar(
+                "SELECT current_setting('max_connections')::int8 \
+                   - current_setting('superuser_reserved_connections')::int8 \
+                   - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+            )
+            .fetch_one(p)
+            .await
+            .ok(),
+            Pool::My(p) => sqlx::query_scalar(
+                "SELECT CAST(@@max_connections AS SIGNED) \
+                   - (SELECT COUNT(*) FROM information_schema.PROCESSLIST)",
+            )
+            .fetch_one(p)
+            .await
+            .ok(),
+            Pool::Lite(_) => None,
+        };
+        free.map(|f| (f - i64::from(reserve)).max(0) as u32)
     }
 
     /// Opens another store on the same namespace with its own pool (one per in-process relay,

@@ -149,9 +149,25 @@ impl Relays {
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
+                // claims + outcome CAS + lease renewals + ownership/status, with headroom, but
+                // never more than the server has connections for: 8 relays × 12 connections
+                // exhausted PostgreSQL's max_connections = 100, pool acquisitions timed out,
+                // heartbeats failed and slots moved (a sizing failure, not contention)
+                let want = (spec.workers * spec.in_flight * 2 + 4) as u32;
+                let pool = match db.free_connections().await {
+                    Some(free) if free / (spec.relays as u32) < want => {
+                        let share = (free / spec.relays as u32).max(3);
+                        tracing::info!(
+                            want,
+                            share,
+                            free,
+                            "relay pools capped to the server's free connections"
+                        );
+                        share
+                    }
+                    _ => want,
+                };
                 for k in 0..spec.relays {
-                    // claims + outcome CAS + lease renewals + ownership/status, with headroom
-                    let pool = (spec.workers * spec.in_flight * 2 + 4) as u32;
                     let store = db.open_store(pool, spec.measure_contention).await?;
                     let sink = make_sink(spec.sink, kafka_brokers)?;
                     let config = RelayConfig {
