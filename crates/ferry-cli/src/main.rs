@@ -135,7 +135,8 @@ struct ReconcileArgs {
 
 #[derive(Args, Debug)]
 struct RelayArgs {
-    /// Shard workers in this process [default: 4] (relay.workers).
+    /// Shard workers in this process [default: 4; 1 on SQLite, whose single writer more
+    /// workers only queue on] (relay.workers).
     #[arg(long, env = "FERRY_WORKERS")]
     workers: Option<usize>,
     /// Max events per claim [default: 500] (relay.batch_size).
@@ -427,7 +428,14 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         }
         Cmd::Relay(args) => {
             // Validate every setting before touching the database.
-            let (config, sink) = relay_settings(&args, &file)?;
+            let (mut config, sink) = relay_settings(&args, &file)?;
+            if pick(&args.workers, &file.relay.workers).is_none()
+                && ferry_store::Backend::from_url(&url)? == ferry_store::Backend::Sqlite
+            {
+                // one writer: more workers make more, smaller claim and ack transactions queue
+                // for it (docs/tuning.md: 7.7k events/s with 1 worker, 5.0k with 4)
+                config.workers = 1;
+            }
             let alerts = alert_settings(
                 &args.slo_target,
                 &args.slo_ratio,
@@ -596,6 +604,8 @@ async fn run_relay(
         }
     };
     let owner = config.owner.clone();
+    let (workers, batch_size, in_flight) =
+        (config.workers, config.batch_size, config.max_in_flight);
     let relay = Relay::new(store, sink, config).map_err(|e| fail(2, e.to_string()))?;
     *relay.metrics().alerts.lock().expect("alerts lock") = alerts;
     let cancel = CancellationToken::new();
@@ -622,7 +632,7 @@ async fn run_relay(
             cancel.cancel();
         });
     }
-    tracing::info!(%owner, "relay started");
+    tracing::info!(%owner, workers, batch_size, in_flight, "relay started");
     relay.run(cancel).await?;
     if let Some(k) = kafka {
         k.flush(Duration::from_secs(5));

@@ -298,3 +298,47 @@ fn purge_and_reconcile_commands() {
     ]);
     assert_one_clear_line(&o, 2, &["invalid business table"]);
 }
+
+/// The `relay started` log line of `ferry relay <extra>` on a fresh SQLite file (the relay is
+/// killed once it printed it).
+fn relay_started_line(extra: &[&str], env: &[(&str, &str)]) -> String {
+    use std::io::{BufRead, BufReader};
+    let (_d, url) = sqlite_url();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.args(["relay", "--database-url", &url, "--sink", "null", "--metrics-listen", "off"])
+        .args(extra)
+        .env_remove("FERRY_DATABASE_URL")
+        .env_remove("FERRY_CONFIG")
+        .env_remove("FERRY_WORKERS")
+        .env("FERRY_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn ferry relay");
+    let stderr = child.stderr.take().unwrap();
+    let mut found = String::new();
+    for line in BufReader::new(stderr).lines() {
+        let line = line.unwrap_or_default();
+        if line.contains("relay started") {
+            found = line;
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!found.is_empty(), "ferry relay never logged 'relay started'");
+    found
+}
+
+#[test]
+fn relay_on_sqlite_defaults_to_one_worker_unless_told() {
+    let line = relay_started_line(&[], &[]);
+    assert!(line.contains("workers=1"), "{line}");
+    let line = relay_started_line(&["--workers", "3"], &[]);
+    assert!(line.contains("workers=3"), "{line}");
+    let line = relay_started_line(&[], &[("FERRY_WORKERS", "2")]);
+    assert!(line.contains("workers=2"), "{line}");
+}
