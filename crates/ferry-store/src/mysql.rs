@@ -145,6 +145,19 @@ where
     }
 }
 
+/// `{head} FROM ferry_outbox WHERE seq IN (candidates) AND <still due> ORDER BY seq LIMIT n`:
+/// the window the claim's locking re-check reads, and its contention recount reads again.
+fn due_window<'a>(head: &str, candidates: &[i64], limit: usize) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(format!("{head} FROM ferry_outbox WHERE seq IN ("));
+    push_list(&mut qb, candidates.iter().copied());
+    qb.push(
+        ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
+         ORDER BY seq LIMIT ",
+    );
+    qb.push_bind(limit as i64);
+    qb
+}
+
 /// A CAS predicate over tokens: `seq IN (…) AND (seq, claim_version, claim_id) IN ((…), …)`.
 fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
     qb.push("state = 'CLAIMED' AND seq IN (");
@@ -439,15 +452,7 @@ impl OutboxStore for MyStore {
             if candidates.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut qb = QueryBuilder::<MySql>::new(format!(
-                "SELECT {COLUMNS} FROM ferry_outbox WHERE seq IN ("
-            ));
-            push_list(&mut qb, candidates.iter().copied());
-            qb.push(
-                ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
-                 ORDER BY seq LIMIT ",
-            );
-            qb.push_bind(req.limit as i64);
+            let mut qb = due_window(&format!("SELECT {COLUMNS}"), &candidates, req.limit);
             qb.push(" FOR UPDATE SKIP LOCKED");
             let rows = qb
                 .build()
@@ -459,15 +464,8 @@ impl OutboxStore for MyStore {
                 // concurrent transaction (SKIP LOCKED passed over them) or taken since they were
                 // read. A plain read sees the locked ones still due (their claim has not
                 // committed); those in the claim's window, less ours, were skipped.
-                let mut qb = QueryBuilder::<MySql>::new(
-                    "SELECT count(*) FROM (SELECT seq FROM ferry_outbox WHERE seq IN (",
-                );
-                push_list(&mut qb, candidates.iter().copied());
-                qb.push(
-                    ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
-                     ORDER BY seq LIMIT ",
-                );
-                qb.push_bind(req.limit as i64);
+                let mut qb =
+                    due_window("SELECT count(*) FROM (SELECT seq", &candidates, req.limit);
                 qb.push(") w");
                 let window: i64 = qb
                     .build_query_scalar()
