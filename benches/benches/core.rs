@@ -1,7 +1,7 @@
 //! Pure-CPU pieces of the hot path: shard hashing and per-item outcome folding.
 //!
 //! `cargo bench -p ferry-benches --bench core`
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -63,11 +63,11 @@ fn outcome_folding(c: &mut Criterion) {
             .collect();
         let toks = tokens(n);
         // the database applied all but every 10th (fenced: taken over)
-        let applied: HashSet<i64> = toks
+        let applied: HashMap<i64, (i64, String)> = toks
             .iter()
             .enumerate()
             .filter(|(i, _)| i % 10 != 0)
-            .map(|(_, t)| t.seq)
+            .map(|(_, t)| (t.seq, (t.claim_version, t.claim_id.clone())))
             .collect();
         g.throughput(Throughput::Elements(n as u64));
         g.bench_with_input(BenchmarkId::new("fold", n), &outcomes, |b, o| {

@@ -123,9 +123,9 @@ impl RunSpec {
                 extra_args: a.relay_args.clone(),
                 // contention exists only between relays; a relays sweep measures every point
                 // (the 1-relay point too) so the points pay the same cost
-                measure_contention: a.measure_contention.unwrap_or(
-                    a.relays > 1 || a.sweep_relays.is_some(),
-                ),
+                measure_contention: a
+                    .measure_contention
+                    .unwrap_or(a.relays > 1 || a.sweep_relays.is_some()),
             },
             chaos: a.chaos.then_some(a.chaos_interval),
             producers,

@@ -305,15 +305,23 @@ fn relay_started_line(extra: &[&str], env: &[(&str, &str)]) -> String {
     use std::io::{BufRead, BufReader};
     let (_d, url) = sqlite_url();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    cmd.args(["relay", "--database-url", &url, "--sink", "null", "--metrics-listen", "off"])
-        .args(extra)
-        .env_remove("FERRY_DATABASE_URL")
-        .env_remove("FERRY_CONFIG")
-        .env_remove("FERRY_WORKERS")
-        .env("FERRY_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
+    cmd.args([
+        "relay",
+        "--database-url",
+        &url,
+        "--sink",
+        "null",
+        "--metrics-listen",
+        "off",
+    ])
+    .args(extra)
+    .env_remove("FERRY_DATABASE_URL")
+    .env_remove("FERRY_CONFIG")
+    .env_remove("FERRY_WORKERS")
+    .env("FERRY_LOG", "info")
+    .env("NO_COLOR", "1")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -329,7 +337,10 @@ fn relay_started_line(extra: &[&str], env: &[(&str, &str)]) -> String {
     }
     let _ = child.kill();
     let _ = child.wait();
-    assert!(!found.is_empty(), "ferry relay never logged 'relay started'");
+    assert!(
+        !found.is_empty(),
+        "ferry relay never logged 'relay started'"
+    );
     found
 }
 

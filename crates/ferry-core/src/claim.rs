@@ -110,16 +110,23 @@ impl CasReport {
     pub fn fenced(&self) -> usize {
         self.items.len() - self.applied()
     }
-    /// Builds a report from the inputs and the set of seqs that the database changed.
-    pub fn from_applied(inputs: &[ClaimToken], applied: &std::collections::HashSet<i64>) -> Self {
+    /// Builds a report from the inputs and the rows the database changed, each as
+    /// `seq → (claim_version, claim_id)` of the token that matched it. An input is applied only
+    /// if its whole token matched: a stale token next to the live one for the same row in one
+    /// batch stays fenced. (A token given twice is applied twice, as the memory store does.)
+    pub fn from_applied(
+        inputs: &[ClaimToken],
+        applied: &std::collections::HashMap<i64, (i64, String)>,
+    ) -> Self {
         Self {
             items: inputs
                 .iter()
                 .map(|t| {
-                    let r = if applied.contains(&t.seq) {
-                        CasResult::Applied
-                    } else {
-                        CasResult::Fenced
+                    let r = match applied.get(&t.seq) {
+                        Some((cv, cid)) if *cv == t.claim_version && *cid == t.claim_id => {
+                            CasResult::Applied
+                        }
+                        _ => CasResult::Fenced,
                     };
                     (t.seq, r)
                 })

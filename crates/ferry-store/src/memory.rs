@@ -825,10 +825,9 @@ impl MemoryStore {
                         apply(g, p, item, now);
                         true
                     }
-                    // The SQL backends report every input whose seq their UPDATE touched as
-                    // applied, so the same token twice in one batch is applied twice. A stale
-                    // token is fenced here even next to a live one for the same row (there,
-                    // `CasReport::from_applied` would count it applied too).
+                    // As on the SQL backends (`CasReport::from_applied`): the same token twice in
+                    // one batch is applied twice, and a stale token is fenced even next to the
+                    // live one for the same row.
                     _ => items[..i]
                         .iter()
                         .zip(&report)

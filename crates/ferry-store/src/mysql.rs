@@ -16,7 +16,7 @@
 //! MariaDB has no `UPDATE … RETURNING`: outcome CAS updates run as one statement per batch and,
 //! when the affected-row count is short, the batch is redone row-locked to say which items were
 //! fenced.
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -266,7 +266,7 @@ impl MyStore {
             .await
             .map_err(|e| db_err("outcome: begin", e))?;
         let report = if let Some(values) = per_item {
-            let mut applied = HashSet::new();
+            let mut applied = HashMap::new();
             for (t, (delay, text)) in tokens.iter().zip(values) {
                 let n = sqlx::query(&format!(
                     "UPDATE ferry_outbox SET {set} WHERE state = 'CLAIMED' AND seq = ? AND claim_version = ? AND claim_id = ?"
@@ -281,7 +281,7 @@ impl MyStore {
                 .map_err(|e| db_err("outcome update", e))?
                 .rows_affected();
                 if n == 1 {
-                    applied.insert(t.seq);
+                    applied.insert(t.seq, (t.claim_version, t.claim_id.clone()));
                 }
             }
             CasReport::from_applied(tokens, &applied)
@@ -311,29 +311,34 @@ impl MyStore {
                     .begin()
                     .await
                     .map_err(|e| db_err("outcome: begin", e))?;
-                let mut applied = HashSet::new();
+                let mut applied = HashMap::new();
                 for chunk in tokens.chunks(CHUNK) {
-                    let mut qb = QueryBuilder::<MySql>::new("SELECT seq FROM ferry_outbox WHERE ");
+                    let mut qb = QueryBuilder::<MySql>::new(
+                        "SELECT seq, claim_version, claim_id FROM ferry_outbox WHERE ",
+                    );
                     push_tokens(&mut qb, chunk);
                     qb.push(" FOR UPDATE");
-                    let matching: Vec<i64> = qb
-                        .build_query_scalar()
+                    let matching: Vec<(i64, i64, String)> = qb
+                        .build()
                         .fetch_all(&mut *tx)
                         .await
-                        .map_err(|e| db_err("outcome lock", e))?;
+                        .map_err(|e| db_err("outcome lock", e))?
+                        .iter()
+                        .map(|r| (r.get(0), r.get(1), txt(r, 2)))
+                        .collect();
                     if matching.is_empty() {
                         continue;
                     }
                     let mut qb = QueryBuilder::<MySql>::new(format!(
                         "UPDATE ferry_outbox SET {set} WHERE seq IN ("
                     ));
-                    push_list(&mut qb, matching.iter().copied());
+                    push_list(&mut qb, matching.iter().map(|m| m.0));
                     qb.push(")");
                     qb.build()
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| db_err("outcome update", e))?;
-                    applied.extend(matching);
+                    applied.extend(matching.into_iter().map(|(seq, cv, cid)| (seq, (cv, cid))));
                 }
                 CasReport::from_applied(tokens, &applied)
             }
@@ -464,8 +469,7 @@ impl OutboxStore for MyStore {
                 // concurrent transaction (SKIP LOCKED passed over them) or taken since they were
                 // read. A plain read sees the locked ones still due (their claim has not
                 // committed); those in the claim's window, less ours, were skipped.
-                let mut qb =
-                    due_window("SELECT count(*) FROM (SELECT seq", &candidates, req.limit);
+                let mut qb = due_window("SELECT count(*) FROM (SELECT seq", &candidates, req.limit);
                 qb.push(") w");
                 let window: i64 = qb
                     .build_query_scalar()

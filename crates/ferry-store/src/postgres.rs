@@ -5,7 +5,7 @@
 //! `claim_version`, sets `claim_id`/`lease_until` and returns each token, all inside one short
 //! transaction. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -194,9 +194,9 @@ impl PgStore {
             "UPDATE ferry_outbox o SET {set} \
              FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{extra_decl}) AS t(seq, cv, cid{extra_cols}) \
              WHERE o.seq = t.seq AND o.state = 'CLAIMED' AND o.claim_version = t.cv AND o.claim_id = t.cid \
-             RETURNING o.seq"
+             RETURNING o.seq, o.claim_version, o.claim_id"
         );
-        let mut q = sqlx::query_scalar::<_, i64>(&sql)
+        let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
             .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
             .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
             .bind(
@@ -211,11 +211,12 @@ impl PgStore {
             Some(Extra::Text(t)) => q = q.bind(t),
             Some(Extra::DelayText(d, t)) => q = q.bind(d).bind(t),
         }
-        let applied: HashSet<i64> = q
+        let applied: HashMap<i64, (i64, String)> = q
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("outcome update", e))?
             .into_iter()
+            .map(|(seq, cv, cid)| (seq, (cv, cid)))
             .collect();
         Ok(CasReport::from_applied(tokens, &applied))
     }
@@ -391,8 +392,7 @@ impl OutboxStore for PgStore {
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
-        self.measure
-            .then(|| self.skipped.load(Ordering::Relaxed))
+        self.measure.then(|| self.skipped.load(Ordering::Relaxed))
     }
 
     fn lookup_claim<'a>(

@@ -12,7 +12,7 @@
 //! with sleeps of up to 100 ms, which, with producers, claims and acks all wanting the one
 //! writer, left the database idle while writers slept. Other processes on the same file still
 //! meet the busy handler (30 s timeout).
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -336,19 +336,20 @@ impl SqliteStore {
                value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
              WHERE ferry_outbox.seq = t.seq AND ferry_outbox.state = 'CLAIMED' \
                AND ferry_outbox.claim_version = t.cv AND ferry_outbox.claim_id = t.cid \
-             RETURNING ferry_outbox.seq"
+             RETURNING ferry_outbox.seq, ferry_outbox.claim_version, ferry_outbox.claim_id"
         );
         let mut tx = self
             .begin_write()
             .await
             .map_err(|e| db_err("outcome: begin", e))?;
-        let applied: HashSet<i64> = sqlx::query_scalar(&sql)
+        let applied: HashMap<i64, (i64, String)> = sqlx::query_as::<_, (i64, i64, String)>(&sql)
             .bind(serde_json::Value::Array(items).to_string())
             .bind(now_micros())
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err("outcome update", e))?
             .into_iter()
+            .map(|(seq, cv, cid)| (seq, (cv, cid)))
             .collect();
         tx.commit()
             .await

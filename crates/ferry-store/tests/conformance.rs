@@ -220,6 +220,60 @@ async fn stale_claim_is_fenced(db: Db) {
     );
 }
 
+/// A stale token and the live token of the same row in one outcome batch: only the live one
+/// applies; the report must not credit the stale one because its row was updated.
+async fn stale_and_live_token_of_one_row_in_one_batch(db: Db) {
+    db.store.enqueue(&[ev("twice", 1)]).await.unwrap();
+    let a = db
+        .store
+        .claim(&req(1, Duration::from_millis(200)))
+        .await
+        .unwrap();
+    let b = claim_eventually(&*db.store, &req(1, LONG), Duration::from_secs(10)).await;
+    let (stale, live) = (a[0].token.clone(), b[0].token.clone());
+    assert_eq!(stale.seq, live.seq);
+    assert_ne!(stale.claim_version, live.claim_version);
+    let r = db
+        .store
+        .extend_lease(&[stale.clone(), live.clone()], LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.items,
+        vec![
+            (stale.seq, CasResult::Fenced),
+            (live.seq, CasResult::Applied)
+        ],
+        "extend_lease"
+    );
+    let r = db
+        .store
+        .retry(&[
+            RetryItem {
+                token: live.clone(),
+                delay: LONG,
+                error: "x".into(),
+            },
+            RetryItem {
+                token: stale.clone(),
+                delay: LONG,
+                error: "x".into(),
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        r.items,
+        vec![
+            (live.seq, CasResult::Applied),
+            (stale.seq, CasResult::Fenced)
+        ],
+        "retry (per-item values)"
+    );
+    let rec = db.store.record("e-twice-1").await.unwrap().unwrap();
+    assert_eq!(rec.state, EventState::Pending);
+}
+
 async fn batch_with_mixed_outcomes_confirms_only_acked(db: Db) {
     let evs: Vec<NewEvent> = (0..5).map(|i| ev(&format!("agg-{i}"), 1)).collect();
     db.store.enqueue(&evs).await.unwrap();
@@ -1174,6 +1228,7 @@ conformance!(
     everywhere: [
         stale_claim_is_fenced,
         batch_with_mixed_outcomes_confirms_only_acked,
+        stale_and_live_token_of_one_row_in_one_batch,
         predecessor_blocks_successors,
         predecessor_rule_under_concurrency,
         concurrent_claimers_deliver_each_event_once,
