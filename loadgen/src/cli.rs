@@ -214,7 +214,7 @@ pub struct Args {
     pub workers: Option<u32>,
 
     /// Count the due rows claims skip as locked (`ferry relay --measure-contention`; on
-    /// PostgreSQL a recount of every short claim, about +40 % claim latency) [default: true
+    /// PostgreSQL a recount of every short claim, +40–90 % claim latency measured) [default: true
     /// with --relays > 1 or --sweep-relays, false otherwise: one relay owns every slot].
     #[arg(long)]
     pub measure_contention: Option<bool>,

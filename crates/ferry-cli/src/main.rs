@@ -198,7 +198,7 @@ struct RelayArgs {
     no_migrate: bool,
     /// Count the due rows claims skip because another relay holds them locked, exported as
     /// ferry_claim_rows_skipped_locked_total. On PostgreSQL this recounts every short claim's
-    /// window (about +40 % claim latency); MariaDB and SQLite always report it.
+    /// window (+40–90 % claim latency measured); MariaDB and SQLite always report it.
     #[arg(long)]
     measure_contention: bool,
     /// Publish SLO target: commit to SENT within this [default: 30s] (alerts.slo_target).

@@ -72,8 +72,8 @@ pub struct ConnectOptions {
     pub limits: Limits,
     /// Count the rows claims skip as locked ([`OutboxStore::rows_skipped_locked`]) where that
     /// costs something (default false). PostgreSQL then recounts the window of every claim
-    /// that comes back short: a second walk of the dispatch index, measured at +40 % claim
-    /// latency (docs/performance.md); worth it where relays compete, not in production.
+    /// that comes back short: a second walk of the dispatch index, measured at +40–90 % claim
+    /// latency (docs/tuning.md); worth it when diagnosing competing relays.
     /// MariaDB counts only when rows were actually passed over, SQLite never skips: both
     /// always report.
     pub measure_contention: bool,
