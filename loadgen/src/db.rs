@@ -161,6 +161,31 @@ pub struct PgCosts {
     pub autovacuum_count: i64,
 }
 
+/// Multi-row `INSERT`s of `orders` into `loadgen_orders` on `$conn` (MySQL and SQLite; the
+/// PostgreSQL producer inserts from arrays in one statement).
+macro_rules! insert_orders {
+    ($db:ty, $conn:expr, $orders:expr, $now:expr) => {
+        async {
+            for chunk in $orders.chunks(CHUNK) {
+                let mut qb: QueryBuilder<$db> = QueryBuilder::new(
+                    "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) ",
+                );
+                qb.push_values(chunk, |mut b, o| {
+                    b.push_bind(o.order_id)
+                        .push_bind(&o.aggregate_id)
+                        .push_bind(o.version)
+                        .push_bind(o.amount_cents)
+                        .push_bind(o.status())
+                        .push_bind($now);
+                });
+                qb.build().execute($conn).await?;
+            }
+            Ok::<(), sqlx::Error>(())
+        }
+        .await
+    };
+}
+
 impl Database {
     /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
     /// business table.
@@ -398,20 +423,7 @@ impl Database {
             }
             Pool::My(p) => {
                 let mut tx = p.begin().await.map_err(|e| rb(&e))?;
-                for chunk in orders.chunks(CHUNK) {
-                    let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
-                        "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) ",
-                    );
-                    qb.push_values(chunk, |mut b, o| {
-                        b.push_bind(o.order_id)
-                            .push_bind(&o.aggregate_id)
-                            .push_bind(o.version)
-                            .push_bind(o.amount_cents)
-                            .push_bind(o.status())
-                            .push_bind(now);
-                    });
-                    qb.build().execute(&mut *tx).await.map_err(|e| rb(&e))?;
-                }
+                insert_orders!(MySql, &mut *tx, orders, now).map_err(|e| rb(&e))?;
                 ferry_store::mysql::enqueue_many(&mut tx, events, &limits)
                     .await
                     .map_err(|e| rb(&e))?;
@@ -426,20 +438,7 @@ impl Database {
                 let mut tx = ferry_store::sqlite::begin_write(p)
                     .await
                     .map_err(|e| rb(&e))?;
-                for chunk in orders.chunks(CHUNK) {
-                    let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-                        "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) ",
-                    );
-                    qb.push_values(chunk, |mut b, o| {
-                        b.push_bind(o.order_id)
-                            .push_bind(&o.aggregate_id)
-                            .push_bind(o.version)
-                            .push_bind(o.amount_cents)
-                            .push_bind(o.status())
-                            .push_bind(now);
-                    });
-                    qb.build().execute(&mut *tx).await.map_err(|e| rb(&e))?;
-                }
+                insert_orders!(Sqlite, &mut *tx, orders, now).map_err(|e| rb(&e))?;
                 ferry_store::sqlite::enqueue_many(&mut tx, events, &limits)
                     .await
                     .map_err(|e| rb(&e))?;

@@ -56,6 +56,36 @@ fn check_table(table: &str) -> Result<(), StoreError> {
     crate::ops::validate_identifier("migrations table", table)
 }
 
+/// Reads which versions `$table` holds, then applies the rest of `$migrations` in order on
+/// `$conn`, recording each with `$record` (an INSERT binding version, name, then `$extra`).
+/// Evaluates to the versions applied; `?` returns from the enclosing fn or async block.
+macro_rules! apply_pending {
+    ($conn:expr, $table:expr, $migrations:expr, $record:expr $(, $extra:expr)*) => {{
+        let done: HashSet<i64> = sqlx::query_scalar(&format!("SELECT version FROM {}", $table))
+            .fetch_all($conn)
+            .await
+            .map_err(|e| db_err("migrate: read applied", e))?
+            .into_iter()
+            .collect();
+        let mut applied = Vec::new();
+        for m in $migrations.iter().filter(|m| !done.contains(&m.version)) {
+            sqlx::raw_sql(m.sql)
+                .execute($conn)
+                .await
+                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
+            sqlx::query(&$record)
+                .bind(m.version)
+                .bind(m.name)
+                $(.bind($extra))*
+                .execute($conn)
+                .await
+                .map_err(|e| db_err("migrate: record", e))?;
+            applied.push(m.version);
+        }
+        applied
+    }};
+}
+
 /// PostgreSQL: everything in one transaction under `pg_advisory_xact_lock(hashtext(lock_key ||
 /// ':' || current_schema()))`. DDL is transactional, so a migration applies fully or not at all,
 /// and a concurrent run waits for the lock and then finds nothing to do.
@@ -82,28 +112,12 @@ pub async fn apply_postgres(
     .execute(&mut *tx)
     .await
     .map_err(|e| db_err(&format!("migrate: create {table}"), e))?;
-    let done: HashSet<i64> = sqlx::query_scalar(&format!("SELECT version FROM {table}"))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| db_err("migrate: read applied", e))?
-        .into_iter()
-        .collect();
-    let mut applied = Vec::new();
-    for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
-        sqlx::raw_sql(m.sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-        sqlx::query(&format!(
-            "INSERT INTO {table} (version, name) VALUES ($1, $2)"
-        ))
-        .bind(m.version)
-        .bind(m.name)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("migrate: record", e))?;
-        applied.push(m.version);
-    }
+    let applied = apply_pending!(
+        &mut *tx,
+        table,
+        migrations,
+        format!("INSERT INTO {table} (version, name) VALUES ($1, $2)")
+    );
     tx.commit()
         .await
         .map_err(|e| db_err("migrate: commit", e))?;
@@ -141,26 +155,12 @@ pub async fn apply_mysql(
         )
         .await
         .map_err(|e| db_err(&format!("migrate: create {table}"), e))?;
-        let done: HashSet<i64> = sqlx::query_scalar(&format!("SELECT version FROM {table}"))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| db_err("migrate: read applied", e))?
-            .into_iter()
-            .collect();
-        let mut applied = Vec::new();
-        for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
-            sqlx::raw_sql(m.sql)
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-            sqlx::query(&format!("INSERT INTO {table} (version, name) VALUES (?, ?)"))
-                .bind(m.version)
-                .bind(m.name)
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| db_err("migrate: record", e))?;
-            applied.push(m.version);
-        }
+        let applied = apply_pending!(
+            &mut *conn,
+            table,
+            migrations,
+            format!("INSERT INTO {table} (version, name) VALUES (?, ?)")
+        );
         Ok(applied)
     }
     .await;
@@ -191,29 +191,13 @@ pub async fn apply_sqlite(
     .execute(&mut *tx)
     .await
     .map_err(|e| db_err(&format!("migrate: create {table}"), e))?;
-    let done: HashSet<i64> = sqlx::query_scalar(&format!("SELECT version FROM {table}"))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| db_err("migrate: read applied", e))?
-        .into_iter()
-        .collect();
-    let mut applied = Vec::new();
-    for m in migrations.iter().filter(|m| !done.contains(&m.version)) {
-        sqlx::raw_sql(m.sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err(&format!("migration {:04}_{}", m.version, m.name), e))?;
-        sqlx::query(&format!(
-            "INSERT INTO {table} (version, name, applied_at) VALUES (?, ?, ?)"
-        ))
-        .bind(m.version)
-        .bind(m.name)
-        .bind(ferry_core::now_micros())
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("migrate: record", e))?;
-        applied.push(m.version);
-    }
+    let applied = apply_pending!(
+        &mut *tx,
+        table,
+        migrations,
+        format!("INSERT INTO {table} (version, name, applied_at) VALUES (?, ?, ?)"),
+        ferry_core::now_micros()
+    );
     tx.commit()
         .await
         .map_err(|e| db_err("migrate: commit", e))?;
