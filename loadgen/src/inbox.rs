@@ -720,76 +720,50 @@ fn effect<'c>(
                 _ => Box::new(e),
             }
         };
+        // the effect row (unique per event: a second apply fails loudly) and the projection
+        macro_rules! apply {
+            ($c:expr, $effect:expr, $projection:expr) => {{
+                sqlx::query($effect)
+                    .bind(id)
+                    .bind(run)
+                    .bind(agg)
+                    .bind(v)
+                    .execute(&mut *$c)
+                    .await
+                    .map_err(twice)?;
+                sqlx::query($projection)
+                    .bind(agg)
+                    .bind(run)
+                    .bind(v)
+                    .execute(&mut *$c)
+                    .await?;
+            }};
+        }
         match conn {
-            Conn::Sqlite(c) => {
-                sqlx::query(
-                    "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
-                     aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
-                )
-                .bind(id)
-                .bind(run)
-                .bind(agg)
-                .bind(v)
-                .execute(&mut *c)
-                .await
-                .map_err(twice)?;
-                sqlx::query(
-                    "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
-                     VALUES (?, ?, ?, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
-                     version = excluded.version, applied = loadgen_projection.applied + 1",
-                )
-                .bind(agg)
-                .bind(run)
-                .bind(v)
-                .execute(&mut *c)
-                .await?;
-            }
-            Conn::Postgres(c) => {
-                sqlx::query(
-                    "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
-                     aggregate_version, applied) VALUES ($1, $2, $3, $4, 1)",
-                )
-                .bind(id)
-                .bind(run)
-                .bind(agg)
-                .bind(v)
-                .execute(&mut *c)
-                .await
-                .map_err(twice)?;
-                sqlx::query(
-                    "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
-                     VALUES ($1, $2, $3, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
-                     version = excluded.version, applied = loadgen_projection.applied + 1",
-                )
-                .bind(agg)
-                .bind(run)
-                .bind(v)
-                .execute(&mut *c)
-                .await?;
-            }
-            Conn::Mysql(c) => {
-                sqlx::query(
-                    "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
-                     aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
-                )
-                .bind(id)
-                .bind(run)
-                .bind(agg)
-                .bind(v)
-                .execute(&mut *c)
-                .await
-                .map_err(twice)?;
-                sqlx::query(
-                    "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
-                     VALUES (?, ?, ?, 1) ON DUPLICATE KEY UPDATE \
-                     version = VALUES(version), applied = applied + 1",
-                )
-                .bind(agg)
-                .bind(run)
-                .bind(v)
-                .execute(&mut *c)
-                .await?;
-            }
+            Conn::Sqlite(c) => apply!(
+                c,
+                "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+                 aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
+                "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
+                 VALUES (?, ?, ?, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
+                 version = excluded.version, applied = loadgen_projection.applied + 1"
+            ),
+            Conn::Postgres(c) => apply!(
+                c,
+                "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+                 aggregate_version, applied) VALUES ($1, $2, $3, $4, 1)",
+                "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
+                 VALUES ($1, $2, $3, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
+                 version = excluded.version, applied = loadgen_projection.applied + 1"
+            ),
+            Conn::Mysql(c) => apply!(
+                c,
+                "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+                 aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
+                "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
+                 VALUES (?, ?, ?, 1) ON DUPLICATE KEY UPDATE \
+                 version = VALUES(version), applied = applied + 1"
+            ),
         }
         Ok(())
     })
