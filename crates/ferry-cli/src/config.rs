@@ -87,6 +87,7 @@ pub struct RelaySection {
     pub max_attempts: Option<u32>,
     pub shutdown_timeout: Option<String>,
     pub owner: Option<String>,
+    pub dispatch: Option<String>,
 }
 
 /// `[sink]`

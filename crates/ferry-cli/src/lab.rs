@@ -30,6 +30,7 @@ pub const CASES: &[&str] = &[
     "send-before-mark",
     "mark-before-send",
     "stale-claim",
+    "stale-cursor",
     "batch",
     "two-sessions",
     "kafka-duplicate",
@@ -425,6 +426,104 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
                 json!({ "a_claim_version": a[0].token.claim_version, "b_claim_version": b[0].token.claim_version, "a_update_rows": a_rows, "b_update_rows": b_rows, "deliveries_at_receiver": deliveries, "inbox_verdicts": verdicts, "effects_applied": effects, "outbox": state_str(state) }),
             ))
         }
+        "stale-cursor" => {
+            // The stale-claim case in cursor dispatch, at batch granularity: the fencing token is
+            // the slot's (owner, epoch, cursor version) instead of a row's claim version.
+            let Some(cs) = lab.db.store.cursor() else {
+                return Err(format!(
+                    "cursor dispatch is not available on {} (row dispatch only)",
+                    lab.db.store.backend()
+                ));
+            };
+            cs.set_dispatch_mode(ferry_core::DispatchMode::Cursor, "relay-a")
+                .await
+                .map_err(err("switch to cursor dispatch"))?;
+            lab.commit_order(7).await?;
+            let slot = ferry_core::slot_for("order-7");
+            let load = |owner: &'static str| async move {
+                cs.load_cursors(owner, &[slot])
+                    .await
+                    .map_err(err("load cursor"))
+            };
+            let read = |c: Vec<ferry_core::SlotCursor>| async move {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let b = cs
+                        .read_batch(&ferry_core::CursorRead {
+                            from: c.iter().map(|c| (c.slot, c.pos)).collect(),
+                            limit: 10,
+                        })
+                        .await
+                        .map_err(err("cursor read"))?;
+                    if !b.events.is_empty() || Instant::now() > deadline {
+                        return Ok::<_, String>(b);
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            };
+            let advance =
+                |owner: &str, c: &[ferry_core::SlotCursor], to| ferry_core::CursorAdvance {
+                    owner: owner.to_string(),
+                    claim_id: ferry_core::new_event_id(),
+                    slots: c
+                        .iter()
+                        .map(|c| ferry_core::SlotAdvance {
+                            slot: c.slot,
+                            epoch: c.epoch,
+                            version: c.version,
+                            to,
+                        })
+                        .collect(),
+                    exceptions: Vec::new(),
+                };
+            lab.db
+                .store
+                .acquire_slots("relay-a", &[slot], LEASE)
+                .await
+                .map_err(err("A takes the slot"))?;
+            let a = load("relay-a").await?;
+            let a_batch = read(a.clone()).await?;
+            let items: Vec<ClaimedEvent> = a_batch.events.iter().map(|e| e.event.clone()).collect();
+            lab.send(&items).await?; // A sends, then stalls past its slot lease
+            tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+            lab.db
+                .store
+                .acquire_slots("relay-b", &[slot], Duration::from_secs(60))
+                .await
+                .map_err(err("B takes the slot over"))?;
+            let b = load("relay-b").await?;
+            let b_batch = read(b.clone()).await?;
+            let items: Vec<ClaimedEvent> = b_batch.events.iter().map(|e| e.event.clone()).collect();
+            lab.send(&items).await?;
+            let a_result = cs
+                .advance(&advance("relay-a", &a, a_batch.upto))
+                .await
+                .map_err(err("A's advance"))?;
+            let b_result = cs
+                .advance(&advance("relay-b", &b, b_batch.upto))
+                .await
+                .map_err(err("B's advance"))?;
+            let (deliveries, verdicts) = lab.consume(2, Duration::from_secs(20)).await?;
+            let effects = lab.effects(7).await?;
+            let state = lab.state("e-7-1").await?;
+            let (a0, b0) = (a.first().cloned(), b.first().cloned());
+            let held = a0.zip(b0).is_some_and(|(a, b)| b.epoch == a.epoch + 1)
+                && a_batch.events.len() == 1
+                && b_batch.events.len() == 1
+                && a_result == ferry_core::AdvanceResult::Fenced
+                && b_result == ferry_core::AdvanceResult::Applied
+                && deliveries == 2
+                && effects == 1
+                && state.map(|s| s.0) == Some(EventState::Sent);
+            Ok((
+                "cursor dispatch: A reads and sends under slot epoch e, stalls past its slot lease; B takes the slot (epoch e+1), reads and sends the same event; A's cursor advance changes nothing, B's applies; two sends exist, one effect".into(),
+                held,
+                json!({ "a_epoch": a.first().map(|c| c.epoch), "b_epoch": b.first().map(|c| c.epoch),
+                        "a_advance": format!("{a_result:?}"), "b_advance": format!("{b_result:?}"),
+                        "deliveries_at_receiver": deliveries, "inbox_verdicts": verdicts,
+                        "effects_applied": effects, "outbox": state_str(state) }),
+            ))
+        }
         "batch" => {
             for o in [7, 8, 9] {
                 lab.commit_order(o).await?;
@@ -576,7 +675,12 @@ pub async fn run(case: &str, url: Option<&str>) -> LabResult<Vec<CaseResult>> {
         ),
     };
     let cases: Vec<&str> = if case == "all" {
-        CASES.to_vec()
+        // MySQL/MariaDB has row dispatch only
+        CASES
+            .iter()
+            .copied()
+            .filter(|c| *c != "stale-cursor" || backend != Backend::Mysql)
+            .collect()
     } else if CASES.contains(&case) {
         vec![case]
     } else {

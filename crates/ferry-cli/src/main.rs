@@ -175,6 +175,11 @@ struct RelayArgs {
     /// Owner id of this process [default: host-pid-random] (relay.owner).
     #[arg(long, env = "FERRY_OWNER")]
     owner: Option<String>,
+    /// Dispatch mode: cursor (one write per event; PostgreSQL and SQLite) or row (per-row
+    /// claims; MariaDB) [default: cursor where the store supports it, else row]
+    /// (relay.dispatch).
+    #[arg(long, env = "FERRY_DISPATCH")]
+    dispatch: Option<String>,
     /// Sink: kafka, stdout or null [default: kafka] (sink.kind).
     #[arg(long, env = "FERRY_SINK")]
     sink: Option<String>,
@@ -522,6 +527,12 @@ fn relay_settings(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
             &r.shutdown_timeout,
             d.shutdown_timeout,
         )?,
+        dispatch: pick(&a.dispatch, &r.dispatch)
+            .map(|m| {
+                m.parse::<ferry_core::DispatchMode>()
+                    .map_err(|e| fail(2, format!("invalid relay.dispatch (--dispatch): {e}")))
+            })
+            .transpose()?,
         ..d
     };
     config.validate().map_err(|e| fail(2, e.to_string()))?;
@@ -559,17 +570,13 @@ fn relay_settings(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
                     dk.linger,
                 )?,
                 extra,
+                // set by run_relay once the dispatch mode is known
+                ordered: false,
             };
             if kc.brokers.trim().is_empty() {
                 return Err(fail(
                     2,
                     "invalid sink.brokers (--kafka-brokers): must not be empty",
-                ));
-            }
-            if kc.message_timeout >= config.claim_lease {
-                return Err(fail(
-                    2,
-                    "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over",
                 ));
             }
             SinkSpec::Kafka(kc)
@@ -593,11 +600,26 @@ async fn run_relay(
     alerts: ferry_relay::metrics::AlertThresholds,
     store: Arc<dyn OutboxStore>,
 ) -> Result<u8, Failure> {
+    let mut config = config;
+    let mode = config.dispatch.unwrap_or(if store.cursor().is_some() {
+        ferry_core::DispatchMode::Cursor
+    } else {
+        ferry_core::DispatchMode::Row
+    });
+    config.dispatch = Some(mode);
     let mut kafka = None;
     let sink: Arc<dyn Sink> = match spec {
         SinkSpec::Null => Arc::new(NullSink),
         SinkSpec::Stdout => Arc::new(StdoutSink),
-        SinkSpec::Kafka(kc) => {
+        SinkSpec::Kafka(mut kc) => {
+            // several versions of one key in flight: the producer must not leave gaps
+            kc.ordered = mode == ferry_core::DispatchMode::Cursor;
+            if kc.message_timeout >= config.claim_lease && !kc.ordered {
+                return Err(fail(
+                    2,
+                    "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over",
+                ));
+            }
             let s = Arc::new(KafkaSink::new(kc).map_err(|e| fail(2, e.to_string()))?);
             kafka = Some(s.clone());
             s
@@ -632,7 +654,7 @@ async fn run_relay(
             cancel.cancel();
         });
     }
-    tracing::info!(%owner, workers, batch_size, in_flight, "relay started");
+    tracing::info!(%owner, workers, batch_size, in_flight, dispatch = %mode, "relay started");
     relay.run(cancel).await?;
     if let Some(k) = kafka {
         k.flush(Duration::from_secs(5));
@@ -681,6 +703,29 @@ async fn status(a: StatusArgs, f: &FileConfig, store: Arc<dyn OutboxStore>) -> R
         .map(|u| Duration::from_micros(u.max(0) as u64));
     let mut reasons = Vec::new();
     let mut level = 0u8;
+    let (mode, horizon) = match store.cursor() {
+        Some(cs) => (cs.dispatch_mode().await?, Some(cs.horizon().await?)),
+        None => (ferry_core::DispatchMode::Row, None),
+    };
+    // In cursor dispatch an open write transaction holds back every intent committed after it
+    // started (PostgreSQL's snapshot horizon).
+    let blocker = horizon
+        .as_ref()
+        .filter(|_| mode == ferry_core::DispatchMode::Cursor)
+        .and_then(|h| {
+            h.oldest_xact_age_us
+                .map(|a| (a, h.oldest_xact_pid.unwrap_or(-1)))
+        });
+    if let Some((age_us, pid)) = blocker {
+        let age = Duration::from_micros(age_us.max(0) as u64);
+        if age >= warn {
+            level = level.max(if age >= crit { 3 } else { 2 });
+            reasons.push(format!(
+                "an open write transaction (pid {pid}) has held the cursor horizon back for {:.0}s: intents committed since it began wait for it",
+                age.as_secs_f64()
+            ));
+        }
+    }
     if let Some(age) = age {
         if age >= crit {
             level = 3;
@@ -717,6 +762,8 @@ async fn status(a: StatusArgs, f: &FileConfig, store: Arc<dyn OutboxStore>) -> R
     if a.json {
         let v = serde_json::json!({
             "level": label,
+            "dispatch": mode,
+            "horizon": horizon,
             "reasons": reasons,
             "outbox": st,
             "slot_owners": owners,
@@ -727,6 +774,16 @@ async fn status(a: StatusArgs, f: &FileConfig, store: Arc<dyn OutboxStore>) -> R
         println!("status:              {label}");
         for r in &reasons {
             println!("  - {r}");
+        }
+        println!("dispatch:            {mode}");
+        if mode == ferry_core::DispatchMode::Cursor && store.backend() == "postgres" {
+            match blocker {
+                Some((age_us, pid)) => println!(
+                    "horizon held by:     pid {pid}, open for {}",
+                    fmt_age(Some(age_us))
+                ),
+                None => println!("horizon held by:     nothing (no open write transaction)"),
+            }
         }
         println!("pending:             {}", st.pending);
         println!("claimed (unknown):   {}", st.claimed);

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ferry_core::EventState;
+use ferry_core::{DispatchMode, EventState};
 use ferry_relay::embedded::EmbeddedKafka;
 use ferry_relay::verify::Verifier;
 use ferry_store::testkit::TestDb;
@@ -77,9 +77,16 @@ impl Drop for Proc {
     }
 }
 
-fn relay_args<'a>(url: &'a str, brokers: &'a str, owner: &'a str) -> Vec<&'a str> {
+fn relay_args<'a>(
+    url: &'a str,
+    brokers: &'a str,
+    owner: &'a str,
+    mode: DispatchMode,
+) -> Vec<&'a str> {
     vec![
         "relay",
+        "--dispatch",
+        mode.as_str(),
         "--database-url",
         url,
         "--owner",
@@ -136,9 +143,27 @@ async fn wait_state(db: &TestDb, want: EventState) -> i64 {
     }
 }
 
+/// The claim version a row reaches after `n` row-mode claims; cursor dispatch never claims a
+/// row that is sent on the first try.
+fn terms(mode: DispatchMode, n: i64) -> i64 {
+    match mode {
+        DispatchMode::Row => n,
+        DispatchMode::Cursor => 0,
+    }
+}
+
+/// The durable state between a send and its outcome: CLAIMED under term 1 in row dispatch;
+/// in cursor dispatch nothing was written (PENDING, the cursor has not moved past it).
+fn claimed_state(mode: DispatchMode) -> (EventState, i64) {
+    match mode {
+        DispatchMode::Row => (EventState::Claimed, 1),
+        DispatchMode::Cursor => (EventState::Pending, 0),
+    }
+}
+
 /// Window 1: dies before the business commit → neither intent nor anything to deliver; the
 /// client re-submits with the same identity.
-async fn dies_before_commit(db: TestDb) {
+async fn dies_before_commit(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
     ferry(
         &["enqueue", "--database-url", &db.url, "--event", EVENT],
@@ -156,7 +181,10 @@ async fn dies_before_commit(db: TestDb) {
         None,
     )
     .wait_ok();
-    let _relay = ferry(&relay_args(&db.url, k.bootstrap_servers(), "r1"), None);
+    let _relay = ferry(
+        &relay_args(&db.url, k.bootstrap_servers(), "r1", mode),
+        None,
+    );
     let r = v
         .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
         .await;
@@ -166,7 +194,7 @@ async fn dies_before_commit(db: TestDb) {
 }
 
 /// Window 2: dies after commit, before any claim → PENDING survives; a relay delivers it.
-async fn dies_after_commit_before_claim(db: TestDb) {
+async fn dies_after_commit_before_claim(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
     ferry(
         &["enqueue", "--database-url", &db.url, "--event", EVENT],
@@ -174,8 +202,12 @@ async fn dies_after_commit_before_claim(db: TestDb) {
     )
     .kill_at("enqueue-after-commit");
     assert_eq!(state_of(&db).await, Some((EventState::Pending, 0)));
-    let _relay = ferry(&relay_args(&db.url, k.bootstrap_servers(), "r1"), None);
-    assert_eq!(wait_state(&db, EventState::Sent).await, 1);
+    let _relay = ferry(
+        &relay_args(&db.url, k.bootstrap_servers(), "r1", mode),
+        None,
+    );
+    // row dispatch claimed it once; cursor dispatch wrote no claim at all
+    assert_eq!(wait_state(&db, EventState::Sent).await, terms(mode, 1));
     let r = v
         .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
         .await;
@@ -185,7 +217,7 @@ async fn dies_after_commit_before_claim(db: TestDb) {
 
 /// Window 3: dies after the claim, before the broker ack → CLAIMED, nothing sent; after the
 /// lease another relay resends with the same event id.
-async fn dies_after_claim_before_ack(db: TestDb) {
+async fn dies_after_claim_before_ack(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
     ferry(
         &["enqueue", "--database-url", &db.url, "--event", EVENT],
@@ -193,20 +225,21 @@ async fn dies_after_claim_before_ack(db: TestDb) {
     )
     .wait_ok();
     ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "dying"),
+        &relay_args(&db.url, k.bootstrap_servers(), "dying", mode),
         Some("relay-after-claim"),
     )
     .kill_at("relay-after-claim");
-    assert_eq!(state_of(&db).await, Some((EventState::Claimed, 1)));
+    // row: CLAIMED under term 1; cursor: nothing written, the cursor has not moved
+    assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
     assert_eq!(v.report().delivered, 0, "nothing was sent before the crash");
     let _relay = ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "survivor"),
+        &relay_args(&db.url, k.bootstrap_servers(), "survivor", mode),
         None,
     );
     assert_eq!(
         wait_state(&db, EventState::Sent).await,
-        2,
-        "taken over under a new claim term"
+        terms(mode, 2),
+        "taken over under a new claim term (row) / from the durable cursor (cursor)"
     );
     let r = v
         .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
@@ -218,7 +251,7 @@ async fn dies_after_claim_before_ack(db: TestDb) {
 
 /// Window 4: dies after the broker ack, before SENT commits → the message exists but the row is
 /// still CLAIMED; the resend is a duplicate that the consumer dedupes by event id.
-async fn dies_after_ack_before_sent(db: TestDb) {
+async fn dies_after_ack_before_sent(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
     ferry(
         &["enqueue", "--database-url", &db.url, "--event", EVENT],
@@ -226,20 +259,20 @@ async fn dies_after_ack_before_sent(db: TestDb) {
     )
     .wait_ok();
     ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "dying"),
+        &relay_args(&db.url, k.bootstrap_servers(), "dying", mode),
         Some("relay-after-ack"),
     )
     .kill_at("relay-after-ack");
-    assert_eq!(state_of(&db).await, Some((EventState::Claimed, 1)));
+    assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
     let r = v
         .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
         .await;
     assert_eq!(r.delivered, 1, "the broker had acked it: {r:?}");
     let _relay = ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "survivor"),
+        &relay_args(&db.url, k.bootstrap_servers(), "survivor", mode),
         None,
     );
-    assert_eq!(wait_state(&db, EventState::Sent).await, 2);
+    assert_eq!(wait_state(&db, EventState::Sent).await, terms(mode, 2));
     let r = v
         .wait_until(Duration::from_secs(30), |r| r.duplicates >= 1)
         .await;
@@ -344,7 +377,7 @@ async fn apply_through_inbox(db: &TestDb, brokers: &str, expect: usize) -> (usiz
     (new, dup)
 }
 
-ferry_store::on_every_backend!(
+ferry_store::on_every_backend_and_mode!(
     dies_before_commit,
     dies_after_commit_before_claim,
     dies_after_claim_before_ack,

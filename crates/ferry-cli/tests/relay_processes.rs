@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_core::NewEvent;
+use ferry_core::{DispatchMode, NewEvent};
 use ferry_relay::embedded::EmbeddedKafka;
 use ferry_relay::verify::Verifier;
 use ferry_store::testkit::TestDb;
@@ -37,7 +37,7 @@ struct RelayProc {
     log: std::path::PathBuf,
 }
 
-fn spawn_relay(url: &str, sink: &[&str], owner: &str) -> RelayProc {
+fn spawn_relay(url: &str, sink: &[&str], owner: &str, mode: DispatchMode) -> RelayProc {
     let metrics = free_port();
     let log = std::env::temp_dir().join(format!("ferry-relay-{owner}-{}.log", std::process::id()));
     let child = Command::new(env!("CARGO_BIN_EXE_ferry"))
@@ -51,6 +51,8 @@ fn spawn_relay(url: &str, sink: &[&str], owner: &str) -> RelayProc {
             "2",
             "--batch-size",
             "100",
+            "--dispatch",
+            mode.as_str(),
         ])
         .args([
             "--heartbeat",
@@ -151,12 +153,12 @@ where
     }
 }
 
-async fn graceful_shutdown_releases_everything(db: TestDb) {
+async fn graceful_shutdown_releases_everything(db: TestDb, mode: DispatchMode) {
     db.store
         .enqueue(&[ev("a", 1), ev("a", 2), ev("b", 1)])
         .await
         .unwrap();
-    let mut relay = spawn_relay(&db.url, &["--sink", "stdout"], "solo");
+    let mut relay = spawn_relay(&db.url, &["--sink", "stdout"], "solo", mode);
     let mut out = BufReader::new(relay.child.stdout.take().unwrap());
     let mut lines = Vec::new();
     for _ in 0..3 {
@@ -194,7 +196,7 @@ async fn graceful_shutdown_releases_everything(db: TestDb) {
     db.cleanup().await;
 }
 
-async fn two_relays_split_slots_and_survive_sigkill(db: TestDb) {
+async fn two_relays_split_slots_and_survive_sigkill(db: TestDb, mode: DispatchMode) {
     let kafka = EmbeddedKafka::start(3).unwrap();
     kafka.create_topic(TOPIC, 8).unwrap();
     let verifier = Verifier::start(kafka.bootstrap_servers(), TOPIC, 8).unwrap();
@@ -204,8 +206,8 @@ async fn two_relays_split_slots_and_survive_sigkill(db: TestDb) {
         "--kafka-brokers",
         kafka.bootstrap_servers(),
     ];
-    let mut a = spawn_relay(&db.url, &sink, "relay-a");
-    let b = spawn_relay(&db.url, &sink, "relay-b");
+    let mut a = spawn_relay(&db.url, &sink, "relay-a", mode);
+    let b = spawn_relay(&db.url, &sink, "relay-b", mode);
     wait_until(
         "slots split between two relays",
         Duration::from_secs(30),
@@ -252,15 +254,15 @@ async fn two_relays_split_slots_and_survive_sigkill(db: TestDb) {
     db.cleanup().await;
 }
 
-async fn paused_owner_is_fenced(db: TestDb) {
-    let a = spawn_relay(&db.url, &["--sink", "null"], "stale-a");
+async fn paused_owner_is_fenced(db: TestDb, mode: DispatchMode) {
+    let a = spawn_relay(&db.url, &["--sink", "null"], "stale-a", mode);
     wait_until("A owns every slot", Duration::from_secs(20), || async {
         owners(&db).await.get("stale-a") == Some(&256)
     })
     .await;
     // pause A past its leases; B takes every slot over
     a.signal(libc::SIGSTOP);
-    let b = spawn_relay(&db.url, &["--sink", "null"], "fresh-b");
+    let b = spawn_relay(&db.url, &["--sink", "null"], "fresh-b", mode);
     wait_until("B owns every slot", Duration::from_secs(30), || async {
         owners(&db).await.get("fresh-b") == Some(&256)
     })
@@ -288,7 +290,7 @@ async fn paused_owner_is_fenced(db: TestDb) {
     db.cleanup().await;
 }
 
-ferry_store::on_every_backend!(
+ferry_store::on_every_backend_and_mode!(
     graceful_shutdown_releases_everything,
     two_relays_split_slots_and_survive_sigkill
 );
@@ -303,7 +305,15 @@ mod postgres_paused {
         else {
             return;
         };
-        super::paused_owner_is_fenced(db).await;
+        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Row).await;
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn paused_owner_is_fenced_cursor() {
+        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await
+        else {
+            return;
+        };
+        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Cursor).await;
     }
 }
 mod mysql_paused {
@@ -312,6 +322,6 @@ mod mysql_paused {
         let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
             return;
         };
-        super::paused_owner_is_fenced(db).await;
+        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Row).await;
     }
 }

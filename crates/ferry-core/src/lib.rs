@@ -17,6 +17,7 @@
 
 mod backoff;
 mod claim;
+mod cursor;
 mod error;
 mod event;
 pub mod failpoint;
@@ -26,6 +27,11 @@ mod store;
 
 pub use backoff::Backoff;
 pub use claim::{CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent, SlotFence};
+pub use cursor::{
+    AdvanceResult, CursorAdvance, CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore,
+    DispatchMode, ExceptionKind, ExceptionOutcomes, HorizonInfo, NewException, SlotAdvance,
+    SlotCursor,
+};
 pub use error::{EnqueueError, StoreError, StoreErrorKind};
 pub use event::{
     new_event_id, validate_batch, EventState, Limits, NewEvent, ValidatedEvent, MAX_IDENT_LEN,

@@ -329,6 +329,12 @@ pub trait OutboxStore: Send + Sync {
         None
     }
 
+    /// Capability: cursor dispatch ([`crate::CursorStore`]); `None` where the backend offers
+    /// only per-row claims.
+    fn cursor(&self) -> Option<&dyn crate::CursorStore> {
+        None
+    }
+
     /// Capability: commit wake-ups. Arranges for `wake` to be called after enqueues commit
     /// (possibly coalesced) and returns `true`, or returns `false` when the backend has no such
     /// mechanism and relays must poll.

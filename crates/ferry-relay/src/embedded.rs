@@ -18,6 +18,7 @@ enum Cmd {
     BrokerUp(i32, mpsc::Sender<Result<(), String>>),
     ProduceErrors(Vec<RDKafkaRespErr>, mpsc::Sender<Result<(), String>>),
     ClearProduceErrors(mpsc::Sender<Result<(), String>>),
+    Rtt(i32, Duration, mpsc::Sender<Result<(), String>>),
     Stop,
 }
 
@@ -69,6 +70,9 @@ impl EmbeddedKafka {
                         Cmd::ClearProduceErrors(reply) => {
                             cluster.clear_request_errors(RDKafkaApiKey::Produce);
                             let _ = reply.send(Ok(()));
+                        }
+                        Cmd::Rtt(b, d, reply) => {
+                            let _ = reply.send(res(cluster.broker_round_trip_time(b, d)));
                         }
                         Cmd::Stop => break,
                     }
@@ -128,6 +132,12 @@ impl EmbeddedKafka {
     /// Makes the next Produce requests fail with `errors`, one per request, in order.
     pub fn produce_errors(&self, errors: &[RDKafkaRespErr]) -> Result<(), EmbeddedKafkaError> {
         self.call(|r| Cmd::ProduceErrors(errors.to_vec(), r))
+    }
+
+    /// Delays every response of broker `id` by `rtt` (zero to stop): with a producer
+    /// `request.timeout.ms` below it, requests time out mid-batch.
+    pub fn broker_rtt(&self, id: i32, rtt: Duration) -> Result<(), EmbeddedKafkaError> {
+        self.call(|r| Cmd::Rtt(id, rtt, r))
     }
 
     /// Clears injected Produce errors.

@@ -8,10 +8,12 @@
 //! aggregate.
 #![warn(missing_docs, unreachable_pub)]
 
+mod cursor;
 pub mod embedded;
 pub mod metrics;
 pub mod ownership;
 mod relay;
+pub mod route;
 pub mod sink;
 pub mod verify;
 

@@ -117,6 +117,17 @@ pub struct Metrics {
     pub blocked_aggregates: AtomicI64,
     /// Age of the oldest unfinished intent (µs), -1 when none.
     pub oldest_unfinished_age_us: AtomicI64,
+    /// Cursor mode: items the sink reported acked after an earlier version of their aggregate
+    /// in the same batch was not (held and resent after it; the sink's ordering guarantee
+    /// should keep this at 0).
+    pub acked_after_failed_predecessor: AtomicU64,
+    /// Cursor mode (PostgreSQL): age of the oldest open write transaction (µs), which holds the
+    /// read horizon back; -1 when none or not applicable.
+    pub horizon_blocker_age_us: AtomicI64,
+    /// Its backend pid (0: a prepared transaction; -1: none).
+    pub horizon_blocker_pid: AtomicI64,
+    /// 1 in cursor dispatch, 0 in row dispatch.
+    pub dispatch_cursor: AtomicI64,
     /// Items per claimed batch.
     pub batch_size: Latency,
     /// Claim transaction latency.
@@ -263,6 +274,30 @@ impl Metrics {
             o,
             "# HELP ferry_oldest_unfinished_age_seconds Age of the oldest unsent intent.\n# TYPE ferry_oldest_unfinished_age_seconds gauge\nferry_oldest_unfinished_age_seconds {}",
             if age < 0 { 0.0 } else { age as f64 / 1e6 }
+        );
+        gauge(
+            &mut o,
+            "ferry_dispatch_cursor",
+            "1 when the relay dispatches with per-slot cursors, 0 with per-row claims.",
+            g(&self.dispatch_cursor),
+        );
+        counter(
+            &mut o,
+            "ferry_acked_after_failed_predecessor_total",
+            "Cursor mode: items acked after an earlier version of their aggregate in the same batch was not (held and resent in order).",
+            self.acked_after_failed_predecessor.load(Ordering::Relaxed),
+        );
+        let blocker = g(&self.horizon_blocker_age_us);
+        gauge(
+            &mut o,
+            "ferry_horizon_blocker_pid",
+            "Cursor mode (PostgreSQL): pid of the oldest open write transaction, which holds the read horizon back (0: prepared transaction, -1: none).",
+            g(&self.horizon_blocker_pid),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP ferry_horizon_blocker_age_seconds Cursor mode (PostgreSQL): age of the oldest open write transaction; intents committed after it started wait for it.\n# TYPE ferry_horizon_blocker_age_seconds gauge\nferry_horizon_blocker_age_seconds {}",
+            if blocker < 0 { 0.0 } else { blocker as f64 / 1e6 }
         );
         summary(
             &mut o,

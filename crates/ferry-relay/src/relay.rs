@@ -12,14 +12,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    now_micros, Backoff, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, OutboxStore, Outcome,
-    RetryItem, SlotFence, SlotId, StoreError,
+    now_micros, Backoff, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, DispatchMode,
+    OutboxStore, RetryItem, SlotFence, SlotId, StoreError,
 };
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::ownership::{self, OwnershipConfig};
+use crate::route::{route, Decision, RouteItem, RoutePolicy};
 use crate::sink::Sink;
 
 /// Relay settings. Every default is explained next to it.
@@ -56,8 +57,13 @@ pub struct RelayConfig {
     /// How often the outbox gauges are refreshed (default 5 s).
     pub status_interval: Duration,
     /// Use slot ownership and fencing (default true). `false` claims every slot unfenced —
-    /// for tests and single-process tools only.
+    /// for tests and single-process tools only; row dispatch only (cursor dispatch is fenced by
+    /// slot ownership by construction and always uses it).
     pub ownership: bool,
+    /// Dispatch mode (default `None`: the store's preferred one — cursor where the store
+    /// supports it, row otherwise). Starting a relay in a mode the outbox is not in converts
+    /// the outbox (refused while relays of the other mode are alive).
+    pub dispatch: Option<DispatchMode>,
 }
 
 impl Default for RelayConfig {
@@ -77,6 +83,7 @@ impl Default for RelayConfig {
             shutdown_timeout: Duration::from_secs(10),
             status_interval: Duration::from_secs(5),
             ownership: true,
+            dispatch: None,
         }
     }
 }
@@ -156,15 +163,25 @@ pub struct Relay {
     wake: Arc<Notify>,
 }
 
-struct Ctx {
-    store: Arc<dyn OutboxStore>,
-    sink: Arc<dyn Sink>,
-    config: RelayConfig,
-    metrics: Arc<Metrics>,
-    wake: Arc<Notify>,
+pub(crate) struct Ctx {
+    pub(crate) store: Arc<dyn OutboxStore>,
+    pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) config: RelayConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) wake: Arc<Notify>,
     /// Tokens of batches in flight, by batch id (released on a shutdown timeout).
-    in_flight: Mutex<HashMap<u64, Vec<ClaimToken>>>,
-    next_batch: AtomicU64,
+    pub(crate) in_flight: Mutex<HashMap<u64, Vec<ClaimToken>>>,
+    pub(crate) next_batch: AtomicU64,
+}
+
+impl Ctx {
+    pub(crate) fn policy(&self, hold_successors: bool) -> RoutePolicy {
+        RoutePolicy {
+            max_attempts: self.config.max_attempts,
+            backoff: self.config.backoff,
+            hold_successors,
+        }
+    }
 }
 
 impl Relay {
@@ -175,11 +192,12 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        let metrics = Arc::new(Metrics::default());
         Ok(Self {
             store,
             sink,
             config,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             wake: Arc::new(Notify::new()),
         })
     }
@@ -210,10 +228,18 @@ impl Relay {
             metrics,
             wake,
         } = self;
+        metrics.horizon_blocker_age_us.store(-1, Ordering::Relaxed);
+        metrics.horizon_blocker_pid.store(-1, Ordering::Relaxed);
+        let mode = resolve_dispatch(&*store, &config).await?;
+        metrics
+            .dispatch_cursor
+            .store(i64::from(mode == DispatchMode::Cursor), Ordering::Relaxed);
+        tracing::info!(dispatch = %mode, backend = store.backend(), "dispatch mode");
         let (slots_tx, slots_rx) = watch::channel::<Vec<SlotId>>(Vec::new());
         let stop_aux = CancellationToken::new();
         let mut aux = Vec::new();
-        if config.ownership {
+        let ownership = config.ownership || mode == DispatchMode::Cursor;
+        if ownership {
             aux.push(tokio::spawn(ownership::run(
                 store.clone(),
                 OwnershipConfig {
@@ -264,7 +290,17 @@ impl Relay {
             next_batch: AtomicU64::new(0),
         });
         let workers: Vec<_> = (0..config.workers)
-            .map(|w| tokio::spawn(worker(ctx.clone(), w, slots_rx.clone(), cancel.clone())))
+            .map(|w| match mode {
+                DispatchMode::Row => {
+                    tokio::spawn(worker(ctx.clone(), w, slots_rx.clone(), cancel.clone()))
+                }
+                DispatchMode::Cursor => tokio::spawn(crate::cursor::worker(
+                    ctx.clone(),
+                    w,
+                    slots_rx.clone(),
+                    cancel.clone(),
+                )),
+            })
             .collect();
         for w in workers {
             let _ = w.await;
@@ -298,13 +334,45 @@ impl Relay {
         for a in aux {
             let _ = a.await;
         }
-        if config.ownership {
+        if ownership {
             let all: Vec<SlotId> = (0..ferry_core::SLOT_COUNT).collect();
             let _ = store.release_slots(&config.owner, &all).await;
             let _ = store.leave_member(&config.owner).await;
         }
         Ok(())
     }
+}
+
+/// The mode this relay runs in: the configured one, else the store's preferred one. Converts
+/// the outbox when it is stored in the other mode.
+async fn resolve_dispatch(
+    store: &dyn OutboxStore,
+    config: &RelayConfig,
+) -> Result<DispatchMode, StoreError> {
+    let cursor = store.cursor();
+    let mode = match (config.dispatch, cursor.is_some()) {
+        (Some(m), _) => m,
+        (None, true) => DispatchMode::Cursor,
+        (None, false) => DispatchMode::Row,
+    };
+    match cursor {
+        Some(cs) => {
+            if cs.set_dispatch_mode(mode, &config.owner).await? {
+                tracing::warn!(dispatch = %mode, "converted the outbox to {mode} dispatch");
+            }
+        }
+        None if mode == DispatchMode::Cursor => {
+            return Err(StoreError::new(
+                ferry_core::StoreErrorKind::InvalidInput,
+                format!(
+                    "cursor dispatch is not available on {}; use --dispatch row",
+                    store.backend()
+                ),
+            ))
+        }
+        None => {}
+    }
+    Ok(mode)
 }
 
 async fn status_poller(
@@ -329,6 +397,32 @@ async fn status_poller(
                     .store(s.oldest_unfinished_age_us.unwrap_or(-1), Ordering::Relaxed);
             }
             Err(e) => tracing::debug!(error = %e, "status refresh failed"),
+        }
+        if metrics.dispatch_cursor.load(Ordering::Relaxed) == 1 {
+            if let Some(cs) = store.cursor() {
+                match cs.horizon().await {
+                    Ok(h) => {
+                        let age = h.oldest_xact_age_us.unwrap_or(-1);
+                        metrics.horizon_blocker_age_us.store(age, Ordering::Relaxed);
+                        metrics
+                            .horizon_blocker_pid
+                            .store(h.oldest_xact_pid.unwrap_or(-1), Ordering::Relaxed);
+                        let warn = metrics
+                            .alerts
+                            .lock()
+                            .map(|a| a.oldest_warning)
+                            .unwrap_or_default();
+                        if age >= 0 && Duration::from_micros(age as u64) >= warn {
+                            tracing::warn!(
+                                pid = h.oldest_xact_pid,
+                                age_s = age / 1_000_000,
+                                "an open write transaction holds the cursor horizon back: intents committed after it started are not dispatched until it ends"
+                            );
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "horizon refresh failed"),
+                }
+            }
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -538,39 +632,46 @@ async fn process_batch(
         return;
     };
     ctx.metrics.send_latency.record(t0.elapsed());
-    debug_assert_eq!(outcomes.len(), items.len());
+    if outcomes.len() != items.len() {
+        tracing::error!(
+            items = items.len(),
+            outcomes = outcomes.len(),
+            "the sink answered a different number of outcomes than items; missing ones count as unknown"
+        );
+    }
+    let route_items: Vec<RouteItem<'_>> = items
+        .iter()
+        .map(|e| RouteItem {
+            aggregate_id: &e.aggregate_id,
+            attempts: e.attempts,
+            held: false,
+        })
+        .collect();
+    let decisions = route(&route_items, outcomes, &ctx.policy(false));
 
     let mut acked = Vec::new();
     let mut acked_created = Vec::new();
     let mut retry = Vec::new();
     let mut quarantine = Vec::new();
     let mut unknown = Vec::new();
-    for (e, o) in items.iter().zip(outcomes) {
-        match o {
-            Outcome::Acked => {
+    for (e, d) in items.iter().zip(decisions) {
+        match d {
+            Decision::Ack => {
                 acked.push(e.token.clone());
                 acked_created.push(e.created_at);
             }
-            Outcome::Retry(err) => {
-                let attempt = e.attempts as u32 + 1;
-                if attempt >= cfg.max_attempts {
-                    quarantine.push((
-                        e.token.clone(),
-                        format!("gave up after {attempt} attempts: {err}"),
-                    ));
-                } else {
-                    retry.push(RetryItem {
-                        token: e.token.clone(),
-                        delay: cfg.backoff.delay(attempt),
-                        error: err,
-                    });
-                }
-            }
-            Outcome::Permanent(err) => quarantine.push((e.token.clone(), err)),
-            Outcome::Unknown(err) => {
+            Decision::Retry { delay, error } => retry.push(RetryItem {
+                token: e.token.clone(),
+                delay,
+                error,
+            }),
+            Decision::Quarantine(why) => quarantine.push((e.token.clone(), why)),
+            Decision::Unknown(err) => {
                 tracing::debug!(event_id = %e.token.event_id, error = %err, "outcome unknown; releasing for resend");
                 unknown.push(e.token.clone());
             }
+            // row mode never holds (one version per aggregate per claim); release if it did
+            Decision::Held { .. } => unknown.push(e.token.clone()),
         }
     }
     if !acked.is_empty() {

@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{EventState, NewEvent};
+use ferry_core::{DispatchMode, EventState, NewEvent};
 use ferry_relay::embedded::EmbeddedKafka;
 use ferry_relay::verify::Verifier;
 use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
@@ -24,8 +24,9 @@ fn ev(agg: &str, v: i64) -> NewEvent {
     .with_id(format!("e-{agg}-{v}"))
 }
 
-fn fast_config() -> RelayConfig {
+fn fast_config(mode: DispatchMode) -> RelayConfig {
     RelayConfig {
+        dispatch: Some(mode),
         workers: 2,
         batch_size: 50,
         heartbeat: Duration::from_millis(200),
@@ -66,6 +67,7 @@ fn start_relay(
 ) -> Running {
     let mut kc = KafkaConfig {
         brokers: kafka.bootstrap_servers().to_string(),
+        ordered: cfg.dispatch == Some(DispatchMode::Cursor),
         ..Default::default()
     };
     kc.message_timeout = Duration::from_secs(15);
@@ -106,9 +108,9 @@ fn setup() -> (EmbeddedKafka, Verifier) {
     (kafka, verifier)
 }
 
-async fn relays_in_order_with_no_loss(db: TestDb) {
+async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
-    let relay = start_relay(&db, &kafka, fast_config(), &[]);
+    let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
     // producers keep committing while the relay runs
     for v in 1..=10 {
         let evs: Vec<NewEvent> = (0..60).map(|a| ev(&format!("order-{a}"), v)).collect();
@@ -141,7 +143,7 @@ async fn relays_in_order_with_no_loss(db: TestDb) {
     db.cleanup().await;
 }
 
-async fn transient_produce_errors_are_retried(db: TestDb) {
+async fn transient_produce_errors_are_retried(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
     // Every Produce request fails a few times with retriable errors first.
     kafka
@@ -152,7 +154,7 @@ async fn transient_produce_errors_are_retried(db: TestDb) {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
         ])
         .unwrap();
-    let relay = start_relay(&db, &kafka, fast_config(), &[]);
+    let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
     for v in 1..=5 {
         let evs: Vec<NewEvent> = (0..20).map(|a| ev(&format!("t-{a}"), v)).collect();
         db.store.enqueue(&evs).await.unwrap();
@@ -167,9 +169,9 @@ async fn transient_produce_errors_are_retried(db: TestDb) {
     db.cleanup().await;
 }
 
-async fn permanent_error_quarantines_and_blocks_until_requeue(db: TestDb) {
+async fn permanent_error_quarantines_and_blocks_until_requeue(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
-    let relay = start_relay(&db, &kafka, fast_config(), &[]);
+    let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
     kafka
         .produce_errors(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 1])
         .unwrap();
@@ -243,9 +245,9 @@ async fn permanent_error_quarantines_and_blocks_until_requeue(db: TestDb) {
     db.cleanup().await;
 }
 
-async fn brokers_down_then_back_drains_backlog(db: TestDb) {
+async fn brokers_down_then_back_drains_backlog(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
-    let relay = start_relay(&db, &kafka, fast_config(), &[]);
+    let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
     db.store.enqueue(&[ev("warm", 1)]).await.unwrap();
     verifier
         .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
@@ -283,7 +285,147 @@ async fn brokers_down_then_back_drains_backlog(db: TestDb) {
     db.cleanup().await;
 }
 
-ferry_store::on_every_backend!(
+/// A producer transaction that stays open for 10 s while thousands of later intents are
+/// delivered is delivered once it commits; one that rolls back is never announced.
+async fn late_commit_is_delivered_and_rollback_never(db: TestDb, mode: DispatchMode) {
+    // Switch modes first: a mode switch takes the outbox's table lock, which would wait for the
+    // open producer transactions below.
+    if let Some(cs) = db.store.cursor() {
+        cs.set_dispatch_mode(mode, "test").await.unwrap();
+    }
+    let Some(late) = db.open_producer_tx(&[ev("late", 1)]).await else {
+        eprintln!("not applicable on SQLite: an open write transaction blocks every other writer");
+        return;
+    };
+    let rolled = db.open_producer_tx(&[ev("rolled-back", 1)]).await.unwrap();
+    let opened = tokio::time::Instant::now();
+    let (kafka, verifier) = setup();
+    let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
+    let mut n = 0u64;
+    let mut round = 0;
+    while opened.elapsed() < Duration::from_secs(7) {
+        let evs: Vec<NewEvent> = (0..250)
+            .map(|i| ev(&format!("bulk-{round}-{i}"), 1))
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+        n += 250;
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = verifier
+        .wait_until(Duration::from_secs(60), |r| r.delivered >= n)
+        .await;
+    assert_eq!(r.delivered, n, "{r:?}");
+    assert!(n >= 2000, "only {n} later intents");
+    assert!(
+        !verifier.was_delivered("e-late-1"),
+        "announced before commit"
+    );
+    tokio::time::sleep_until(opened + Duration::from_secs(10)).await;
+    late.commit().await;
+    rolled.rollback().await;
+    let r = verifier
+        .wait_until(Duration::from_secs(30), |_| {
+            verifier.was_delivered("e-late-1")
+        })
+        .await;
+    assert!(
+        verifier.was_delivered("e-late-1"),
+        "late commit lost: {r:?}"
+    );
+    // one more intent after the rollback proves the relay read past it
+    db.store.enqueue(&[ev("after", 1)]).await.unwrap();
+    let r = verifier
+        .wait_until(Duration::from_secs(30), |_| {
+            verifier.was_delivered("e-after-1")
+        })
+        .await;
+    assert!(verifier.was_delivered("e-after-1"), "{r:?}");
+    assert!(!verifier.was_delivered("e-rolled-back-1"));
+    assert!(db.store.record("e-rolled-back-1").await.unwrap().is_none());
+    assert_eq!((r.delivered, r.ordering_violations), (n + 2, 0), "{r:?}");
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// One aggregate, many versions: delivered in order (cursor mode sends consecutive versions in
+/// one batch; row mode one per round trip).
+async fn hot_aggregate_drains_in_order(db: TestDb, mode: DispatchMode) {
+    let (kafka, verifier) = setup();
+    let versions = if mode == DispatchMode::Cursor {
+        2000
+    } else {
+        150
+    };
+    for chunk in (1..=versions).collect::<Vec<i64>>().chunks(500) {
+        let evs: Vec<NewEvent> = chunk.iter().map(|v| ev("hot", *v)).collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
+    let r = verifier
+        .wait_until(Duration::from_secs(90), |r| r.delivered >= versions as u64)
+        .await;
+    assert_eq!(
+        (r.delivered, r.ordering_violations),
+        (versions as u64, 0),
+        "{r:?}"
+    );
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// Errors and timeouts injected mid-batch while several versions of hot aggregates are in
+/// flight: nothing lost, and no later version is ever first-delivered before an earlier one.
+async fn mid_batch_faults_keep_first_delivery_order(db: TestDb, mode: DispatchMode) {
+    let (kafka, verifier) = setup();
+    let per = if mode == DispatchMode::Cursor {
+        300
+    } else {
+        40
+    };
+    let aggs = 6;
+    for v in 1..=per {
+        let evs: Vec<NewEvent> = (0..aggs).map(|a| ev(&format!("f-{a}"), v)).collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    let mut cfg = fast_config(mode);
+    cfg.batch_size = 100;
+    // requests time out quickly while a broker is slow; messages never do in cursor mode
+    let relay = start_relay(&db, &kafka, cfg, &[("request.timeout.ms", "400")]);
+    use RDKafkaRespErr as E;
+    for round in 0..4 {
+        // retriable and non-retriable produce errors, then a slow broker
+        kafka
+            .produce_errors(&[
+                E::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+                E::RD_KAFKA_RESP_ERR_POLICY_VIOLATION,
+                E::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+                E::RD_KAFKA_RESP_ERR_UNKNOWN,
+                E::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            ])
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let b = 1 + round % kafka.brokers();
+        kafka.broker_rtt(b, Duration::from_millis(700)).unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        kafka.broker_rtt(b, Duration::ZERO).unwrap();
+    }
+    kafka.clear_produce_errors().unwrap();
+    let total = (per * aggs) as u64;
+    let r = verifier
+        .wait_until(Duration::from_secs(120), |r| r.delivered >= total)
+        .await;
+    assert_eq!(r.ordering_violations, 0, "{r:?}");
+    assert_eq!(r.delivered, total, "{r:?}");
+    assert_eq!(db.store.status().await.unwrap().quarantined, 0);
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+ferry_store::on_every_backend_and_mode!(
+    late_commit_is_delivered_and_rollback_never,
+    hot_aggregate_drains_in_order,
+    mid_batch_faults_keep_first_delivery_order,
     relays_in_order_with_no_loss,
     transient_produce_errors_are_retried,
     permanent_error_quarantines_and_blocks_until_requeue,
@@ -303,7 +445,7 @@ async fn kafka_record_carries_key_and_headers() {
     let mut e = ev("order-42", 1);
     e.headers.insert("traceparent".into(), tp.into());
     db.store.enqueue(&[e]).await.unwrap();
-    let relay = start_relay(&db, &kafka, fast_config(), &[]);
+    let relay = start_relay(&db, &kafka, fast_config(DispatchMode::Cursor), &[]);
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", kafka.bootstrap_servers())
         .set("group.id", "headers-test")

@@ -18,12 +18,15 @@ use std::time::Duration;
 
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreErrorKind};
 
+mod cursor_common;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;
 mod ops;
 pub mod postgres;
+mod postgres_cursor;
 pub mod sqlite;
+mod sqlite_cursor;
 pub mod testkit;
 
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};

@@ -23,6 +23,11 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
         name: "hot_claims",
         sql: include_str!("../../../migrations/postgres/0002_hot_claims.sql"),
     },
+    Migration {
+        version: 3,
+        name: "cursor",
+        sql: include_str!("../../../migrations/postgres/0003_cursor.sql"),
+    },
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -33,11 +38,18 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[Migration {
 }];
 
 /// SQLite migrations, in order.
-pub const MIGRATIONS_SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
-}];
+pub const MIGRATIONS_SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "cursor",
+        sql: include_str!("../../../migrations/sqlite/0002_cursor.sql"),
+    },
+];
 
 // ---------------------------------------------------------------- the runner
 //

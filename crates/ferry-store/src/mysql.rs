@@ -828,6 +828,7 @@ impl OutboxStore for MyStore {
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(crate::ops::purge_sent(
             crate::ops::Pools::My(&self.pool),
+            ferry_core::DispatchMode::Row,
             older_than,
             batch,
             consumer,
@@ -841,6 +842,7 @@ impl OutboxStore for MyStore {
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(crate::ops::reconcile(
             crate::ops::Pools::My(&self.pool),
+            ferry_core::DispatchMode::Row,
             req,
         ))
     }

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ferry_core::{
-    now_micros, BusinessTable, ReconcileReport, ReconcileRequest, StoreError, StoreErrorKind,
-    Watermark,
+    now_micros, BusinessTable, DispatchMode, ReconcileReport, ReconcileRequest, StoreError,
+    StoreErrorKind, Watermark,
 };
 use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 
@@ -202,6 +202,7 @@ fn inbox_exists(q: &str) -> String {
 
 pub(crate) async fn purge_sent(
     pools: Pools<'_>,
+    mode: DispatchMode,
     older_than: Duration,
     batch: usize,
     consumer: Option<&str>,
@@ -226,11 +227,22 @@ pub(crate) async fn purge_sent(
     } else {
         "o"
     };
+    let cursor = mode == DispatchMode::Cursor;
+    // Cursor mode: a row is SENT when it is behind its slot's cursor with no open exception
+    // (the view derives it); its age is its commit time, no per-row sent_at exists.
+    let source = if cursor {
+        "ferry_outbox_cursor_view o"
+    } else if d == Dialect::My {
+        "ferry_outbox"
+    } else {
+        "ferry_outbox o"
+    };
+    let age_col = if cursor { "created_at" } else { "sent_at" };
     let mut filter = format!(
-        "{q}.state = 'SENT' AND {q}.sent_at < {}",
+        "{q}.state = 'SENT' AND {q}.{age_col} < {}",
         d.now_minus_param()
     );
-    if d == Dialect::Pg {
+    if d == Dialect::Pg && !cursor {
         // the sent_at index is partial on `phase = 2` (migration 0002)
         filter.push_str(" AND o.phase = 2");
     }
@@ -241,14 +253,9 @@ pub(crate) async fn purge_sent(
         binds.push(Bind::Str(c.to_string()));
     }
     if dry_run {
-        let from = if d == Dialect::My {
-            "ferry_outbox"
-        } else {
-            "ferry_outbox o"
-        };
         let rows = pools
             .rows(
-                &format!("SELECT COUNT(*) FROM {from} WHERE {filter}"),
+                &format!("SELECT COUNT(*) FROM {source} WHERE {filter}"),
                 &binds,
             )
             .await?;
@@ -261,7 +268,7 @@ pub(crate) async fn purge_sent(
     let sql = match d {
         Dialect::My => format!("DELETE FROM ferry_outbox WHERE {filter} ORDER BY seq LIMIT {batch}"),
         _ => format!(
-            "DELETE FROM ferry_outbox WHERE seq IN (SELECT o.seq FROM ferry_outbox o WHERE {filter} ORDER BY o.seq LIMIT {batch})"
+            "DELETE FROM ferry_outbox WHERE seq IN (SELECT o.seq FROM {source} WHERE {filter} ORDER BY o.seq LIMIT {batch})"
         ),
     };
     let mut total = 0u64;
@@ -269,6 +276,16 @@ pub(crate) async fn purge_sent(
         let n = pools.exec(&sql, &binds).await?;
         total += n;
         if (n as usize) < batch {
+            if cursor {
+                // exception rows of purged (SENT) intents
+                pools
+                    .exec(
+                        "DELETE FROM ferry_outbox_exception WHERE state = 'SENT' AND NOT EXISTS \
+                         (SELECT 1 FROM ferry_outbox o WHERE o.seq = ferry_outbox_exception.seq)",
+                        &[],
+                    )
+                    .await?;
+            }
             return Ok(total);
         }
         // give concurrent claims and acks a moment between bounded batches
@@ -278,6 +295,7 @@ pub(crate) async fn purge_sent(
 
 pub(crate) async fn reconcile(
     pools: Pools<'_>,
+    mode: DispatchMode,
     req: &ReconcileRequest,
 ) -> Result<ReconcileReport, StoreError> {
     let d = pools.dialect();
@@ -299,6 +317,11 @@ pub(crate) async fn reconcile(
         Some(_) => inbox_exists("o"),
         None => "1 = 0".to_string(),
     };
+    // cursor mode: the effective state (exception row, else SENT behind the slot's cursor)
+    let table = match mode {
+        DispatchMode::Row => "ferry_outbox",
+        DispatchMode::Cursor => "ferry_outbox_cursor_view",
+    };
     let class = format!(
         "CASE WHEN {consumed} THEN 'consumed' WHEN o.state = 'QUARANTINED' THEN 'quarantined' \
          WHEN o.state = 'SKIPPED' THEN 'skipped' WHEN o.state = 'SENT' THEN 'published' \
@@ -306,7 +329,7 @@ pub(crate) async fn reconcile(
     );
     let sql = format!(
         "SELECT t.class, COUNT(*), MAX({} - t.created_us) FROM \
-         (SELECT {class} AS class, {} AS created_us FROM ferry_outbox o WHERE {wm_sql}) t GROUP BY t.class",
+         (SELECT {class} AS class, {} AS created_us FROM {table} o WHERE {wm_sql}) t GROUP BY t.class",
         d.now_micros(),
         d.micros("o.created_at")
     );
@@ -345,7 +368,7 @@ pub(crate) async fn reconcile(
     let list = |state: &'static str| {
         let mut b = Vec::new();
         let mut sql =
-            format!("SELECT o.event_id FROM ferry_outbox o WHERE o.state = '{state}' AND {wm_sql}");
+            format!("SELECT o.event_id FROM {table} o WHERE o.state = '{state}' AND {wm_sql}");
         b.push(wm_bind.clone());
         if let Some(c) = &req.consumer {
             sql.push_str(" AND NOT ");

@@ -232,9 +232,17 @@ impl PgStore {
         } else {
             ""
         };
+        // cursor mode: a quarantined intent's state is its exception row
+        let (table, which) = match self.stored_mode().await? {
+            ferry_core::DispatchMode::Row => ("ferry_outbox", "event_id = $1"),
+            ferry_core::DispatchMode::Cursor => (
+                "ferry_outbox_exception",
+                "seq = (SELECT seq FROM ferry_outbox WHERE event_id = $1)",
+            ),
+        };
         let sql = format!(
-            "UPDATE ferry_outbox SET state = '{target}', resolved_by = $2, resolved_at = now(), \
-             lease_until = NULL{extra} WHERE event_id = $1 AND state = 'QUARANTINED'"
+            "UPDATE {table} SET state = '{target}', resolved_by = $2, resolved_at = now(), \
+             lease_until = NULL{extra} WHERE {which} AND state = 'QUARANTINED'"
         );
         let n = sqlx::query(&sql)
             .bind(event_id)
@@ -499,17 +507,29 @@ impl OutboxStore for PgStore {
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                   (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
-                      AND s.aggregate_version > q.aggregate_version \
-                      AND s.phase < 2) \
-                 FROM ferry_outbox q WHERE q.phase = 1 ORDER BY q.seq LIMIT $1",
-            )
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("list quarantined", e))?;
+            let sql = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => {
+                    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                       (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
+                          AND s.aggregate_version > q.aggregate_version \
+                          AND s.phase < 2) \
+                     FROM ferry_outbox q WHERE q.phase = 1 ORDER BY q.seq LIMIT $1"
+                }
+                // successors are held exceptions, or not yet read past the cursor
+                ferry_core::DispatchMode::Cursor => {
+                    "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                       (SELECT count(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
+                          AND s.aggregate_version > q.aggregate_version \
+                          AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                     FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
+                     WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT $1"
+                }
+            };
+            let rows = sqlx::query(sql)
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("list quarantined", e))?;
             Ok(rows
                 .iter()
                 .map(|r| QuarantinedEvent {
@@ -526,16 +546,49 @@ impl OutboxStore for PgStore {
 
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         Box::pin(async move {
-            let r = sqlx::query(
-                "SELECT count(*) FILTER (WHERE state = 'PENDING'), count(*) FILTER (WHERE state = 'CLAIMED'), \
-                   count(*) FILTER (WHERE state = 'QUARANTINED'), \
-                   (extract(epoch from (now() - min(created_at))) * 1000000)::int8, \
-                   count(DISTINCT aggregate_id) FILTER (WHERE state = 'QUARANTINED') \
-                 FROM ferry_outbox WHERE phase < 2",
-            )
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| db_err("status", e))?;
+            const COUNTS: &str = "count(*) FILTER (WHERE state = 'PENDING'), \
+                count(*) FILTER (WHERE state = 'CLAIMED'), count(*) FILTER (WHERE state = 'QUARANTINED'), \
+                (extract(epoch from (now() - min(created_at))) * 1000000)::int8, \
+                count(DISTINCT aggregate_id) FILTER (WHERE state = 'QUARANTINED')";
+            let r = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => sqlx::query(&format!(
+                    "SELECT {COUNTS} FROM ferry_outbox WHERE phase < 2"
+                ))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| db_err("status", e))?,
+                ferry_core::DispatchMode::Cursor => {
+                    // Unfinished = not yet behind the slot's cursor, or an open exception. No row
+                    // below the lowest window's lower snapshot xmin can be unfinished without an
+                    // exception row: that bound (read first and bound as a value, so the planner
+                    // estimates the range from it) keeps the scan off the dispatched history.
+                    let low: i64 = sqlx::query_scalar(
+                        "SELECT coalesce(min(pg_snapshot_xmin(t.snap)::text::int8), 0) FROM ferry_slot_lease l \
+                         JOIN ferry_tick t ON t.tick_id = l.cursor_tick - 1",
+                    )
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(|e| db_err("status: cursors", e))?;
+                    let low = (low, 0i64);
+                    sqlx::query(&format!(
+                        "SELECT {COUNTS} FROM ( \
+                           SELECT 'PENDING'::varchar AS state, v.created_at, v.aggregate_id \
+                           FROM ferry_outbox_cursor_view v \
+                           WHERE v.xid >= $1 AND v.state = 'PENDING' AND $2 = 0 \
+                             AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception e WHERE e.seq = v.seq) \
+                           UNION ALL \
+                           SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
+                             JOIN ferry_outbox o ON o.seq = x.seq \
+                           WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) u"
+                    ))
+                    .bind(low.0)
+                    .bind(low.1)
+                    .persistent(false)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(|e| db_err("status", e))?
+                }
+            };
             Ok(OutboxStatus {
                 pending: r.get(0),
                 claimed: r.get(1),
@@ -551,10 +604,15 @@ impl OutboxStore for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let r = sqlx::query(
+            // cursor mode: the effective state (exception row, else SENT behind the slot's cursor)
+            let table = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => "ferry_outbox",
+                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
+            };
+            let r = sqlx::query(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM ferry_outbox WHERE event_id = $1",
-            )
+                 FROM {table} WHERE event_id = $1"
+            ))
             .bind(event_id)
             .fetch_optional(&self.pool)
             .await
@@ -696,23 +754,35 @@ impl OutboxStore for PgStore {
         consumer: Option<&'a str>,
         dry_run: bool,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(crate::ops::purge_sent(
-            crate::ops::Pools::Pg(&self.pool),
-            older_than,
-            batch,
-            consumer,
-            dry_run,
-        ))
+        Box::pin(async move {
+            crate::ops::purge_sent(
+                crate::ops::Pools::Pg(&self.pool),
+                self.stored_mode().await?,
+                older_than,
+                batch,
+                consumer,
+                dry_run,
+            )
+            .await
+        })
     }
 
     fn reconcile<'a>(
         &'a self,
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
-        Box::pin(crate::ops::reconcile(
-            crate::ops::Pools::Pg(&self.pool),
-            req,
-        ))
+        Box::pin(async move {
+            crate::ops::reconcile(
+                crate::ops::Pools::Pg(&self.pool),
+                self.stored_mode().await?,
+                req,
+            )
+            .await
+        })
+    }
+
+    fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
+        Some(self)
     }
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {

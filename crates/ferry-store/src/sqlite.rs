@@ -368,10 +368,17 @@ impl SqliteStore {
         } else {
             ""
         };
+        let (table, which) = match self.stored_mode().await? {
+            ferry_core::DispatchMode::Row => ("ferry_outbox", "event_id = ?1"),
+            ferry_core::DispatchMode::Cursor => (
+                "ferry_outbox_exception",
+                "seq = (SELECT seq FROM ferry_outbox WHERE event_id = ?1)",
+            ),
+        };
         let gate = self.gate.lock().await;
         let n = sqlx::query(&format!(
-            "UPDATE ferry_outbox SET state = '{target}', resolved_by = ?2, resolved_at = ?3, lease_until = NULL{extra} \
-             WHERE event_id = ?1 AND state = 'QUARANTINED'"
+            "UPDATE {table} SET state = '{target}', resolved_by = ?2, resolved_at = ?3, lease_until = NULL{extra} \
+             WHERE {which} AND state = 'QUARANTINED'"
         ))
         .bind(event_id)
         .bind(operator)
@@ -564,17 +571,29 @@ impl OutboxStore for SqliteStore {
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+            let sql = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => {
+                    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
                    (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
                       AND s.aggregate_version > q.aggregate_version \
                       AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?",
-            )
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("list quarantined", e))?;
+                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
+                }
+                // successors are held exceptions, or not yet read past the cursor
+                ferry_core::DispatchMode::Cursor => {
+                    "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT count(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.aggregate_version > q.aggregate_version \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                 FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
+                 WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
+                }
+            };
+            let rows = sqlx::query(sql)
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("list quarantined", e))?;
             Ok(rows
                 .iter()
                 .map(|r| QuarantinedEvent {
@@ -591,16 +610,32 @@ impl OutboxStore for SqliteStore {
 
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         Box::pin(async move {
-            let r = sqlx::query(
-                "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
+            let sql = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => {
+                    "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
                    coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
                    count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
-                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
-            )
-            .bind(now_micros())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| db_err("status", e))?;
+                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')"
+                }
+                // unfinished = past the slot's cursor, or an open exception
+                ferry_core::DispatchMode::Cursor => {
+                    "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
+                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
+                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
+                 FROM (SELECT 'PENDING' AS state, o.created_at, o.aggregate_id FROM ferry_outbox o \
+                         JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
+                       WHERE o.seq > (SELECT min(cursor_seq) FROM ferry_slot_lease) AND o.seq > l.cursor_seq \
+                       UNION ALL \
+                       SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
+                         JOIN ferry_outbox o ON o.seq = x.seq \
+                       WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))"
+                }
+            };
+            let r = sqlx::query(sql)
+                .bind(now_micros())
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| db_err("status", e))?;
             Ok(OutboxStatus {
                 pending: r.get(0),
                 claimed: r.get(1),
@@ -616,10 +651,14 @@ impl OutboxStore for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let r = sqlx::query(
+            let table = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => "ferry_outbox",
+                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
+            };
+            let r = sqlx::query(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM ferry_outbox WHERE event_id = ?",
-            )
+                 FROM {table} WHERE event_id = ?"
+            ))
             .bind(event_id)
             .fetch_optional(&self.pool)
             .await
@@ -750,23 +789,35 @@ impl OutboxStore for SqliteStore {
         consumer: Option<&'a str>,
         dry_run: bool,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(crate::ops::purge_sent(
-            crate::ops::Pools::Lite(&self.pool),
-            older_than,
-            batch,
-            consumer,
-            dry_run,
-        ))
+        Box::pin(async move {
+            crate::ops::purge_sent(
+                crate::ops::Pools::Lite(&self.pool),
+                self.stored_mode().await?,
+                older_than,
+                batch,
+                consumer,
+                dry_run,
+            )
+            .await
+        })
     }
 
     fn reconcile<'a>(
         &'a self,
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
-        Box::pin(crate::ops::reconcile(
-            crate::ops::Pools::Lite(&self.pool),
-            req,
-        ))
+        Box::pin(async move {
+            crate::ops::reconcile(
+                crate::ops::Pools::Lite(&self.pool),
+                self.stored_mode().await?,
+                req,
+            )
+            .await
+        })
+    }
+
+    fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
+        Some(self)
     }
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {

@@ -293,6 +293,37 @@ impl TestDb {
         }
     }
 
+    /// Enqueues `events` in a producer transaction that stays open until the returned guard
+    /// commits or rolls back (a slow business transaction). `None` on SQLite, where an open
+    /// write transaction blocks every other writer, so no later intent can commit meanwhile.
+    pub async fn open_producer_tx(&self, events: &[NewEvent]) -> Option<OpenTx> {
+        let limits = Limits::default();
+        match &self.kind {
+            Kind::Pg(s) => {
+                let mut tx = s.pool().begin().await.expect("begin");
+                // the store's sessions end transactions idle for 10 s
+                tx.execute("SET LOCAL idle_in_transaction_session_timeout = '120s'")
+                    .await
+                    .expect("timeout");
+                crate::postgres::enqueue_many(&mut tx, events, &limits)
+                    .await
+                    .expect("enqueue in the open transaction");
+                Some(OpenTx::Pg(tx))
+            }
+            Kind::My(s) => {
+                let mut tx = s.pool().begin().await.expect("begin");
+                tx.execute("SET SESSION idle_transaction_timeout = 120")
+                    .await
+                    .expect("timeout");
+                crate::mysql::enqueue_many(&mut tx, events, &limits)
+                    .await
+                    .expect("enqueue in the open transaction");
+                Some(OpenTx::My(tx))
+            }
+            Kind::Lite(_) => None,
+        }
+    }
+
     /// A second, independent store on the same database (a new pool: "reopen the connection").
     pub async fn reopen(&self) -> Arc<dyn OutboxStore> {
         crate::connect(
@@ -350,6 +381,62 @@ impl Cleanup {
             Backend::Sqlite => {}
         }
     }
+}
+
+/// A producer transaction held open by a test ([`TestDb::open_producer_tx`]).
+pub enum OpenTx {
+    /// PostgreSQL.
+    Pg(sqlx::Transaction<'static, sqlx::Postgres>),
+    /// MySQL/MariaDB.
+    My(sqlx::Transaction<'static, sqlx::MySql>),
+}
+
+impl OpenTx {
+    /// Commits.
+    pub async fn commit(self) {
+        match self {
+            Self::Pg(tx) => tx.commit().await.expect("commit"),
+            Self::My(tx) => tx.commit().await.expect("commit"),
+        }
+    }
+    /// Rolls back.
+    pub async fn rollback(self) {
+        match self {
+            Self::Pg(tx) => tx.rollback().await.expect("rollback"),
+            Self::My(tx) => tx.rollback().await.expect("rollback"),
+        }
+    }
+}
+
+/// Like [`on_every_backend!`], for tests `async fn name(db: TestDb, mode: DispatchMode)`: one
+/// test per backend and dispatch mode (modules `row::{sqlite,postgres,mysql}` and
+/// `cursor::{sqlite,postgres}`; MySQL/MariaDB has no cursor dispatch).
+#[macro_export]
+macro_rules! on_every_backend_and_mode {
+    ($($name:ident),* $(,)?) => {
+        mod row {
+            $(async fn $name(db: $crate::testkit::TestDb) {
+                super::$name(db, ::ferry_core::DispatchMode::Row).await
+            })*
+            $crate::on_every_backend!($($name),*);
+        }
+        mod cursor {
+            mod sqlite {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let db = $crate::testkit::TestDb::open($crate::Backend::Sqlite).await.expect("SQLite is always available");
+                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
+                })*
+            }
+            mod postgres {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Postgres).await else { return };
+                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
+                })*
+            }
+        }
+    };
 }
 
 /// Generates one `#[tokio::test]` per backend (modules `sqlite`, `postgres`, `mysql`) for each

@@ -842,6 +842,12 @@ async fn concurrent_migrations_apply_once(db: TestDb) {
 
 async fn fresh_concurrent_migrations(db: TestDb) {
     // Drop the schema and migrate twice at once from scratch.
+    db.exec("DROP VIEW IF EXISTS ferry_outbox_cursor_view")
+        .await
+        .unwrap();
+    for t in ["ferry_outbox_exception", "ferry_dispatch"] {
+        db.exec(&format!("DROP TABLE IF EXISTS {t}")).await.unwrap();
+    }
     for t in [
         "ferry_outbox",
         "ferry_slot_lease",

@@ -36,6 +36,13 @@ pub struct KafkaConfig {
     pub linger: Duration,
     /// Extra librdkafka properties (e.g. `compression.type`, security settings).
     pub extra: BTreeMap<String, String>,
+    /// Several versions of one key may be in flight at once (cursor dispatch): the producer must
+    /// never append a later message of a partition after an earlier one failed. Sets
+    /// `enable.gapless.guarantee=true` (an error that could leave a gap becomes fatal: nothing
+    /// after it is appended, the producer is recreated) and `message.timeout.ms=0` (no local
+    /// timeouts, which would be gaps `gapless` does not cover; a dead broker stalls the relay
+    /// instead, visible as the oldest-intent age). `message_timeout` is then not used.
+    pub ordered: bool,
 }
 
 impl Default for KafkaConfig {
@@ -45,6 +52,7 @@ impl Default for KafkaConfig {
             message_timeout: Duration::from_secs(30),
             linger: Duration::from_millis(1),
             extra: BTreeMap::new(),
+            ordered: false,
         }
     }
 }
@@ -62,6 +70,10 @@ impl KafkaConfig {
             .set("linger.ms", self.linger.as_millis().to_string())
             .set("queue.buffering.max.messages", "1000000")
             .set("batch.num.messages", "10000");
+        if self.ordered {
+            c.set("enable.gapless.guarantee", "true")
+                .set("message.timeout.ms", "0");
+        }
         for (k, v) in &self.extra {
             c.set(k, v);
         }
@@ -174,7 +186,14 @@ impl Sink for KafkaSink {
         Box::pin(async move {
             let producer = self.producer();
             let mut pending = Vec::with_capacity(items.len());
+            // A record that could not even be enqueued stops its key: later records of the same
+            // key in this batch are not produced (they would overtake it).
+            let mut stopped: std::collections::HashSet<(&str, &str)> = Default::default();
             for e in items {
+                if stopped.contains(&(e.topic.as_str(), e.key.as_str())) {
+                    pending.push(Err(KafkaError::MessageProduction(RDKafkaErrorCode::Fail)));
+                    continue;
+                }
                 let mut record = FutureRecord::to(&e.topic)
                     .key(&e.key)
                     .payload(&e.payload)
@@ -190,6 +209,9 @@ impl Sink for KafkaSink {
                         Err((err, _)) => break Err(err),
                     }
                 };
+                if fut.is_err() {
+                    stopped.insert((e.topic.as_str(), e.key.as_str()));
+                }
                 pending.push(fut);
             }
             let mut fatal = false;

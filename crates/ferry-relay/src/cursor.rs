@@ -1,0 +1,584 @@
+//! The cursor-dispatch worker.
+//!
+//! Per worker: read committed intents of its slots past in-memory positions (no write) → send the
+//! batch → route each item's outcome → advance the slots' durable cursors with one fenced
+//! compare-and-set, writing exception rows for items that were not acked in the same
+//! transaction. Up to `max_in_flight` batches are in flight; their advances run strictly in read
+//! order. Ordering rules:
+//! * a read is cut before the first event whose aggregate is in a batch still in flight, so one
+//!   aggregate is in at most one in-flight batch and a later batch can never send a version
+//!   whose predecessor may still fail;
+//! * within a batch, the hold rule ([`crate::route`]) stops an aggregate at its first item that
+//!   was not acked; the rest become held exceptions, resent after it;
+//! * events whose aggregate has an open exception are not sent by the cursor path at all: they
+//!   become held exceptions, sent by the exception path in version order.
+//!
+//! A fenced or failed advance resets the worker: it waits for its other sends, forgets its
+//! in-memory positions and reloads the durable cursors. Everything after them is read and sent
+//! again (same event ids): duplicates the consumer's Inbox absorbs, never a loss.
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::{
+    new_event_id, now_micros, AdvanceResult, ClaimRequest, CursorAdvance, CursorEvent, CursorPos,
+    CursorRead, CursorStore, ExceptionKind, ExceptionOutcomes, NewException, Outcome, RetryItem,
+    SlotAdvance, SlotCursor, SlotFence, SlotId, StoreErrorKind,
+};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::relay::Ctx;
+use crate::route::{route, Decision, RouteItem};
+
+/// A slot whose durable cursor lags its read position is advanced at least this often, even
+/// when none of its events is in a batch (keeps a takeover's re-read short).
+const IDLE_ADVANCE: Duration = Duration::from_secs(1);
+
+struct Batch {
+    gen: u64,
+    events: Vec<CursorEvent>,
+    /// New positions of the slots this batch advances.
+    to: Vec<(SlotId, CursorPos)>,
+    send: Option<JoinHandle<Vec<Outcome>>>,
+}
+
+impl Batch {
+    fn is_done(&self) -> bool {
+        self.send.as_ref().is_none_or(|h| h.is_finished())
+    }
+}
+
+#[derive(Default)]
+struct State {
+    gen: u64,
+    slots: Vec<SlotId>,
+    cursors: HashMap<SlotId, SlotCursor>,
+    read_pos: HashMap<SlotId, CursorPos>,
+    last_advance: HashMap<SlotId, Instant>,
+    /// Aggregates with events in batches not yet advanced.
+    busy: HashMap<String, usize>,
+    queue: VecDeque<Batch>,
+}
+
+impl State {
+    fn unbusy(&mut self, events: &[CursorEvent]) {
+        for e in events {
+            if let Some(n) = self.busy.get_mut(&e.event.aggregate_id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.busy.remove(&e.event.aggregate_id);
+                }
+            }
+        }
+    }
+}
+
+pub(crate) async fn worker(
+    ctx: Arc<Ctx>,
+    w: usize,
+    mut slots_rx: watch::Receiver<Vec<SlotId>>,
+    cancel: CancellationToken,
+) {
+    let Some(cs) = ctx.store.cursor() else {
+        tracing::error!("cursor dispatch needs a store with cursor support");
+        return;
+    };
+    let cfg = &ctx.config;
+    let done = Arc::new(Notify::new());
+    let mut st = State::default();
+    let mut delay = cfg.poll_min;
+    let mut next_exceptions = Instant::now();
+    let mut store_backoff = Duration::from_millis(50);
+    let mut must_load = true;
+    loop {
+        while st.queue.front().is_some_and(Batch::is_done) {
+            if !complete_front(&ctx, cs, &mut st).await {
+                // later batches read past the failed one: none of them may advance
+                reset(&mut st).await;
+                must_load = true;
+                next_exceptions = Instant::now();
+            }
+        }
+        if cancel.is_cancelled() {
+            break;
+        }
+        if must_load || slots_rx.has_changed().unwrap_or(false) {
+            // drain what is in flight, then (re)load the durable cursors of the new slot set
+            while !st.queue.is_empty() {
+                if !complete_front(&ctx, cs, &mut st).await {
+                    break; // the rest is discarded by the reset below
+                }
+            }
+            reset(&mut st).await;
+            let want: Vec<SlotId> = slots_rx
+                .borrow_and_update()
+                .iter()
+                .copied()
+                .filter(|s| *s as usize % cfg.workers == w)
+                .collect();
+            match cs.load_cursors(&cfg.owner, &want).await {
+                Ok(cursors) => {
+                    must_load = false;
+                    store_backoff = Duration::from_millis(50);
+                    st.slots = cursors.iter().map(|c| c.slot).collect();
+                    for c in cursors {
+                        st.read_pos.insert(c.slot, c.pos);
+                        st.last_advance.insert(c.slot, Instant::now());
+                        st.cursors.insert(c.slot, c);
+                    }
+                }
+                Err(e) => {
+                    ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(worker = w, error = %e, "loading cursors failed");
+                    sleep_or_cancel(store_backoff, &cancel).await;
+                    store_backoff = (store_backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+            continue;
+        }
+        if st.slots.is_empty() {
+            tokio::select! {
+                _ = slots_rx.changed() => {}
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(cfg.poll_idle) => { must_load = true; }
+            }
+            continue;
+        }
+        if Instant::now() >= next_exceptions {
+            next_exceptions = run_exceptions(&ctx, cs, &st.slots).await;
+        }
+        if st.queue.len() >= cfg.max_in_flight {
+            tokio::select! {
+                _ = done.notified() => {}
+                _ = cancel.cancelled() => {}
+            }
+            continue;
+        }
+        // read past the in-memory positions
+        let from: Vec<(SlotId, CursorPos)> =
+            st.slots.iter().map(|s| (*s, st.read_pos[s])).collect();
+        let t0 = Instant::now();
+        let batch = match cs
+            .read_batch(&CursorRead {
+                from,
+                limit: cfg.batch_size,
+            })
+            .await
+        {
+            Ok(b) => {
+                store_backoff = Duration::from_millis(50);
+                b
+            }
+            Err(e) => {
+                ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(worker = w, error = %e, "cursor read failed");
+                sleep_or_cancel(store_backoff, &cancel).await;
+                store_backoff = (store_backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        ctx.metrics.claim_latency.record(t0.elapsed());
+        ctx.metrics.claims.fetch_add(1, Ordering::Relaxed);
+        let full = batch.events.len() >= cfg.batch_size;
+        // cut before the first aggregate that is still in flight
+        let mut accepted = Vec::with_capacity(batch.events.len());
+        let mut cut = false;
+        for e in batch.events {
+            if st.busy.contains_key(&e.event.aggregate_id) {
+                cut = true;
+                break;
+            }
+            accepted.push(e);
+        }
+        let upto = if cut {
+            accepted.last().map(|e| e.pos)
+        } else {
+            Some(batch.upto)
+        };
+        let now = Instant::now();
+        let mut to = Vec::new();
+        if let Some(upto) = upto {
+            let with_events: std::collections::HashSet<SlotId> =
+                accepted.iter().map(|e| e.event.shard_slot).collect();
+            for s in &st.slots {
+                let p = st
+                    .read_pos
+                    .get_mut(s)
+                    .expect("read position of an owned slot");
+                if upto > *p {
+                    *p = upto;
+                }
+                let durable = st.cursors[s].pos;
+                let stale = now.duration_since(st.last_advance[s]) >= IDLE_ADVANCE;
+                if *p > durable && (with_events.contains(s) || stale) {
+                    to.push((*s, *p));
+                    st.last_advance.insert(*s, now);
+                }
+            }
+        }
+        if accepted.is_empty() {
+            ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
+            if !to.is_empty() {
+                st.queue.push_back(Batch {
+                    gen: st.gen,
+                    events: Vec::new(),
+                    to,
+                    send: None,
+                });
+            }
+            tokio::select! {
+                _ = ctx.wake.notified() => {}
+                _ = done.notified(), if !st.queue.is_empty() => {}
+                _ = cancel.cancelled() => {}
+                _ = slots_rx.changed() => {}
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(cfg.poll_idle);
+            continue;
+        }
+        delay = cfg.poll_min;
+        for e in &accepted {
+            *st.busy.entry(e.event.aggregate_id.clone()).or_default() += 1;
+        }
+        let to_send: Vec<_> = accepted
+            .iter()
+            .filter(|e| !e.held)
+            .map(|e| e.event.clone())
+            .collect();
+        ctx.metrics
+            .claimed_items
+            .fetch_add(to_send.len() as u64, Ordering::Relaxed);
+        ctx.metrics.batch_size.record_us(accepted.len() as u64);
+        let send = (!to_send.is_empty()).then(|| {
+            let sink = ctx.sink.clone();
+            let metrics = ctx.metrics.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                ferry_core::failpoint::hit("relay-after-claim");
+                let t = Instant::now();
+                let out = sink.send_batch(&to_send).await;
+                metrics.send_latency.record(t.elapsed());
+                done.notify_one();
+                out
+            })
+        });
+        st.queue.push_back(Batch {
+            gen: st.gen,
+            events: accepted,
+            to,
+            send,
+        });
+        if !full && !cut {
+            // drained for now: give producers a moment so the next read is fuller
+            tokio::select! {
+                _ = ctx.wake.notified() => {}
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(cfg.poll_min) => {}
+            }
+        }
+    }
+    // Shutdown: advance what finishes before the deadline; the rest is re-read by the next owner.
+    let deadline = Instant::now() + cfg.shutdown_timeout;
+    while let Some(front) = st.queue.front() {
+        if !front.is_done() {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                tracing::warn!(
+                    worker = w,
+                    batches = st.queue.len(),
+                    "shutdown deadline reached with batches in flight; they will be re-read and resent"
+                );
+                break;
+            }
+            tokio::select! {
+                _ = done.notified() => {}
+                _ = tokio::time::sleep(wait.min(Duration::from_millis(50))) => {}
+            }
+            continue;
+        }
+        if !complete_front(&ctx, cs, &mut st).await {
+            break;
+        }
+    }
+}
+
+async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = cancel.cancelled() => {}
+    }
+}
+
+/// Forgets every in-memory position: waits for the sends still in flight (their results are
+/// ignored; the events will be read and sent again) and clears the state.
+async fn reset(st: &mut State) {
+    st.gen += 1;
+    for b in st.queue.drain(..) {
+        if let Some(h) = b.send {
+            let _ = h.await;
+        }
+    }
+    st.busy.clear();
+    st.cursors.clear();
+    st.read_pos.clear();
+    st.last_advance.clear();
+    st.slots.clear();
+}
+
+/// Completes the oldest batch: routes its outcomes and advances its cursors. Returns false
+/// when the advance was fenced or failed (the caller reloads the cursors).
+async fn complete_front(ctx: &Ctx, cs: &dyn CursorStore, st: &mut State) -> bool {
+    let Some(b) = st.queue.pop_front() else {
+        return true;
+    };
+    let outcomes = match b.send {
+        Some(h) => h.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    st.unbusy(&b.events);
+    if b.gen != st.gen {
+        return true;
+    }
+    let items: Vec<RouteItem<'_>> = b
+        .events
+        .iter()
+        .map(|e| RouteItem {
+            aggregate_id: &e.event.aggregate_id,
+            attempts: e.event.attempts,
+            held: e.held,
+        })
+        .collect();
+    let sent = b.events.iter().filter(|e| !e.held).count();
+    if outcomes.len() != sent {
+        tracing::error!(
+            items = sent,
+            outcomes = outcomes.len(),
+            "the sink answered a different number of outcomes than items; missing ones count as unknown"
+        );
+    }
+    let decisions = route(&items, outcomes, &ctx.policy(true));
+    let mut acked_created = Vec::new();
+    let mut exceptions = Vec::new();
+    let (mut retried, mut quarantined, mut unknown) = (0u64, 0u64, 0u64);
+    for (e, d) in b.events.iter().zip(decisions) {
+        let ev = &e.event;
+        let (kind, attempts) = match d {
+            Decision::Ack => {
+                acked_created.push(ev.created_at);
+                continue;
+            }
+            Decision::Retry { delay, error } => {
+                retried += 1;
+                (ExceptionKind::Retry { delay, error }, ev.attempts + 1)
+            }
+            Decision::Quarantine(why) => {
+                quarantined += 1;
+                tracing::warn!(event_id = %ev.token.event_id, reason = %why, "quarantining event; its aggregate's successors are held until an operator acts");
+                (ExceptionKind::Quarantine(why), ev.attempts + 1)
+            }
+            Decision::Unknown(err) => {
+                unknown += 1;
+                (ExceptionKind::Unknown(err), ev.attempts)
+            }
+            Decision::Held { acked } => {
+                if acked {
+                    ctx.metrics
+                        .acked_after_failed_predecessor
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                (ExceptionKind::Held, ev.attempts)
+            }
+        };
+        exceptions.push(NewException {
+            seq: ev.token.seq,
+            slot: ev.shard_slot,
+            aggregate_id: ev.aggregate_id.clone(),
+            aggregate_version: ev.aggregate_version,
+            attempts,
+            kind,
+        });
+    }
+    if !acked_created.is_empty() {
+        ferry_core::failpoint::hit("relay-after-ack");
+    }
+    let adv = CursorAdvance {
+        owner: ctx.config.owner.clone(),
+        claim_id: new_event_id(),
+        slots: b
+            .to
+            .iter()
+            .filter_map(|(s, p)| {
+                st.cursors.get(s).map(|c| SlotAdvance {
+                    slot: *s,
+                    epoch: c.epoch,
+                    version: c.version,
+                    to: *p,
+                })
+            })
+            .collect(),
+        exceptions,
+    };
+    let t = Instant::now();
+    let result = advance(ctx, cs, &adv).await;
+    ctx.metrics.ack_latency.record(t.elapsed());
+    match result {
+        Some(AdvanceResult::Applied) => {
+            for s in &adv.slots {
+                if let Some(c) = st.cursors.get_mut(&s.slot) {
+                    c.version += 1;
+                    c.pos = s.to;
+                }
+            }
+            let m = &ctx.metrics;
+            let now = now_micros();
+            m.commit_to_ack
+                .record_many_us(acked_created.iter().map(|c| (now - c).max(1) as u64));
+            m.sent
+                .fetch_add(acked_created.len() as u64, Ordering::Relaxed);
+            m.retried.fetch_add(retried, Ordering::Relaxed);
+            m.quarantined.fetch_add(quarantined, Ordering::Relaxed);
+            m.unknown.fetch_add(unknown, Ordering::Relaxed);
+            true
+        }
+        Some(AdvanceResult::Fenced) => {
+            ctx.metrics
+                .fenced
+                .fetch_add(b.events.len().max(1) as u64, Ordering::Relaxed);
+            tracing::info!(
+                events = b.events.len(),
+                "cursor advance fenced: a slot changed hands; re-reading from the durable cursors"
+            );
+            false
+        }
+        None => false,
+    }
+}
+
+/// One advance, retried on store errors for up to the claim lease; a lost commit response is
+/// resolved with [`CursorStore::lookup_advance`].
+async fn advance(ctx: &Ctx, cs: &dyn CursorStore, adv: &CursorAdvance) -> Option<AdvanceResult> {
+    let deadline = Instant::now() + ctx.config.claim_lease;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match cs.advance(adv).await {
+            Ok(r) => return Some(r),
+            Err(e) => {
+                ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                // The commit may have happened: the advance's id says.
+                if matches!(cs.lookup_advance(&adv.claim_id).await, Ok(true)) {
+                    tracing::info!(claim_id = %adv.claim_id, "recovered an advance whose commit response was lost");
+                    return Some(AdvanceResult::Applied);
+                }
+                if Instant::now() > deadline || e.kind() == StoreErrorKind::InvalidInput {
+                    tracing::error!(error = %e, "giving up on a cursor advance; the batch will be re-read and resent");
+                    return None;
+                }
+                tracing::warn!(error = %e, "cursor advance failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// The exception path: claims due exception rows of `slots` (per-row protocol, predecessor rule),
+/// sends them, settles them. Returns when to look again.
+async fn run_exceptions(ctx: &Ctx, cs: &dyn CursorStore, slots: &[SlotId]) -> Instant {
+    let cfg = &ctx.config;
+    let idle = Instant::now() + cfg.poll_idle;
+    let mut req = ClaimRequest::new(slots.to_vec(), cfg.batch_size, cfg.claim_lease);
+    req.fence = Some(SlotFence {
+        owner: cfg.owner.clone(),
+    });
+    let items = match cs.claim_exceptions(&req).await {
+        Ok(v) => v,
+        Err(e) => {
+            ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "claiming exceptions failed");
+            return idle;
+        }
+    };
+    if items.is_empty() {
+        return idle;
+    }
+    ctx.metrics
+        .claimed_items
+        .fetch_add(items.len() as u64, Ordering::Relaxed);
+    let outcomes = ctx.sink.send_batch(&items).await;
+    let route_items: Vec<RouteItem<'_>> = items
+        .iter()
+        .map(|e| RouteItem {
+            aggregate_id: &e.aggregate_id,
+            attempts: e.attempts,
+            held: false,
+        })
+        .collect();
+    let mut out = ExceptionOutcomes::default();
+    let mut acked_created = Vec::new();
+    for (e, d) in items
+        .iter()
+        .zip(route(&route_items, outcomes, &ctx.policy(false)))
+    {
+        match d {
+            Decision::Ack => {
+                out.acked.push(e.token.clone());
+                acked_created.push(e.created_at);
+            }
+            Decision::Retry { delay, error } => out.retry.push(RetryItem {
+                token: e.token.clone(),
+                delay,
+                error,
+            }),
+            Decision::Quarantine(why) => {
+                tracing::warn!(event_id = %e.token.event_id, reason = %why, "quarantining event; its aggregate's successors are held until an operator acts");
+                out.quarantine.push((e.token.clone(), why))
+            }
+            Decision::Unknown(_) | Decision::Held { .. } => out.release.push(e.token.clone()),
+        }
+    }
+    let deadline = Instant::now() + cfg.claim_lease;
+    let mut backoff = Duration::from_millis(20);
+    let report = loop {
+        match cs.settle_exceptions(&out).await {
+            Ok(r) => break Some(r),
+            Err(e) => {
+                ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                if Instant::now() > deadline {
+                    tracing::error!(error = %e, "giving up on exception outcomes; their lease will expire and they be resent");
+                    break None;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    };
+    if let Some(r) = report {
+        let m = &ctx.metrics;
+        let applied = |range: std::ops::Range<usize>| {
+            r.items[range]
+                .iter()
+                .filter(|(_, x)| *x == ferry_core::CasResult::Applied)
+                .count() as u64
+        };
+        let (a, rt, q) = (out.acked.len(), out.retry.len(), out.quarantine.len());
+        let now = now_micros();
+        m.commit_to_ack.record_many_us(
+            r.items[..a]
+                .iter()
+                .zip(&acked_created)
+                .filter(|((_, x), _)| *x == ferry_core::CasResult::Applied)
+                .map(|(_, c)| (now - c).max(1) as u64),
+        );
+        m.sent.fetch_add(applied(0..a), Ordering::Relaxed);
+        m.retried.fetch_add(applied(a..a + rt), Ordering::Relaxed);
+        m.quarantined
+            .fetch_add(applied(a + rt..a + rt + q), Ordering::Relaxed);
+        m.unknown
+            .fetch_add(out.release.len() as u64, Ordering::Relaxed);
+        m.fenced.fetch_add(r.fenced() as u64, Ordering::Relaxed);
+    }
+    Instant::now()
+}

@@ -1,0 +1,720 @@
+//! Cursor dispatch on PostgreSQL: snapshot windows, as PgQ reads its event tables.
+//!
+//! Each row stores its inserting top-level transaction id (`ferry_outbox.xid`, default
+//! `pg_current_xact_id()`). A *tick* stores a snapshot (`ferry_tick`); window `t` is the set of
+//! rows whose transaction is visible in tick `t`'s snapshot and not in tick `t - 1`'s. Ticks
+//! only grow (tick `t` is taken after tick `t - 1` committed), so every committed row is in
+//! exactly one window, the first whose snapshot sees its transaction commit; and a window's row
+//! set is fixed once its tick exists, so reading it in `(xid, seq)` order in LIMIT-sized pieces
+//! can never skip a row ("no skipped commit", whatever order transactions commit in). A long
+//! transaction delays only its own rows; meanwhile every window's range scan starts at its xid
+//! (the lower snapshot's xmin), which [`CursorStore::horizon`] reports.
+use std::collections::{HashMap, HashSet};
+
+use ferry_core::{
+    AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, CursorAdvance,
+    CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore, DispatchMode, ExceptionOutcomes,
+    HorizonInfo, SlotCursor, SlotId, StoreError, StoreErrorKind,
+};
+use sqlx::postgres::{PgRow, Postgres};
+use sqlx::{Row, Transaction};
+
+use crate::cursor_common::{exception_row, micros};
+use crate::db_err;
+use crate::postgres::PgStore;
+
+/// The intent columns of `ferry_outbox o` in [`event_at`]'s order (`created_at` as µs since the
+/// epoch, like the row-mode claim).
+const EVENT_COLUMNS: &str = "o.seq, o.event_id, coalesce(o.claim_id, '') AS claim_id, o.claim_version, \
+    o.aggregate_id, o.aggregate_version, o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, \
+    o.payload, o.attempts, (extract(epoch from o.created_at) * 1000000)::int8 AS created_us";
+
+/// The open exception states: they hold their aggregate's later events.
+const OPEN: &str = "('PENDING', 'CLAIMED', 'QUARANTINED')";
+
+/// Reads [`EVENT_COLUMNS`] starting at column `off`.
+fn event_at(r: &PgRow, off: usize) -> ClaimedEvent {
+    ClaimedEvent {
+        token: ClaimToken {
+            seq: r.get(off),
+            event_id: r.get(off + 1),
+            claim_id: r.get(off + 2),
+            claim_version: r.get(off + 3),
+        },
+        aggregate_id: r.get(off + 4),
+        aggregate_version: r.get(off + 5),
+        shard_slot: r.get::<i16, _>(off + 6) as SlotId,
+        topic: r.get(off + 7),
+        key: r.get(off + 8),
+        event_type: r.get(off + 9),
+        headers: r.get(off + 10),
+        payload: r.get(off + 11),
+        attempts: r.get(off + 12),
+        created_at: r.get(off + 13),
+    }
+}
+
+fn slots_i16(slots: impl IntoIterator<Item = SlotId>) -> Vec<i16> {
+    slots.into_iter().map(|s| s as i16).collect()
+}
+
+/// One category of exception outcomes for [`exception_cas`].
+enum Extra<'a> {
+    None,
+    Text(Vec<&'a str>),
+    DelayText(Vec<i64>, Vec<&'a str>),
+}
+
+/// The per-row compare-and-set on `ferry_outbox_exception`, inside `tx`.
+async fn exception_cas(
+    tx: &mut Transaction<'_, Postgres>,
+    tokens: &[ClaimToken],
+    set: &str,
+    extra: Extra<'_>,
+) -> Result<CasReport, StoreError> {
+    if tokens.is_empty() {
+        return Ok(CasReport::default());
+    }
+    let (decl, cols) = match &extra {
+        Extra::None => ("", ""),
+        Extra::Text(_) => (", $4::text[]", ", txt"),
+        Extra::DelayText(..) => (", $4::int8[], $5::text[]", ", delay_us, txt"),
+    };
+    let sql = format!(
+        "UPDATE ferry_outbox_exception x SET {set} \
+         FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{decl}) AS t(seq, cv, cid{cols}) \
+         WHERE x.seq = t.seq AND x.state = 'CLAIMED' AND x.claim_version = t.cv AND x.claim_id = t.cid \
+         RETURNING x.seq, x.claim_version, x.claim_id"
+    );
+    let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
+        .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
+        .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
+        .bind(
+            tokens
+                .iter()
+                .map(|t| t.claim_id.clone())
+                .collect::<Vec<_>>(),
+        );
+    match extra {
+        Extra::None => {}
+        Extra::Text(t) => q = q.bind(t),
+        Extra::DelayText(d, t) => q = q.bind(d).bind(t),
+    }
+    let applied: HashMap<i64, (i64, String)> = q
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(|e| db_err("exception outcome", e))?
+        .into_iter()
+        .map(|(seq, cv, cid)| (seq, (cv, cid)))
+        .collect();
+    Ok(CasReport::from_applied(tokens, &applied))
+}
+
+/// `xmin` (part 0) or `xmax` (part 1) of a snapshot's text form `xmin:xmax:xip,…`.
+fn snapshot_bound(snap: &str, part: usize) -> Result<i64, StoreError> {
+    snap.split(':')
+        .nth(part)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::Other,
+                format!("unreadable snapshot {snap:?}"),
+            )
+        })
+}
+
+impl PgStore {
+    /// The snapshots bounding window `t` (ticks `t - 1` and `t`), creating tick `t` from the
+    /// current snapshot when no reader has yet.
+    async fn window(&self, t: i64) -> Result<(String, String), StoreError> {
+        let get = || async {
+            let rows: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1 - 1, $1)",
+            )
+            .bind(t)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| db_err("cursor read: ticks", e))?;
+            let find = |id| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
+            Ok::<_, StoreError>((find(t - 1), find(t)))
+        };
+        let (lo, hi) = get().await?;
+        let lo = lo.ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::Other,
+                format!("snapshot tick {} is gone: this cursor was taken over and purged; reload the cursors", t - 1),
+            )
+        })?;
+        if let Some(hi) = hi {
+            return Ok((lo, hi));
+        }
+        // Tick t, taken now: after tick t-1 committed (we just read it), so it sees at least as
+        // much. Concurrent readers race on the primary key; the loser waits and uses the
+        // winner's. Losing it in a crash is harmless (the next read takes another), so it need
+        // not wait for its WAL flush; any advance that refers to it flushes it first.
+        let mut tx = self
+            .pool()
+            .begin()
+            .await
+            .map_err(|e| db_err("tick: begin", e))?;
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("tick", e))?;
+        sqlx::query(
+            "INSERT INTO ferry_tick (tick_id, snap) VALUES ($1, pg_current_snapshot()) ON CONFLICT (tick_id) DO NOTHING",
+        )
+        .bind(t)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("tick", e))?;
+        // ticks every cursor is past (a window needs its own tick and the one before)
+        sqlx::query(
+            "DELETE FROM ferry_tick WHERE tick_id < (SELECT min(cursor_tick) - 1 FROM ferry_slot_lease) \
+               AND tick_id < $1 - 1",
+        )
+        .bind(t)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("tick: retention", e))?;
+        tx.commit().await.map_err(|e| db_err("tick: commit", e))?;
+        let (_, hi) = get().await?;
+        let hi = hi.ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Other, format!("snapshot tick {t} vanished"))
+        })?;
+        Ok((lo, hi))
+    }
+
+    /// The stored dispatch mode (`ferry_dispatch`).
+    pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
+        let m: String = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| db_err("dispatch mode", e))?;
+        m.parse()
+            .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+    }
+}
+
+impl CursorStore for PgStore {
+    fn dispatch_mode(&self) -> BoxFuture<'_, Result<DispatchMode, StoreError>> {
+        Box::pin(self.stored_mode())
+    }
+
+    fn set_dispatch_mode<'a>(
+        &'a self,
+        mode: DispatchMode,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self
+                .pool()
+                .begin()
+                .await
+                .map_err(|e| db_err("dispatch mode: begin", e))?;
+            // A conversion takes ferry_outbox's table lock, which waits for every open
+            // transaction that wrote to it: give up with a clear error rather than stall
+            // producers behind it.
+            exec_lock_timeout(&mut tx).await?;
+            // Serialises conversions: a second one waits here, then finds the mode set.
+            let current: String =
+                sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("dispatch mode", e))?;
+            if current == mode.as_str() {
+                return Ok(false);
+            }
+            let others: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM ferry_relay_member WHERE owner <> $1 AND lease_until > now()",
+            )
+            .bind(owner)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode: members", e))?;
+            if others > 0 {
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidInput,
+                    format!(
+                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
+                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
+                    ),
+                ));
+            }
+            let exec = |sql: &'static str| sqlx::query(sql);
+            match mode {
+                DispatchMode::Cursor => {
+                    // First, so that the ACCESS EXCLUSIVE lock on ferry_outbox is the first lock
+                    // this transaction takes on it (no lock upgrade): in-flight inserts finish,
+                    // new ones wait for the commit.
+                    for s in [
+                        "DROP INDEX IF EXISTS ferry_outbox_dispatch",
+                        "DROP INDEX IF EXISTS ferry_outbox_unfinished",
+                    ] {
+                        exec(s)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|e| db_err("dispatch mode: drop row-mode indexes (waits at most 10 s for transactions that wrote to ferry_outbox)", e))?;
+                    }
+                    // Rows written before migration 0003 have no xid: give unfinished ones a
+                    // low one (3, the first normal xid), so the first window reads them.
+                    exec("UPDATE ferry_outbox SET xid = 3 WHERE xid IS NULL AND state IN ('PENDING', 'CLAIMED')")
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("dispatch mode: xids of old rows", e))?;
+                    // Tick 0 sees exactly the transactions below the first unfinished row's xid
+                    // (and below every open transaction): everything it sees is finished.
+                    let x: i64 = sqlx::query_scalar(
+                        "SELECT least(pg_snapshot_xmin(pg_current_snapshot())::text::int8, \
+                           coalesce((SELECT min(xid) FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED')), \
+                                    9223372036854775807))",
+                    )
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("dispatch mode: first window", e))?;
+                    exec("DELETE FROM ferry_tick")
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("dispatch mode: ticks", e))?;
+                    sqlx::query(
+                        "INSERT INTO ferry_tick (tick_id, snap) VALUES (0, $1::text::pg_snapshot)",
+                    )
+                    .bind(format!("{x}:{x}:"))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("dispatch mode: tick 0", e))?;
+                    // Quarantined rows stay parked as exception rows (they hold their successors).
+                    exec(
+                        "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, \
+                           state, available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
+                         SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
+                           last_error, resolved_by, resolved_at, now() \
+                         FROM ferry_outbox WHERE state = 'QUARANTINED'",
+                    )
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("dispatch mode: exceptions", e))?;
+                    // Every slot starts at window 1; its read passes over rows row mode already
+                    // finished (their state is not PENDING or CLAIMED).
+                    exec(
+                        "UPDATE ferry_slot_lease SET cursor_tick = 1, cursor_xid = 0, cursor_seq = 0, \
+                           cursor_version = cursor_version + 1, cursor_claim_id = NULL, \
+                           epoch = epoch + 1, owner = NULL, lease_until = NULL",
+                    )
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("dispatch mode: cursors", e))?;
+                }
+                DispatchMode::Row => {
+                    // Rows behind their slot's cursor take the state the cursor gave them.
+                    let stmts: [(&'static str, &str); 6] = [
+                        (
+                            "UPDATE ferry_outbox o SET state = v.state, \
+                               sent_at = CASE WHEN v.state = 'SENT' THEN coalesce(o.sent_at, v.sent_at, now()) END, \
+                               attempts = v.attempts, last_error = v.last_error, resolved_by = v.resolved_by, \
+                               available_at = coalesce(v.available_at, o.available_at), lease_until = NULL \
+                             FROM (SELECT seq, CASE state WHEN 'CLAIMED' THEN 'PENDING' ELSE state END AS state, \
+                                     sent_at, attempts, last_error, resolved_by, available_at \
+                                   FROM ferry_outbox_cursor_view) v \
+                             WHERE o.seq = v.seq AND (v.state <> o.state OR v.attempts <> o.attempts)",
+                            "dispatch mode: row states",
+                        ),
+                        (
+                            "DELETE FROM ferry_outbox_exception",
+                            "dispatch mode: exceptions",
+                        ),
+                        ("DELETE FROM ferry_tick", "dispatch mode: ticks"),
+                        (
+                            "UPDATE ferry_slot_lease SET cursor_tick = NULL, cursor_xid = NULL, cursor_seq = NULL, cursor_claim_id = NULL, \
+                               cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
+                            "dispatch mode: cursors",
+                        ),
+                        // exactly as migration 0002 defines them
+                        (
+                            "CREATE INDEX IF NOT EXISTS ferry_outbox_dispatch ON ferry_outbox (seq) WHERE phase = 0",
+                            "dispatch mode: dispatch index",
+                        ),
+                        (
+                            "CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished \
+                               ON ferry_outbox (aggregate_id, aggregate_version) WHERE phase < 2",
+                            "dispatch mode: unfinished index",
+                        ),
+                    ];
+                    for (s, what) in stmts {
+                        exec(s)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|e| db_err(what, e))?;
+                    }
+                }
+            }
+            sqlx::query("UPDATE ferry_dispatch SET mode = $1, changed_at = now() WHERE id = 1")
+                .bind(mode.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("dispatch mode: set", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("dispatch mode: commit", e))?;
+            Ok(true)
+        })
+    }
+
+    fn load_cursors<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+    ) -> BoxFuture<'a, Result<Vec<SlotCursor>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, epoch, cursor_version, cursor_tick, cursor_xid, cursor_seq FROM ferry_slot_lease \
+                 WHERE owner = $1 AND lease_until > now() AND cursor_tick IS NOT NULL AND slot = ANY($2) \
+                 ORDER BY slot",
+            )
+            .bind(owner)
+            .bind(slots_i16(slots.iter().copied()))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| db_err("load cursors", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotCursor {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    epoch: r.get(1),
+                    version: r.get(2),
+                    pos: CursorPos::at(r.get(3), r.get(4), r.get(5)),
+                })
+                .collect())
+        })
+    }
+
+    fn read_batch<'a>(
+        &'a self,
+        req: &'a CursorRead,
+    ) -> BoxFuture<'a, Result<CursorBatch, StoreError>> {
+        Box::pin(async move {
+            let Some(min) = req.from.iter().map(|(_, p)| *p).min() else {
+                return Ok(CursorBatch::default());
+            };
+            if req.limit == 0 {
+                return Ok(CursorBatch {
+                    events: Vec::new(),
+                    upto: min,
+                });
+            }
+            // One window per read: the slots whose position is in the lowest window.
+            let t = min.tick;
+            let from: HashMap<SlotId, CursorPos> = req
+                .from
+                .iter()
+                .copied()
+                .filter(|(_, p)| p.tick == t)
+                .collect();
+            let (lo, hi) = self.window(t).await?;
+            let (lo_xmin, hi_xmax) = (snapshot_bound(&lo, 0)?, snapshot_bound(&hi, 1)?);
+            let sql = format!(
+                "SELECT o.xid, {EVENT_COLUMNS}, \
+                   EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
+                     AND x.state IN {OPEN}) AS held \
+                 FROM ferry_outbox o \
+                 WHERE o.xid >= $1 AND o.xid < $2 AND (o.xid, o.seq) > ($3, $4) \
+                   AND o.shard_slot = ANY($5) AND o.state IN ('PENDING', 'CLAIMED') \
+                   AND NOT pg_visible_in_snapshot(o.xid::text::xid8, $6::text::pg_snapshot) \
+                   AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
+                 ORDER BY o.xid, o.seq LIMIT $8"
+            );
+            let rows = sqlx::query(&sql)
+                .bind(lo_xmin)
+                .bind(hi_xmax)
+                .bind(min.xid)
+                .bind(min.seq)
+                .bind(slots_i16(from.keys().copied()))
+                .bind(&lo)
+                .bind(&hi)
+                .bind(req.limit as i64)
+                .fetch_all(self.pool())
+                .await
+                .map_err(|e| db_err("cursor read", e))?;
+            let pos = |r: &PgRow| CursorPos::at(t, r.get(0), r.get(1));
+            let upto = match rows.last() {
+                Some(last) if rows.len() >= req.limit => pos(last),
+                // the window is read: the next read starts window t + 1
+                _ => CursorPos::at(t + 1, 0, 0),
+            };
+            let events = rows
+                .iter()
+                .filter(|r| {
+                    let slot = r.get::<i16, _>(7) as SlotId;
+                    from.get(&slot).is_some_and(|p| pos(r) > *p)
+                })
+                .map(|r| CursorEvent {
+                    pos: pos(r),
+                    held: r.get(15),
+                    event: event_at(r, 1),
+                })
+                .collect();
+            Ok(CursorBatch { events, upto })
+        })
+    }
+
+    fn advance<'a>(
+        &'a self,
+        req: &'a CursorAdvance,
+    ) -> BoxFuture<'a, Result<AdvanceResult, StoreError>> {
+        Box::pin(async move {
+            if req.slots.is_empty() {
+                // exceptions are only written under a fenced slot advance
+                if req.exceptions.is_empty() {
+                    return Ok(AdvanceResult::Applied);
+                }
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidInput,
+                    "an advance that writes exceptions must advance (and so fence) at least one slot",
+                ));
+            }
+            // slot order: concurrent advances lock lease rows in one order
+            let mut slots = req.slots.clone();
+            slots.sort_by_key(|s| s.slot);
+            let mut tx = self
+                .pool()
+                .begin()
+                .await
+                .map_err(|e| db_err("advance: begin", e))?;
+            let moved: Vec<i16> = sqlx::query_scalar(
+                "UPDATE ferry_slot_lease l SET cursor_tick = t.tick, cursor_xid = t.xid, cursor_seq = t.seq, \
+                   cursor_version = l.cursor_version + 1, cursor_claim_id = $6 \
+                 FROM UNNEST($1::int2[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $8::int8[]) \
+                   AS t(slot, epoch, version, xid, seq, tick) \
+                 WHERE l.slot = t.slot AND l.owner = $7 AND l.lease_until > now() \
+                   AND l.epoch = t.epoch AND l.cursor_version = t.version AND l.cursor_tick IS NOT NULL \
+                 RETURNING l.slot",
+            )
+            .bind(slots_i16(slots.iter().map(|s| s.slot)))
+            .bind(slots.iter().map(|s| s.epoch).collect::<Vec<_>>())
+            .bind(slots.iter().map(|s| s.version).collect::<Vec<_>>())
+            .bind(slots.iter().map(|s| s.to.xid).collect::<Vec<_>>())
+            .bind(slots.iter().map(|s| s.to.seq).collect::<Vec<_>>())
+            .bind(&req.claim_id)
+            .bind(&req.owner)
+            .bind(slots.iter().map(|s| s.to.tick).collect::<Vec<_>>())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("advance", e))?;
+            let wanted: HashSet<SlotId> = slots.iter().map(|s| s.slot).collect();
+            let got: HashSet<i16> = moved.into_iter().collect();
+            if got.len() != wanted.len() {
+                tx.rollback()
+                    .await
+                    .map_err(|e| db_err("advance: rollback", e))?;
+                return Ok(AdvanceResult::Fenced);
+            }
+            if !req.exceptions.is_empty() {
+                let rows: Vec<_> = req
+                    .exceptions
+                    .iter()
+                    .map(|x| (x, exception_row(&x.kind)))
+                    .collect();
+                sqlx::query(
+                    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, \
+                       state, available_at, attempts, last_error) \
+                     SELECT t.seq, t.slot, t.aggregate_id, t.aggregate_version, t.state, \
+                       now() + t.delay_us * interval '1 microsecond', t.attempts, t.last_error \
+                     FROM UNNEST($1::int8[], $2::int2[], $3::varchar[], $4::int8[], $5::varchar[], \
+                       $6::int8[], $7::int4[], $8::text[]) \
+                       AS t(seq, slot, aggregate_id, aggregate_version, state, delay_us, attempts, last_error) \
+                     ON CONFLICT (seq) DO NOTHING",
+                )
+                .bind(rows.iter().map(|(x, _)| x.seq).collect::<Vec<_>>())
+                .bind(slots_i16(rows.iter().map(|(x, _)| x.slot)))
+                .bind(
+                    rows.iter()
+                        .map(|(x, _)| x.aggregate_id.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    rows.iter()
+                        .map(|(x, _)| x.aggregate_version)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(rows.iter().map(|(_, r)| r.0).collect::<Vec<_>>())
+                .bind(rows.iter().map(|(_, r)| r.1).collect::<Vec<_>>())
+                .bind(rows.iter().map(|(x, _)| x.attempts).collect::<Vec<_>>())
+                .bind(rows.iter().map(|(_, r)| r.2).collect::<Vec<Option<&str>>>())
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("advance: exceptions", e))?;
+            }
+            tx.commit()
+                .await
+                .map_err(|e| db_err("advance: commit", e))?;
+            Ok(AdvanceResult::Applied)
+        })
+    }
+
+    fn lookup_advance<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM ferry_slot_lease WHERE cursor_claim_id = $1)",
+            )
+            .bind(claim_id)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| db_err("lookup advance", e))
+        })
+    }
+
+    fn claim_exceptions<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            if req.slots.is_empty() || req.limit == 0 {
+                return Ok(Vec::new());
+            }
+            // As the row-mode claim: with a fence, only slots whose lease the owner holds now
+            // (an InitPlan, evaluated once).
+            let slot_filter = if req.fence.is_some() {
+                "x.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
+                 AND l.owner = $5 AND l.lease_until > now()))"
+            } else {
+                "x.shard_slot = ANY($1)"
+            };
+            // The predecessor rule among open exceptions, as "x is its aggregate's lowest open
+            // version" (an index probe per candidate on ferry_outbox_exception_open).
+            let sql = format!(
+                "WITH due AS ( \
+                   SELECT x.seq FROM ferry_outbox_exception x WHERE {slot_filter} \
+                     AND ((x.state = 'PENDING' AND x.available_at <= now()) \
+                       OR (x.state = 'CLAIMED' AND x.lease_until <= now())) \
+                     AND x.aggregate_version = (SELECT min(p.aggregate_version) FROM ferry_outbox_exception p \
+                       WHERE p.aggregate_id = x.aggregate_id AND p.state IN {OPEN}) \
+                   ORDER BY x.seq LIMIT $2 \
+                   FOR UPDATE OF x SKIP LOCKED), \
+                 claimed AS ( \
+                   UPDATE ferry_outbox_exception x SET state = 'CLAIMED', claim_version = x.claim_version + 1, \
+                     claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
+                   FROM due WHERE x.seq = due.seq \
+                   RETURNING x.seq, x.claim_id, x.claim_version, x.attempts) \
+                 SELECT {EVENT_COLUMNS}, c.claim_id, c.claim_version, c.attempts \
+                 FROM claimed c JOIN ferry_outbox o ON o.seq = c.seq ORDER BY o.seq"
+            );
+            let mut q = sqlx::query(&sql)
+                .bind(slots_i16(req.slots.iter().copied()))
+                .bind(req.limit as i64)
+                .bind(&req.claim_id)
+                .bind(micros(req.lease));
+            if let Some(f) = &req.fence {
+                q = q.bind(&f.owner);
+            }
+            let rows = q
+                .fetch_all(self.pool())
+                .await
+                .map_err(|e| db_err("claim exceptions", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let mut e = event_at(r, 0);
+                    e.token.claim_id = r.get(14);
+                    e.token.claim_version = r.get(15);
+                    e.attempts = r.get(16);
+                    e
+                })
+                .collect())
+        })
+    }
+
+    fn settle_exceptions<'a>(
+        &'a self,
+        out: &'a ExceptionOutcomes,
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let mut tx = self
+                .pool()
+                .begin()
+                .await
+                .map_err(|e| db_err("settle exceptions: begin", e))?;
+            let mut report = exception_cas(
+                &mut tx,
+                &out.acked,
+                "state = 'SENT', sent_at = now(), lease_until = NULL",
+                Extra::None,
+            )
+            .await?;
+            let tokens: Vec<ClaimToken> = out.retry.iter().map(|i| i.token.clone()).collect();
+            report.items.extend(
+                exception_cas(
+                    &mut tx,
+                    &tokens,
+                    "state = 'PENDING', lease_until = NULL, attempts = x.attempts + 1, last_error = t.txt, \
+                     available_at = now() + t.delay_us * interval '1 microsecond'",
+                    Extra::DelayText(
+                        out.retry.iter().map(|i| micros(i.delay)).collect(),
+                        out.retry.iter().map(|i| i.error.as_str()).collect(),
+                    ),
+                )
+                .await?
+                .items,
+            );
+            let tokens: Vec<ClaimToken> = out.quarantine.iter().map(|i| i.0.clone()).collect();
+            report.items.extend(
+                exception_cas(
+                    &mut tx,
+                    &tokens,
+                    "state = 'QUARANTINED', lease_until = NULL, attempts = x.attempts + 1, last_error = t.txt",
+                    Extra::Text(out.quarantine.iter().map(|i| i.1.as_str()).collect()),
+                )
+                .await?
+                .items,
+            );
+            report.items.extend(
+                exception_cas(
+                    &mut tx,
+                    &out.release,
+                    "state = 'PENDING', lease_until = NULL, available_at = now()",
+                    Extra::None,
+                )
+                .await?
+                .items,
+            );
+            tx.commit()
+                .await
+                .map_err(|e| db_err("settle exceptions: commit", e))?;
+            Ok(report)
+        })
+    }
+
+    fn horizon(&self) -> BoxFuture<'_, Result<HorizonInfo, StoreError>> {
+        Box::pin(async move {
+            // The horizon (pg_snapshot_xmin) is the oldest xid still running anywhere in the
+            // cluster: an open transaction that wrote (or asked for its xid), or a prepared one.
+            let row: Option<(i64, Option<i64>)> = sqlx::query_as(
+                "SELECT pid, age_us FROM ( \
+                   SELECT pid::int8 AS pid, (extract(epoch from now() - xact_start) * 1000000)::int8 AS age_us, \
+                     age(backend_xid) AS xid_age \
+                   FROM pg_stat_activity WHERE backend_xid IS NOT NULL \
+                   UNION ALL \
+                   SELECT 0::int8, (extract(epoch from now() - prepared) * 1000000)::int8, age(transaction) \
+                   FROM pg_prepared_xacts) t \
+                 ORDER BY xid_age DESC LIMIT 1",
+            )
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|e| db_err("horizon", e))?;
+            Ok(match row {
+                Some((pid, age)) => HorizonInfo {
+                    oldest_xact_age_us: age,
+                    oldest_xact_pid: Some(pid),
+                },
+                None => HorizonInfo::default(),
+            })
+        })
+    }
+}
+
+async fn exec_lock_timeout(tx: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query("SET LOCAL lock_timeout = '10s'")
+        .execute(tx)
+        .await
+        .map_err(|e| db_err("dispatch mode: lock timeout", e))?;
+    Ok(())
+}

@@ -1,0 +1,522 @@
+//! Cursor dispatch on SQLite.
+//!
+//! SQLite has one writer at a time and a write transaction holds the write lock from its first
+//! write to its commit, so AUTOINCREMENT `seq` order is commit order: a reader that sees row `n`
+//! sees every row below it. The read's horizon is `sqlite_sequence`'s value for the outbox, read
+//! in the same snapshot as the rows.
+use std::collections::{HashMap, HashSet};
+
+use ferry_core::{
+    now_micros, AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent,
+    CursorAdvance, CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore, DispatchMode,
+    ExceptionOutcomes, SlotCursor, SlotId, StoreError, StoreErrorKind,
+};
+use sqlx::Row;
+
+use crate::cursor_common::{exception_row, micros};
+use crate::db_err;
+use crate::sqlite::{SqliteStore, WriteTx};
+
+const COLUMNS_O: &str =
+    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
+    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, o.created_at";
+
+fn event_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
+    ClaimedEvent {
+        token: ClaimToken {
+            seq: r.get(0),
+            event_id: r.get(1),
+            claim_id: r.get::<Option<String>, _>(2).unwrap_or_default(),
+            claim_version: r.get(3),
+        },
+        aggregate_id: r.get(4),
+        aggregate_version: r.get(5),
+        shard_slot: r.get::<i64, _>(6) as SlotId,
+        topic: r.get(7),
+        key: r.get(8),
+        event_type: r.get(9),
+        headers: r.get(10),
+        payload: r.get(11),
+        attempts: r.get(12),
+        created_at: r.get(13),
+    }
+}
+
+fn json(v: &[impl Into<i64> + Copy]) -> String {
+    let v: Vec<i64> = v.iter().map(|x| (*x).into()).collect();
+    serde_json::to_string(&v).expect("serialize")
+}
+
+impl SqliteStore {
+    pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
+        let m: String = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| db_err("dispatch mode", e))?;
+        m.parse()
+            .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+    }
+
+    async fn exception_cas(
+        tx: &mut WriteTx,
+        tokens: &[ClaimToken],
+        set: &str,
+        extra: &[(i64, &str)],
+        now: i64,
+    ) -> Result<CasReport, StoreError> {
+        if tokens.is_empty() {
+            return Ok(CasReport::default());
+        }
+        let items: Vec<serde_json::Value> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (n, s) = extra.get(i).copied().unwrap_or((0, ""));
+                serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
+            })
+            .collect();
+        let sql = format!(
+            "UPDATE ferry_outbox_exception SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, \
+               value->>2 AS cid, value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
+             WHERE ferry_outbox_exception.seq = t.seq AND ferry_outbox_exception.state = 'CLAIMED' \
+               AND ferry_outbox_exception.claim_version = t.cv AND ferry_outbox_exception.claim_id = t.cid \
+             RETURNING ferry_outbox_exception.seq, ferry_outbox_exception.claim_version, ferry_outbox_exception.claim_id"
+        );
+        let applied: HashMap<i64, (i64, String)> = sqlx::query_as::<_, (i64, i64, String)>(&sql)
+            .bind(serde_json::Value::Array(items).to_string())
+            .bind(now)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| db_err("exception outcome", e))?
+            .into_iter()
+            .map(|(seq, cv, cid)| (seq, (cv, cid)))
+            .collect();
+        Ok(CasReport::from_applied(tokens, &applied))
+    }
+}
+
+impl CursorStore for SqliteStore {
+    fn dispatch_mode(&self) -> BoxFuture<'_, Result<DispatchMode, StoreError>> {
+        Box::pin(self.stored_mode())
+    }
+
+    fn set_dispatch_mode<'a>(
+        &'a self,
+        mode: DispatchMode,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let now = now_micros();
+            let mut tx = self
+                .begin_write()
+                .await
+                .map_err(|e| db_err("dispatch mode: begin", e))?;
+            let current: String =
+                sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("dispatch mode", e))?;
+            if current == mode.as_str() {
+                return Ok(false);
+            }
+            let others: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM ferry_relay_member WHERE owner <> ?1 AND lease_until > ?2",
+            )
+            .bind(owner)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode: members", e))?;
+            if others > 0 {
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidInput,
+                    format!(
+                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
+                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
+                    ),
+                ));
+            }
+            let stmts: &[&str] = match mode {
+                DispatchMode::Cursor => &[
+                    // Quarantined rows stay parked as exception rows (they hold their successors).
+                    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
+                       available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
+                     SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
+                       last_error, resolved_by, resolved_at, ?1 \
+                     FROM ferry_outbox WHERE state = 'QUARANTINED'",
+                    // Each slot's cursor sits just below its first unfinished row (or at the
+                    // head): the cursor path sends the row-mode backlog in order, and its read
+                    // passes over rows row mode already finished (their state is not PENDING).
+                    "UPDATE ferry_slot_lease SET cursor_xid = 0, cursor_version = cursor_version + 1, \
+                       cursor_claim_id = NULL, epoch = epoch + 1, owner = NULL, lease_until = NULL, \
+                       cursor_seq = coalesce((SELECT min(o.seq) - 1 FROM ferry_outbox o \
+                           WHERE o.shard_slot = ferry_slot_lease.slot AND o.state IN ('PENDING', 'CLAIMED')), \
+                         (SELECT seq FROM sqlite_sequence WHERE name = 'ferry_outbox'), 0)",
+                    "DROP INDEX IF EXISTS ferry_outbox_dispatch",
+                    "DROP INDEX IF EXISTS ferry_outbox_unfinished",
+                ],
+                DispatchMode::Row => &[
+                    // Rows behind their slot's cursor take the state the cursor gave them.
+                    "UPDATE ferry_outbox SET state = v.state, \
+                       sent_at = CASE WHEN v.state = 'SENT' THEN coalesce(ferry_outbox.sent_at, v.sent_at, ?1) END, \
+                       attempts = v.attempts, last_error = v.last_error, resolved_by = v.resolved_by, \
+                       available_at = coalesce(v.available_at, ferry_outbox.available_at), lease_until = NULL \
+                     FROM (SELECT seq, CASE state WHEN 'CLAIMED' THEN 'PENDING' ELSE state END AS state, \
+                             sent_at, attempts, last_error, resolved_by, available_at \
+                           FROM ferry_outbox_cursor_view) v \
+                     WHERE ferry_outbox.seq = v.seq \
+                       AND (v.state <> ferry_outbox.state OR v.attempts <> ferry_outbox.attempts)",
+                    "DELETE FROM ferry_outbox_exception",
+                    "UPDATE ferry_slot_lease SET cursor_xid = NULL, cursor_seq = NULL, cursor_claim_id = NULL, \
+                       cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
+                    "CREATE INDEX IF NOT EXISTS ferry_outbox_dispatch \
+                       ON ferry_outbox (seq, shard_slot) WHERE state IN ('PENDING', 'CLAIMED')",
+                    "CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished \
+                       ON ferry_outbox (aggregate_id, aggregate_version) WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
+                ],
+            };
+            for s in stmts {
+                sqlx::query(s)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("dispatch mode: convert", e))?;
+            }
+            sqlx::query("UPDATE ferry_dispatch SET mode = ?1, changed_at = ?2 WHERE id = 1")
+                .bind(mode.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("dispatch mode: set", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("dispatch mode: commit", e))?;
+            Ok(true)
+        })
+    }
+
+    fn load_cursors<'a>(
+        &'a self,
+        owner: &'a str,
+        slots: &'a [SlotId],
+    ) -> BoxFuture<'a, Result<Vec<SlotCursor>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, epoch, cursor_version, coalesce(cursor_xid, 0), cursor_seq FROM ferry_slot_lease \
+                 WHERE owner = ?1 AND lease_until > ?2 AND cursor_seq IS NOT NULL \
+                   AND slot IN (SELECT value FROM json_each(?3)) ORDER BY slot",
+            )
+            .bind(owner)
+            .bind(now_micros())
+            .bind(json(slots))
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| db_err("load cursors", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotCursor {
+                    slot: r.get::<i64, _>(0) as SlotId,
+                    epoch: r.get(1),
+                    version: r.get(2),
+                    pos: CursorPos::new(r.get(3), r.get(4)),
+                })
+                .collect())
+        })
+    }
+
+    fn read_batch<'a>(
+        &'a self,
+        req: &'a CursorRead,
+    ) -> BoxFuture<'a, Result<CursorBatch, StoreError>> {
+        Box::pin(async move {
+            let Some(min) = req.from.iter().map(|(_, p)| p.seq).min() else {
+                return Ok(CursorBatch::default());
+            };
+            let from: HashMap<SlotId, i64> = req.from.iter().map(|(s, p)| (*s, p.seq)).collect();
+            let slots: Vec<SlotId> = from.keys().copied().collect();
+            // One read transaction: the head and the rows come from the same snapshot.
+            let mut tx = self
+                .pool()
+                .begin()
+                .await
+                .map_err(|e| db_err("cursor read: begin", e))?;
+            let head: i64 = sqlx::query_scalar(
+                "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'ferry_outbox'), 0)",
+            )
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("cursor read: head", e))?;
+            let rows = sqlx::query(&format!(
+                "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
+                   WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                 FROM ferry_outbox o WHERE o.seq > ?1 AND o.seq <= ?2 \
+                   AND o.shard_slot IN (SELECT value FROM json_each(?3)) \
+                   AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ?4"
+            ))
+            .bind(min)
+            .bind(head)
+            .bind(json(&slots))
+            .bind(req.limit as i64)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("cursor read", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("cursor read: end", e))?;
+            let full = rows.len() >= req.limit;
+            let upto = if full {
+                CursorPos::new(0, rows.last().map(|r| r.get::<i64, _>(0)).unwrap_or(min))
+            } else {
+                CursorPos::new(0, head.max(min))
+            };
+            let events = rows
+                .iter()
+                .filter(|r| {
+                    let slot = r.get::<i64, _>(6) as SlotId;
+                    from.get(&slot).is_some_and(|p| r.get::<i64, _>(0) > *p)
+                })
+                .map(|r| CursorEvent {
+                    pos: CursorPos::new(0, r.get(0)),
+                    held: r.get::<bool, _>(14),
+                    event: event_from_row(r),
+                })
+                .collect();
+            Ok(CursorBatch { events, upto })
+        })
+    }
+
+    fn advance<'a>(
+        &'a self,
+        req: &'a CursorAdvance,
+    ) -> BoxFuture<'a, Result<AdvanceResult, StoreError>> {
+        Box::pin(async move {
+            if req.slots.is_empty() {
+                // exceptions are only written under a fenced slot advance
+                if req.exceptions.is_empty() {
+                    return Ok(AdvanceResult::Applied);
+                }
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidInput,
+                    "an advance that writes exceptions must advance (and so fence) at least one slot",
+                ));
+            }
+            let now = now_micros();
+            let slots: Vec<serde_json::Value> = req
+                .slots
+                .iter()
+                .map(|s| serde_json::json!([s.slot, s.epoch, s.version, s.to.xid, s.to.seq]))
+                .collect();
+            let mut tx = self
+                .begin_write()
+                .await
+                .map_err(|e| db_err("advance: begin", e))?;
+            let moved: Vec<i64> = sqlx::query_scalar(
+                "UPDATE ferry_slot_lease SET cursor_xid = t.xid, cursor_seq = t.seq, \
+                   cursor_version = cursor_version + 1, cursor_claim_id = ?2 \
+                 FROM (SELECT value->>0 AS slot, value->>1 AS epoch, value->>2 AS version, value->>3 AS xid, \
+                         value->>4 AS seq FROM json_each(?1)) AS t \
+                 WHERE ferry_slot_lease.slot = t.slot AND ferry_slot_lease.owner = ?3 \
+                   AND ferry_slot_lease.lease_until > ?4 AND ferry_slot_lease.epoch = t.epoch \
+                   AND ferry_slot_lease.cursor_version = t.version AND ferry_slot_lease.cursor_seq IS NOT NULL \
+                 RETURNING ferry_slot_lease.slot",
+            )
+            .bind(serde_json::Value::Array(slots).to_string())
+            .bind(&req.claim_id)
+            .bind(&req.owner)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("advance", e))?;
+            let distinct: HashSet<SlotId> = req.slots.iter().map(|s| s.slot).collect();
+            if moved.len() != distinct.len() {
+                // dropping the transaction rolls it back: nothing of this advance is written
+                return Ok(AdvanceResult::Fenced);
+            }
+            if !req.exceptions.is_empty() {
+                let items: Vec<serde_json::Value> = req
+                    .exceptions
+                    .iter()
+                    .map(|x| {
+                        let (state, delay, err) = exception_row(&x.kind);
+                        let due = now.saturating_add(delay);
+                        serde_json::json!([
+                            x.seq,
+                            x.slot,
+                            x.aggregate_id,
+                            x.aggregate_version,
+                            state,
+                            due,
+                            x.attempts,
+                            err
+                        ])
+                    })
+                    .collect();
+                sqlx::query(
+                    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
+                       available_at, attempts, last_error, created_at) \
+                     SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7, ?2 \
+                     FROM json_each(?1) WHERE true ON CONFLICT (seq) DO NOTHING",
+                )
+                .bind(serde_json::Value::Array(items).to_string())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("advance: exceptions", e))?;
+            }
+            tx.commit()
+                .await
+                .map_err(|e| db_err("advance: commit", e))?;
+            Ok(AdvanceResult::Applied)
+        })
+    }
+
+    fn lookup_advance<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM ferry_slot_lease WHERE cursor_claim_id = ?",
+            )
+            .bind(claim_id)
+            .fetch_one(self.pool())
+            .await
+            .map_err(|e| db_err("lookup advance", e))?;
+            Ok(n > 0)
+        })
+    }
+
+    fn claim_exceptions<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
+        Box::pin(async move {
+            if req.slots.is_empty() || req.limit == 0 {
+                return Ok(Vec::new());
+            }
+            let now = now_micros();
+            let fence = if req.fence.is_some() {
+                "AND x.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)"
+            } else {
+                ""
+            };
+            let mut tx = self
+                .begin_write()
+                .await
+                .map_err(|e| db_err("claim exceptions: begin", e))?;
+            let claimed: Vec<(i64, i64, i32)> = sqlx::query_as(&format!(
+                "UPDATE ferry_outbox_exception SET state = 'CLAIMED', claim_version = claim_version + 1, \
+                   claim_id = ?3, lease_until = ?2 + ?4 \
+                 WHERE seq IN (SELECT x.seq FROM ferry_outbox_exception x \
+                   WHERE x.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
+                     AND x.state IN ('PENDING', 'CLAIMED') \
+                     AND ((x.state = 'PENDING' AND x.available_at <= ?2) OR (x.state = 'CLAIMED' AND x.lease_until <= ?2)) \
+                     AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception p WHERE p.aggregate_id = x.aggregate_id \
+                       AND p.aggregate_version < x.aggregate_version \
+                       AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                   ORDER BY x.seq LIMIT ?6) \
+                 RETURNING seq, claim_version, attempts"
+            ))
+            .bind(json(&req.slots))
+            .bind(now)
+            .bind(&req.claim_id)
+            .bind(micros(req.lease))
+            .bind(req.fence.as_ref().map(|f| f.owner.as_str()).unwrap_or(""))
+            .bind(req.limit as i64)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim exceptions", e))?;
+            if claimed.is_empty() {
+                return Ok(Vec::new());
+            }
+            let seqs: Vec<i64> = claimed.iter().map(|c| c.0).collect();
+            let rows = sqlx::query(&format!(
+                "SELECT {COLUMNS_O} FROM ferry_outbox o WHERE o.seq IN (SELECT value FROM json_each(?1)) ORDER BY o.seq"
+            ))
+            .bind(json(&seqs))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim exceptions: read", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("claim exceptions: commit", e))?;
+            let by_seq: HashMap<i64, (i64, i32)> =
+                claimed.iter().map(|(s, cv, a)| (*s, (*cv, *a))).collect();
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let mut e = event_from_row(r);
+                    let (cv, attempts) = by_seq[&e.token.seq];
+                    e.token.claim_id = req.claim_id.clone();
+                    e.token.claim_version = cv;
+                    e.attempts = attempts;
+                    e
+                })
+                .collect())
+        })
+    }
+
+    fn settle_exceptions<'a>(
+        &'a self,
+        out: &'a ExceptionOutcomes,
+    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        Box::pin(async move {
+            let now = now_micros();
+            let mut tx = self
+                .begin_write()
+                .await
+                .map_err(|e| db_err("settle exceptions: begin", e))?;
+            let mut report = Self::exception_cas(
+                &mut tx,
+                &out.acked,
+                "state = 'SENT', sent_at = ?2, lease_until = NULL",
+                &[],
+                now,
+            )
+            .await?;
+            let tokens: Vec<ClaimToken> = out.retry.iter().map(|i| i.token.clone()).collect();
+            let extra: Vec<(i64, &str)> = out
+                .retry
+                .iter()
+                .map(|i| (micros(i.delay), i.error.as_str()))
+                .collect();
+            report.items.extend(
+                Self::exception_cas(
+                    &mut tx,
+                    &tokens,
+                    "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
+                    &extra,
+                    now,
+                )
+                .await?
+                .items,
+            );
+            let tokens: Vec<ClaimToken> = out.quarantine.iter().map(|i| i.0.clone()).collect();
+            let extra: Vec<(i64, &str)> =
+                out.quarantine.iter().map(|i| (0, i.1.as_str())).collect();
+            report.items.extend(
+                Self::exception_cas(
+                    &mut tx,
+                    &tokens,
+                    "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
+                    &extra,
+                    now,
+                )
+                .await?
+                .items,
+            );
+            report.items.extend(
+                Self::exception_cas(
+                    &mut tx,
+                    &out.release,
+                    "state = 'PENDING', lease_until = NULL, available_at = ?2",
+                    &[],
+                    now,
+                )
+                .await?
+                .items,
+            );
+            tx.commit()
+                .await
+                .map_err(|e| db_err("settle exceptions: commit", e))?;
+            Ok(report)
+        })
+    }
+}
