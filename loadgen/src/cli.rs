@@ -93,6 +93,43 @@ pub enum SqliteSync {
     Normal,
 }
 
+/// How relays move intents to the sink (`ferry relay --dispatch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dispatch {
+    /// A durable cursor per slot: outbox rows are only INSERTed; each batch advances the
+    /// cursors of the slots it read (PostgreSQL and SQLite).
+    Cursor,
+    /// Per-row claims: every row is INSERTed, claimed and marked SENT (every store).
+    Row,
+}
+
+impl Dispatch {
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cursor => "cursor",
+            Self::Row => "row",
+        }
+    }
+
+    /// The relay's mode.
+    pub fn mode(self) -> ferry_core::DispatchMode {
+        match self {
+            Self::Cursor => ferry_core::DispatchMode::Cursor,
+            Self::Row => ferry_core::DispatchMode::Row,
+        }
+    }
+
+    /// What a relay picks when not told: cursor where the store supports it.
+    pub fn preferred(store: StoreKind) -> Self {
+        match store {
+            StoreKind::Sqlite | StoreKind::Postgres => Self::Cursor,
+            StoreKind::Mysql => Self::Row,
+        }
+    }
+}
+
 /// Values of a sweep, in the order given.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SweepValues(pub Vec<u32>);
@@ -108,12 +145,14 @@ pub struct SweepValues(pub Vec<u32>);
 #[command(name = "loadgen", version, max_term_width = 100)]
 pub struct Args {
     /// Length of the load phase (per point when sweeping): 30s, 500ms, 2m or plain seconds.
+    /// Ignored with --preload (no load phase).
     #[arg(long, default_value = "30s", value_parser = parse_duration_positive)]
     pub duration: Duration,
 
     /// How long to wait after the load phase for every committed intent to be sent and
     /// consumed; with --inbox, also how long the Inbox consumer may go without applying a
-    /// message while it catches up [default: 60s, 120s with --chaos].
+    /// message while it catches up [default: 60s, 120s with --chaos, 300s with --preload (the
+    /// whole burn-down must finish within it)].
     #[arg(long, value_parser = parse_duration_positive)]
     pub drain_timeout: Option<Duration>,
 
@@ -151,7 +190,8 @@ pub struct Args {
     #[arg(long, default_value_t = 50, value_parser = value_parser!(u32).range(1..=10_000))]
     pub orders_per_tx: u32,
 
-    /// Target enqueue rate in events/s over all producers; 0 = as fast as possible.
+    /// Target enqueue rate in events/s over all producers; 0 = as fast as possible (always with
+    /// --preload).
     #[arg(long, default_value_t = 0, value_parser = value_parser!(u64).range(0..=10_000_000))]
     pub rate: u64,
 
@@ -194,6 +234,31 @@ pub struct Args {
     /// Competing relays over the same slots (each its own owner id).
     #[arg(long, default_value_t = 1, value_parser = value_parser!(u32).range(1..=64))]
     pub relays: u32,
+
+    /// Dispatch mode of the relays: `cursor` (a durable cursor per slot; outbox rows are only
+    /// INSERTed) or `row` (per-row claims: INSERT, claim UPDATE, SENT UPDATE). Passed to
+    /// in-process relays and to `ferry relay --dispatch`; the outbox is put in this mode before
+    /// anything is produced [default: cursor on SQLite and PostgreSQL, row on MySQL/MariaDB,
+    /// which has no cursor mode].
+    #[arg(long, value_enum)]
+    pub dispatch: Option<Dispatch>,
+
+    /// Queue burn-down instead of a load phase: commit this many intents first, as fast as the
+    /// producers can, with no relay running; then start the relays and time how long they take
+    /// to drain the queue, from starting them (slot acquisition included) until every intent is
+    /// SENT and, with a consumer, delivered. --duration, --rate, --aggregates and --skew do not
+    /// apply (there is no load phase after the preload) and --baseline is refused;
+    /// --drain-timeout bounds the burn-down [default then: 300s].
+    #[arg(long, value_parser = value_parser!(u64).range(1..=100_000_000))]
+    pub preload: Option<u64>,
+
+    /// With --preload: versions per aggregate. The preload is --preload/K aggregates (the last
+    /// one gets the remainder), each with versions 1..=K committed one after the other, so an
+    /// aggregate's versions are adjacent in the queue; K = --preload makes one hot aggregate
+    /// with every version (and one producer, since a producer owns whole aggregates)
+    /// [default: 1].
+    #[arg(long, value_parser = value_parser!(u64).range(1..=100_000_000))]
+    pub versions_per_aggregate: Option<u64>,
 
     /// Run relays in this process or as `ferry relay` child processes.
     #[arg(long, value_enum, default_value_t = RelayMode::InProcess)]
@@ -297,6 +362,12 @@ impl Args {
         args
     }
 
+    /// The dispatch mode: `--dispatch`, else the store's preferred one.
+    pub fn dispatch(&self) -> Dispatch {
+        self.dispatch
+            .unwrap_or_else(|| Dispatch::preferred(self.store_kind()))
+    }
+
     /// The store, from `--store` or the URL's scheme.
     pub fn store_kind(&self) -> StoreKind {
         self.store
@@ -373,8 +444,33 @@ impl Args {
                 "'--sink stdout' with '--relay-mode process' would mix the relays' output into the log files; use it in-process".to_string(),
             );
         }
+        if self.dispatch == Some(Dispatch::Cursor) && self.store_kind() == StoreKind::Mysql {
+            return conflict(
+                "'--dispatch cursor' is not available on MySQL/MariaDB (no cursor dispatch there): use '--dispatch row' or omit '--dispatch'".to_string(),
+            );
+        }
+        match (self.preload, self.versions_per_aggregate) {
+            (None, Some(_)) => {
+                return Err((
+                    ErrorKind::MissingRequiredArgument,
+                    "'--versions-per-aggregate' shapes the preloaded queue: it needs '--preload N'"
+                        .to_string(),
+                ))
+            }
+            (Some(n), Some(k)) if k > n => {
+                return conflict(format!(
+                    "'--versions-per-aggregate {k}' exceeds '--preload {n}': at most one aggregate with every preloaded version (K = N)"
+                ));
+            }
+            _ => {}
+        }
+        if self.preload.is_some() && self.baseline {
+            return conflict(
+                "'--baseline' measures producers against a load phase; '--preload' has none (its preload line already states the producers' own rate)".to_string(),
+            );
+        }
         let producers = u64::from(self.producers.unwrap_or(1));
-        if producers > self.aggregates {
+        if self.preload.is_none() && producers > self.aggregates {
             return conflict(format!(
                 "'--producers {producers}' exceeds '--aggregates {}': every producer owns at least one aggregate",
                 self.aggregates
@@ -542,6 +638,88 @@ mod tests {
         assert!(parse(&["--inbox", "--inbox-url", "sqlite:///tmp/x.db"]).is_ok());
         assert!(Args::try_parse_from(["loadgen", "--inbox-url", "sqlite://x.db"]).is_err());
         assert!(Args::try_parse_from(["loadgen", "--relays", "0"]).is_err());
+        assert!(Args::try_parse_from(["loadgen", "--dispatch", "claims"]).is_err());
+        assert!(Args::try_parse_from(["loadgen", "--preload", "0"]).is_err());
         assert!(Args::try_parse_from(["loadgen", "--store", "oracle"]).is_err());
+    }
+
+    fn parse(v: &[&str]) -> Result<(), (ErrorKind, String)> {
+        let mut all = vec!["loadgen"];
+        all.extend_from_slice(v);
+        Args::try_parse_from(all).unwrap().check()
+    }
+
+    fn args(v: &[&str]) -> Args {
+        let mut all = vec!["loadgen"];
+        all.extend_from_slice(v);
+        Args::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn dispatch_defaults_to_the_store_preference() {
+        assert_eq!(args(&[]).dispatch(), Dispatch::Cursor);
+        assert_eq!(
+            args(&["--database-url", "postgres://u@h/db"]).dispatch(),
+            Dispatch::Cursor
+        );
+        assert_eq!(
+            args(&["--database-url", "mysql://u@h/db"]).dispatch(),
+            Dispatch::Row
+        );
+        assert_eq!(args(&["--dispatch", "row"]).dispatch(), Dispatch::Row);
+        assert!(parse(&["--dispatch", "row", "--database-url", "mysql://u@h/db"]).is_ok());
+        assert!(parse(&[
+            "--dispatch",
+            "cursor",
+            "--database-url",
+            "postgres://u@h/db"
+        ])
+        .is_ok());
+    }
+
+    #[test]
+    fn mysql_with_cursor_dispatch_is_refused() {
+        let (kind, e) = parse(&[
+            "--dispatch",
+            "cursor",
+            "--database-url",
+            "mysql://u:pw@h/db",
+        ])
+        .unwrap_err();
+        assert_eq!(kind, ErrorKind::ArgumentConflict);
+        assert!(
+            e.contains("--dispatch cursor") && e.contains("MySQL") && !e.contains("pw"),
+            "{e}"
+        );
+        let e = parse(&[
+            "--dispatch",
+            "cursor",
+            "--store",
+            "mariadb",
+            "--database-url",
+            "mysql://u@h/db",
+        ])
+        .unwrap_err()
+        .1;
+        assert!(e.contains("--dispatch row"), "{e}");
+    }
+
+    #[test]
+    fn preload_flags() {
+        assert!(parse(&["--preload", "20000"]).is_ok());
+        assert!(parse(&["--preload", "5000", "--versions-per-aggregate", "5000"]).is_ok());
+        assert!(parse(&["--preload", "5000", "--versions-per-aggregate", "7"]).is_ok());
+        let (kind, e) = parse(&["--versions-per-aggregate", "5"]).unwrap_err();
+        assert_eq!(kind, ErrorKind::MissingRequiredArgument);
+        assert!(e.contains("--preload"), "{e}");
+        let e = parse(&["--preload", "100", "--versions-per-aggregate", "101"])
+            .unwrap_err()
+            .1;
+        assert!(e.contains("exceeds '--preload 100'"), "{e}");
+        let e = parse(&["--preload", "100", "--baseline"]).unwrap_err().1;
+        assert!(e.contains("--baseline"), "{e}");
+        assert!(Args::try_parse_from(["loadgen", "--versions-per-aggregate", "0"]).is_err());
+        // --aggregates does not apply to a preload: more producers than --aggregates is fine
+        assert!(parse(&["--preload", "100", "--aggregates", "2", "--producers", "4"]).is_ok());
     }
 }

@@ -20,7 +20,7 @@ use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sqlx::{Connection, Executor, MySql, MySqlPool, PgPool, QueryBuilder, Sqlite, SqlitePool};
 
-use crate::cli::{SqliteSync, StoreKind};
+use crate::cli::{Dispatch, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
 use crate::workload::Order;
 
@@ -38,6 +38,8 @@ pub struct DbSpec {
     pub keep: bool,
     /// SQLite durability.
     pub sqlite_sync: SqliteSync,
+    /// The dispatch mode the outbox is put in before anything is produced.
+    pub dispatch: Dispatch,
 }
 
 #[derive(Clone)]
@@ -65,9 +67,50 @@ pub struct Database {
     pool: Pool,
     /// The producers' pool's size (it grows to this as the producers start).
     pool_size: u32,
+    /// The outbox's dispatch mode (set at creation).
+    pub dispatch: Dispatch,
     sqlite_sync: SqliteSync,
     cleanup: Cleanup,
     keep: bool,
+}
+
+/// A relay's pool, to close its idle connections once the relay stopped. Needed on
+/// PostgreSQL: the store's LISTEN task (commit wake-ups) keeps a clone of the pool alive after
+/// the relay is gone, so its idle connections would stay open, holding table statistics their
+/// backends report only up to 10 s later (at exit: at once). The pool itself is left open: the
+/// LISTEN task would log a reconnect failure every second on a closed pool.
+pub struct PoolHandle(Pool);
+
+impl PoolHandle {
+    /// Closes every idle connection (their backends exit and report their statistics). A
+    /// connection the relay just dropped goes back to the pool from a task of its own, so this
+    /// keeps closing until the pool is empty or has been quiet for 150 ms with at most the
+    /// LISTEN connection left (at most ~1 s).
+    pub async fn close_idle(&self) {
+        macro_rules! close_all {
+            ($p:expr) => {{
+                let mut n = 0u32;
+                while let Some(c) = $p.try_acquire() {
+                    let _ = c.close().await;
+                    n += 1;
+                }
+                (n, $p.size())
+            }};
+        }
+        let mut quiet = 0;
+        for _ in 0..20 {
+            let (closed, left) = match &self.0 {
+                Pool::Pg(p) => close_all!(p),
+                Pool::My(p) => close_all!(p),
+                Pool::Lite(p) => close_all!(p),
+            };
+            quiet = if closed == 0 { quiet + 1 } else { 0 };
+            if left == 0 || (left <= 1 && quiet >= 3) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// What went wrong with one business transaction.
@@ -87,6 +130,10 @@ struct Sql {
     count_rows: &'static str,
     unsent_examples: &'static str,
     commit_to_ack_us: &'static str,
+    /// Cursor mode: outbox rows are never updated; their effective state comes from
+    /// `ferry_outbox_cursor_view` (an exception row's state, else SENT behind the slot's cursor).
+    count_sent_cursor: &'static str,
+    unsent_examples_cursor: &'static str,
 }
 
 const SQL_PG: Sql = Sql {
@@ -100,6 +147,10 @@ const SQL_PG: Sql = Sql {
         WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
     commit_to_ack_us: "SELECT (extract(epoch from (sent_at - created_at)) * 1000000)::int8 \
         FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL",
+    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox_cursor_view WHERE state = 'SENT'",
+    unsent_examples_cursor:
+        "SELECT event_id || ' (' || state || ')' FROM ferry_outbox_cursor_view \
+        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
 };
 
 const SQL_MY: Sql = Sql {
@@ -114,6 +165,11 @@ const SQL_MY: Sql = Sql {
         WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
     commit_to_ack_us: "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) AS SIGNED) \
         FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL",
+    // no cursor dispatch on MySQL/MariaDB (refused before the run): never used
+    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
+    unsent_examples_cursor:
+        "SELECT CAST(CONCAT(event_id, ' (', state, ')') AS CHAR) FROM ferry_outbox \
+        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
 };
 
 const SQL_LITE: Sql = Sql {
@@ -127,6 +183,10 @@ const SQL_LITE: Sql = Sql {
         WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
     commit_to_ack_us: "SELECT sent_at - created_at FROM ferry_outbox \
         WHERE state = 'SENT' AND sent_at IS NOT NULL",
+    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox_cursor_view WHERE state = 'SENT'",
+    unsent_examples_cursor:
+        "SELECT event_id || ' (' || state || ')' FROM ferry_outbox_cursor_view \
+        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
 };
 
 /// Successive versions of an aggregate both SENT, the later one marked SENT first. The relay
@@ -135,6 +195,42 @@ const SQL_LITE: Sql = Sql {
 const SENT_ORDER_VIOLATIONS: &str = "SELECT COUNT(*) FROM ferry_outbox a JOIN ferry_outbox b \
     ON b.aggregate_id = a.aggregate_id AND b.aggregate_version = a.aggregate_version + 1 \
     WHERE a.state = 'SENT' AND b.state = 'SENT' AND b.sent_at < a.sent_at";
+
+/// The tables whose row writes are counted per event (`ferry_outbox_exception` holds per-row
+/// state in cursor mode; cursors live in `ferry_slot_lease`).
+pub const COST_TABLES: [&str; 3] = ["ferry_outbox", "ferry_outbox_exception", "ferry_slot_lease"];
+
+/// `pg_stat_user_tables` counters of one table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TableStats {
+    /// Table name (in the run's schema).
+    pub table: String,
+    /// Rows inserted.
+    pub n_tup_ins: i64,
+    /// Rows updated (HOT included).
+    pub n_tup_upd: i64,
+    /// Rows deleted.
+    pub n_tup_del: i64,
+    /// Heap-only updates (no index maintenance).
+    pub n_tup_hot_upd: i64,
+    /// Dead tuples now.
+    pub n_dead_tup: i64,
+}
+
+/// What SQLite can tell cheaply about the writes of a run (it keeps no per-table counters).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SqliteWrites {
+    /// Outbox rows (one INSERT each; loadgen never purges).
+    pub outbox_rows: i64,
+    /// Row mode: sum of `claim_version` over the outbox = claim UPDATEs.
+    pub outbox_claims: i64,
+    /// Rows of `ferry_outbox_exception` (cursor mode's per-row state).
+    pub exception_rows: i64,
+    /// Sum of their `claim_version` (claim UPDATEs of exception rows).
+    pub exception_claims: i64,
+    /// Sum of `ferry_slot_lease.cursor_version`: cursor advances (one UPDATE per slot moved).
+    pub cursor_versions: i64,
+}
 
 /// PostgreSQL table statistics and sizes of the outbox.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -159,6 +255,8 @@ pub struct PgCosts {
     pub n_tup_hot_upd: i64,
     /// Autovacuum runs on the outbox.
     pub autovacuum_count: i64,
+    /// Write counters of each of [`COST_TABLES`].
+    pub tables: Vec<TableStats>,
 }
 
 /// Multi-row `INSERT`s of `orders` into `loadgen_orders` on `$conn` (MySQL and SQLite; the
@@ -190,6 +288,11 @@ impl Database {
     /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
     /// business table.
     pub async fn create(spec: &DbSpec, run: &str, pool_size: u32) -> Result<Self> {
+        if spec.dispatch == Dispatch::Cursor && spec.store == StoreKind::Mysql {
+            return Err(Error::Setup(
+                "--dispatch cursor is not available on MySQL/MariaDB: use --dispatch row".into(),
+            ));
+        }
         let name = format!("loadgen_{run}");
         let (url, cleanup) = match (spec.store, &spec.url) {
             (StoreKind::Sqlite, None) => {
@@ -266,12 +369,13 @@ impl Database {
                 return Err(e);
             }
         };
-        let db = Database {
+        let mut db = Database {
             kind: spec.store,
             url,
             store,
             pool,
             pool_size,
+            dispatch: spec.dispatch,
             sqlite_sync: spec.sqlite_sync,
             cleanup,
             keep: spec.keep,
@@ -280,7 +384,58 @@ impl Database {
             db.cleanup.run().await;
             return Err(e);
         }
+        if let Err(e) = db.set_dispatch(run).await {
+            db.cleanup.run().await;
+            return Err(e);
+        }
+        if spec.store == StoreKind::Postgres {
+            // A backend reports its table statistics at most once a second and, when idle,
+            // up to 10 s later; at exit at once. Reconnecting makes the setup's writes
+            // (migrations, the dispatch switch) reach pg_stat_user_tables before the run's
+            // "before" snapshot instead of being counted as the run's.
+            db.close_pool().await;
+            let opts = ConnectOptions {
+                migrate: false,
+                ..opts
+            };
+            match open(spec.store, &db.url, spec.sqlite_sync, &opts).await {
+                Ok((store, pool)) => {
+                    db.store = store;
+                    db.pool = pool;
+                }
+                Err(e) => {
+                    db.cleanup.run().await;
+                    return Err(e);
+                }
+            }
+        }
         Ok(db)
+    }
+
+    /// Puts the outbox in the run's dispatch mode before anything is produced. A relay started
+    /// in the other mode would convert the outbox itself, but converting to cursor mode turns
+    /// every unsent row into an exception row: a preloaded queue would then be drained through
+    /// the exception path, not the cursor.
+    async fn set_dispatch(&self, run: &str) -> Result<()> {
+        let mode = self.dispatch.mode();
+        match self.store.cursor() {
+            Some(cs) => {
+                cs.set_dispatch_mode(mode, &format!("loadgen-{run}-setup"))
+                    .await?;
+                let now = cs.dispatch_mode().await?;
+                if now != mode {
+                    return Err(Error::Setup(format!(
+                        "the outbox stayed in {now} dispatch after switching it to {mode}"
+                    )));
+                }
+                Ok(())
+            }
+            None if mode == ferry_core::DispatchMode::Row => Ok(()),
+            None => Err(Error::Setup(format!(
+                "the {} store has no cursor dispatch: use --dispatch row",
+                self.kind.as_str()
+            ))),
+        }
     }
 
     /// Creates the business table; empties an explicit SQLite file that loadgen created.
@@ -308,7 +463,7 @@ impl Database {
                 )));
             }
             p.execute(
-                "DELETE FROM ferry_outbox; \
+                "DELETE FROM ferry_outbox; DELETE FROM ferry_outbox_exception; \
                  UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL; \
                  DELETE FROM ferry_relay_member; DROP TABLE IF EXISTS loadgen_orders;",
             )
@@ -372,12 +527,12 @@ impl Database {
     }
 
     /// Opens another store on the same namespace with its own pool (one per in-process relay,
-    /// as separate relay processes would have).
+    /// as separate relay processes would have), and a handle that closes that pool.
     pub async fn open_store(
         &self,
         max_connections: u32,
         measure_contention: bool,
-    ) -> Result<Arc<dyn OutboxStore>> {
+    ) -> Result<(Arc<dyn OutboxStore>, PoolHandle)> {
         let opts = ConnectOptions {
             max_connections,
             acquire_timeout: Duration::from_secs(30),
@@ -385,7 +540,8 @@ impl Database {
             limits: Limits::default(),
             measure_contention,
         };
-        Ok(open(self.kind, &self.url, self.sqlite_sync, &opts).await?.0)
+        let (store, pool) = open(self.kind, &self.url, self.sqlite_sync, &opts).await?;
+        Ok((store, PoolHandle(pool)))
     }
 
     /// The business transaction: the order rows and their outbox intents in one local
@@ -462,9 +618,13 @@ impl Database {
         Ok(n > 0)
     }
 
-    /// Outbox rows in `SENT`.
+    /// Outbox rows in `SENT` (cursor mode: effectively SENT, see `ferry_outbox_cursor_view`).
     pub async fn count_sent(&self) -> Result<i64> {
-        self.scalar(self.sql().count_sent, "count SENT rows").await
+        let stmt = match self.dispatch {
+            Dispatch::Row => self.sql().count_sent,
+            Dispatch::Cursor => self.sql().count_sent_cursor,
+        };
+        self.scalar(stmt, "count SENT rows").await
     }
 
     /// All outbox rows.
@@ -475,7 +635,10 @@ impl Database {
 
     /// Up to ten unsent rows, `event_id (STATE)`.
     pub async fn unsent_examples(&self) -> Result<Vec<String>> {
-        let stmt = self.sql().unsent_examples;
+        let stmt = match self.dispatch {
+            Dispatch::Row => self.sql().unsent_examples,
+            Dispatch::Cursor => self.sql().unsent_examples_cursor,
+        };
         match &self.pool {
             Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
             Pool::My(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
@@ -484,14 +647,25 @@ impl Database {
         .map_err(Error::sql("list unsent rows"))
     }
 
-    /// Pairs of successive versions marked SENT out of order (see [`SENT_ORDER_VIOLATIONS`]).
-    pub async fn sent_order_violations(&self) -> Result<i64> {
-        self.scalar(SENT_ORDER_VIOLATIONS, "check SENT order").await
+    /// Pairs of successive versions marked SENT out of order (see [`SENT_ORDER_VIOLATIONS`]);
+    /// `None` in cursor mode, where rows dispatched by the cursor carry no `sent_at`.
+    pub async fn sent_order_violations(&self) -> Result<Option<i64>> {
+        if self.dispatch == Dispatch::Cursor {
+            return Ok(None);
+        }
+        Ok(Some(
+            self.scalar(SENT_ORDER_VIOLATIONS, "check SENT order")
+                .await?,
+        ))
     }
 
     /// Commit→SENT latency of every SENT row, from `created_at`/`sent_at` (used when relays
-    /// run as processes and their metrics are out of reach). Values in µs.
-    pub async fn commit_to_ack_from_rows(&self) -> Result<Histogram<u64>> {
+    /// run as processes and their metrics are out of reach). Values in µs. `None` in cursor
+    /// mode: rows dispatched by the cursor are never updated, so they have no `sent_at`.
+    pub async fn commit_to_ack_from_rows(&self) -> Result<Option<Histogram<u64>>> {
+        if self.dispatch == Dispatch::Cursor {
+            return Ok(None);
+        }
         let stmt = self.sql().commit_to_ack_us;
         let values: Vec<i64> = match &self.pool {
             Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
@@ -503,7 +677,7 @@ impl Database {
         for v in values {
             let _ = h.record(v.clamp(1, 3_600_000_000) as u64);
         }
-        Ok(h)
+        Ok(Some(h))
     }
 
     /// PostgreSQL-side costs of the outbox; `None` on other backends. Uses a fresh
@@ -525,6 +699,7 @@ impl Database {
         .fetch_one(&mut conn)
         .await
         .map_err(Error::sql("read pg_stat_user_tables"))?;
+        let tables = pg_table_stats(&mut conn).await?;
         let _ = conn.close().await;
         Ok(Some(PgCosts {
             outbox_total_bytes: r.0,
@@ -537,6 +712,55 @@ impl Database {
             n_tup_upd: r.7,
             n_tup_hot_upd: r.8,
             autovacuum_count: r.9,
+            tables,
+        }))
+    }
+
+    /// [`Self::pg_costs`] once the statistics have settled. A backend reports its table
+    /// counters at most once a second, when idle up to 10 s later, at exit at once; so read
+    /// this after the connections that wrote have been closed (relays stopped and their idle
+    /// connections closed, the producers' pool closed): it rereads every 250 ms until two reads
+    /// agree (at most ~5 s), for the exiting backends' reports to land. (`pg_stat_force_next_
+    /// flush()` would not help here: it only affects the backend that calls it.) Returns the
+    /// costs and whether they settled.
+    pub async fn pg_costs_settled(&self, min_wait: Duration) -> Result<Option<(PgCosts, bool)>> {
+        if self.kind != StoreKind::Postgres {
+            return Ok(None);
+        }
+        tokio::time::sleep(min_wait).await;
+        let mut last = self.pg_costs().await?.expect("postgres");
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = self.pg_costs().await?.expect("postgres");
+            if now.tables == last.tables && now.n_dead_tup == last.n_dead_tup {
+                return Ok(Some((now, true)));
+            }
+            last = now;
+        }
+        Ok(Some((last, false)))
+    }
+
+    /// SQLite's cheap write counts (see [`SqliteWrites`]); `None` on other backends.
+    pub async fn sqlite_writes(&self) -> Result<Option<SqliteWrites>> {
+        let Pool::Lite(p) = &self.pool else {
+            return Ok(None);
+        };
+        let r: (i64, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT COUNT(*) FROM ferry_outbox), \
+               (SELECT COALESCE(SUM(claim_version), 0) FROM ferry_outbox), \
+               (SELECT COUNT(*) FROM ferry_outbox_exception), \
+               (SELECT COALESCE(SUM(claim_version), 0) FROM ferry_outbox_exception), \
+               (SELECT COALESCE(SUM(cursor_version), 0) FROM ferry_slot_lease)",
+        )
+        .fetch_one(p)
+        .await
+        .map_err(Error::sql("count SQLite writes"))?;
+        Ok(Some(SqliteWrites {
+            outbox_rows: r.0,
+            outbox_claims: r.1,
+            exception_rows: r.2,
+            exception_claims: r.3,
+            cursor_versions: r.4,
         }))
     }
 
@@ -656,6 +880,33 @@ impl Cleanup {
             }
         }
     }
+}
+
+/// `pg_stat_user_tables` counters of [`COST_TABLES`] in the connection's schema (zeros for a
+/// table without statistics yet).
+async fn pg_table_stats(conn: &mut sqlx::PgConnection) -> Result<Vec<TableStats>> {
+    let mut out = Vec::with_capacity(COST_TABLES.len());
+    for t in COST_TABLES {
+        let r: (i64, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT COALESCE(s.n_tup_ins, 0), COALESCE(s.n_tup_upd, 0), COALESCE(s.n_tup_del, 0), \
+               COALESCE(s.n_tup_hot_upd, 0), COALESCE(s.n_dead_tup, 0) \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN pg_stat_user_tables s ON s.relid = to_regclass($1)",
+        )
+        .bind(t)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(Error::sql(format!("read pg_stat_user_tables for {t}")))?;
+        out.push(TableStats {
+            table: t.to_string(),
+            n_tup_ins: r.0,
+            n_tup_upd: r.1,
+            n_tup_del: r.2,
+            n_tup_hot_upd: r.3,
+            n_dead_tup: r.4,
+        });
+    }
+    Ok(out)
 }
 
 /// A new latency histogram: 1 µs .. 1 h, 3 significant digits (as the relay's).

@@ -48,6 +48,110 @@ pub struct ProducerPlan {
     pub topic: String,
     /// Workload seed; producer `p` uses `seed + p`.
     pub seed: u64,
+    /// A fixed queue to commit (`--preload`) instead of random picks until stopped.
+    pub preload: Option<Preload>,
+}
+
+/// The shape of a preloaded queue: `total` intents over `ceil(total / per_aggregate)`
+/// aggregates, each with versions `1..=per_aggregate` (the last aggregate gets the remainder).
+/// Aggregate `a` belongs to producer `a % producers`, which commits its aggregates one after the
+/// other, every version of one before the next, then returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preload {
+    /// Intents in all.
+    pub total: u64,
+    /// Versions per aggregate.
+    pub per_aggregate: u64,
+}
+
+impl Preload {
+    /// Number of aggregates.
+    pub fn aggregates(&self) -> u64 {
+        self.total.div_ceil(self.per_aggregate.max(1))
+    }
+
+    /// Versions of aggregate `a`.
+    pub fn versions_of(&self, a: u64) -> u64 {
+        let k = self.per_aggregate.max(1);
+        if a + 1 == self.aggregates() {
+            self.total - a * k
+        } else {
+            k
+        }
+    }
+
+    /// Producers that get work: one per aggregate at most.
+    pub fn producers(&self, wanted: usize) -> usize {
+        (wanted as u64).min(self.aggregates()).max(1) as usize
+    }
+
+    /// Intents producer `p` of `producers` commits.
+    #[cfg(test)]
+    pub fn share(&self, producers: usize, p: usize) -> u64 {
+        (p as u64..self.aggregates())
+            .step_by(producers.max(1))
+            .map(|a| self.versions_of(a))
+            .sum()
+    }
+}
+
+/// Where the next order's aggregate and version come from.
+enum Keys {
+    /// Random picks among the producer's aggregates until stopped.
+    Random {
+        picker: KeyPicker,
+        /// versions[i] = last version handed out for local aggregate i (global index i*P + p)
+        versions: Vec<i64>,
+        agg_ids: Vec<Option<String>>,
+    },
+    /// The producer's share of a preloaded queue, in order.
+    Fixed {
+        shape: Preload,
+        /// Current aggregate (global index) and the last version handed out for it.
+        agg: u64,
+        version: u64,
+        agg_id: String,
+    },
+}
+
+impl Keys {
+    /// The next (aggregate id, version); `None` when a preload share is exhausted.
+    fn next(&mut self, plan: &ProducerPlan, p: usize, rng: &mut StdRng) -> Option<(String, i64)> {
+        match self {
+            Keys::Random {
+                picker,
+                versions,
+                agg_ids,
+            } => {
+                let local_idx = picker.pick(rng);
+                versions[local_idx] += 1;
+                let id = agg_ids[local_idx]
+                    .get_or_insert_with(|| plan.ids.aggregate(local_idx * plan.producers + p))
+                    .clone();
+                Some((id, versions[local_idx]))
+            }
+            Keys::Fixed {
+                shape,
+                agg,
+                version,
+                agg_id,
+            } => {
+                if *agg >= shape.aggregates() {
+                    return None;
+                }
+                if *version >= shape.versions_of(*agg) {
+                    *agg += plan.producers as u64;
+                    *version = 0;
+                    if *agg >= shape.aggregates() {
+                        return None;
+                    }
+                    *agg_id = plan.ids.aggregate(*agg as usize);
+                }
+                *version += 1;
+                Some((agg_id.clone(), *version as i64))
+            }
+        }
+    }
 }
 
 /// Live counters, read by the progress line.
@@ -80,13 +184,25 @@ pub async fn run(
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) -> Result<ProducerResult> {
-    let local = workload::local_aggregates(plan.aggregates, plan.producers, p);
-    let picker = KeyPicker::new(local, plan.skew, plan.zipf_s);
+    let mut keys = match plan.preload {
+        None => {
+            let local = workload::local_aggregates(plan.aggregates, plan.producers, p);
+            Keys::Random {
+                picker: KeyPicker::new(local, plan.skew, plan.zipf_s),
+                versions: vec![0i64; local],
+                agg_ids: vec![None; local],
+            }
+        }
+        Some(shape) => Keys::Fixed {
+            shape,
+            agg: p as u64,
+            version: 0,
+            agg_id: plan.ids.aggregate(p),
+        },
+    };
     let mut rng = StdRng::seed_from_u64(plan.seed.wrapping_add(p as u64));
-    // versions[i] = last version handed out for local aggregate i (global index i*P + p)
-    let mut versions = vec![0i64; local];
-    let mut agg_ids: Vec<Option<String>> = vec![None; local];
     let mut next: u64 = 0;
+    let mut exhausted = false;
     let mut tx_latency = new_histogram();
     // Pacing: transaction t is due at start + t * interval; a producer that fell more than a
     // second behind forgets the debt instead of bursting to catch up.
@@ -97,7 +213,7 @@ pub async fn run(
     });
     let mut due = Instant::now();
 
-    while !stop.is_cancelled() {
+    while !stop.is_cancelled() && !exhausted {
         if let Some(interval) = interval {
             let now = Instant::now();
             if now > due + Duration::from_secs(1) {
@@ -112,16 +228,15 @@ pub async fn run(
         let mut orders = Vec::with_capacity(plan.orders_per_tx);
         let mut events: Vec<NewEvent> = Vec::with_capacity(plan.orders_per_tx);
         for i in 0..plan.orders_per_tx {
-            let local_idx = picker.pick(&mut rng);
-            versions[local_idx] += 1;
-            let aggregate_id = agg_ids[local_idx]
-                .get_or_insert_with(|| plan.ids.aggregate(local_idx * plan.producers + p))
-                .clone();
+            let Some((aggregate_id, version)) = keys.next(&plan, p, &mut rng) else {
+                exhausted = true;
+                break;
+            };
             let n = next + i as u64;
             let order = Order {
                 order_id: Ids::order(p, n),
                 aggregate_id,
-                version: versions[local_idx],
+                version,
                 amount_cents: rng.gen_range(100..100_000),
             };
             events.push(workload::event(
@@ -133,6 +248,9 @@ pub async fn run(
                 plan.payload_bytes,
             ));
             orders.push(order);
+        }
+        if orders.is_empty() {
+            break;
         }
         // The commit timestamp travels in the intent itself, so it is taken just before the
         // transaction's statements run: it slightly over-states commit→ack/consumed (by the
@@ -217,4 +335,84 @@ async fn resolve(db: &Database, order_id: i64) -> Option<bool> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(producers: usize, shape: Preload) -> ProducerPlan {
+        ProducerPlan {
+            ids: Ids { run: "t".into() },
+            producers,
+            aggregates: 1,
+            skew: Skew::Uniform,
+            zipf_s: 1.0,
+            orders_per_tx: 7,
+            rate: 0,
+            payload_bytes: 128,
+            topic: "t".into(),
+            seed: 1,
+            preload: Some(shape),
+        }
+    }
+
+    /// Every producer's share, as the producer would hand it out.
+    fn drain(plan: &ProducerPlan, p: usize) -> Vec<(String, i64)> {
+        let shape = plan.preload.unwrap();
+        let mut keys = Keys::Fixed {
+            shape,
+            agg: p as u64,
+            version: 0,
+            agg_id: plan.ids.aggregate(p),
+        };
+        let mut rng = StdRng::seed_from_u64(0);
+        std::iter::from_fn(|| keys.next(plan, p, &mut rng)).collect()
+    }
+
+    #[test]
+    fn preload_shapes_are_exact() {
+        for (total, k, producers) in [
+            (20_000, 1, 2),
+            (5000, 5000, 8),
+            (10, 3, 2),
+            (7, 7, 1),
+            (9, 2, 8),
+        ] {
+            let shape = Preload {
+                total,
+                per_aggregate: k,
+            };
+            let producers = shape.producers(producers);
+            let plan = plan(producers, shape);
+            let mut all = Vec::new();
+            for p in 0..producers {
+                let mine = drain(&plan, p);
+                assert_eq!(
+                    mine.len() as u64,
+                    shape.share(producers, p),
+                    "{total} {k} p{p}"
+                );
+                // each aggregate's versions are 1..=n, adjacent
+                let mut last: Option<(String, i64)> = None;
+                for (a, v) in &mine {
+                    match &last {
+                        Some((la, lv)) if la == a => assert_eq!(*v, lv + 1),
+                        _ => assert_eq!(*v, 1),
+                    }
+                    last = Some((a.clone(), *v));
+                }
+                all.extend(mine);
+            }
+            assert_eq!(all.len() as u64, total, "{total} {k}");
+            let aggs: std::collections::BTreeSet<_> = all.iter().map(|(a, _)| a.clone()).collect();
+            assert_eq!(aggs.len() as u64, shape.aggregates());
+        }
+        let hot = Preload {
+            total: 5000,
+            per_aggregate: 5000,
+        };
+        assert_eq!(hot.aggregates(), 1);
+        assert_eq!(hot.producers(8), 1);
+    }
 }

@@ -19,7 +19,8 @@ use crate::report::{self, Quantiles, Sample};
 pub struct Live<'a> {
     pub db: &'a Database,
     pub counters: &'a Counters,
-    pub relays: &'a Relays,
+    /// `None` while a preload runs (no relay started yet).
+    pub relays: Option<&'a Relays>,
     pub verifier: Option<&'a Verifier>,
     pub inbox: Option<&'a InboxConsumer>,
 }
@@ -45,9 +46,11 @@ impl Live<'_> {
         let enqueued = self.counters.enqueued.load(Ordering::Relaxed);
         let consumed = self.verifier.map_or(0, |v| v.report().consumed);
         let inbox = self.inbox.map_or(0, InboxConsumer::processed);
-        let (sent, backlog) = match self.relays.sent() {
-            Some(sent) => (sent, enqueued as i64 - sent as i64),
-            None => match self.db.store.status().await {
+        let (sent, backlog) = match self.relays.map(Relays::sent) {
+            // preload: nothing is sent yet
+            None => (0, enqueued as i64),
+            Some(Some(sent)) => (sent, enqueued as i64 - sent as i64),
+            Some(None) => match self.db.store.status().await {
                 // processes: what is neither pending, claimed nor quarantined was sent
                 Ok(s) => {
                     let open = s.pending + s.claimed + s.quarantined;
@@ -107,7 +110,7 @@ impl Sampler {
         let t = live.totals().await;
         let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt;
         // p99 of what was acked in this interval: cumulative histogram minus the last one
-        let hist = live.relays.commit_to_ack();
+        let hist = live.relays.and_then(Relays::commit_to_ack);
         let p99 = match (&hist, &self.last_hist) {
             (Some(h), Some(prev)) => {
                 let mut d = h.clone();

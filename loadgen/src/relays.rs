@@ -6,13 +6,15 @@
 //! lease 60 s): loadgen measures the engine as shipped, and waits for the slots to settle
 //! before it starts the load instead of shortening the heartbeat (a 1 s heartbeat was tried:
 //! its slot-lease UPDATEs queue behind the claims' `FOR SHARE` on PostgreSQL).
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_core::{BoxFuture, ClaimedEvent, Outcome};
 use ferry_relay::{
     KafkaConfig, KafkaSink, Metrics, NullSink, Relay, RelayConfig, Sink, StdoutSink,
 };
@@ -22,8 +24,8 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{RelayMode, SinkKind};
-use crate::db::{new_histogram, Database};
+use crate::cli::{Dispatch, RelayMode, SinkKind};
+use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
 
 /// How the relays of a run are set up.
@@ -47,10 +49,85 @@ pub struct RelaySpec {
     pub extra_args: Vec<String>,
     /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
     pub measure_contention: bool,
+    /// Dispatch mode (`RelayConfig::dispatch`, `ferry relay --dispatch`).
+    pub dispatch: Dispatch,
+}
+
+/// Per-aggregate order of first sends, observed at the sink of in-process relays whose sink
+/// has no consumer to verify it (null, stdout): the order in which `send_batch` is called is
+/// the order a Kafka producer would append in. v(n+1) sent before v(n) is a violation, as in
+/// the Kafka verifier; a version sent again (a resend) is not.
+#[derive(Debug, Default)]
+pub struct OrderCheck {
+    state: Mutex<OrderState>,
+}
+
+#[derive(Debug, Default)]
+struct OrderState {
+    /// Highest version first-sent contiguously from 1, per aggregate.
+    upto: HashMap<String, i64>,
+    violations: u64,
+    resends: u64,
+    examples: Vec<String>,
+}
+
+impl OrderCheck {
+    fn observe(&self, items: &[ClaimedEvent]) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for e in items {
+            let upto = match st.upto.get_mut(e.aggregate_id.as_str()) {
+                Some(u) => *u,
+                None => {
+                    st.upto.insert(e.aggregate_id.clone(), 0);
+                    0
+                }
+            };
+            let v = e.aggregate_version;
+            if v <= upto {
+                st.resends += 1;
+                continue;
+            }
+            if v > upto + 1 {
+                st.violations += 1;
+                if st.examples.len() < 10 {
+                    st.examples.push(format!(
+                        "{}: v{v} first sent before v{}",
+                        e.aggregate_id,
+                        upto + 1
+                    ));
+                }
+            }
+            st.upto.insert(e.aggregate_id.clone(), v);
+        }
+    }
+
+    /// (violations, resends, examples).
+    pub fn result(&self) -> (u64, u64, Vec<String>) {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (st.violations, st.resends, st.examples.clone())
+    }
+}
+
+/// A sink that records the send order in an [`OrderCheck`] and passes the batch on.
+struct CheckedSink {
+    inner: Arc<dyn Sink>,
+    check: Arc<OrderCheck>,
+}
+
+impl Sink for CheckedSink {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
+        // recorded when the relay hands the batch over, as a Kafka producer would enqueue it
+        self.check.observe(items);
+        self.inner.send_batch(items)
+    }
 }
 
 /// One in-process relay.
 pub struct InProcess {
+    pool: PoolHandle,
     cancel: CancellationToken,
     handle: JoinHandle<std::result::Result<(), ferry_core::StoreError>>,
     metrics: Arc<Metrics>,
@@ -71,8 +148,8 @@ pub struct Processes {
 
 /// The running relays.
 pub enum Relays {
-    /// In this process.
-    InProcess(Vec<InProcess>),
+    /// In this process (with the send-order check of a sink without consumer).
+    InProcess(Vec<InProcess>, Option<Arc<OrderCheck>>),
     /// Child processes, shared with the chaos task.
     Processes(Arc<tokio::sync::Mutex<Processes>>),
 }
@@ -112,6 +189,12 @@ pub struct RelayMetrics {
     pub claim_latency: Histogram<u64>,
     /// Outcome CAS latency per batch, µs.
     pub ack_latency: Histogram<u64>,
+    /// Relays that reported cursor dispatch (`ferry_dispatch_cursor` = 1) and row dispatch.
+    pub dispatch_cursor: u64,
+    /// Relays that reported row dispatch.
+    pub dispatch_row: u64,
+    /// Cursor mode: items acked after an earlier version of their aggregate was not.
+    pub acked_after_failed_predecessor: u64,
 }
 
 impl RelayMetrics {
@@ -133,6 +216,9 @@ impl RelayMetrics {
             batch_size: new_histogram(),
             claim_latency: new_histogram(),
             ack_latency: new_histogram(),
+            dispatch_cursor: 0,
+            dispatch_row: 0,
+            acked_after_failed_predecessor: 0,
         }
     }
 }
@@ -149,6 +235,8 @@ impl Relays {
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
+                // one check over all relays: an aggregate's slot may move between them
+                let check = (spec.sink != SinkKind::Kafka).then(|| Arc::new(OrderCheck::default()));
                 // claims + outcome CAS + lease renewals + ownership/status, with headroom, but
                 // never more than the server has connections for: 8 relays × 12 connections
                 // exhausted PostgreSQL's max_connections = 100, pool acquisitions timed out,
@@ -168,13 +256,20 @@ impl Relays {
                     _ => want,
                 };
                 for k in 0..spec.relays {
-                    let store = db.open_store(pool, spec.measure_contention).await?;
-                    let sink = make_sink(spec.sink, kafka_brokers)?;
+                    let (store, pool_handle) = db.open_store(pool, spec.measure_contention).await?;
+                    let mut sink = make_sink(spec.sink, kafka_brokers, spec.dispatch)?;
+                    if let Some(check) = &check {
+                        sink = Arc::new(CheckedSink {
+                            inner: sink,
+                            check: check.clone(),
+                        });
+                    }
                     let config = RelayConfig {
                         owner: format!("loadgen-{run}-r{k}"),
                         workers: spec.workers,
                         batch_size: spec.batch_size,
                         max_in_flight: spec.in_flight,
+                        dispatch: Some(spec.dispatch.mode()),
                         ..RelayConfig::default()
                     };
                     let relay =
@@ -183,12 +278,13 @@ impl Relays {
                     let cancel = CancellationToken::new();
                     let handle = tokio::spawn(relay.run(cancel.clone()));
                     relays.push(InProcess {
+                        pool: pool_handle,
                         cancel,
                         handle,
                         metrics,
                     });
                 }
-                Ok(Relays::InProcess(relays))
+                Ok(Relays::InProcess(relays, check))
             }
             RelayMode::Process => {
                 let bin = ferry_binary(spec.ferry_bin.as_deref())?;
@@ -205,6 +301,8 @@ impl Relays {
                     spec.batch_size.to_string(),
                     "--in-flight".to_string(),
                     spec.in_flight.to_string(),
+                    "--dispatch".to_string(),
+                    spec.dispatch.as_str().to_string(),
                 ];
                 if spec.measure_contention {
                     args.push("--measure-contention".to_string());
@@ -236,7 +334,7 @@ impl Relays {
     /// processes' `/metrics` (no histograms there: latency then comes from the rows).
     pub async fn metrics(&self) -> RelayMetrics {
         let relays = match self {
-            Relays::InProcess(relays) => relays,
+            Relays::InProcess(relays, _) => relays,
             Relays::Processes(p) => return p.lock().await.scrape().await,
         };
         let l = |f: fn(&Metrics) -> &std::sync::atomic::AtomicU64| {
@@ -275,13 +373,30 @@ impl Relays {
             batch_size: merge(|m| &m.batch_size),
             claim_latency: merge(|m| &m.claim_latency),
             ack_latency: merge(|m| &m.ack_latency),
+            dispatch_cursor: relays
+                .iter()
+                .filter(|r| r.metrics.dispatch_cursor.load(Ordering::Relaxed) == 1)
+                .count() as u64,
+            dispatch_row: relays
+                .iter()
+                .filter(|r| r.metrics.dispatch_cursor.load(Ordering::Relaxed) == 0)
+                .count() as u64,
+            acked_after_failed_predecessor: l(|m| &m.acked_after_failed_predecessor),
+        }
+    }
+
+    /// The send-order check of in-process relays without a consumer.
+    pub fn order_check(&self) -> Option<Arc<OrderCheck>> {
+        match self {
+            Relays::InProcess(_, check) => check.clone(),
+            Relays::Processes(_) => None,
         }
     }
 
     /// Sent so far by in-process relays (cheap: counters only); `None` for processes.
     pub fn sent(&self) -> Option<u64> {
         match self {
-            Relays::InProcess(r) => Some(
+            Relays::InProcess(r, _) => Some(
                 r.iter()
                     .map(|r| r.metrics.sent.load(Ordering::Relaxed))
                     .sum(),
@@ -292,7 +407,7 @@ impl Relays {
 
     /// Commit→SENT histogram merged over in-process relays (for the live p99).
     pub fn commit_to_ack(&self) -> Option<Histogram<u64>> {
-        let Relays::InProcess(relays) = self else {
+        let Relays::InProcess(relays, _) = self else {
             return None;
         };
         let mut h = new_histogram();
@@ -306,7 +421,7 @@ impl Relays {
     /// without being killed by chaos).
     pub async fn check_alive(&self) -> Result<()> {
         match self {
-            Relays::InProcess(relays) => {
+            Relays::InProcess(relays, _) => {
                 for (k, r) in relays.iter().enumerate() {
                     if r.handle.is_finished() && !r.cancel.is_cancelled() {
                         return Err(Error::Relay(format!(
@@ -323,13 +438,15 @@ impl Relays {
     /// Stops every relay gracefully (in-flight batches finish, claims are released).
     pub async fn stop(self) -> Result<()> {
         match self {
-            Relays::InProcess(relays) => {
+            Relays::InProcess(relays, _) => {
                 for r in &relays {
                     r.cancel.cancel();
                 }
                 let mut first_err = None;
                 for (k, r) in relays.into_iter().enumerate() {
-                    match tokio::time::timeout(Duration::from_secs(30), r.handle).await {
+                    let stopped = tokio::time::timeout(Duration::from_secs(30), r.handle).await;
+                    r.pool.close_idle().await;
+                    match stopped {
                         Ok(Ok(Ok(()))) => {}
                         Ok(Ok(Err(e))) => {
                             first_err.get_or_insert(Error::Relay(format!("relay {k}: {e}")));
@@ -359,7 +476,7 @@ impl Relays {
     pub fn processes(&self) -> Option<Arc<tokio::sync::Mutex<Processes>>> {
         match self {
             Relays::Processes(p) => Some(p.clone()),
-            Relays::InProcess(_) => None,
+            Relays::InProcess(..) => None,
         }
     }
 }
@@ -452,6 +569,12 @@ impl Processes {
                 *m.skipped_locked.get_or_insert(0) += n;
             }
             m.per_relay_sent.push(v("ferry_sent_total"));
+            m.acked_after_failed_predecessor += v("ferry_acked_after_failed_predecessor_total");
+            match prom_opt(&text, "ferry_dispatch_cursor") {
+                Some(1) => m.dispatch_cursor += 1,
+                Some(_) => m.dispatch_row += 1,
+                None => {}
+            }
         }
         m
     }
@@ -538,7 +661,7 @@ fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-fn make_sink(kind: SinkKind, brokers: Option<&str>) -> Result<Arc<dyn Sink>> {
+fn make_sink(kind: SinkKind, brokers: Option<&str>, dispatch: Dispatch) -> Result<Arc<dyn Sink>> {
     Ok(match kind {
         SinkKind::Null => Arc::new(NullSink),
         SinkKind::Stdout => Arc::new(StdoutSink),
@@ -547,6 +670,8 @@ fn make_sink(kind: SinkKind, brokers: Option<&str>) -> Result<Arc<dyn Sink>> {
                 brokers.ok_or_else(|| Error::Kafka("no brokers for the Kafka sink".into()))?;
             let sink = KafkaSink::new(KafkaConfig {
                 brokers: brokers.to_string(),
+                // cursor mode has several versions of one key in flight: no gaps allowed
+                ordered: dispatch == Dispatch::Cursor,
                 ..KafkaConfig::default()
             })
             .map_err(|e| Error::Kafka(e.to_string()))?;
@@ -593,5 +718,46 @@ mod tests {
         assert_eq!(prom_value(text, "ferry_sent_total"), 1234);
         assert_eq!(prom_value(text, "ferry_claims_total"), 7);
         assert_eq!(prom_value(text, "ferry_fenced_total"), 0);
+    }
+
+    fn ev(agg: &str, v: i64) -> ClaimedEvent {
+        ClaimedEvent {
+            token: ferry_core::ClaimToken {
+                seq: 0,
+                event_id: format!("{agg}-{v}"),
+                claim_version: 0,
+                claim_id: String::new(),
+            },
+            aggregate_id: agg.to_string(),
+            aggregate_version: v,
+            shard_slot: 0,
+            topic: "t".into(),
+            key: agg.to_string(),
+            event_type: "x".into(),
+            headers: "{}".into(),
+            payload: "{}".into(),
+            attempts: 0,
+            created_at: 0,
+        }
+    }
+
+    #[test]
+    fn order_check_counts_overtakes_not_resends() {
+        let c = OrderCheck::default();
+        c.observe(&[ev("a", 1), ev("a", 2), ev("b", 1)]);
+        c.observe(&[ev("a", 2), ev("a", 3)]);
+        assert_eq!(c.result().0, 0);
+        assert_eq!(c.result().1, 1);
+        c.observe(&[ev("b", 3), ev("b", 2)]);
+        let (violations, _, examples) = c.result();
+        assert_eq!(violations, 1);
+        assert!(
+            examples[0].contains("b: v3 first sent before v2"),
+            "{examples:?}"
+        );
+        assert_eq!(
+            prom_opt("ferry_dispatch_cursor 1\n", "ferry_dispatch_cursor"),
+            Some(1)
+        );
     }
 }

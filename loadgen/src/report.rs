@@ -8,8 +8,8 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::cli::{RelayMode, SinkKind, Skew, StoreKind};
-use crate::db::PgCosts;
+use crate::cli::{Dispatch, RelayMode, SinkKind, Skew, StoreKind};
+use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
 use crate::inbox::InboxReport;
 
@@ -57,19 +57,19 @@ pub struct Latencies {
     pub commit_to_consumed: Option<Quantiles>,
     /// One business transaction, begin → COMMIT returned.
     pub producer_tx: Option<Quantiles>,
-    /// One claim transaction (in-process relays).
+    /// One claim transaction (in-process relays; cursor mode: one cursor read).
     pub claim: Option<Quantiles>,
-    /// One batch's outcome compare-and-set (in-process relays).
+    /// One batch's outcome compare-and-set (in-process relays; cursor mode: one cursor advance).
     pub ack_cas: Option<Quantiles>,
 }
 
 /// Claim statistics: the in-process relays' registries, or the counters scraped from the relay
-/// processes' `/metrics` at the end of the drain.
+/// processes' `/metrics` at the end of the drain. In cursor mode a "claim" is one cursor read.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Claims {
     /// Claim transactions.
     pub claims: u64,
-    /// Per second over load + drain.
+    /// Per second over load + drain (after a preload: over the drain, when the relays ran).
     pub claims_per_sec: f64,
     /// Claims that returned nothing.
     pub empty_claims: u64,
@@ -93,6 +93,9 @@ pub struct Claims {
     /// LOCKED) or took them mid-claim; always 0 on SQLite (one writer, nothing to skip), `null`
     /// when the relays did not report it.
     pub rows_skipped_locked: Option<u64>,
+    /// Cursor mode: items the sink acked after an earlier version of their aggregate in the
+    /// same batch was not (held and resent in order; `ferry_acked_after_failed_predecessor_total`).
+    pub acked_after_failed_predecessor: u64,
 }
 
 /// Items per claimed batch.
@@ -134,6 +137,11 @@ pub struct Verification {
     pub lost_examples: Vec<String>,
     /// Up to ten ordering violations.
     pub ordering_examples: Vec<String>,
+    /// How per-aggregate order was checked: `kafka-consumer` (first deliveries), `store`
+    /// (row mode: successive versions' `sent_at`), `sink` (in-process relays without a consumer:
+    /// the order batches were handed to the sink), `store+sink`, or `not checked` (cursor mode,
+    /// relay processes, no consumer: nothing records the send order).
+    pub ordering_check: String,
     /// Mock-cluster partitions whose log start moved past offset 0 (retention).
     pub retention_truncated_partitions: Option<u32>,
 }
@@ -165,19 +173,71 @@ pub struct Baseline {
     pub enqueue_ratio: f64,
 }
 
-/// PostgreSQL costs before and after the run.
+/// Database costs of the run: PostgreSQL sizes and statistics before and after, and the row
+/// writes per event on every backend that can tell.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DbCosts {
-    /// Right after creating the schema.
-    pub before: PgCosts,
-    /// After the drain.
-    pub after: PgCosts,
-    /// Highest `n_dead_tup` seen by the once-a-second sampler.
-    pub n_dead_tup_peak: i64,
-    /// `after.outbox_total_bytes - before.outbox_total_bytes`.
-    pub outbox_growth_bytes: i64,
-    /// Growth per committed intent.
-    pub outbox_bytes_per_event: f64,
+    /// PostgreSQL: right after creating the schema (`null` elsewhere).
+    pub before: Option<PgCosts>,
+    /// PostgreSQL: after the drain, once the statistics settled.
+    pub after: Option<PgCosts>,
+    /// PostgreSQL: highest outbox `n_dead_tup` seen by the once-a-second sampler.
+    pub n_dead_tup_peak: Option<i64>,
+    /// PostgreSQL: `after.outbox_total_bytes - before.outbox_total_bytes`.
+    pub outbox_growth_bytes: Option<i64>,
+    /// PostgreSQL: growth per committed intent.
+    pub outbox_bytes_per_event: Option<f64>,
+    /// Row writes per event.
+    pub row_writes: RowWrites,
+}
+
+/// Row writes per committed intent: what the dispatch mode costs the database.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RowWrites {
+    /// `pg_stat_user_tables` (PostgreSQL: exact counters), `sqlite-estimate` (row counts and
+    /// claim versions) or `n/a` (MySQL).
+    pub source: String,
+    /// Committed intents the ratios divide by.
+    pub events: u64,
+    /// PostgreSQL: per-table counter deltas over the run (`n_dead_tup`: at the end).
+    pub tables: Vec<TableStats>,
+    /// (INSERT + UPDATE + DELETE) on `ferry_outbox` and `ferry_outbox_exception` per event
+    /// (SQLite: INSERTs exact, UPDATEs estimated as two per claim, claim and outcome).
+    pub row_writes_per_event: Option<f64>,
+    /// UPDATEs of `ferry_slot_lease` per event: cursor advances, slot heartbeats and takeovers
+    /// (SQLite: cursor advances only, from `cursor_version`; `null` in row mode).
+    pub slot_lease_updates_per_event: Option<f64>,
+    /// Dead tuples of `ferry_outbox` and `ferry_outbox_exception` at the end per event
+    /// (PostgreSQL; `null` elsewhere).
+    pub dead_tuples_per_event: Option<f64>,
+    /// PostgreSQL: whether two successive reads of the statistics agreed before they were used
+    /// (backends report their counters at most once a second, at exit at the latest).
+    pub stats_settled: Option<bool>,
+    /// SQLite: the counts the estimate is made of (deltas over the run).
+    pub sqlite: Option<SqliteWrites>,
+}
+
+/// A queue burn-down (`--preload`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PreloadReport {
+    /// Intents committed with no relay running.
+    pub intents: u64,
+    /// Versions per aggregate asked for.
+    pub versions_per_aggregate: u64,
+    /// Aggregates of the preloaded queue.
+    pub aggregates: u64,
+    /// Producer tasks that committed it.
+    pub producers: usize,
+    /// Time to commit it.
+    pub commit_secs: f64,
+    /// `intents / commit_secs`.
+    pub commit_per_sec: f64,
+    /// From starting the relays until every intent was SENT (and, with a consumer, delivered).
+    pub drain_secs: f64,
+    /// `intents / drain_secs`: the relays' burn-down rate.
+    pub drain_per_sec: f64,
+    /// Whether the queue drained within --drain-timeout.
+    pub drained: bool,
 }
 
 /// One second of the run.
@@ -185,7 +245,7 @@ pub struct DbCosts {
 pub struct Sample {
     /// Seconds since the load phase started.
     pub t: f64,
-    /// `load` or `drain`.
+    /// `load`, `preload` (relays not started yet) or `drain`.
     pub phase: &'static str,
     /// Intents committed per second.
     pub enqueued_per_sec: f64,
@@ -254,6 +314,12 @@ pub struct ConfigEcho {
     pub chaos_interval_secs: Option<f64>,
     /// Workload seed.
     pub seed: u64,
+    /// Dispatch mode of the relays (and of the outbox).
+    pub dispatch: Dispatch,
+    /// `--preload` (queue burn-down), when given.
+    pub preload: Option<u64>,
+    /// `--versions-per-aggregate` of the preload.
+    pub versions_per_aggregate: Option<u64>,
 }
 
 /// Everything one run measured.
@@ -263,6 +329,11 @@ pub struct RunReport {
     pub label: String,
     /// No loss, no ordering violation, no error (and with `--inbox`, effects exactly once).
     pub ok: bool,
+    /// Dispatch mode: `cursor` or `row`.
+    pub dispatch: Dispatch,
+    /// The queue burn-down, with `--preload` (then the "load phase" is the preload: relays
+    /// stopped, so `sent_per_sec` is 0 and `drain_secs` is the burn-down).
+    pub preload: Option<PreloadReport>,
     /// Intents committed by the producers.
     pub enqueued: u64,
     /// Events marked SENT (the relays' count, or the store's for processes).
@@ -316,7 +387,7 @@ pub struct RunReport {
     pub inbox: Option<InboxReport>,
     /// Producer-only baseline.
     pub baseline: Option<Baseline>,
-    /// PostgreSQL-side costs.
+    /// Database costs: PostgreSQL sizes and statistics, row writes per event.
     pub db_costs: Option<DbCosts>,
     /// Peak resident set size of loadgen (VmHWM; includes in-process relays, the verifier and
     /// the mock cluster, not relay processes).
@@ -440,19 +511,85 @@ impl RunReport {
         let _ = writeln!(o, "  sink      {}{kafka}", c.sink.as_str());
         let _ = writeln!(
             o,
-            "  relays    {} × {} workers, batch {}, in-flight {} ({:?})",
-            c.relays, c.workers, c.batch_size, c.in_flight, c.relay_mode
+            "  relays    {} × {} workers, batch {}, in-flight {} ({:?}), dispatch {}",
+            c.relays,
+            c.workers,
+            c.batch_size,
+            c.in_flight,
+            c.relay_mode,
+            c.dispatch.as_str()
         );
-        let target = if c.rate == 0 {
-            "flat out".to_string()
+        if let Some(p) = &self.preload {
+            let _ = writeln!(
+                o,
+                "  workload  preload {} intents: {} aggregate{} × {} version{}, {} producer{}, {} orders/tx, {} B payload (no load phase)",
+                p.intents,
+                p.aggregates,
+                if p.aggregates == 1 { "" } else { "s" },
+                p.versions_per_aggregate,
+                if p.versions_per_aggregate == 1 { "" } else { "s" },
+                p.producers,
+                if p.producers == 1 { "" } else { "s" },
+                c.orders_per_tx,
+                c.payload_bytes
+            );
+            let _ = writeln!(
+                o,
+                "\n  preload: {} intents committed in {:.2} s ({} ev/s); drained in {:.2} s → {} ev/s{}",
+                p.intents,
+                p.commit_secs,
+                rate(p.commit_per_sec),
+                p.drain_secs,
+                rate(p.drain_per_sec),
+                if p.drained { "" } else { " (TIMED OUT)" }
+            );
+            let _ = writeln!(o, "    sent {}   consumed {}", self.sent, self.consumed);
         } else {
-            format!("{} ev/s", c.rate)
-        };
+            let target = if c.rate == 0 {
+                "flat out".to_string()
+            } else {
+                format!("{} ev/s", c.rate)
+            };
+            let _ = writeln!(
+                o,
+                "  workload  {} producers, {} orders/tx, {target}, {} aggregates ({:?}), {} B payload, {:.0}s",
+                c.producers, c.orders_per_tx, c.aggregates, c.skew, c.payload_bytes, c.duration_secs
+            );
+            self.render_throughput(&mut o);
+        }
+        let cursor = c.dispatch == Dispatch::Cursor;
         let _ = writeln!(
             o,
-            "  workload  {} producers, {} orders/tx, {target}, {} aggregates ({:?}), {} B payload, {:.0}s",
-            c.producers, c.orders_per_tx, c.aggregates, c.skew, c.payload_bytes, c.duration_secs
+            "\n  latency (ms)            p50      p90      p99    p99.9      max"
         );
+        let lat = &self.latency_ms;
+        for (name, q) in [
+            ("commit → ack", lat.commit_to_ack),
+            ("commit → consumed", lat.commit_to_consumed),
+            ("producer tx", lat.producer_tx),
+            (if cursor { "cursor read" } else { "claim tx" }, lat.claim),
+            (
+                if cursor { "cursor advance" } else { "ack CAS" },
+                lat.ack_cas,
+            ),
+        ] {
+            let Some(q) = q else { continue };
+            let _ = writeln!(
+                o,
+                "    {name:<18} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                ms(Some(q.p50)),
+                ms(Some(q.p90)),
+                ms(Some(q.p99)),
+                ms(Some(q.p999)),
+                ms(Some(q.max))
+            );
+        }
+        self.render_rest(&mut o);
+        o
+    }
+
+    /// The load-phase throughput table.
+    fn render_throughput(&self, o: &mut String) {
         let _ = writeln!(o, "\n  throughput            total        per second");
         let _ = writeln!(
             o,
@@ -490,33 +627,16 @@ impl RunReport {
                 b.enqueue_ratio
             );
         }
-        let _ = writeln!(
-            o,
-            "\n  latency (ms)            p50      p90      p99    p99.9      max"
-        );
-        let lat = &self.latency_ms;
-        for (name, q) in [
-            ("commit → ack", lat.commit_to_ack),
-            ("commit → consumed", lat.commit_to_consumed),
-            ("producer tx", lat.producer_tx),
-            ("claim tx", lat.claim),
-            ("ack CAS", lat.ack_cas),
-        ] {
-            let Some(q) = q else { continue };
-            let _ = writeln!(
-                o,
-                "    {name:<18} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                ms(Some(q.p50)),
-                ms(Some(q.p90)),
-                ms(Some(q.p99)),
-                ms(Some(q.p999)),
-                ms(Some(q.max))
-            );
-        }
+    }
+
+    /// Everything after the latency table.
+    fn render_rest(&self, o: &mut String) {
+        let cursor = self.config.dispatch == Dispatch::Cursor;
         if let Some(cl) = &self.claims {
             let _ = writeln!(
                 o,
-                "\n  claims    {} ({}/s), empty {} ({:.2}%), rows skipped as locked {}, fenced {}, slot takeovers {}, retried {}, unknown {}, quarantined {}, store errors {}",
+                "\n  {}    {} ({}/s), empty {} ({:.2}%), rows skipped as locked {}, fenced {}, slot takeovers {}, retried {}, unknown {}, quarantined {}, store errors {}{}",
+                if cursor { "reads " } else { "claims" },
                 cl.claims,
                 rate(cl.claims_per_sec),
                 cl.empty_claims,
@@ -528,7 +648,15 @@ impl RunReport {
                 cl.retried,
                 cl.unknown,
                 cl.quarantined,
-                cl.store_errors
+                cl.store_errors,
+                if cursor {
+                    format!(
+                        ", acked after a failed predecessor {}",
+                        cl.acked_after_failed_predecessor
+                    )
+                } else {
+                    String::new()
+                }
             );
         }
         if let Some(b) = &self.batch_size {
@@ -550,25 +678,38 @@ impl RunReport {
             self.producer_txs, self.producer_retries
         );
         if let Some(d) = &self.db_costs {
-            let _ = writeln!(
-                o,
-                "\n  postgres  outbox {} → {} (table {}, indexes {}), {:.0} B/event; orders {}",
-                mib(d.before.outbox_total_bytes),
-                mib(d.after.outbox_total_bytes),
-                mib(d.after.outbox_table_bytes),
-                mib(d.after.outbox_index_bytes),
-                d.outbox_bytes_per_event,
-                mib(d.after.orders_total_bytes)
-            );
-            let _ = writeln!(
-                o,
-                "            dead tuples {} at the end (peak {}), updates {} ({} HOT), autovacuums {}",
-                d.after.n_dead_tup, d.n_dead_tup_peak, d.after.n_tup_upd, d.after.n_tup_hot_upd, d.after.autovacuum_count
-            );
+            if let (Some(before), Some(after)) = (&d.before, &d.after) {
+                let _ = writeln!(
+                    o,
+                    "\n  postgres  outbox {} → {} (table {}, indexes {}), {:.0} B/event; orders {}",
+                    mib(before.outbox_total_bytes),
+                    mib(after.outbox_total_bytes),
+                    mib(after.outbox_table_bytes),
+                    mib(after.outbox_index_bytes),
+                    d.outbox_bytes_per_event.unwrap_or(0.0),
+                    mib(after.orders_total_bytes)
+                );
+                let _ = writeln!(
+                    o,
+                    "            dead tuples {} at the end (peak {}), updates {} ({} HOT), autovacuums {}",
+                    after.n_dead_tup,
+                    d.n_dead_tup_peak.unwrap_or(0),
+                    after.n_tup_upd,
+                    after.n_tup_hot_upd,
+                    after.autovacuum_count
+                );
+            } else {
+                let _ = writeln!(o);
+            }
+            render_row_writes(o, &d.row_writes);
         }
         let _ = writeln!(o, "  peak RSS  {:.0} MiB", self.peak_rss_mb);
         let v = &self.verification;
-        let _ = writeln!(o, "\n  verification ({})", v.method);
+        let _ = writeln!(
+            o,
+            "\n  verification ({}; order: {})",
+            v.method, v.ordering_check
+        );
         if let Some(why) = &v.consumer_skipped {
             let _ = writeln!(o, "    consumer check skipped: {why}");
         }
@@ -643,7 +784,6 @@ impl RunReport {
             let _ = writeln!(o, "  ERROR: {e}");
         }
         let _ = writeln!(o, "\n  {}", self.verdict());
-        o
     }
 
     /// One line saying whether the run passed, and why not.
@@ -656,8 +796,13 @@ impl RunReport {
                 ),
                 None => String::new(),
             };
+            let order = if self.verification.ordering_check == "not checked" {
+                "order not checked"
+            } else {
+                "0 ordering violations"
+            };
             return format!(
-                "PASS: {} committed, 0 lost, 0 ordering violations ({} duplicates){inbox}",
+                "PASS: {} committed, 0 lost, {order} ({} duplicates){inbox}",
                 self.enqueued, self.duplicates
             );
         }
@@ -681,6 +826,41 @@ impl RunReport {
             why.push(format!("{} error(s)", self.errors.len()));
         }
         format!("FAIL: {}", why.join(", "))
+    }
+}
+
+fn per_event(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}"))
+}
+
+/// The row-writes lines of the costs section.
+fn render_row_writes(o: &mut String, w: &RowWrites) {
+    let _ = writeln!(
+        o,
+        "  row writes/event {} (ferry_outbox + ferry_outbox_exception), slot-lease updates/event {}, dead tuples/event {} ({} events; {}{})",
+        per_event(w.row_writes_per_event),
+        per_event(w.slot_lease_updates_per_event),
+        per_event(w.dead_tuples_per_event),
+        w.events,
+        w.source,
+        match w.stats_settled {
+            Some(false) => ", statistics had NOT settled",
+            _ => "",
+        }
+    );
+    for t in &w.tables {
+        let _ = writeln!(
+            o,
+            "             {} ins {} upd {} (HOT {}) del {} dead {}",
+            t.table, t.n_tup_ins, t.n_tup_upd, t.n_tup_hot_upd, t.n_tup_del, t.n_dead_tup
+        );
+    }
+    if let Some(s) = &w.sqlite {
+        let _ = writeln!(
+            o,
+            "             sqlite: {} outbox INSERTs, {} row claims, {} exception rows ({} claims), {} slot-cursor UPDATEs; other UPDATEs estimated as claim + outcome; heartbeats and dead tuples n/a",
+            s.outbox_rows, s.outbox_claims, s.exception_rows, s.exception_claims, s.cursor_versions
+        );
     }
 }
 

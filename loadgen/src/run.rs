@@ -1,5 +1,7 @@
-//! One run: fresh database namespace and topic → verifier → relays → producers for
-//! `--duration` → drain → verification → report.
+//! One run: fresh database namespace (put in the run's dispatch mode) and topic → verifier →
+//! relays → producers for `--duration` → drain → verification → report. With `--preload` (a
+//! queue burn-down) the producers commit the whole queue before the relays start, and the
+//! drain, timed from starting the relays, is the measurement.
 //!
 //! The verifier starts before anything is produced and reads concurrently (the mock cluster
 //! keeps only ~5 MiB per partition). Loss is computed from what the producers know they
@@ -19,17 +21,17 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Args, RelayMode, SinkKind, Skew, StoreKind};
+use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::{new_histogram, Database, DbSpec};
 use crate::error::{Error, Result};
 use crate::inbox::{InboxConsumer, InboxSpec};
 use crate::kafka::KafkaTarget;
-use crate::producer::{self, Counters, ProducerPlan, ProducerResult};
+use crate::producer::{self, Counters, Preload, ProducerPlan, ProducerResult};
 use crate::progress::{Live, Sampler};
 use crate::relays::{RelayMetrics, RelaySpec, Relays};
 use crate::report::{
-    self, Baseline, BatchStats, Claims, ConfigEcho, DbCosts, Latencies, Quantiles, RunReport,
-    StoreCheck, Verification,
+    self, Baseline, BatchStats, Claims, ConfigEcho, DbCosts, Latencies, PreloadReport, Quantiles,
+    RowWrites, RunReport, StoreCheck, Verification,
 };
 use crate::workload::Ids;
 
@@ -78,6 +80,10 @@ pub struct RunSpec {
     pub progress: bool,
     /// Workload seed.
     pub seed: u64,
+    /// Dispatch mode of the relays and the outbox.
+    pub dispatch: Dispatch,
+    /// Queue burn-down instead of a load phase (`--preload`, `--versions-per-aggregate`).
+    pub preload: Option<Preload>,
 }
 
 impl RunSpec {
@@ -90,12 +96,16 @@ impl RunSpec {
             // Server databases overlap commits (group commit); 8 keeps 2 cores busy.
             StoreKind::Postgres | StoreKind::Mysql => 8,
         });
-        let drain_timeout = a.drain_timeout.unwrap_or(if a.chaos {
+        let drain_timeout = a.drain_timeout.unwrap_or(if a.preload.is_some() {
+            // the whole burn-down happens in the drain; it ends as soon as the queue is empty
+            Duration::from_secs(300)
+        } else if a.chaos {
             // a killed relay's claims wait out their lease (60 s by default) before takeover
             Duration::from_secs(120)
         } else {
             Duration::from_secs(60)
         });
+        let dispatch = a.dispatch();
         Self {
             label: "run".to_string(),
             duration: a.duration,
@@ -105,6 +115,7 @@ impl RunSpec {
                 url: a.database_url.clone(),
                 keep: a.keep_db,
                 sqlite_sync: a.sqlite_synchronous,
+                dispatch,
             },
             relays: RelaySpec {
                 relays: a.relays as usize,
@@ -126,6 +137,7 @@ impl RunSpec {
                 measure_contention: a
                     .measure_contention
                     .unwrap_or(a.relays > 1 || a.sweep_relays.is_some()),
+                dispatch,
             },
             chaos: a.chaos.then_some(a.chaos_interval),
             producers,
@@ -151,6 +163,19 @@ impl RunSpec {
             }),
             progress: !a.no_progress,
             seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
+            dispatch,
+            preload: a.preload.map(|total| Preload {
+                total,
+                per_aggregate: a.versions_per_aggregate.unwrap_or(1),
+            }),
+        }
+    }
+
+    /// Producer tasks that get work (a preload gives every producer whole aggregates).
+    fn producer_tasks(&self) -> usize {
+        match &self.preload {
+            Some(p) => p.producers(self.producers),
+            None => self.producers,
         }
     }
 
@@ -159,7 +184,7 @@ impl RunSpec {
             ids: Ids {
                 run: run.to_string(),
             },
-            producers: self.producers,
+            producers: self.producer_tasks(),
             aggregates: self.aggregates,
             skew: self.skew,
             zipf_s: self.zipf_s,
@@ -168,6 +193,7 @@ impl RunSpec {
             payload_bytes: self.payload_bytes,
             topic: topic.to_string(),
             seed: self.seed,
+            preload: self.preload,
         }
     }
 }
@@ -386,9 +412,11 @@ async fn drain(
         if Instant::now() >= next_tick {
             sampler.tick(live, "drain").await;
             next_tick += Duration::from_secs(1);
-            if let Err(e) = live.relays.check_alive().await {
-                errors.push(e.to_string());
-                break false;
+            if let Some(relays) = live.relays {
+                if let Err(e) = relays.check_alive().await {
+                    errors.push(e.to_string());
+                    break false;
+                }
             }
         }
         let open = match live.db.store.status().await {
@@ -437,11 +465,13 @@ struct Verified {
 }
 
 /// Loss and order: against the consumer's deliveries when there is one, else against the
-/// store (every committed intent SENT, successive versions SENT in order).
+/// store (every committed intent SENT; row mode: successive versions SENT in order) and, for
+/// in-process relays, the order in which versions were handed to the sink.
 #[allow(clippy::too_many_arguments)]
 async fn verify(
     db: &Database,
     verifier: Option<&Verifier>,
+    order_check: Option<&crate::relays::OrderCheck>,
     missing: Option<Vec<String>>,
     ids: &Ids,
     results: &[ProducerResult],
@@ -459,6 +489,7 @@ async fn verify(
                 None => missing_ids(v, ids, results),
             };
             verification.method = "kafka-consumer".to_string();
+            verification.ordering_check = "kafka-consumer".to_string();
             verification.foreign = rep.foreign;
             verification.lost_examples = still.iter().take(10).cloned().collect();
             verification.ordering_examples = rep.examples.clone();
@@ -474,8 +505,30 @@ async fn verify(
         }
         None => {
             verification.method = "store".to_string();
+            let store_order = db.sent_order_violations().await?.map(|n| n.max(0) as u64);
+            let sink_order = order_check.map(crate::relays::OrderCheck::result);
+            let (ordering_violations, how) = match (store_order, &sink_order) {
+                (Some(s), Some((k, _, _))) => (s.max(*k), "store+sink"),
+                (Some(s), None) => (s, "store"),
+                (None, Some((k, _, _))) => (*k, "sink"),
+                (None, None) => (0, "not checked"),
+            };
+            verification.ordering_check = how.to_string();
+            if let Some((_, _, examples)) = sink_order {
+                verification.ordering_examples = examples;
+            }
+            let order = match how {
+                "store+sink" => "that successive versions were marked SENT in order and handed to the sink in order",
+                "store" => "that successive versions were marked SENT in order",
+                "sink" => "that each aggregate's versions were handed to the sink in order (rows dispatched by the cursor carry no sent_at)",
+                _ => "NOT the order: rows dispatched by the cursor carry no sent_at and relay processes' sinks are out of reach (use --sink kafka or in-process relays)",
+            };
+            let sent = match db.dispatch {
+                Dispatch::Row => "SENT",
+                Dispatch::Cursor => "SENT (behind its slot's cursor or by its exception row: ferry_outbox_cursor_view)",
+            };
             verification.consumer_skipped = Some(format!(
-                "--sink {} has no consumer; checked instead that every committed intent is SENT and that successive versions were marked SENT in order",
+                "--sink {} has no consumer; checked instead that every committed intent is {sent}, and {order}",
                 sink.as_str()
             ));
             verification.lost_examples = unsent_examples.to_vec();
@@ -484,12 +537,150 @@ async fn verify(
                 consumed: 0,
                 duplicates: 0,
                 lost: committed.saturating_sub(sent_rows.max(0) as u64),
-                ordering_violations: db.sent_order_violations().await?.max(0) as u64,
+                ordering_violations,
                 consumed_latency: None,
                 verification,
             }
         }
     })
+}
+
+/// The load phase: producers for `--duration` with the relays running. Returns what the
+/// producers committed and the phase's length.
+#[allow(clippy::too_many_arguments)]
+async fn load_phase(
+    spec: &RunSpec,
+    db: &Arc<Database>,
+    run: &str,
+    topic: &str,
+    counters: &Arc<Counters>,
+    live: &Live<'_>,
+    sampler: &mut Sampler,
+    interrupt: &CancellationToken,
+    notes: &mut Vec<String>,
+    errors: &mut Vec<String>,
+) -> (Vec<ProducerResult>, f64) {
+    let stop = CancellationToken::new();
+    let handles = start_producers(db, spec.plan(run, topic), counters, &stop);
+    let analyzer = (spec.db.store == StoreKind::Postgres && !spec.pg_analyze_every.is_zero())
+        .then(|| start_analyzer(db.clone(), spec.pg_analyze_every, stop.clone()));
+    let t0 = sampler.t0;
+    let load_end = t0 + spec.duration;
+    let mut tick = 1u32;
+    loop {
+        let next = (t0 + Duration::from_secs(u64::from(tick))).min(load_end);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = interrupt.cancelled() => {
+                notes.push(format!("interrupted after {:.1}s of load", t0.elapsed().as_secs_f64()));
+                break;
+            }
+        }
+        tick += 1;
+        sampler.tick(live, "load").await;
+        if let Some(relays) = live.relays {
+            if let Err(e) = relays.check_alive().await {
+                errors.push(e.to_string());
+                break;
+            }
+        }
+        if handles.iter().any(JoinHandle::is_finished) {
+            errors.push("a producer stopped early (see below)".to_string());
+            break;
+        }
+        if Instant::now() >= load_end {
+            break;
+        }
+    }
+    stop.cancel();
+    let (results, producer_errors) = join_producers(handles).await;
+    errors.extend(producer_errors);
+    if let Some(a) = analyzer {
+        let n = a.await.unwrap_or(0);
+        notes.push(format!(
+            "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
+            spec.pg_analyze_every.as_secs_f64()
+        ));
+    }
+    (results, t0.elapsed().as_secs_f64())
+}
+
+/// The preload of a burn-down: the producers commit their whole share of the queue as fast as
+/// they can, with no relay running. Returns what they committed, how long it took, and the
+/// totals at its end (everything is backlog).
+#[allow(clippy::too_many_arguments)]
+async fn preload(
+    spec: &RunSpec,
+    db: &Arc<Database>,
+    run: &str,
+    topic: &str,
+    shape: Preload,
+    counters: &Arc<Counters>,
+    sampler: &mut Sampler,
+    verifier: Option<&Verifier>,
+    inbox: Option<&InboxConsumer>,
+    interrupt: &CancellationToken,
+    notes: &mut Vec<String>,
+    errors: &mut Vec<String>,
+) -> (Vec<ProducerResult>, f64, crate::progress::Totals) {
+    let live = Live {
+        db,
+        counters,
+        relays: None,
+        verifier,
+        inbox,
+    };
+    if spec.progress {
+        eprintln!(
+            "loadgen: preload: {} intents ({} aggregates × {} versions) with {} producers, no relay running",
+            shape.total,
+            shape.aggregates(),
+            shape.per_aggregate,
+            spec.producer_tasks()
+        );
+    }
+    let stop = CancellationToken::new();
+    let mut plan = spec.plan(run, topic);
+    plan.rate = 0;
+    let handles = start_producers(db, plan, counters, &stop);
+    let t0 = Instant::now();
+    let join = join_producers(handles);
+    tokio::pin!(join);
+    let mut next = t0 + Duration::from_secs(1);
+    let (results, producer_errors) = loop {
+        tokio::select! {
+            r = &mut join => break r,
+            _ = tokio::time::sleep_until(next) => {
+                next += Duration::from_secs(1);
+                sampler.tick(&live, "preload").await;
+            }
+            _ = interrupt.cancelled(), if !stop.is_cancelled() => {
+                notes.push(format!("interrupted after {:.1}s of preload: the relays drain what was committed", t0.elapsed().as_secs_f64()));
+                stop.cancel();
+            }
+        }
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    errors.extend(producer_errors);
+    sampler.tick(&live, "preload").await;
+    let committed: u64 = results.iter().map(|r| r.committed).sum();
+    if spec.progress {
+        eprintln!(
+            "loadgen: preload: {committed} intents committed in {secs:.2}s ({} ev/s); starting the relays",
+            report::rate(committed as f64 / secs.max(1e-9))
+        );
+    }
+    if spec.db.store == StoreKind::Postgres && !spec.pg_analyze_every.is_zero() {
+        // the planner should see the queue it drains (autovacuum would have analyzed it)
+        match db.pg_analyze().await {
+            Ok(_) => notes.push(
+                "ANALYZE ran once after the preload, before the relays started (standing in for autovacuum on the fresh schema)".to_string(),
+            ),
+            Err(e) => tracing::warn!(error = %e, "ANALYZE failed"),
+        }
+    }
+    let totals = live.totals().await;
+    (results, secs, totals)
 }
 
 async fn execute(
@@ -501,7 +692,13 @@ async fn execute(
 ) -> Result<RunReport> {
     let mut notes = Vec::new();
     let mut errors = Vec::new();
-    let pg_before = db.pg_costs().await?;
+    // the setup's statistics (migrations, the dispatch switch) were reported when its
+    // connections closed (Database::create reconnects): wait until they show
+    let pg_before = db
+        .pg_costs_settled(Duration::from_millis(200))
+        .await?
+        .map(|(c, _)| c);
+    let sqlite_before = db.sqlite_writes().await?;
     let server = db.server_info().await;
     let topic = spec
         .topic
@@ -535,6 +732,35 @@ async fn execute(
             source,
         })?;
     }
+    let ids = Ids {
+        run: run.to_string(),
+    };
+    let counters = Arc::new(Counters::default());
+    let mut sampler = Sampler::new(spec.progress);
+
+    // ---- preload (a queue burn-down): commit everything with no relay running
+    let preloaded = match spec.preload {
+        Some(shape) => Some(
+            preload(
+                spec,
+                db,
+                run,
+                &topic,
+                shape,
+                &counters,
+                &mut sampler,
+                verifier.as_ref(),
+                inbox.as_ref(),
+                interrupt,
+                &mut notes,
+                &mut errors,
+            )
+            .await,
+        ),
+        None => None,
+    };
+    let relays_started = Instant::now();
+
     let relays = Relays::start(
         &spec.relays,
         db,
@@ -543,22 +769,29 @@ async fn execute(
         &log_dir,
     )
     .await?;
-    let settle = match spec.relays.mode {
-        // relays heartbeat every 5 s by default: a rebalance takes two or three rounds
-        RelayMode::InProcess => Duration::from_secs(30),
-        RelayMode::Process => Duration::from_secs(40),
-    };
-    let settled = match wait_for_slots(db, &relays, spec.relays.relays, settle).await {
-        Ok(settled) => settled,
-        Err(e) => {
-            let _ = relays.stop().await;
-            return Err(e);
+    if preloaded.is_none() {
+        let settle = match spec.relays.mode {
+            // relays heartbeat every 5 s by default: a rebalance takes two or three rounds
+            RelayMode::InProcess => Duration::from_secs(30),
+            RelayMode::Process => Duration::from_secs(40),
+        };
+        let settled = match wait_for_slots(db, &relays, spec.relays.relays, settle).await {
+            Ok(settled) => settled,
+            Err(e) => {
+                let _ = relays.stop().await;
+                return Err(e);
+            }
+        };
+        if !settled {
+            notes.push(format!(
+                "slot ownership had not settled after {:.0}s; the load started anyway",
+                settle.as_secs_f64()
+            ));
         }
-    };
-    if !settled {
+    } else if spec.relays.relays > 1 {
         notes.push(format!(
-            "slot ownership had not settled after {:.0}s; the load started anyway",
-            settle.as_secs_f64()
+            "the {} relays started on the preloaded queue together: the slot rebalance between them is part of the drain time",
+            spec.relays.relays
         ));
     }
     let chaos_stop = CancellationToken::new();
@@ -567,71 +800,49 @@ async fn execute(
         _ => None,
     };
 
-    // ---- load phase
-    let ids = Ids {
-        run: run.to_string(),
-    };
-    let counters = Arc::new(Counters::default());
-    let stop = CancellationToken::new();
     let live = Live {
         db,
         counters: &counters,
-        relays: &relays,
+        relays: Some(&relays),
         verifier: verifier.as_ref(),
         inbox: inbox.as_ref(),
     };
-    let mut sampler = Sampler::new(spec.progress);
-    let handles = start_producers(db, spec.plan(run, &topic), &counters, &stop);
-    let analyzer = (spec.db.store == StoreKind::Postgres && !spec.pg_analyze_every.is_zero())
-        .then(|| start_analyzer(db.clone(), spec.pg_analyze_every, stop.clone()));
-    let t0 = sampler.t0;
-    let load_end = t0 + spec.duration;
-    let mut tick = 1u32;
-    loop {
-        let next = (t0 + Duration::from_secs(u64::from(tick))).min(load_end);
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = interrupt.cancelled() => {
-                notes.push(format!("interrupted after {:.1}s of load", t0.elapsed().as_secs_f64()));
-                break;
-            }
+    let (results, load_secs, at_load_end) = match preloaded {
+        Some((results, secs, at_end)) => (results, secs, at_end),
+        None => {
+            // the load phase (and the timeline) start now, after the slots settled
+            sampler = Sampler::new(spec.progress);
+            let (results, secs) = load_phase(
+                spec,
+                db,
+                run,
+                &topic,
+                &counters,
+                &live,
+                &mut sampler,
+                interrupt,
+                &mut notes,
+                &mut errors,
+            )
+            .await;
+            (results, secs, live.totals().await)
         }
-        tick += 1;
-        sampler.tick(&live, "load").await;
-        if let Err(e) = relays.check_alive().await {
-            errors.push(e.to_string());
-            break;
-        }
-        if handles.iter().any(JoinHandle::is_finished) {
-            errors.push("a producer stopped early (see below)".to_string());
-            break;
-        }
-        if Instant::now() >= load_end {
-            break;
-        }
-    }
-    stop.cancel();
-    let (results, producer_errors) = join_producers(handles).await;
-    errors.extend(producer_errors);
-    if let Some(a) = analyzer {
-        let n = a.await.unwrap_or(0);
-        notes.push(format!(
-            "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
-            spec.pg_analyze_every.as_secs_f64()
-        ));
-    }
-    let load_secs = t0.elapsed().as_secs_f64();
-    let at_load_end = live.totals().await;
+    };
     let committed: u64 = results.iter().map(|r| r.committed).sum();
 
-    // ---- drain: until every committed intent is SENT and (with a consumer) delivered
-    let drain_start = Instant::now();
+    // ---- drain: until every committed intent is SENT and (with a consumer) delivered; after a
+    // preload, timed from starting the relays
+    let drain_start = if spec.preload.is_some() {
+        relays_started
+    } else {
+        Instant::now()
+    };
     let (drained, missing) = drain(
         &live,
         &mut sampler,
         &ids,
         &results,
-        spec.drain_timeout,
+        spec.drain_timeout.saturating_sub(drain_start.elapsed()),
         &mut errors,
     )
     .await;
@@ -644,6 +855,7 @@ async fn execute(
         None => None,
     };
     let relay_metrics = relays.metrics().await;
+    let order_check = relays.order_check();
     if let Err(e) = relays.stop().await {
         errors.push(e.to_string());
     }
@@ -710,6 +922,7 @@ async fn execute(
     } = verify(
         db,
         verifier.as_ref(),
+        order_check.as_deref(),
         missing,
         &ids,
         &results,
@@ -754,28 +967,48 @@ async fn execute(
     let commit_to_ack = if in_process {
         relay_metrics.commit_to_ack.clone()
     } else {
-        notes.push("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
-        db.commit_to_ack_from_rows().await?
+        match db.commit_to_ack_from_rows().await? {
+            Some(h) => {
+                notes.push("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
+                h
+            }
+            None => {
+                notes.push("relays ran as processes in cursor mode: commit→ack is not reported (rows dispatched by the cursor carry no sent_at; the relays' own ferry_commit_to_ack_seconds summaries cannot be merged); claim counters are scraped from each surviving relay's /metrics".to_string());
+                new_histogram()
+            }
+        }
     };
+    // the relays must have run in the mode asked for (a relay reports it as ferry_dispatch_cursor)
+    let (want, other) = match spec.dispatch {
+        Dispatch::Cursor => (relay_metrics.dispatch_cursor, relay_metrics.dispatch_row),
+        Dispatch::Row => (relay_metrics.dispatch_row, relay_metrics.dispatch_cursor),
+    };
+    if other > 0 {
+        errors.push(format!(
+            "{other} relay(s) reported the other dispatch mode than --dispatch {} (ferry_dispatch_cursor)",
+            spec.dispatch.as_str()
+        ));
+    } else if want == 0 && in_process {
+        errors.push("no relay reported its dispatch mode".to_string());
+    }
     let mut producer_tx = new_histogram();
     for r in &results {
         let _ = producer_tx.add(&r.tx_latency);
     }
+    let sqlite_after = db.sqlite_writes().await?;
+    // relays are stopped (their pools closed, processes exited); closing the producers' pool
+    // makes its backends exit, which reports their last statistics
     db.close_pool().await;
-    let pg_after = db.pg_costs().await?;
-    let db_costs = match (pg_before, pg_after) {
-        (Some(before), Some(after)) => {
-            let growth = after.outbox_total_bytes - before.outbox_total_bytes;
-            Some(DbCosts {
-                n_dead_tup_peak: sampler.dead_peak.max(after.n_dead_tup),
-                outbox_growth_bytes: growth,
-                outbox_bytes_per_event: report::round3(growth as f64 / committed.max(1) as f64),
-                before,
-                after,
-            })
-        }
-        _ => None,
-    };
+    let pg_after = db.pg_costs_settled(Duration::ZERO).await?;
+    let db_costs = costs(
+        db.kind,
+        committed,
+        pg_before,
+        pg_after,
+        sqlite_before,
+        sqlite_after,
+        sampler.dead_peak,
+    );
 
     let total_secs = load_secs + drain_secs;
     let sent = if in_process {
@@ -794,7 +1027,13 @@ async fn execute(
             enqueue_ratio: report::round3(committed as f64 / load_secs / per_sec.max(1e-9)),
         }
     });
-    let claims = claims(&relay_metrics, total_secs);
+    // after a preload the relays ran during the drain only
+    let relay_secs = if spec.preload.is_some() {
+        drain_secs
+    } else {
+        total_secs
+    };
+    let claims = claims(&relay_metrics, relay_secs);
     let batch_size = BatchStats::from_hist(&relay_metrics.batch_size);
     if claims.quarantined > 0 {
         errors.push(format!(
@@ -819,9 +1058,22 @@ async fn execute(
             ));
         }
     }
+    let preload = spec.preload.map(|shape| PreloadReport {
+        intents: committed,
+        versions_per_aggregate: shape.per_aggregate,
+        aggregates: shape.aggregates(),
+        producers: spec.producer_tasks(),
+        commit_secs: report::round3(load_secs),
+        commit_per_sec: report::round3(committed as f64 / load_secs.max(1e-9)),
+        drain_secs: report::round3(drain_secs),
+        drain_per_sec: report::round3(committed as f64 / drain_secs.max(1e-9)),
+        drained,
+    });
     Ok(RunReport {
         label: spec.label.clone(),
         ok,
+        dispatch: spec.dispatch,
+        preload,
         enqueued: committed,
         sent,
         consumed,
@@ -881,6 +1133,108 @@ fn claims(m: &RelayMetrics, secs: f64) -> Claims {
         quarantined: m.quarantined,
         store_errors: m.store_errors,
         rows_skipped_locked: m.skipped_locked,
+        acked_after_failed_predecessor: m.acked_after_failed_predecessor,
+    }
+}
+
+/// The costs section: PostgreSQL sizes and per-table statistics (deltas over the run), or what
+/// SQLite can tell cheaply; row writes per event from either.
+fn costs(
+    kind: StoreKind,
+    events: u64,
+    pg_before: Option<crate::db::PgCosts>,
+    pg_after: Option<(crate::db::PgCosts, bool)>,
+    sqlite_before: Option<crate::db::SqliteWrites>,
+    sqlite_after: Option<crate::db::SqliteWrites>,
+    dead_peak: i64,
+) -> Option<DbCosts> {
+    let per = |n: i64| Some(report::round3(n as f64 / events.max(1) as f64));
+    match kind {
+        StoreKind::Postgres => {
+            let (before, (after, settled)) = (pg_before?, pg_after?);
+            let growth = after.outbox_total_bytes - before.outbox_total_bytes;
+            let tables: Vec<crate::db::TableStats> = after
+                .tables
+                .iter()
+                .map(|a| {
+                    let b = before
+                        .tables
+                        .iter()
+                        .find(|b| b.table == a.table)
+                        .cloned()
+                        .unwrap_or_default();
+                    crate::db::TableStats {
+                        table: a.table.clone(),
+                        n_tup_ins: a.n_tup_ins - b.n_tup_ins,
+                        n_tup_upd: a.n_tup_upd - b.n_tup_upd,
+                        n_tup_del: a.n_tup_del - b.n_tup_del,
+                        n_tup_hot_upd: a.n_tup_hot_upd - b.n_tup_hot_upd,
+                        n_dead_tup: a.n_dead_tup,
+                    }
+                })
+                .collect();
+            let outbox: Vec<_> = tables
+                .iter()
+                .filter(|t| t.table != "ferry_slot_lease")
+                .collect();
+            let writes: i64 = outbox
+                .iter()
+                .map(|t| t.n_tup_ins + t.n_tup_upd + t.n_tup_del)
+                .sum();
+            let dead: i64 = outbox.iter().map(|t| t.n_dead_tup).sum();
+            let lease_upd: i64 = tables
+                .iter()
+                .filter(|t| t.table == "ferry_slot_lease")
+                .map(|t| t.n_tup_upd)
+                .sum();
+            Some(DbCosts {
+                n_dead_tup_peak: Some(dead_peak.max(after.n_dead_tup)),
+                outbox_growth_bytes: Some(growth),
+                outbox_bytes_per_event: Some(report::round3(growth as f64 / events.max(1) as f64)),
+                row_writes: RowWrites {
+                    source: "pg_stat_user_tables".to_string(),
+                    events,
+                    tables,
+                    row_writes_per_event: per(writes),
+                    slot_lease_updates_per_event: per(lease_upd),
+                    dead_tuples_per_event: per(dead),
+                    stats_settled: Some(settled),
+                    sqlite: None,
+                },
+                before: Some(before),
+                after: Some(after),
+            })
+        }
+        StoreKind::Sqlite => {
+            let (b, a) = (sqlite_before?, sqlite_after?);
+            let d = crate::db::SqliteWrites {
+                outbox_rows: a.outbox_rows - b.outbox_rows,
+                outbox_claims: a.outbox_claims - b.outbox_claims,
+                exception_rows: a.exception_rows - b.exception_rows,
+                exception_claims: a.exception_claims - b.exception_claims,
+                cursor_versions: a.cursor_versions - b.cursor_versions,
+            };
+            // INSERTs exact; every claim is one UPDATE and its outcome (SENT, retry, release)
+            // another; cursor advances move cursor_version (one UPDATE per slot moved)
+            let writes =
+                d.outbox_rows + 2 * d.outbox_claims + d.exception_rows + 2 * d.exception_claims;
+            Some(DbCosts {
+                row_writes: RowWrites {
+                    source: "sqlite-estimate".to_string(),
+                    events,
+                    tables: Vec::new(),
+                    row_writes_per_event: per(writes),
+                    slot_lease_updates_per_event: (d.cursor_versions > 0)
+                        .then(|| per(d.cursor_versions))
+                        .flatten(),
+                    dead_tuples_per_event: None,
+                    stats_settled: None,
+                    sqlite: Some(d),
+                },
+                ..DbCosts::default()
+            })
+        }
+        StoreKind::Mysql => None,
     }
 }
 
@@ -904,7 +1258,7 @@ fn echo(spec: &RunSpec, run: &str, topic: &str, server: &[(String, String)]) -> 
         workers: spec.relays.workers,
         batch_size: spec.relays.batch_size,
         in_flight: spec.relays.in_flight,
-        producers: spec.producers,
+        producers: spec.producer_tasks(),
         orders_per_tx: spec.orders_per_tx,
         rate: spec.rate,
         aggregates: spec.aggregates,
@@ -915,5 +1269,8 @@ fn echo(spec: &RunSpec, run: &str, topic: &str, server: &[(String, String)]) -> 
         drain_timeout_secs: spec.drain_timeout.as_secs_f64(),
         chaos_interval_secs: spec.chaos.map(|d| d.as_secs_f64()),
         seed: spec.seed,
+        dispatch: spec.dispatch,
+        preload: spec.preload.map(|p| p.total),
+        versions_per_aggregate: spec.preload.map(|p| p.per_aggregate),
     }
 }

@@ -579,6 +579,14 @@ fn relay_settings(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
                     "invalid sink.brokers (--kafka-brokers): must not be empty",
                 ));
             }
+            // checked in both dispatch modes (cursor dispatch sends without a message timeout,
+            // but the same configuration must stay valid in row dispatch)
+            if kc.message_timeout >= config.claim_lease {
+                return Err(fail(
+                    2,
+                    "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over",
+                ));
+            }
             SinkSpec::Kafka(kc)
         }
     };
@@ -614,12 +622,6 @@ async fn run_relay(
         SinkSpec::Kafka(mut kc) => {
             // several versions of one key in flight: the producer must not leave gaps
             kc.ordered = mode == ferry_core::DispatchMode::Cursor;
-            if kc.message_timeout >= config.claim_lease && !kc.ordered {
-                return Err(fail(
-                    2,
-                    "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over",
-                ));
-            }
             let s = Arc::new(KafkaSink::new(kc).map_err(|e| fail(2, e.to_string()))?);
             kafka = Some(s.clone());
             s

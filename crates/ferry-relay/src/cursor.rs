@@ -141,7 +141,7 @@ pub(crate) async fn worker(
         }
         if st.slots.is_empty() {
             tokio::select! {
-                _ = slots_rx.changed() => {}
+                _ = slots_rx.changed() => { must_load = true; }
                 _ = cancel.cancelled() => {}
                 _ = tokio::time::sleep(cfg.poll_idle) => { must_load = true; }
             }
@@ -233,7 +233,7 @@ pub(crate) async fn worker(
                 _ = ctx.wake.notified() => {}
                 _ = done.notified(), if !st.queue.is_empty() => {}
                 _ = cancel.cancelled() => {}
-                _ = slots_rx.changed() => {}
+                _ = slots_rx.changed() => { must_load = true; }
                 _ = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(cfg.poll_idle);
