@@ -42,12 +42,35 @@ struct Batch {
     events: Vec<CursorEvent>,
     /// New positions of the slots this batch advances.
     to: Vec<(SlotId, CursorPos)>,
-    send: Option<JoinHandle<Vec<Outcome>>>,
+    send: Option<Send>,
+}
+
+/// A batch's send task. It stores its outcomes *before* it notifies the worker, so a worker
+/// woken by the notification always finds them (`JoinHandle::is_finished` may still be false
+/// for a moment after the task's last statement: waiting on it lost wake-ups).
+struct Send {
+    task: JoinHandle<()>,
+    outcomes: Arc<std::sync::Mutex<Option<Vec<Outcome>>>>,
 }
 
 impl Batch {
     fn is_done(&self) -> bool {
-        self.send.as_ref().is_none_or(|h| h.is_finished())
+        self.send.as_ref().is_none_or(|s| {
+            s.outcomes.lock().map(|o| o.is_some()).unwrap_or(true) || s.task.is_finished()
+        })
+    }
+}
+
+impl Send {
+    /// The outcomes, waiting for the task if needed (a panicked send yields none: every item
+    /// then counts as unknown).
+    async fn outcomes(self) -> Vec<Outcome> {
+        let _ = self.task.await;
+        self.outcomes
+            .lock()
+            .ok()
+            .and_then(|mut o| o.take())
+            .unwrap_or_default()
     }
 }
 
@@ -151,9 +174,11 @@ pub(crate) async fn worker(
             next_exceptions = run_exceptions(&ctx, cs, &st.slots).await;
         }
         if st.queue.len() >= cfg.max_in_flight {
-            tokio::select! {
-                _ = done.notified() => {}
-                _ = cancel.cancelled() => {}
+            // the oldest batch must be advanced first anyway: wait for it
+            if !complete_front(&ctx, cs, &mut st).await {
+                reset(&mut st).await;
+                must_load = true;
+                next_exceptions = Instant::now();
             }
             continue;
         }
@@ -256,14 +281,19 @@ pub(crate) async fn worker(
             let sink = ctx.sink.clone();
             let metrics = ctx.metrics.clone();
             let done = done.clone();
-            tokio::spawn(async move {
+            let outcomes = Arc::new(std::sync::Mutex::new(None));
+            let slot = outcomes.clone();
+            let task = tokio::spawn(async move {
                 ferry_core::failpoint::hit("relay-after-claim");
                 let t = Instant::now();
                 let out = sink.send_batch(&to_send).await;
                 metrics.send_latency.record(t.elapsed());
+                if let Ok(mut s) = slot.lock() {
+                    *s = Some(out);
+                }
                 done.notify_one();
-                out
-            })
+            });
+            Send { task, outcomes }
         });
         st.queue.push_back(Batch {
             gen: st.gen,
@@ -317,8 +347,8 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
 async fn reset(st: &mut State) {
     st.gen += 1;
     for b in st.queue.drain(..) {
-        if let Some(h) = b.send {
-            let _ = h.await;
+        if let Some(send) = b.send {
+            let _ = send.task.await;
         }
     }
     st.busy.clear();
@@ -335,7 +365,7 @@ async fn complete_front(ctx: &Ctx, cs: &dyn CursorStore, st: &mut State) -> bool
         return true;
     };
     let outcomes = match b.send {
-        Some(h) => h.await.unwrap_or_default(),
+        Some(send) => send.outcomes().await,
         None => Vec::new(),
     };
     st.unbusy(&b.events);

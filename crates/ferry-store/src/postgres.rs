@@ -1,4 +1,4 @@
-//! PostgreSQL backend (12+; tested on 15).
+//! PostgreSQL backend (13+: cursor dispatch needs pg_current_xact_id and pg_snapshot; tested on 15).
 //!
 //! Claim: one statement — a CTE selects due, predecessor-free rows of the requested slots in
 //! `seq` order `FOR UPDATE SKIP LOCKED`, and the outer `UPDATE … RETURNING` increments
@@ -641,11 +641,14 @@ impl OutboxStore for PgStore {
     ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(
-                "UPDATE ferry_slot_lease SET \
-                   epoch = CASE WHEN owner IS DISTINCT FROM $1 THEN epoch + 1 ELSE epoch END, \
+                // Rows are locked in slot order first (the cursor advance does the same), so a
+                // renewal and an advance over overlapping slots cannot deadlock.
+                "UPDATE ferry_slot_lease l SET \
+                   epoch = CASE WHEN l.owner IS DISTINCT FROM $1 THEN l.epoch + 1 ELSE l.epoch END, \
                    owner = $1, lease_until = now() + $3 * interval '1 microsecond' \
-                 WHERE slot = ANY($2) AND (owner IS NULL OR owner = $1 OR lease_until <= now()) \
-                 RETURNING slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8",
+                 FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
+                 WHERE l.slot = k.slot AND (l.owner IS NULL OR l.owner = $1 OR l.lease_until <= now()) \
+                 RETURNING l.slot, l.owner, l.epoch, (extract(epoch from l.lease_until) * 1000000)::int8",
             )
             .bind(owner)
             .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
@@ -673,7 +676,9 @@ impl OutboxStore for PgStore {
         slots: &'a [SlotId],
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            sqlx::query("UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = $1 AND slot = ANY($2)")
+            sqlx::query("UPDATE ferry_slot_lease l SET owner = NULL, lease_until = NULL \
+              FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
+              WHERE l.slot = k.slot AND l.owner = $1")
                 .bind(owner)
                 .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
                 .execute(&self.pool)

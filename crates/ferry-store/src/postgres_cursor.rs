@@ -125,20 +125,20 @@ fn snapshot_bound(snap: &str, part: usize) -> Result<i64, StoreError> {
 
 impl PgStore {
     /// The snapshots bounding window `t` (ticks `t - 1` and `t`), creating tick `t` from the
-    /// current snapshot when no reader has yet.
-    async fn window(&self, t: i64) -> Result<(String, String), StoreError> {
+    /// current snapshot when no reader has yet, and whether tick `t + 1` exists already.
+    async fn window(&self, t: i64) -> Result<(String, String, bool), StoreError> {
         let get = || async {
             let rows: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1 - 1, $1)",
+                "SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1 - 1, $1, $1 + 1)",
             )
             .bind(t)
             .fetch_all(self.pool())
             .await
             .map_err(|e| db_err("cursor read: ticks", e))?;
             let find = |id| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
-            Ok::<_, StoreError>((find(t - 1), find(t)))
+            Ok::<_, StoreError>((find(t - 1), find(t), find(t + 1).is_some()))
         };
-        let (lo, hi) = get().await?;
+        let (lo, hi, next) = get().await?;
         let lo = lo.ok_or_else(|| {
             StoreError::new(
                 StoreErrorKind::Other,
@@ -146,7 +146,7 @@ impl PgStore {
             )
         })?;
         if let Some(hi) = hi {
-            return Ok((lo, hi));
+            return Ok((lo, hi, next));
         }
         // Tick t, taken now: after tick t-1 committed (we just read it), so it sees at least as
         // much. Concurrent readers race on the primary key; the loser waits and uses the
@@ -178,11 +178,12 @@ impl PgStore {
         .await
         .map_err(|e| db_err("tick: retention", e))?;
         tx.commit().await.map_err(|e| db_err("tick: commit", e))?;
-        let (_, hi) = get().await?;
+        let (_, hi, _) = get().await?;
         let hi = hi.ok_or_else(|| {
             StoreError::new(StoreErrorKind::Other, format!("snapshot tick {t} vanished"))
         })?;
-        Ok((lo, hi))
+        // we just took tick t: it is the newest
+        Ok((lo, hi, false))
     }
 
     /// The stored dispatch mode (`ferry_dispatch`).
@@ -402,57 +403,70 @@ impl CursorStore for PgStore {
                     upto: min,
                 });
             }
-            // One window per read: the slots whose position is in the lowest window.
-            let t = min.tick;
-            let from: HashMap<SlotId, CursorPos> = req
-                .from
-                .iter()
-                .copied()
-                .filter(|(_, p)| p.tick == t)
-                .collect();
-            let (lo, hi) = self.window(t).await?;
-            let (lo_xmin, hi_xmax) = (snapshot_bound(&lo, 0)?, snapshot_bound(&hi, 1)?);
-            let sql = format!(
-                "SELECT o.xid, {EVENT_COLUMNS}, \
-                   EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
-                     AND x.state IN {OPEN}) AS held \
-                 FROM ferry_outbox o \
-                 WHERE o.xid >= $1 AND o.xid < $2 AND (o.xid, o.seq) > ($3, $4) \
-                   AND o.shard_slot = ANY($5) AND o.state IN ('PENDING', 'CLAIMED') \
-                   AND NOT pg_visible_in_snapshot(o.xid::text::xid8, $6::text::pg_snapshot) \
-                   AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
-                 ORDER BY o.xid, o.seq LIMIT $8"
-            );
-            let rows = sqlx::query(&sql)
+            // Windows in order, from the lowest requested one: each takes the slots whose
+            // position is in it or below (rows at or below a slot's own position are dropped),
+            // and a read goes on to the next window while that window's tick exists already
+            // (another reader took it), so a reader behind the newest tick catches up in one call.
+            let mut events = Vec::new();
+            let mut t = min.tick;
+            let mut start = min;
+            let upto = loop {
+                let from: HashMap<SlotId, CursorPos> = req
+                    .from
+                    .iter()
+                    .copied()
+                    .filter(|(_, p)| p.tick <= t)
+                    .collect();
+                let (lo, hi, next) = self.window(t).await?;
+                let (lo_xmin, hi_xmax) = (snapshot_bound(&lo, 0)?, snapshot_bound(&hi, 1)?);
+                let limit = req.limit - events.len();
+                let rows = sqlx::query(&format!(
+                    "SELECT o.xid, {EVENT_COLUMNS}, \
+                       EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
+                         AND x.state IN {OPEN}) AS held \
+                     FROM ferry_outbox o \
+                     WHERE o.xid >= $1 AND o.xid < $2 AND (o.xid, o.seq) > ($3, $4) \
+                       AND o.shard_slot = ANY($5) AND o.state IN ('PENDING', 'CLAIMED') \
+                       AND NOT pg_visible_in_snapshot(o.xid::text::xid8, $6::text::pg_snapshot) \
+                       AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
+                     ORDER BY o.xid, o.seq LIMIT $8"
+                ))
                 .bind(lo_xmin)
                 .bind(hi_xmax)
-                .bind(min.xid)
-                .bind(min.seq)
+                .bind(start.xid)
+                .bind(start.seq)
                 .bind(slots_i16(from.keys().copied()))
                 .bind(&lo)
                 .bind(&hi)
-                .bind(req.limit as i64)
+                .bind(limit as i64)
                 .fetch_all(self.pool())
                 .await
                 .map_err(|e| db_err("cursor read", e))?;
-            let pos = |r: &PgRow| CursorPos::at(t, r.get(0), r.get(1));
-            let upto = match rows.last() {
-                Some(last) if rows.len() >= req.limit => pos(last),
-                // the window is read: the next read starts window t + 1
-                _ => CursorPos::at(t + 1, 0, 0),
+                let pos = |r: &PgRow| CursorPos::at(t, r.get(0), r.get(1));
+                let full = rows.len() >= limit;
+                let last = rows.last().map(pos);
+                events.extend(
+                    rows.iter()
+                        .filter(|r| {
+                            let slot = r.get::<i16, _>(7) as SlotId;
+                            from.get(&slot).is_some_and(|p| pos(r) > *p)
+                        })
+                        .map(|r| CursorEvent {
+                            pos: pos(r),
+                            held: r.get(15),
+                            event: event_at(r, 1),
+                        }),
+                );
+                match last {
+                    Some(last) if full => break last,
+                    // window t is read: the next read starts window t + 1
+                    _ if !next => break CursorPos::at(t + 1, 0, 0),
+                    _ => {
+                        t += 1;
+                        start = CursorPos::at(t, 0, 0);
+                    }
+                }
             };
-            let events = rows
-                .iter()
-                .filter(|r| {
-                    let slot = r.get::<i16, _>(7) as SlotId;
-                    from.get(&slot).is_some_and(|p| pos(r) > *p)
-                })
-                .map(|r| CursorEvent {
-                    pos: pos(r),
-                    held: r.get(15),
-                    event: event_at(r, 1),
-                })
-                .collect();
             Ok(CursorBatch { events, upto })
         })
     }
@@ -472,7 +486,7 @@ impl CursorStore for PgStore {
                     "an advance that writes exceptions must advance (and so fence) at least one slot",
                 ));
             }
-            // slot order: concurrent advances lock lease rows in one order
+            // rows are locked in slot order (as acquire_slots does): no deadlock between them
             let mut slots = req.slots.clone();
             slots.sort_by_key(|s| s.slot);
             let mut tx = self
@@ -484,8 +498,9 @@ impl CursorStore for PgStore {
                 "UPDATE ferry_slot_lease l SET cursor_tick = t.tick, cursor_xid = t.xid, cursor_seq = t.seq, \
                    cursor_version = l.cursor_version + 1, cursor_claim_id = $6 \
                  FROM UNNEST($1::int2[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $8::int8[]) \
-                   AS t(slot, epoch, version, xid, seq, tick) \
-                 WHERE l.slot = t.slot AND l.owner = $7 AND l.lease_until > now() \
+                   AS t(slot, epoch, version, xid, seq, tick), \
+                   (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($1) ORDER BY slot FOR UPDATE) k \
+                 WHERE l.slot = t.slot AND k.slot = t.slot AND l.owner = $7 AND l.lease_until > now() \
                    AND l.epoch = t.epoch AND l.cursor_version = t.version AND l.cursor_tick IS NOT NULL \
                  RETURNING l.slot",
             )
