@@ -136,6 +136,8 @@ pub struct CursorBatch {
     /// row's position when the read returned `limit` rows, else the end of the window (no
     /// intent at or below it can still commit).
     pub upto: CursorPos,
+    /// The read stopped at its limit: more committed rows may follow `upto` right now.
+    pub more: bool,
 }
 
 /// Why an item gets per-row state at the advance.

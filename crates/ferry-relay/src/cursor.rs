@@ -208,6 +208,7 @@ pub(crate) async fn worker(
         ctx.metrics.claim_latency.record(t0.elapsed());
         ctx.metrics.claims.fetch_add(1, Ordering::Relaxed);
         let full = batch.events.len() >= cfg.batch_size;
+        let more = batch.more;
         // cut before the first aggregate that is still in flight
         let mut accepted = Vec::with_capacity(batch.events.len());
         let mut cut = false;
@@ -225,6 +226,7 @@ pub(crate) async fn worker(
         };
         let now = Instant::now();
         let mut to = Vec::new();
+        let mut moved = false;
         if let Some(upto) = upto {
             let with_events: std::collections::HashSet<SlotId> =
                 accepted.iter().map(|e| e.event.shard_slot).collect();
@@ -235,6 +237,7 @@ pub(crate) async fn worker(
                     .expect("read position of an owned slot");
                 if upto > *p {
                     *p = upto;
+                    moved = true;
                 }
                 let durable = st.cursors[s].pos;
                 let stale = now.duration_since(st.last_advance[s]) >= IDLE_ADVANCE;
@@ -243,6 +246,19 @@ pub(crate) async fn worker(
                     st.last_advance.insert(*s, now);
                 }
             }
+        }
+        if accepted.is_empty() && moved && more {
+            // nothing to send here but the read moved on (rows of other slots, or rows already
+            // sent before a reload): read on at once
+            if !to.is_empty() {
+                st.queue.push_back(Batch {
+                    gen: st.gen,
+                    events: Vec::new(),
+                    to,
+                    send: None,
+                });
+            }
+            continue;
         }
         if accepted.is_empty() {
             ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);

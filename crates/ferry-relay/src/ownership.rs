@@ -85,7 +85,16 @@ pub async fn run(
                 metrics
                     .slots_owned
                     .store(held.len() as i64, Ordering::Relaxed);
-                let _ = tx.send(held.iter().copied().collect());
+                // notify only on a change: a cursor worker reloads its cursors on every one
+                let now: Vec<SlotId> = held.iter().copied().collect();
+                tx.send_if_modified(|cur| {
+                    if *cur == now {
+                        false
+                    } else {
+                        *cur = now;
+                        true
+                    }
+                });
             }
             Err(e) => {
                 // Keep going: leases we cannot renew expire and the database fences our claims.

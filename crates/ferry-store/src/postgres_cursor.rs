@@ -401,6 +401,7 @@ impl CursorStore for PgStore {
                 return Ok(CursorBatch {
                     events: Vec::new(),
                     upto: min,
+                    more: false,
                 });
             }
             // Windows in order, from the lowest requested one: each takes the slots whose
@@ -410,6 +411,7 @@ impl CursorStore for PgStore {
             let mut events = Vec::new();
             let mut t = min.tick;
             let mut start = min;
+            let mut more = false;
             let upto = loop {
                 let from: HashMap<SlotId, CursorPos> = req
                     .from
@@ -458,7 +460,10 @@ impl CursorStore for PgStore {
                         }),
                 );
                 match last {
-                    Some(last) if full => break last,
+                    Some(last) if full => {
+                        more = true;
+                        break last;
+                    }
                     // window t is read: the next read starts window t + 1
                     _ if !next => break CursorPos::at(t + 1, 0, 0),
                     _ => {
@@ -467,7 +472,7 @@ impl CursorStore for PgStore {
                     }
                 }
             };
-            Ok(CursorBatch { events, upto })
+            Ok(CursorBatch { events, upto, more })
         })
     }
 

@@ -215,7 +215,7 @@ const COLUMNS: &str =
     "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
     topic, msg_key, event_type, headers, payload, attempts, created_at";
 
-fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
+pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
     ClaimedEvent {
         token: ClaimToken {
             seq: r.get(0),

@@ -17,30 +17,10 @@ use crate::cursor_common::{exception_row, micros};
 use crate::db_err;
 use crate::sqlite::{SqliteStore, WriteTx};
 
+/// `sqlite::COLUMNS` qualified with `o.`, in the order [`crate::sqlite::claimed_from_row`] reads.
 const COLUMNS_O: &str =
     "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
     o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, o.created_at";
-
-fn event_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
-    ClaimedEvent {
-        token: ClaimToken {
-            seq: r.get(0),
-            event_id: r.get(1),
-            claim_id: r.get::<Option<String>, _>(2).unwrap_or_default(),
-            claim_version: r.get(3),
-        },
-        aggregate_id: r.get(4),
-        aggregate_version: r.get(5),
-        shard_slot: r.get::<i64, _>(6) as SlotId,
-        topic: r.get(7),
-        key: r.get(8),
-        event_type: r.get(9),
-        headers: r.get(10),
-        payload: r.get(11),
-        attempts: r.get(12),
-        created_at: r.get(13),
-    }
-}
 
 fn json(v: &[impl Into<i64> + Copy]) -> String {
     let v: Vec<i64> = v.iter().map(|x| (*x).into()).collect();
@@ -278,10 +258,14 @@ impl CursorStore for SqliteStore {
                 .map(|r| CursorEvent {
                     pos: CursorPos::new(0, r.get(0)),
                     held: r.get::<bool, _>(14),
-                    event: event_from_row(r),
+                    event: crate::sqlite::claimed_from_row(r),
                 })
                 .collect();
-            Ok(CursorBatch { events, upto })
+            Ok(CursorBatch {
+                events,
+                upto,
+                more: full,
+            })
         })
     }
 
@@ -442,7 +426,7 @@ impl CursorStore for SqliteStore {
             Ok(rows
                 .iter()
                 .map(|r| {
-                    let mut e = event_from_row(r);
+                    let mut e = crate::sqlite::claimed_from_row(r);
                     let (cv, attempts) = by_seq[&e.token.seq];
                     e.token.claim_id = req.claim_id.clone();
                     e.token.claim_version = cv;
