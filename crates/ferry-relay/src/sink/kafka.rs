@@ -19,7 +19,7 @@ use futures::future::join_all;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 
 use super::Sink;
 
@@ -215,7 +215,7 @@ impl Sink for KafkaSink {
                 pending.push(fut);
             }
             let mut fatal = false;
-            let results = join_all(pending.into_iter().map(|f| async move {
+            let all = join_all(pending.into_iter().map(|f| async move {
                 match f {
                     Err(err) => Err(err),
                     Ok(delivery) => match delivery.await {
@@ -224,8 +224,21 @@ impl Sink for KafkaSink {
                         Err(_canceled) => Err(KafkaError::Canceled),
                     },
                 }
-            }))
-            .await;
+            }));
+            // With an infinite message timeout (ordered mode) nothing would ever fail a record
+            // stuck in a producer that hit a fatal error: watch for one and purge its queues,
+            // which fails the rest (outcome unknown: resent after the hold rule).
+            tokio::pin!(all);
+            let results = loop {
+                tokio::select! {
+                    r = &mut all => break r,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                        if producer.client().fatal_error().is_some() {
+                            producer.purge(PurgeConfig::default().queue().inflight());
+                        }
+                    }
+                }
+            };
             let outcomes = results
                 .into_iter()
                 .map(|r| match r {
