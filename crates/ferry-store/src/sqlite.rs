@@ -323,38 +323,15 @@ impl SqliteStore {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
-        let items: Vec<serde_json::Value> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let (n, s) = extra.get(i).copied().unwrap_or((0, ""));
-                serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
-            })
-            .collect();
-        let sql = format!(
-            "UPDATE ferry_outbox SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, value->>2 AS cid, \
-               value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
-             WHERE ferry_outbox.seq = t.seq AND ferry_outbox.state = 'CLAIMED' \
-               AND ferry_outbox.claim_version = t.cv AND ferry_outbox.claim_id = t.cid \
-             RETURNING ferry_outbox.seq, ferry_outbox.claim_version, ferry_outbox.claim_id"
-        );
         let mut tx = self
             .begin_write()
             .await
             .map_err(|e| db_err("outcome: begin", e))?;
-        let applied: HashMap<i64, (i64, String)> = sqlx::query_as::<_, (i64, i64, String)>(&sql)
-            .bind(serde_json::Value::Array(items).to_string())
-            .bind(now_micros())
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("outcome update", e))?
-            .into_iter()
-            .map(|(seq, cv, cid)| (seq, (cv, cid)))
-            .collect();
+        let report = cas_in(&mut tx, "ferry_outbox", tokens, set, extra, now_micros()).await?;
         tx.commit()
             .await
             .map_err(|e| db_err("outcome: commit", e))?;
-        Ok(CasReport::from_applied(tokens, &applied))
+        Ok(report)
     }
 
     async fn operator_update(
@@ -393,6 +370,47 @@ impl SqliteStore {
         }
         Err(not_quarantined(event_id, self.record(event_id).await?))
     }
+}
+
+/// A batched CAS on `table` (`ferry_outbox` or `ferry_outbox_exception`, fixed constants) inside
+/// the caller's write transaction: the tokens (and per-item number/text) travel as one JSON array,
+/// joined with `json_each`, so every batch size uses the same prepared statement. `?2` is `now`.
+pub(crate) async fn cas_in(
+    conn: &mut SqliteConnection,
+    table: &str,
+    tokens: &[ClaimToken],
+    set: &str,
+    extra: &[(i64, &str)],
+    now: i64,
+) -> Result<CasReport, StoreError> {
+    if tokens.is_empty() {
+        return Ok(CasReport::default());
+    }
+    let items: Vec<serde_json::Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (n, s) = extra.get(i).copied().unwrap_or((0, ""));
+            serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
+        })
+        .collect();
+    let sql = format!(
+        "UPDATE {table} SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, value->>2 AS cid, \
+           value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
+         WHERE {table}.seq = t.seq AND {table}.state = 'CLAIMED' \
+           AND {table}.claim_version = t.cv AND {table}.claim_id = t.cid \
+         RETURNING {table}.seq, {table}.claim_version, {table}.claim_id"
+    );
+    let applied: HashMap<i64, (i64, String)> = sqlx::query_as::<_, (i64, i64, String)>(&sql)
+        .bind(serde_json::Value::Array(items).to_string())
+        .bind(now)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| db_err("outcome update", e))?
+        .into_iter()
+        .map(|(seq, cv, cid)| (seq, (cv, cid)))
+        .collect();
+    Ok(CasReport::from_applied(tokens, &applied))
 }
 
 impl OutboxStore for SqliteStore {

@@ -15,7 +15,7 @@ use sqlx::Row;
 
 use crate::cursor_common::{exception_row, micros};
 use crate::db_err;
-use crate::sqlite::{SqliteStore, WriteTx};
+use crate::sqlite::SqliteStore;
 
 /// `sqlite::COLUMNS` qualified with `o.`, in the order [`crate::sqlite::claimed_from_row`] reads.
 const COLUMNS_O: &str =
@@ -35,43 +35,6 @@ impl SqliteStore {
             .map_err(|e| db_err("dispatch mode", e))?;
         m.parse()
             .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
-    }
-
-    async fn exception_cas(
-        tx: &mut WriteTx,
-        tokens: &[ClaimToken],
-        set: &str,
-        extra: &[(i64, &str)],
-        now: i64,
-    ) -> Result<CasReport, StoreError> {
-        if tokens.is_empty() {
-            return Ok(CasReport::default());
-        }
-        let items: Vec<serde_json::Value> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let (n, s) = extra.get(i).copied().unwrap_or((0, ""));
-                serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
-            })
-            .collect();
-        let sql = format!(
-            "UPDATE ferry_outbox_exception SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, \
-               value->>2 AS cid, value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
-             WHERE ferry_outbox_exception.seq = t.seq AND ferry_outbox_exception.state = 'CLAIMED' \
-               AND ferry_outbox_exception.claim_version = t.cv AND ferry_outbox_exception.claim_id = t.cid \
-             RETURNING ferry_outbox_exception.seq, ferry_outbox_exception.claim_version, ferry_outbox_exception.claim_id"
-        );
-        let applied: HashMap<i64, (i64, String)> = sqlx::query_as::<_, (i64, i64, String)>(&sql)
-            .bind(serde_json::Value::Array(items).to_string())
-            .bind(now)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(|e| db_err("exception outcome", e))?
-            .into_iter()
-            .map(|(seq, cv, cid)| (seq, (cv, cid)))
-            .collect();
-        Ok(CasReport::from_applied(tokens, &applied))
     }
 }
 
@@ -447,8 +410,9 @@ impl CursorStore for SqliteStore {
                 .begin_write()
                 .await
                 .map_err(|e| db_err("settle exceptions: begin", e))?;
-            let mut report = Self::exception_cas(
+            let mut report = crate::sqlite::cas_in(
                 &mut tx,
+                "ferry_outbox_exception",
                 &out.acked,
                 "state = 'SENT', sent_at = ?2, lease_until = NULL",
                 &[],
@@ -462,8 +426,9 @@ impl CursorStore for SqliteStore {
                 .map(|i| (micros(i.delay), i.error.as_str()))
                 .collect();
             report.items.extend(
-                Self::exception_cas(
+                crate::sqlite::cas_in(
                     &mut tx,
+                    "ferry_outbox_exception",
                     &tokens,
                     "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
                     &extra,
@@ -476,8 +441,9 @@ impl CursorStore for SqliteStore {
             let extra: Vec<(i64, &str)> =
                 out.quarantine.iter().map(|i| (0, i.1.as_str())).collect();
             report.items.extend(
-                Self::exception_cas(
+                crate::sqlite::cas_in(
                     &mut tx,
+                    "ferry_outbox_exception",
                     &tokens,
                     "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
                     &extra,
@@ -487,8 +453,9 @@ impl CursorStore for SqliteStore {
                 .items,
             );
             report.items.extend(
-                Self::exception_cas(
+                crate::sqlite::cas_in(
                     &mut tx,
+                    "ferry_outbox_exception",
                     &out.release,
                     "state = 'PENDING', lease_until = NULL, available_at = ?2",
                     &[],
