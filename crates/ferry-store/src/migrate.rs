@@ -31,11 +31,18 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
 ];
 
 /// MySQL/MariaDB migrations, in order.
-pub const MIGRATIONS_MYSQL: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../../../migrations/mysql/0001_outbox.sql"),
-}];
+pub const MIGRATIONS_MYSQL: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../../../migrations/mysql/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "due_index",
+        sql: include_str!("../../../migrations/mysql/0002_due_index.sql"),
+    },
+];
 
 /// SQLite migrations, in order.
 pub const MIGRATIONS_SQLITE: &[Migration] = &[

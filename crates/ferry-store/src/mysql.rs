@@ -158,6 +158,32 @@ fn due_window<'a>(head: &str, candidates: &[i64], limit: usize) -> QueryBuilder<
     qb
 }
 
+/// Due rows of one state in the owner's slots, in `seq` order, whose aggregate has no unfinished
+/// lower version. `FORCE INDEX`: `ferry_outbox_due` (state, seq, shard_slot, available_at,
+/// lease_until) yields seq order and filters slot and due time without touching rows; left to
+/// itself the optimizer walked the primary key through every SENT row, or sorted all pending rows
+/// of the slots, once the table grew (docs/schema.md, "MariaDB claim plan").
+fn candidate_query<'a>(
+    state: &str,
+    due_column: &str,
+    slots: &[i16],
+    limit: usize,
+) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(format!(
+        "SELECT o.seq FROM ferry_outbox o FORCE INDEX (ferry_outbox_due) WHERE o.state = '{state}' \
+         AND o.shard_slot IN ("
+    ));
+    push_list(&mut qb, slots.iter().copied());
+    qb.push(format!(
+        ") AND {due_column} <= UTC_TIMESTAMP(6) \
+         AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
+           AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
+         ORDER BY o.seq LIMIT "
+    ));
+    qb.push_bind(limit as i64);
+    qb
+}
+
 /// A CAS predicate over tokens: `seq IN (…) AND (seq, claim_version, claim_id) IN ((…), …)`.
 fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
     qb.push("state = 'CLAIMED' AND seq IN (");
@@ -435,25 +461,26 @@ impl OutboxStore for MyStore {
             if slots.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT o.seq FROM ferry_outbox o WHERE o.state IN ('PENDING', 'CLAIMED') AND o.shard_slot IN (",
-            );
-            push_list(&mut qb, slots.iter().copied());
-            qb.push(
-                ") AND ((o.state = 'PENDING' AND o.available_at <= UTC_TIMESTAMP(6)) OR (o.state = 'CLAIMED' AND o.lease_until <= UTC_TIMESTAMP(6))) \
-                 AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
-                   AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
-                 ORDER BY o.seq LIMIT ",
-            );
             // Over-fetch candidates: a concurrent claimer may hold some of them locked (SKIP
             // LOCKED then passes over them), and without spares a contended claim would come
             // back short or empty while other due rows wait.
-            qb.push_bind((req.limit.saturating_mul(3) + 16) as i64);
-            let candidates: Vec<i64> = qb
-                .build_query_scalar()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim: candidates", e))?;
+            let want = req.limit.saturating_mul(3) + 16;
+            let mut candidates = Vec::with_capacity(want);
+            for (state, due) in [
+                ("PENDING", "o.available_at"),
+                // leases that expired (their relay died or gave up)
+                ("CLAIMED", "o.lease_until"),
+            ] {
+                let mut qb = candidate_query(state, due, &slots, want);
+                let mut found: Vec<i64> = qb
+                    .build_query_scalar()
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("claim: candidates", e))?;
+                candidates.append(&mut found);
+            }
+            candidates.sort_unstable();
+            candidates.truncate(want);
             if candidates.is_empty() {
                 return Ok(Vec::new());
             }
@@ -651,11 +678,20 @@ impl OutboxStore for MyStore {
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         Box::pin(async move {
             let r = sqlx::query(
-                "SELECT CAST(COALESCE(SUM(state = 'PENDING'), 0) AS SIGNED), CAST(COALESCE(SUM(state = 'CLAIMED'), 0) AS SIGNED), \
-                   CAST(COALESCE(SUM(state = 'QUARANTINED'), 0) AS SIGNED), \
-                   CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS SIGNED), \
-                   CAST(COUNT(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) AS SIGNED) \
-                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
+                // Counts read the state prefix of ferry_outbox_due (no row lookups); the oldest
+                // unfinished intent is the lowest seq of each unfinished state (one index probe
+                // each). A single aggregate over all unfinished rows took over a second with a
+                // 60k backlog.
+                "SELECT (SELECT count(*) FROM ferry_outbox WHERE state = 'PENDING'), \
+                   (SELECT count(*) FROM ferry_outbox WHERE state = 'CLAIMED'), \
+                   (SELECT count(*) FROM ferry_outbox WHERE state = 'QUARANTINED'), \
+                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
+                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'PENDING')), \
+                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
+                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'CLAIMED')), \
+                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
+                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'QUARANTINED')), \
+                   (SELECT count(DISTINCT aggregate_id) FROM ferry_outbox WHERE state = 'QUARANTINED')",
             )
             .fetch_one(&self.pool)
             .await
@@ -664,8 +700,11 @@ impl OutboxStore for MyStore {
                 pending: r.get(0),
                 claimed: r.get(1),
                 quarantined: r.get(2),
-                oldest_unfinished_age_us: r.get(3),
-                blocked_aggregates: r.get(4),
+                oldest_unfinished_age_us: [3, 4, 5]
+                    .into_iter()
+                    .filter_map(|i| r.get::<Option<i64>, _>(i))
+                    .max(),
+                blocked_aggregates: r.get(6),
             })
         })
     }
