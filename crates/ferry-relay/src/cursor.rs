@@ -250,26 +250,12 @@ pub(crate) async fn worker(
         if accepted.is_empty() && moved && more {
             // nothing to send here but the read moved on (rows of other slots, or rows already
             // sent before a reload): read on at once
-            if !to.is_empty() {
-                st.queue.push_back(Batch {
-                    gen: st.gen,
-                    events: Vec::new(),
-                    to,
-                    send: None,
-                });
-            }
+            queue_cursor_move(&mut st, to);
             continue;
         }
         if accepted.is_empty() {
             ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
-            if !to.is_empty() {
-                st.queue.push_back(Batch {
-                    gen: st.gen,
-                    events: Vec::new(),
-                    to,
-                    send: None,
-                });
-            }
+            queue_cursor_move(&mut st, to);
             tokio::select! {
                 _ = ctx.wake.notified() => {}
                 _ = done.notified(), if !st.queue.is_empty() => {}
@@ -360,6 +346,19 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
 
 /// Forgets every in-memory position: waits for the sends still in flight (their results are
 /// ignored; the events will be read and sent again) and clears the state.
+/// Queues an advance with nothing to send (the read moved past rows of no interest), so the
+/// cursors follow the read in order behind the batches still in flight.
+fn queue_cursor_move(st: &mut State, to: Vec<(SlotId, CursorPos)>) {
+    if !to.is_empty() {
+        st.queue.push_back(Batch {
+            gen: st.gen,
+            events: Vec::new(),
+            to,
+            send: None,
+        });
+    }
+}
+
 async fn reset(st: &mut State) {
     st.gen += 1;
     for b in st.queue.drain(..) {
