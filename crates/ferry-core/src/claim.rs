@@ -110,6 +110,15 @@ impl CasReport {
     pub fn fenced(&self) -> usize {
         self.items.len() - self.applied()
     }
+    /// [`CasReport::from_applied`] over the `(seq, claim_version, claim_id)` rows a CAS
+    /// statement returned (`RETURNING`) for the rows it changed.
+    pub fn from_returned(inputs: &[ClaimToken], rows: Vec<(i64, i64, String)>) -> Self {
+        let applied = rows
+            .into_iter()
+            .map(|(seq, cv, cid)| (seq, (cv, cid)))
+            .collect();
+        Self::from_applied(inputs, &applied)
+    }
     /// Builds a report from the inputs and the rows the database changed, each as
     /// `seq → (claim_version, claim_id)` of the token that matched it. An input is applied only
     /// if its whole token matched: a stale token next to the live one for the same row in one

@@ -5,7 +5,6 @@
 //! `claim_version`, sets `claim_id`/`lease_until` and returns each token, all inside one short
 //! transaction. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
-use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -211,14 +210,11 @@ impl PgStore {
             Some(Extra::Text(t)) => q = q.bind(t),
             Some(Extra::DelayText(d, t)) => q = q.bind(d).bind(t),
         }
-        let applied: HashMap<i64, (i64, String)> = q
+        let rows = q
             .fetch_all(&self.pool)
             .await
-            .map_err(|e| db_err("outcome update", e))?
-            .into_iter()
-            .map(|(seq, cv, cid)| (seq, (cv, cid)))
-            .collect();
-        Ok(CasReport::from_applied(tokens, &applied))
+            .map_err(|e| db_err("outcome update", e))?;
+        Ok(CasReport::from_returned(tokens, rows))
     }
 
     async fn operator_update(

@@ -100,14 +100,11 @@ async fn exception_cas(
         Extra::Text(t) => q = q.bind(t),
         Extra::DelayText(d, t) => q = q.bind(d).bind(t),
     }
-    let applied: HashMap<i64, (i64, String)> = q
+    let rows = q
         .fetch_all(&mut **tx)
         .await
-        .map_err(|e| db_err("exception outcome", e))?
-        .into_iter()
-        .map(|(seq, cv, cid)| (seq, (cv, cid)))
-        .collect();
-    Ok(CasReport::from_applied(tokens, &applied))
+        .map_err(|e| db_err("exception outcome", e))?;
+    Ok(CasReport::from_returned(tokens, rows))
 }
 
 /// `xmin` (part 0) or `xmax` (part 1) of a snapshot's text form `xmin:xmax:xip,…`.

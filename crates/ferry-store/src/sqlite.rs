@@ -401,16 +401,13 @@ pub(crate) async fn cas_in(
            AND {table}.claim_version = t.cv AND {table}.claim_id = t.cid \
          RETURNING {table}.seq, {table}.claim_version, {table}.claim_id"
     );
-    let applied: HashMap<i64, (i64, String)> = sqlx::query_as::<_, (i64, i64, String)>(&sql)
+    let rows = sqlx::query_as::<_, (i64, i64, String)>(&sql)
         .bind(serde_json::Value::Array(items).to_string())
         .bind(now)
         .fetch_all(&mut *conn)
         .await
-        .map_err(|e| db_err("outcome update", e))?
-        .into_iter()
-        .map(|(seq, cv, cid)| (seq, (cv, cid)))
-        .collect();
-    Ok(CasReport::from_applied(tokens, &applied))
+        .map_err(|e| db_err("outcome update", e))?;
+    Ok(CasReport::from_returned(tokens, rows))
 }
 
 impl OutboxStore for SqliteStore {
