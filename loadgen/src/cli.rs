@@ -273,8 +273,9 @@ pub struct Args {
     #[arg(long = "relay-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub relay_args: Vec<String>,
 
-    /// Shard workers per relay [default: 1 on SQLite (one writer: more workers make more,
-    /// smaller claim and ack transactions queue for it), 4 on PostgreSQL/MySQL].
+    /// Shard workers per relay [default: the relay's for the dispatch mode: 1 in cursor
+    /// dispatch; in row dispatch 1 on SQLite (one writer: more workers make more, smaller
+    /// claim and ack transactions queue for it), 4 on PostgreSQL/MySQL].
     #[arg(long, value_parser = value_parser!(u32).range(1..=256))]
     pub workers: Option<u32>,
 
@@ -284,11 +285,13 @@ pub struct Args {
     #[arg(long)]
     pub measure_contention: Option<bool>,
 
-    /// Maximum events per claim.
-    #[arg(long, default_value_t = 500, value_parser = value_parser!(u32).range(1..=10_000))]
-    pub batch_size: u32,
+    /// Maximum events per claim or cursor read [default: the relay's for the dispatch mode:
+    /// 2000 in cursor dispatch, 500 in row dispatch].
+    #[arg(long, value_parser = value_parser!(u32).range(1..=10_000))]
+    pub batch_size: Option<u32>,
 
-    /// Batches in flight per worker [default: 2, the relay's default].
+    /// Batches in flight per worker [default: the relay's for the dispatch mode: 4 in cursor
+    /// dispatch, 2 in row dispatch].
     #[arg(long, value_parser = value_parser!(u32).range(1..=64))]
     pub in_flight: Option<u32>,
 

@@ -106,6 +106,9 @@ impl RunSpec {
             Duration::from_secs(60)
         });
         let dispatch = a.dispatch();
+        // the relay's worker settings for this dispatch mode, where the flags leave them unset
+        let defaults =
+            ferry_relay::WorkerDefaults::for_mode(dispatch.mode(), store == StoreKind::Sqlite);
         Self {
             label: "run".to_string(),
             duration: a.duration,
@@ -120,15 +123,9 @@ impl RunSpec {
             relays: RelaySpec {
                 relays: a.relays as usize,
                 mode: a.relay_mode,
-                workers: a.workers.map(|w| w as usize).unwrap_or(match store {
-                    // one writer: each extra worker adds claim/ack transactions, not throughput
-                    StoreKind::Sqlite => 1,
-                    _ => 4,
-                }),
-                batch_size: a.batch_size as usize,
-                // ferry-relay's default (each batch runs as its own task, so a batch finishing its
-                // outcome transaction never waits on the worker's next claim).
-                in_flight: a.in_flight.map(|n| n as usize).unwrap_or(2),
+                workers: a.workers.map_or(defaults.workers, |w| w as usize),
+                batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
+                in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
                 sink: a.sink,
                 ferry_bin: a.ferry_bin.clone(),
                 extra_args: a.relay_args.clone(),

@@ -135,14 +135,16 @@ struct ReconcileArgs {
 
 #[derive(Args, Debug)]
 struct RelayArgs {
-    /// Shard workers in this process [default: 4; 1 on SQLite, whose single writer more
-    /// workers only queue on] (relay.workers).
+    /// Shard workers in this process [default: 1 in cursor dispatch; in row dispatch 4, and 1
+    /// on SQLite, whose single writer more workers only queue on] (relay.workers).
     #[arg(long, env = "FERRY_WORKERS")]
     workers: Option<usize>,
-    /// Max events per claim [default: 500] (relay.batch_size).
+    /// Max events per claim or cursor read [default: 2000 in cursor dispatch, 500 in row
+    /// dispatch] (relay.batch_size).
     #[arg(long, env = "FERRY_BATCH_SIZE")]
     batch_size: Option<usize>,
-    /// Batches in flight per worker [default: 2] (relay.in_flight).
+    /// Batches in flight per worker [default: 4 in cursor dispatch, 2 in row dispatch]
+    /// (relay.in_flight).
     #[arg(long, env = "FERRY_IN_FLIGHT")]
     in_flight: Option<usize>,
     /// Claim lease, e.g. 60s [default: 60s] (relay.claim_lease).
@@ -434,12 +436,26 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Cmd::Relay(args) => {
             // Validate every setting before touching the database.
             let (mut config, sink) = relay_settings(&args, &file)?;
-            if pick(&args.workers, &file.relay.workers).is_none()
-                && ferry_store::Backend::from_url(&url)? == ferry_store::Backend::Sqlite
-            {
-                // one writer: more workers make more, smaller claim and ack transactions queue
-                // for it (docs/tuning.md: 7.7k events/s with 1 worker, 5.0k with 4)
-                config.workers = 1;
+            // Worker settings left unset take the defaults of the dispatch mode the relay will
+            // run in (the store's preferred one unless --dispatch says otherwise: cursor where
+            // the backend has it, row on MySQL/MariaDB).
+            let backend = ferry_store::Backend::from_url(&url)?;
+            let mode = config.dispatch.unwrap_or(match backend {
+                ferry_store::Backend::Mysql => ferry_core::DispatchMode::Row,
+                _ => ferry_core::DispatchMode::Cursor,
+            });
+            let d = ferry_relay::WorkerDefaults::for_mode(
+                mode,
+                backend == ferry_store::Backend::Sqlite,
+            );
+            if pick(&args.workers, &file.relay.workers).is_none() {
+                config.workers = d.workers;
+            }
+            if pick(&args.batch_size, &file.relay.batch_size).is_none() {
+                config.batch_size = d.batch_size;
+            }
+            if pick(&args.in_flight, &file.relay.in_flight).is_none() {
+                config.max_in_flight = d.max_in_flight;
             }
             let alerts = alert_settings(
                 &args.slo_target,

@@ -28,10 +28,11 @@ use crate::sink::Sink;
 pub struct RelayConfig {
     /// Owner id of this process; unique per start (default: `<host>-<pid>-<uuid>`).
     pub owner: String,
-    /// Shard workers in this process (default 4). Slot `s` goes to worker `s % workers`.
+    /// Shard workers in this process (default 4, row dispatch's; tools pick per mode with
+    /// [`WorkerDefaults`]). Slot `s` goes to worker `s % workers`.
     pub workers: usize,
-    /// Max events per claim (default 500: amortizes the claim and CAS round trips; see
-    /// docs/tuning.md for the sweep).
+    /// Max events per claim or cursor read (default 500: amortizes the claim and CAS round
+    /// trips; see docs/tuning.md for the sweep).
     pub batch_size: usize,
     /// Batches in flight per worker (default 2: one sending while the next is claimed).
     pub max_in_flight: usize,
@@ -64,6 +65,40 @@ pub struct RelayConfig {
     /// supports it, row otherwise). Starting a relay in a mode the outbox is not in converts
     /// the outbox (refused while relays of the other mode are alive).
     pub dispatch: Option<DispatchMode>,
+}
+
+/// The worker settings a relay uses where none is configured, by dispatch mode
+/// (docs/tuning.md has the measurements behind them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerDefaults {
+    /// [`RelayConfig::workers`].
+    pub workers: usize,
+    /// [`RelayConfig::batch_size`].
+    pub batch_size: usize,
+    /// [`RelayConfig::max_in_flight`].
+    pub max_in_flight: usize,
+}
+
+impl WorkerDefaults {
+    /// Cursor dispatch: one worker, batches of up to 2,000, 4 in flight. Every cursor worker
+    /// reads the whole window of new intents and keeps its own slots, so each extra worker
+    /// repeats the read; one worker with more batches in flight sends as much with one read.
+    /// Row dispatch: 4 workers (1 on SQLite, whose single writer more workers only queue
+    /// on), batches of up to 500, 2 in flight.
+    pub fn for_mode(mode: DispatchMode, sqlite: bool) -> Self {
+        match mode {
+            DispatchMode::Cursor => Self {
+                workers: 1,
+                batch_size: 2000,
+                max_in_flight: 4,
+            },
+            DispatchMode::Row => Self {
+                workers: if sqlite { 1 } else { 4 },
+                batch_size: 500,
+                max_in_flight: 2,
+            },
+        }
+    }
 }
 
 impl Default for RelayConfig {
