@@ -4,10 +4,12 @@
 //! batch → route each item's outcome → advance the slots' durable cursors with one fenced
 //! compare-and-set, writing exception rows for items that were not acked in the same
 //! transaction. Up to `max_in_flight` batches are in flight; their advances run strictly in read
-//! order. Ordering rules:
-//! * a read is cut before the first event whose aggregate is in a batch still in flight, so one
-//!   aggregate is in at most one in-flight batch and a later batch can never send a version
-//!   whose predecessor may still fail;
+//! order, one at a time, while the worker reads and sends on. Ordering rules
+//! (docs/architecture.md, "Why several versions per batch cannot reorder"):
+//! * an aggregate is busy from the read that takes it until its items in that batch are all
+//!   acked, or, if one was not, until the batch's advance committed its exception rows; a read
+//!   is cut, per slot, before the first event of a busy aggregate, so a later batch never sends
+//!   a version whose predecessor may still fail;
 //! * within a batch, the hold rule ([`crate::route`]) stops an aggregate at its first item that
 //!   was not acked; the rest become held exceptions, resent after it;
 //! * events whose aggregate has an open exception are not sent by the cursor path at all: they
@@ -16,8 +18,8 @@
 //! A fenced or failed advance resets the worker: it waits for its other sends, forgets its
 //! in-memory positions and reloads the durable cursors. Everything after them is read and sent
 //! again (same event ids): duplicates the consumer's Inbox absorbs, never a loss.
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +45,9 @@ struct Batch {
     /// New positions of the slots this batch advances.
     to: Vec<(SlotId, CursorPos)>,
     send: Option<Send>,
+    /// Aggregates already freed for later reads because every item of theirs in this batch
+    /// was acked ([`release_acked`]); the rest stay busy until the advance commits.
+    released: Option<HashSet<String>>,
 }
 
 /// A batch's send task. It stores its outcomes *before* it notifies the worker, so a worker
@@ -58,6 +63,12 @@ impl Batch {
         self.send.as_ref().is_none_or(|s| {
             s.outcomes.lock().map(|o| o.is_some()).unwrap_or(true) || s.task.is_finished()
         })
+    }
+}
+
+impl Advancing {
+    fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire) || self.task.is_finished()
     }
 }
 
@@ -84,11 +95,33 @@ struct State {
     /// Aggregates with events in batches not yet advanced.
     busy: HashMap<String, usize>,
     queue: VecDeque<Batch>,
+    /// The advance of the batch before `queue`'s front, running while the worker reads and
+    /// sends on. At most one: the next advance is built after this one's result is applied
+    /// (it needs the cursor versions this one sets, and must not run if this one fails).
+    advancing: Option<Advancing>,
+}
+
+/// An advance in flight and what applying its result needs.
+struct Advancing {
+    gen: u64,
+    task: JoinHandle<Option<AdvanceResult>>,
+    finished: Arc<AtomicBool>,
+    events: Vec<CursorEvent>,
+    released: Option<HashSet<String>>,
+    slots: Vec<SlotAdvance>,
+    acked_created: Vec<i64>,
+    retried: u64,
+    quarantined: u64,
+    unknown: u64,
 }
 
 impl State {
-    fn unbusy(&mut self, events: &[CursorEvent]) {
+    /// Frees the aggregates of `events`, except those in `released` (freed earlier).
+    fn unbusy_except(&mut self, events: &[CursorEvent], released: Option<&HashSet<String>>) {
         for e in events {
+            if released.is_some_and(|r| r.contains(&e.event.aggregate_id)) {
+                continue;
+            }
             if let Some(n) = self.busy.get_mut(&e.event.aggregate_id) {
                 *n -= 1;
                 if *n == 0 {
@@ -117,8 +150,19 @@ pub(crate) async fn worker(
     let mut store_backoff = Duration::from_millis(50);
     let mut must_load = true;
     loop {
-        while st.queue.front().is_some_and(Batch::is_done) {
-            if !complete_front(&ctx, cs, &mut st).await {
+        release_acked(&mut st);
+        // Complete what is ready without waiting: a sent batch once the advance before it is
+        // done, and a finished advance.
+        loop {
+            let advance_done = st.advancing.as_ref().is_none_or(Advancing::is_finished);
+            let ok = if advance_done && st.queue.front().is_some_and(Batch::is_done) {
+                complete_front(&ctx, &mut st, &done).await
+            } else if advance_done && st.advancing.is_some() {
+                finish_advance(&ctx, &mut st).await
+            } else {
+                break;
+            };
+            if !ok {
                 // later batches read past the failed one: none of them may advance
                 reset(&mut st).await;
                 must_load = true;
@@ -130,11 +174,7 @@ pub(crate) async fn worker(
         }
         if must_load || slots_rx.has_changed().unwrap_or(false) {
             // drain what is in flight, then (re)load the durable cursors of the new slot set
-            while !st.queue.is_empty() {
-                if !complete_front(&ctx, cs, &mut st).await {
-                    break; // the rest is discarded by the reset below
-                }
-            }
+            drain(&ctx, &mut st, &done).await;
             reset(&mut st).await;
             let want: Vec<SlotId> = slots_rx
                 .borrow_and_update()
@@ -175,7 +215,7 @@ pub(crate) async fn worker(
         }
         if st.queue.len() >= cfg.max_in_flight {
             // the oldest batch must be advanced first anyway: wait for it
-            if !complete_front(&ctx, cs, &mut st).await {
+            if !complete_front(&ctx, &mut st, &done).await {
                 reset(&mut st).await;
                 must_load = true;
                 next_exceptions = Instant::now();
@@ -209,42 +249,45 @@ pub(crate) async fn worker(
         ctx.metrics.claims.fetch_add(1, Ordering::Relaxed);
         let full = batch.events.len() >= cfg.batch_size;
         let more = batch.more;
-        // cut before the first aggregate that is still in flight
+        // Per slot, cut before the first event whose aggregate is still in flight: the rest of
+        // that slot's events in this read are dropped (read again from the slot's position);
+        // the other slots go on. slot → its last accepted position before the cut, if any.
         let mut accepted = Vec::with_capacity(batch.events.len());
-        let mut cut = false;
+        let mut cut: HashMap<SlotId, Option<CursorPos>> = HashMap::new();
+        let mut last: HashMap<SlotId, CursorPos> = HashMap::new();
         for e in batch.events {
-            if st.busy.contains_key(&e.event.aggregate_id) {
-                cut = true;
-                break;
+            let slot = e.event.shard_slot;
+            if cut.contains_key(&slot) {
+                continue;
             }
+            if st.busy.contains_key(&e.event.aggregate_id) {
+                cut.insert(slot, last.get(&slot).copied());
+                continue;
+            }
+            last.insert(slot, e.pos);
             accepted.push(e);
         }
-        let upto = if cut {
-            accepted.last().map(|e| e.pos)
-        } else {
-            Some(batch.upto)
-        };
         let now = Instant::now();
         let mut to = Vec::new();
         let mut moved = false;
-        if let Some(upto) = upto {
-            let with_events: std::collections::HashSet<SlotId> =
-                accepted.iter().map(|e| e.event.shard_slot).collect();
-            for s in &st.slots {
-                let p = st
-                    .read_pos
-                    .get_mut(s)
-                    .expect("read position of an owned slot");
-                if upto > *p {
-                    *p = upto;
-                    moved = true;
-                }
-                let durable = st.cursors[s].pos;
-                let stale = now.duration_since(st.last_advance[s]) >= IDLE_ADVANCE;
-                if *p > durable && (with_events.contains(s) || stale) {
-                    to.push((*s, *p));
-                    st.last_advance.insert(*s, now);
-                }
+        for s in &st.slots {
+            let p = st
+                .read_pos
+                .get_mut(s)
+                .expect("read position of an owned slot");
+            let target = match cut.get(s) {
+                Some(before_cut) => *before_cut,
+                None => Some(batch.upto),
+            };
+            if let Some(t) = target.filter(|t| *t > *p) {
+                *p = t;
+                moved = true;
+            }
+            let durable = st.cursors[s].pos;
+            let stale = now.duration_since(st.last_advance[s]) >= IDLE_ADVANCE;
+            if *p > durable && (last.contains_key(s) || stale) {
+                to.push((*s, *p));
+                st.last_advance.insert(*s, now);
             }
         }
         if accepted.is_empty() && moved && more {
@@ -256,9 +299,20 @@ pub(crate) async fn worker(
         if accepted.is_empty() {
             ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
             queue_cursor_move(&mut st, to);
+            if !cut.is_empty() {
+                // Not idle: what comes next waits for a batch in flight (its advance frees the
+                // aggregate). Wait for a completion, not for the idle back-off.
+                tokio::select! {
+                    _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => {}
+                    _ = cancel.cancelled() => {}
+                    _ = slots_rx.changed() => { must_load = true; }
+                    _ = tokio::time::sleep(cfg.poll_min) => {}
+                }
+                continue;
+            }
             tokio::select! {
                 _ = ctx.wake.notified() => {}
-                _ = done.notified(), if !st.queue.is_empty() => {}
+                _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => {}
                 _ = cancel.cancelled() => {}
                 _ = slots_rx.changed() => { must_load = true; }
                 _ = tokio::time::sleep(delay) => {}
@@ -302,8 +356,9 @@ pub(crate) async fn worker(
             events: accepted,
             to,
             send,
+            released: None,
         });
-        if !full && !cut {
+        if !full && cut.is_empty() {
             // drained for now: give producers a moment so the next read is fuller
             tokio::select! {
                 _ = ctx.wake.notified() => {}
@@ -331,10 +386,23 @@ pub(crate) async fn worker(
             }
             continue;
         }
-        if !complete_front(&ctx, cs, &mut st).await {
+        if !complete_front(&ctx, &mut st, &done).await {
             break;
         }
     }
+    // the last advance, if it is still running
+    finish_advance(&ctx, &mut st).await;
+}
+
+/// Completes every queued batch and the advance in flight (stops at a failed advance: the
+/// caller's reset discards the rest).
+async fn drain(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) {
+    while !st.queue.is_empty() {
+        if !complete_front(ctx, st, done).await {
+            return;
+        }
+    }
+    finish_advance(ctx, st).await;
 }
 
 async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
@@ -355,12 +423,17 @@ fn queue_cursor_move(st: &mut State, to: Vec<(SlotId, CursorPos)>) {
             events: Vec::new(),
             to,
             send: None,
+            released: None,
         });
     }
 }
 
 async fn reset(st: &mut State) {
     st.gen += 1;
+    if let Some(a) = st.advancing.take() {
+        // its result no longer matters: the cursors are reloaded from the store
+        let _ = a.task.await;
+    }
     for b in st.queue.drain(..) {
         if let Some(send) = b.send {
             let _ = send.task.await;
@@ -373,18 +446,63 @@ async fn reset(st: &mut State) {
     st.slots.clear();
 }
 
-/// Completes the oldest batch: routes its outcomes and advances its cursors. Returns false
-/// when the advance was fenced or failed (the caller reloads the cursors).
-async fn complete_front(ctx: &Ctx, cs: &dyn CursorStore, st: &mut State) -> bool {
+/// Frees, for later reads, the aggregates of finished sends whose items were all acked: the
+/// broker has them, so a later version may go out before this batch's advance commits. An
+/// aggregate with any item not acked (or held) stays busy until the advance has written its
+/// exception rows, which later reads see (they flag its successors as held).
+fn release_acked(st: &mut State) {
+    let mut freed = Vec::new();
+    for b in st.queue.iter_mut().filter(|b| b.released.is_none()) {
+        let Some(send) = &b.send else { continue };
+        let Some(outcomes) = send.outcomes.lock().ok().and_then(|o| o.clone()) else {
+            continue;
+        };
+        let mut acked: HashMap<&str, bool> = HashMap::new();
+        let mut sent = b.events.iter().filter(|e| !e.held).zip(&outcomes);
+        for e in &b.events {
+            let ok = !e.held
+                && sent
+                    .next()
+                    .is_some_and(|(_, o)| matches!(o, Outcome::Acked));
+            *acked.entry(e.event.aggregate_id.as_str()).or_insert(true) &= ok;
+        }
+        let released: HashSet<String> = acked
+            .into_iter()
+            .filter(|(_, ok)| *ok)
+            .map(|(a, _)| a.to_string())
+            .collect();
+        freed.extend(
+            b.events
+                .iter()
+                .filter(|e| released.contains(&e.event.aggregate_id))
+                .map(|e| e.event.aggregate_id.clone()),
+        );
+        b.released = Some(released);
+    }
+    for a in freed {
+        if let Some(n) = st.busy.get_mut(&a) {
+            *n -= 1;
+            if *n == 0 {
+                st.busy.remove(&a);
+            }
+        }
+    }
+}
+
+/// Completes the oldest batch: waits for its sends and routes the outcomes, applies the
+/// previous batch's advance, then starts this batch's advance (it runs while the worker reads
+/// and sends on; [`finish_advance`] applies it). Returns false when an advance was fenced or
+/// failed (the caller resets and reloads the cursors).
+async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> bool {
     let Some(b) = st.queue.pop_front() else {
-        return true;
+        return finish_advance(ctx, st).await;
     };
     let outcomes = match b.send {
         Some(send) => send.outcomes().await,
         None => Vec::new(),
     };
-    st.unbusy(&b.events);
     if b.gen != st.gen {
+        st.unbusy_except(&b.events, b.released.as_ref());
         return true;
     }
     let items: Vec<RouteItem<'_>> = b
@@ -446,6 +564,12 @@ async fn complete_front(ctx: &Ctx, cs: &dyn CursorStore, st: &mut State) -> bool
             kind,
         });
     }
+    // The previous advance first: this one expects the cursor versions it sets, and must not
+    // run at all if it failed.
+    if !finish_advance(ctx, st).await {
+        st.unbusy_except(&b.events, b.released.as_ref());
+        return false;
+    }
     if !acked_created.is_empty() {
         ferry_core::failpoint::hit("relay-after-ack");
     }
@@ -466,12 +590,52 @@ async fn complete_front(ctx: &Ctx, cs: &dyn CursorStore, st: &mut State) -> bool
             .collect(),
         exceptions,
     };
-    let t = Instant::now();
-    let result = advance(ctx, cs, &adv).await;
-    ctx.metrics.ack_latency.record(t.elapsed());
+    let slots = adv.slots.clone();
+    let finished = Arc::new(AtomicBool::new(false));
+    let task = {
+        let (ctx, finished, done) = (ctx.clone(), finished.clone(), done.clone());
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let result = match ctx.store.cursor() {
+                Some(cs) => advance(&ctx, cs, &adv).await,
+                None => None,
+            };
+            ctx.metrics.ack_latency.record(t.elapsed());
+            finished.store(true, Ordering::Release);
+            done.notify_one();
+            result
+        })
+    };
+    st.advancing = Some(Advancing {
+        gen: st.gen,
+        task,
+        finished,
+        events: b.events,
+        released: b.released,
+        slots,
+        acked_created,
+        retried,
+        quarantined,
+        unknown,
+    });
+    true
+}
+
+/// Waits for the advance in flight, if any, and applies its result: the cursors and metrics on
+/// success; false when it was fenced or failed.
+async fn finish_advance(ctx: &Ctx, st: &mut State) -> bool {
+    let Some(a) = st.advancing.take() else {
+        return true;
+    };
+    // a panicked advance task counts as a failed advance
+    let result = a.task.await.ok().flatten();
+    st.unbusy_except(&a.events, a.released.as_ref());
+    if a.gen != st.gen {
+        return true;
+    }
     match result {
         Some(AdvanceResult::Applied) => {
-            for s in &adv.slots {
+            for s in &a.slots {
                 if let Some(c) = st.cursors.get_mut(&s.slot) {
                     c.version += 1;
                     c.pos = s.to;
@@ -480,20 +644,20 @@ async fn complete_front(ctx: &Ctx, cs: &dyn CursorStore, st: &mut State) -> bool
             let m = &ctx.metrics;
             let now = now_micros();
             m.commit_to_ack
-                .record_many_us(acked_created.iter().map(|c| (now - c).max(1) as u64));
+                .record_many_us(a.acked_created.iter().map(|c| (now - c).max(1) as u64));
             m.sent
-                .fetch_add(acked_created.len() as u64, Ordering::Relaxed);
-            m.retried.fetch_add(retried, Ordering::Relaxed);
-            m.quarantined.fetch_add(quarantined, Ordering::Relaxed);
-            m.unknown.fetch_add(unknown, Ordering::Relaxed);
+                .fetch_add(a.acked_created.len() as u64, Ordering::Relaxed);
+            m.retried.fetch_add(a.retried, Ordering::Relaxed);
+            m.quarantined.fetch_add(a.quarantined, Ordering::Relaxed);
+            m.unknown.fetch_add(a.unknown, Ordering::Relaxed);
             true
         }
         Some(AdvanceResult::Fenced) => {
             ctx.metrics
                 .fenced
-                .fetch_add(b.events.len().max(1) as u64, Ordering::Relaxed);
+                .fetch_add(a.events.len().max(1) as u64, Ordering::Relaxed);
             tracing::info!(
-                events = b.events.len(),
+                events = a.events.len(),
                 "cursor advance fenced: a slot changed hands; re-reading from the durable cursors"
             );
             false

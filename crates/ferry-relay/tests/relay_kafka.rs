@@ -390,6 +390,13 @@ async fn mid_batch_faults_keep_first_delivery_order(db: TestDb, mode: DispatchMo
     }
     let mut cfg = fast_config(mode);
     cfg.batch_size = 100;
+    if mode == DispatchMode::Cursor {
+        // the cursor defaults: one worker with four batches in flight, so later batches are
+        // read, sent and advanced while earlier ones fail
+        let d = ferry_relay::WorkerDefaults::for_mode(mode, false);
+        cfg.workers = d.workers;
+        cfg.max_in_flight = d.max_in_flight;
+    }
     // requests time out quickly while a broker is slow; messages never do in cursor mode
     let relay = start_relay(&db, &kafka, cfg, &[("request.timeout.ms", "400")]);
     use RDKafkaRespErr as E;
