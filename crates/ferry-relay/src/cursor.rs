@@ -106,13 +106,9 @@ struct Advancing {
     gen: u64,
     task: JoinHandle<Option<AdvanceResult>>,
     finished: Arc<AtomicBool>,
-    events: Vec<CursorEvent>,
-    released: Option<HashSet<String>>,
     slots: Vec<SlotAdvance>,
-    acked_created: Vec<i64>,
-    retried: u64,
-    quarantined: u64,
-    unknown: u64,
+    /// The batches it settles (one, or several that were ready at once).
+    batches: Vec<Routed>,
 }
 
 impl State {
@@ -225,6 +221,7 @@ pub(crate) async fn worker(
         // read past the in-memory positions
         let from: Vec<(SlotId, CursorPos)> =
             st.slots.iter().map(|s| (*s, st.read_pos[s])).collect();
+        let commits_seen = ctx.commits.load(Ordering::Acquire);
         let t0 = Instant::now();
         let batch = match cs
             .read_batch(&CursorRead {
@@ -308,6 +305,11 @@ pub(crate) async fn worker(
                     _ = slots_rx.changed() => { must_load = true; }
                     _ = tokio::time::sleep(cfg.poll_min) => {}
                 }
+                continue;
+            }
+            if ctx.commits.load(Ordering::Acquire) != commits_seen {
+                // a commit was notified while this read ran: read again at once
+                delay = cfg.poll_min;
                 continue;
             }
             tokio::select! {
@@ -489,22 +491,24 @@ fn release_acked(st: &mut State) {
     }
 }
 
-/// Completes the oldest batch: waits for its sends and routes the outcomes, applies the
-/// previous batch's advance, then starts this batch's advance (it runs while the worker reads
-/// and sends on; [`finish_advance`] applies it). Returns false when an advance was fenced or
-/// failed (the caller resets and reloads the cursors).
-async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> bool {
-    let Some(b) = st.queue.pop_front() else {
-        return finish_advance(ctx, st).await;
-    };
+/// One batch's outcomes, routed: what its advance writes and what applying it records.
+struct Routed {
+    events: Vec<CursorEvent>,
+    released: Option<HashSet<String>>,
+    to: Vec<(SlotId, CursorPos)>,
+    exceptions: Vec<NewException>,
+    acked_created: Vec<i64>,
+    retried: u64,
+    quarantined: u64,
+    unknown: u64,
+}
+
+/// Waits for a batch's sends and routes each item's outcome.
+async fn route_batch(ctx: &Ctx, b: Batch) -> Routed {
     let outcomes = match b.send {
         Some(send) => send.outcomes().await,
         None => Vec::new(),
     };
-    if b.gen != st.gen {
-        st.unbusy_except(&b.events, b.released.as_ref());
-        return true;
-    }
     let items: Vec<RouteItem<'_>> = b
         .events
         .iter()
@@ -523,27 +527,34 @@ async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> b
         );
     }
     let decisions = route(&items, outcomes, &ctx.policy(true));
-    let mut acked_created = Vec::new();
-    let mut exceptions = Vec::new();
-    let (mut retried, mut quarantined, mut unknown) = (0u64, 0u64, 0u64);
+    let mut r = Routed {
+        events: Vec::new(),
+        released: b.released,
+        to: b.to,
+        exceptions: Vec::new(),
+        acked_created: Vec::new(),
+        retried: 0,
+        quarantined: 0,
+        unknown: 0,
+    };
     for (e, d) in b.events.iter().zip(decisions) {
         let ev = &e.event;
         let (kind, attempts) = match d {
             Decision::Ack => {
-                acked_created.push(ev.created_at);
+                r.acked_created.push(ev.created_at);
                 continue;
             }
             Decision::Retry { delay, error } => {
-                retried += 1;
+                r.retried += 1;
                 (ExceptionKind::Retry { delay, error }, ev.attempts + 1)
             }
             Decision::Quarantine(why) => {
-                quarantined += 1;
+                r.quarantined += 1;
                 tracing::warn!(event_id = %ev.token.event_id, reason = %why, "quarantining event; its aggregate's successors are held until an operator acts");
                 (ExceptionKind::Quarantine(why), ev.attempts + 1)
             }
             Decision::Unknown(err) => {
-                unknown += 1;
+                r.unknown += 1;
                 (ExceptionKind::Unknown(err), ev.attempts)
             }
             Decision::Held { acked } => {
@@ -555,7 +566,7 @@ async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> b
                 (ExceptionKind::Held, ev.attempts)
             }
         };
-        exceptions.push(NewException {
+        r.exceptions.push(NewException {
             seq: ev.token.seq,
             slot: ev.shard_slot,
             aggregate_id: ev.aggregate_id.clone(),
@@ -564,20 +575,56 @@ async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> b
             kind,
         });
     }
+    r.events = b.events;
+    r
+}
+
+/// Completes the oldest batch: waits for its sends and routes the outcomes, applies the
+/// previous advance, then starts one advance for this batch and every batch behind it whose
+/// sends have finished too (group commit: their slots move to the latest position, their
+/// exception rows go in the same transaction). The advance runs while the worker reads and
+/// sends on; [`finish_advance`] applies it. Returns false when an advance was fenced or failed
+/// (the caller resets and reloads the cursors).
+async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> bool {
+    let Some(b) = st.queue.pop_front() else {
+        return finish_advance(ctx, st).await;
+    };
+    let gen = b.gen;
+    let first = route_batch(ctx, b).await;
+    if gen != st.gen {
+        st.unbusy_except(&first.events, first.released.as_ref());
+        return true;
+    }
     // The previous advance first: this one expects the cursor versions it sets, and must not
     // run at all if it failed.
     if !finish_advance(ctx, st).await {
-        st.unbusy_except(&b.events, b.released.as_ref());
+        st.unbusy_except(&first.events, first.released.as_ref());
         return false;
     }
-    if !acked_created.is_empty() {
+    let mut batches = vec![first];
+    while st
+        .queue
+        .front()
+        .is_some_and(|f| f.gen == st.gen && f.is_done())
+    {
+        let b = st.queue.pop_front().expect("front exists");
+        batches.push(route_batch(ctx, b).await);
+    }
+    if batches.iter().any(|b| !b.acked_created.is_empty()) {
         ferry_core::failpoint::hit("relay-after-ack");
+    }
+    // per slot the position of the latest batch (positions only grow in read order)
+    let mut to: Vec<(SlotId, CursorPos)> = Vec::new();
+    for (slot, pos) in batches.iter().flat_map(|b| b.to.iter().copied()) {
+        match to.iter_mut().find(|(s, _)| *s == slot) {
+            Some(t) => t.1 = t.1.max(pos),
+            None => to.push((slot, pos)),
+        }
     }
     let adv = CursorAdvance {
         owner: ctx.config.owner.clone(),
         claim_id: new_event_id(),
-        slots: b
-            .to
+        slots: to
             .iter()
             .filter_map(|(s, p)| {
                 st.cursors.get(s).map(|c| SlotAdvance {
@@ -588,7 +635,10 @@ async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> b
                 })
             })
             .collect(),
-        exceptions,
+        exceptions: batches
+            .iter_mut()
+            .flat_map(|b| std::mem::take(&mut b.exceptions))
+            .collect(),
     };
     let slots = adv.slots.clone();
     let finished = Arc::new(AtomicBool::new(false));
@@ -610,13 +660,8 @@ async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> b
         gen: st.gen,
         task,
         finished,
-        events: b.events,
-        released: b.released,
         slots,
-        acked_created,
-        retried,
-        quarantined,
-        unknown,
+        batches,
     });
     true
 }
@@ -629,10 +674,13 @@ async fn finish_advance(ctx: &Ctx, st: &mut State) -> bool {
     };
     // a panicked advance task counts as a failed advance
     let result = a.task.await.ok().flatten();
-    st.unbusy_except(&a.events, a.released.as_ref());
+    for b in &a.batches {
+        st.unbusy_except(&b.events, b.released.as_ref());
+    }
     if a.gen != st.gen {
         return true;
     }
+    let events: usize = a.batches.iter().map(|b| b.events.len()).sum();
     match result {
         Some(AdvanceResult::Applied) => {
             for s in &a.slots {
@@ -643,21 +691,23 @@ async fn finish_advance(ctx: &Ctx, st: &mut State) -> bool {
             }
             let m = &ctx.metrics;
             let now = now_micros();
-            m.commit_to_ack
-                .record_many_us(a.acked_created.iter().map(|c| (now - c).max(1) as u64));
-            m.sent
-                .fetch_add(a.acked_created.len() as u64, Ordering::Relaxed);
-            m.retried.fetch_add(a.retried, Ordering::Relaxed);
-            m.quarantined.fetch_add(a.quarantined, Ordering::Relaxed);
-            m.unknown.fetch_add(a.unknown, Ordering::Relaxed);
+            for b in &a.batches {
+                m.commit_to_ack
+                    .record_many_us(b.acked_created.iter().map(|c| (now - c).max(1) as u64));
+                m.sent
+                    .fetch_add(b.acked_created.len() as u64, Ordering::Relaxed);
+                m.retried.fetch_add(b.retried, Ordering::Relaxed);
+                m.quarantined.fetch_add(b.quarantined, Ordering::Relaxed);
+                m.unknown.fetch_add(b.unknown, Ordering::Relaxed);
+            }
             true
         }
         Some(AdvanceResult::Fenced) => {
             ctx.metrics
                 .fenced
-                .fetch_add(a.events.len().max(1) as u64, Ordering::Relaxed);
+                .fetch_add(events.max(1) as u64, Ordering::Relaxed);
             tracing::info!(
-                events = a.events.len(),
+                events,
                 "cursor advance fenced: a slot changed hands; re-reading from the durable cursors"
             );
             false

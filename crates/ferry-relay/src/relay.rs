@@ -204,6 +204,8 @@ pub(crate) struct Ctx {
     pub(crate) config: RelayConfig,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) wake: Arc<Notify>,
+    /// Commit notifications received so far (see `listen_commits`).
+    pub(crate) commits: Arc<AtomicU64>,
     /// Tokens of batches in flight, by batch id (released on a shutdown timeout).
     pub(crate) in_flight: Mutex<HashMap<u64, Vec<ClaimToken>>>,
     pub(crate) next_batch: AtomicU64,
@@ -293,10 +295,17 @@ impl Relay {
                 .store(ferry_core::SLOT_COUNT as i64, Ordering::Relaxed);
             std::mem::forget(slots_tx); // keep the channel open for the workers
         }
+        // Counts commit notifications: a worker that was busy when one arrived (notify_waiters
+        // wakes only tasks already waiting) sees the count moved and reads again instead of
+        // sleeping.
+        let commits = Arc::new(AtomicU64::new(0));
         {
-            let wake = wake.clone();
+            let (wake, commits) = (wake.clone(), commits.clone());
             match store
-                .listen_commits(Arc::new(move || wake.notify_waiters()))
+                .listen_commits(Arc::new(move || {
+                    commits.fetch_add(1, Ordering::Release);
+                    wake.notify_waiters()
+                }))
                 .await
             {
                 Ok(true) => tracing::info!("commit notifications enabled (LISTEN/NOTIFY)"),
@@ -321,6 +330,7 @@ impl Relay {
             config: config.clone(),
             metrics,
             wake,
+            commits,
             in_flight: Mutex::new(HashMap::new()),
             next_batch: AtomicU64::new(0),
         });
@@ -513,6 +523,7 @@ async fn worker(
                 owner: cfg.owner.clone(),
             });
         }
+        let commits_seen = ctx.commits.load(Ordering::Acquire);
         let t0 = Instant::now();
         let claimed = match claim_or_recover(&*ctx.store, &req).await {
             Ok(c) => {
@@ -540,6 +551,11 @@ async fn worker(
         }
         if claimed.is_empty() {
             ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
+            if ctx.commits.load(Ordering::Acquire) != commits_seen {
+                // a commit was notified while this claim ran: claim again at once
+                delay = cfg.poll_min;
+                continue;
+            }
             tokio::select! {
                 _ = ctx.wake.notified() => {}
                 Some(_) = inflight.join_next(), if !inflight.is_empty() => {}
