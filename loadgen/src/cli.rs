@@ -295,6 +295,12 @@ pub struct Args {
     #[arg(long, value_parser = value_parser!(u32).range(1..=64))]
     pub in_flight: Option<u32>,
 
+    /// Shortest wait of a relay worker after a partial read or claim, before it reads again
+    /// (`ferry relay --poll-min`): longer waits make fuller batches and fewer cursor advances,
+    /// at the cost of latency [default: the relay's, 2ms].
+    #[arg(long, value_parser = parse_poll_min)]
+    pub poll_min: Option<Duration>,
+
     /// First run the same producers flat out (ignoring --rate) with no relay, and state relay
     /// throughput as a ratio of that producer-only ceiling.
     #[arg(long)]
@@ -513,6 +519,17 @@ fn parse_duration_positive(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// 1ms up to the relay's idle poll delay (500ms), which `poll_min` may not exceed.
+fn parse_poll_min(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(1) || d > Duration::from_millis(500) {
+        return Err(format!(
+            "'{s}' is out of range: between 1ms and 500ms (the relay's idle poll delay)"
+        ));
+    }
+    Ok(d)
+}
+
 fn parse_zipf_s(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= 5.0 => Ok(v),
@@ -656,6 +673,17 @@ mod tests {
         let mut all = vec!["loadgen"];
         all.extend_from_slice(v);
         Args::try_parse_from(all).unwrap()
+    }
+
+    #[test]
+    fn poll_min_is_checked() {
+        assert_eq!(
+            args(&["--poll-min", "10ms"]).poll_min,
+            Some(Duration::from_millis(10))
+        );
+        assert_eq!(args(&[]).poll_min, None);
+        assert!(parse(&["--poll-min", "0ms"]).is_err());
+        assert!(parse(&["--poll-min", "2s"]).is_err());
     }
 
     #[test]

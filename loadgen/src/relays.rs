@@ -41,6 +41,8 @@ pub struct RelaySpec {
     pub batch_size: usize,
     /// Batches in flight per worker.
     pub in_flight: usize,
+    /// The relay's `poll_min`, when set.
+    pub poll_min: Option<std::time::Duration>,
     /// Sink kind.
     pub sink: SinkKind,
     /// The `ferry` binary (process mode).
@@ -270,6 +272,7 @@ impl Relays {
                         batch_size: spec.batch_size,
                         max_in_flight: spec.in_flight,
                         dispatch: Some(spec.dispatch.mode()),
+                        poll_min: spec.poll_min.unwrap_or(RelayConfig::default().poll_min),
                         ..RelayConfig::default()
                     };
                     let relay =
@@ -306,6 +309,9 @@ impl Relays {
                 ];
                 if spec.measure_contention {
                     args.push("--measure-contention".to_string());
+                }
+                if let Some(p) = spec.poll_min {
+                    args.push(format!("--poll-min={}ms", p.as_millis().max(1)));
                 }
                 if let Some(b) = kafka_brokers {
                     args.push("--kafka-brokers".to_string());

@@ -126,6 +126,7 @@ impl RunSpec {
                 workers: a.workers.map_or(defaults.workers, |w| w as usize),
                 batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
                 in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
+                poll_min: a.poll_min,
                 sink: a.sink,
                 ferry_bin: a.ferry_bin.clone(),
                 extra_args: a.relay_args.clone(),
