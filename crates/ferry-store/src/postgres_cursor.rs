@@ -419,6 +419,21 @@ impl CursorStore for PgStore {
                 let (lo, hi, next) = self.window(t).await?;
                 let (lo_xmin, hi_xmax) = (snapshot_bound(&lo, 0)?, snapshot_bound(&hi, 1)?);
                 let limit = req.limit - events.len();
+                // Per slot, the bound in this window (indexed by slot + 1; NULL for slots not
+                // read): rows a slot has read already are filtered here, so they neither come
+                // back nor use up the limit when one slot lags the others (a slot whose read was
+                // cut before an aggregate still in flight).
+                let mut bound_xid: Vec<Option<i64>> = vec![None; ferry_core::SLOT_COUNT as usize];
+                let mut bound_seq: Vec<Option<i64>> = vec![None; ferry_core::SLOT_COUNT as usize];
+                for (slot, p) in &from {
+                    let (x, q) = if p.tick == t {
+                        (p.xid, p.seq)
+                    } else {
+                        (i64::MIN, i64::MIN)
+                    };
+                    bound_xid[*slot as usize] = Some(x);
+                    bound_seq[*slot as usize] = Some(q);
+                }
                 let rows = sqlx::query(&format!(
                     "SELECT o.xid, {EVENT_COLUMNS}, \
                        EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
@@ -426,6 +441,7 @@ impl CursorStore for PgStore {
                      FROM ferry_outbox o \
                      WHERE o.xid >= $1 AND o.xid < $2 AND (o.xid, o.seq) > ($3, $4) \
                        AND o.shard_slot = ANY($5) AND o.state IN ('PENDING', 'CLAIMED') \
+                       AND (o.xid, o.seq) > (($9::int8[])[o.shard_slot + 1], ($10::int8[])[o.shard_slot + 1]) \
                        AND NOT pg_visible_in_snapshot(o.xid::text::xid8, $6::text::pg_snapshot) \
                        AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
                      ORDER BY o.xid, o.seq LIMIT $8"
@@ -438,6 +454,8 @@ impl CursorStore for PgStore {
                 .bind(&lo)
                 .bind(&hi)
                 .bind(limit as i64)
+                .bind(&bound_xid)
+                .bind(&bound_seq)
                 .fetch_all(self.pool())
                 .await
                 .map_err(|e| db_err("cursor read", e))?;
