@@ -205,13 +205,17 @@ pub async fn run(
     let mut exhausted = false;
     let mut tx_latency = new_histogram();
     // Pacing: transaction t is due at start + t * interval; a producer that fell more than a
-    // second behind forgets the debt instead of bursting to catch up.
+    // second behind forgets the debt instead of bursting to catch up. Producer p starts p/P of
+    // an interval late, so the producers' transactions arrive evenly spaced, not all at once.
     let interval = (plan.rate > 0).then(|| {
         Duration::from_secs_f64(
             plan.orders_per_tx as f64 * plan.producers as f64 / plan.rate as f64,
         )
     });
-    let mut due = Instant::now();
+    let mut due = Instant::now()
+        + interval.map_or(Duration::ZERO, |i| {
+            i.mul_f64(p as f64 / plan.producers.max(1) as f64)
+        });
 
     while !stop.is_cancelled() && !exhausted {
         if let Some(interval) = interval {
