@@ -682,8 +682,8 @@ mod tests {
             Some(Duration::from_millis(10))
         );
         assert_eq!(args(&[]).poll_min, None);
-        assert!(parse(&["--poll-min", "0ms"]).is_err());
-        assert!(parse(&["--poll-min", "2s"]).is_err());
+        assert!(Args::try_parse_from(["loadgen", "--poll-min", "0ms"]).is_err());
+        assert!(Args::try_parse_from(["loadgen", "--poll-min", "2s"]).is_err());
     }
 
     #[test]
