@@ -92,7 +92,8 @@ struct State {
     cursors: HashMap<SlotId, SlotCursor>,
     read_pos: HashMap<SlotId, CursorPos>,
     last_advance: HashMap<SlotId, Instant>,
-    /// Aggregates with events in batches not yet advanced.
+    /// Busy aggregates: events in batches not yet advanced, less those freed when their send
+    /// finished with every item acked ([`release_acked`]).
     busy: HashMap<String, usize>,
     queue: VecDeque<Batch>,
     /// The advance of the batch before `queue`'s front, running while the worker reads and
@@ -297,8 +298,8 @@ pub(crate) async fn worker(
             ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
             queue_cursor_move(&mut st, to);
             if !cut.is_empty() {
-                // Not idle: what comes next waits for a batch in flight (its advance frees the
-                // aggregate). Wait for a completion, not for the idle back-off.
+                // Not idle: what comes next waits for a batch in flight (its send or its
+                // advance frees the aggregate). Wait for a completion, not the idle back-off.
                 tokio::select! {
                     _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => {}
                     _ = cancel.cancelled() => {}
