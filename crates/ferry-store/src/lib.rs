@@ -22,6 +22,7 @@ mod cursor_common;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;
+mod mysql_cursor;
 mod ops;
 pub mod postgres;
 mod postgres_cursor;

@@ -42,6 +42,11 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
         name: "due_index",
         sql: include_str!("../../../migrations/mysql/0002_due_index.sql"),
     },
+    Migration {
+        version: 3,
+        name: "cursor",
+        sql: include_str!("../../../migrations/mysql/0003_cursor.sql"),
+    },
 ];
 
 /// SQLite migrations, in order.

@@ -93,12 +93,14 @@ pub struct MyStore {
     limits: Limits,
     /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
     skipped: Arc<AtomicU64>,
+    /// Cursor dispatch's horizon ticker (started by the first cursor read).
+    ticker: Arc<crate::mysql_cursor::Ticker>,
 }
 
-const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
+pub(crate) const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
     topic, msg_key, event_type, headers, payload, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at)";
 
-fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
+pub(crate) fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
     ClaimedEvent {
         token: ClaimToken {
             seq: r.get(0),
@@ -135,7 +137,7 @@ fn micros(d: Duration) -> i64 {
     d.as_micros().min(i64::MAX as u128) as i64
 }
 
-fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, items: impl IntoIterator<Item = T>)
+pub(crate) fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, items: impl IntoIterator<Item = T>)
 where
     T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql> + Send,
 {
@@ -244,6 +246,7 @@ impl MyStore {
             pool,
             limits: opts.limits,
             skipped: Arc::default(),
+            ticker: Arc::default(),
         };
         if opts.migrate {
             store.migrate().await?;
@@ -254,6 +257,10 @@ impl MyStore {
     /// The pool, for the application's own transactions.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
+    }
+
+    pub(crate) fn ticker(&self) -> &Arc<crate::mysql_cursor::Ticker> {
+        &self.ticker
     }
 
     /// Applies pending migrations under `GET_LOCK('ferry_migrate:<db>')`. MySQL DDL is not
@@ -283,6 +290,17 @@ impl MyStore {
         set: &str,
         per_item: Option<&[(i64, &str)]>,
     ) -> Result<CasReport, StoreError> {
+        self.cas_on("ferry_outbox", tokens, set, per_item).await
+    }
+
+    /// [`Self::cas`] on `table` (`ferry_outbox` or `ferry_outbox_exception`, fixed constants).
+    pub(crate) async fn cas_on(
+        &self,
+        table: &str,
+        tokens: &[ClaimToken],
+        set: &str,
+        per_item: Option<&[(i64, &str)]>,
+    ) -> Result<CasReport, StoreError> {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
@@ -295,7 +313,7 @@ impl MyStore {
             let mut applied = HashMap::new();
             for (t, (delay, text)) in tokens.iter().zip(values) {
                 let n = sqlx::query(&format!(
-                    "UPDATE ferry_outbox SET {set} WHERE state = 'CLAIMED' AND seq = ? AND claim_version = ? AND claim_id = ?"
+                    "UPDATE {table} SET {set} WHERE state = 'CLAIMED' AND seq = ? AND claim_version = ? AND claim_id = ?"
                 ))
                 .bind(*delay)
                 .bind(*text)
@@ -314,8 +332,7 @@ impl MyStore {
         } else {
             let mut total = 0usize;
             for chunk in tokens.chunks(CHUNK) {
-                let mut qb =
-                    QueryBuilder::<MySql>::new(format!("UPDATE ferry_outbox SET {set} WHERE "));
+                let mut qb = QueryBuilder::<MySql>::new(format!("UPDATE {table} SET {set} WHERE "));
                 push_tokens(&mut qb, chunk);
                 total += qb
                     .build()
@@ -339,9 +356,9 @@ impl MyStore {
                     .map_err(|e| db_err("outcome: begin", e))?;
                 let mut applied = HashMap::new();
                 for chunk in tokens.chunks(CHUNK) {
-                    let mut qb = QueryBuilder::<MySql>::new(
-                        "SELECT seq, claim_version, claim_id FROM ferry_outbox WHERE ",
-                    );
+                    let mut qb = QueryBuilder::<MySql>::new(format!(
+                        "SELECT seq, claim_version, claim_id FROM {table} WHERE "
+                    ));
                     push_tokens(&mut qb, chunk);
                     qb.push(" FOR UPDATE");
                     let matching: Vec<(i64, i64, String)> = qb
@@ -356,7 +373,7 @@ impl MyStore {
                         continue;
                     }
                     let mut qb = QueryBuilder::<MySql>::new(format!(
-                        "UPDATE ferry_outbox SET {set} WHERE seq IN ("
+                        "UPDATE {table} SET {set} WHERE seq IN ("
                     ));
                     push_list(&mut qb, matching.iter().map(|m| m.0));
                     qb.push(")");
@@ -375,6 +392,34 @@ impl MyStore {
         Ok(report)
     }
 
+    /// Status in cursor mode: unfinished = past the slot's cursor, or an open exception.
+    async fn cursor_status(&self) -> Result<OutboxStatus, StoreError> {
+        let r = sqlx::query(
+            "SELECT CAST(coalesce(sum(u.state = 'PENDING'), 0) AS SIGNED), \
+               CAST(coalesce(sum(u.state = 'CLAIMED'), 0) AS SIGNED), \
+               CAST(coalesce(sum(u.state = 'QUARANTINED'), 0) AS SIGNED), \
+               CAST(TIMESTAMPDIFF(MICROSECOND, min(u.created_at), UTC_TIMESTAMP(6)) AS SIGNED), \
+               count(DISTINCT CASE WHEN u.state = 'QUARANTINED' THEN u.aggregate_id END) \
+             FROM (SELECT 'PENDING' AS state, o.created_at, o.aggregate_id FROM ferry_outbox o \
+                     JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
+                   WHERE o.seq > (SELECT min(cursor_seq) FROM ferry_slot_lease) AND o.seq > l.cursor_seq \
+                   UNION ALL \
+                   SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
+                     JOIN ferry_outbox o ON o.seq = x.seq \
+                   WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) u",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| db_err("status", e))?;
+        Ok(OutboxStatus {
+            pending: r.get(0),
+            claimed: r.get(1),
+            quarantined: r.get(2),
+            oldest_unfinished_age_us: r.get(3),
+            blocked_aggregates: r.get(4),
+        })
+    }
+
     async fn operator_update(
         &self,
         event_id: &str,
@@ -386,9 +431,16 @@ impl MyStore {
         } else {
             ""
         };
+        let (table, which) = match self.stored_mode().await? {
+            ferry_core::DispatchMode::Row => ("ferry_outbox", "event_id = ?"),
+            ferry_core::DispatchMode::Cursor => (
+                "ferry_outbox_exception",
+                "seq = (SELECT seq FROM ferry_outbox WHERE event_id = ?)",
+            ),
+        };
         let n = sqlx::query(&format!(
-            "UPDATE ferry_outbox SET state = '{target}', resolved_by = ?, resolved_at = UTC_TIMESTAMP(6), lease_until = NULL{extra} \
-             WHERE event_id = ? AND state = 'QUARANTINED'"
+            "UPDATE {table} SET state = '{target}', resolved_by = ?, resolved_at = UTC_TIMESTAMP(6), lease_until = NULL{extra} \
+             WHERE {which} AND state = 'QUARANTINED'"
         ))
         .bind(operator)
         .bind(event_id)
@@ -651,16 +703,27 @@ impl OutboxStore for MyStore {
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+            let sql = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => {
+                    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
                    (SELECT COUNT(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
                       AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
-                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?",
-            )
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("list quarantined", e))?;
+                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
+                }
+                // successors are held exceptions, or not yet read past the cursor
+                ferry_core::DispatchMode::Cursor => {
+                    "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT COUNT(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
+                 FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
+                 WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
+                }
+            };
+            let rows = sqlx::query(sql)
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("list quarantined", e))?;
             Ok(rows
                 .iter()
                 .map(|r| QuarantinedEvent {
@@ -677,6 +740,9 @@ impl OutboxStore for MyStore {
 
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         Box::pin(async move {
+            if self.stored_mode().await? == ferry_core::DispatchMode::Cursor {
+                return self.cursor_status().await;
+            }
             let r = sqlx::query(
                 // Counts read the state prefix of ferry_outbox_due (no row lookups); the oldest
                 // unfinished intent is the lowest seq of each unfinished state (one index probe
@@ -714,10 +780,14 @@ impl OutboxStore for MyStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let r = sqlx::query(
+            let table = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => "ferry_outbox",
+                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
+            };
+            let r = sqlx::query(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM ferry_outbox WHERE event_id = ?",
-            )
+                 FROM {table} WHERE event_id = ?"
+            ))
             .bind(event_id)
             .fetch_optional(&self.pool)
             .await
@@ -865,25 +935,35 @@ impl OutboxStore for MyStore {
         consumer: Option<&'a str>,
         dry_run: bool,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(crate::ops::purge_sent(
-            crate::ops::Pools::My(&self.pool),
-            ferry_core::DispatchMode::Row,
-            older_than,
-            batch,
-            consumer,
-            dry_run,
-        ))
+        Box::pin(async move {
+            crate::ops::purge_sent(
+                crate::ops::Pools::My(&self.pool),
+                self.stored_mode().await?,
+                older_than,
+                batch,
+                consumer,
+                dry_run,
+            )
+            .await
+        })
     }
 
     fn reconcile<'a>(
         &'a self,
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
-        Box::pin(crate::ops::reconcile(
-            crate::ops::Pools::My(&self.pool),
-            ferry_core::DispatchMode::Row,
-            req,
-        ))
+        Box::pin(async move {
+            crate::ops::reconcile(
+                crate::ops::Pools::My(&self.pool),
+                self.stored_mode().await?,
+                req,
+            )
+            .await
+        })
+    }
+
+    fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
+        Some(self)
     }
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {

@@ -222,12 +222,12 @@ pub(crate) async fn purge_sent(
     };
     // MySQL cannot LIMIT a subquery on the table it deletes from, and a single-table DELETE
     // (its bounded form, with ORDER BY/LIMIT) takes no alias: qualify by the table name there.
-    let q = if d == Dialect::My {
+    let cursor = mode == DispatchMode::Cursor;
+    let q = if d == Dialect::My && !cursor {
         "ferry_outbox"
     } else {
         "o"
     };
-    let cursor = mode == DispatchMode::Cursor;
     // Cursor mode: a row is SENT when it is behind its slot's cursor with no open exception
     // (the view derives it); its age is its commit time, no per-row sent_at exists.
     let source = if cursor {
@@ -266,7 +266,14 @@ pub(crate) async fn purge_sent(
             .unwrap_or(0));
     }
     let sql = match d {
-        Dialect::My => format!("DELETE FROM ferry_outbox WHERE {filter} ORDER BY seq LIMIT {batch}"),
+        Dialect::My if !cursor => {
+            format!("DELETE FROM ferry_outbox WHERE {filter} ORDER BY seq LIMIT {batch}")
+        }
+        // the view reads ferry_outbox: a derived table (materialised) lets MySQL delete from it
+        Dialect::My => format!(
+            "DELETE FROM ferry_outbox WHERE seq IN (SELECT seq FROM (SELECT o.seq FROM {source} WHERE {filter} \
+             ORDER BY o.seq LIMIT {batch}) AS b)"
+        ),
         _ => format!(
             "DELETE FROM ferry_outbox WHERE seq IN (SELECT o.seq FROM {source} WHERE {filter} ORDER BY o.seq LIMIT {batch})"
         ),

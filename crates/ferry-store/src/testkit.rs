@@ -410,7 +410,7 @@ impl OpenTx {
 
 /// Like [`on_every_backend!`], for tests `async fn name(db: TestDb, mode: DispatchMode)`: one
 /// test per backend and dispatch mode (modules `row::{sqlite,postgres,mysql}` and
-/// `cursor::{sqlite,postgres}`; MySQL/MariaDB has no cursor dispatch).
+/// `cursor::{sqlite,postgres,mysql}`).
 #[macro_export]
 macro_rules! on_every_backend_and_mode {
     ($($name:ident),* $(,)?) => {
@@ -432,6 +432,13 @@ macro_rules! on_every_backend_and_mode {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Postgres).await else { return };
+                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
+                })*
+            }
+            mod mysql {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Mysql).await else { return };
                     super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
                 })*
             }

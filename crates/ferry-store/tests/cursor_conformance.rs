@@ -1,5 +1,5 @@
 //! The cursor-dispatch conformance suite: every test runs on each store with cursor dispatch
-//! (SQLite and PostgreSQL; MySQL/MariaDB has none and is checked to say so).
+//! (SQLite, PostgreSQL and MySQL/MariaDB).
 //!
 //! Each test gets its own database (see `ferry_store::testkit`), so tests run in parallel.
 use std::time::Duration;
@@ -426,6 +426,9 @@ async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
     };
     let rolled = db.open_producer_tx(&[ev("gone", 1)]).await.unwrap();
     db.store.enqueue(&[ev("early", 1)]).await.unwrap();
+    if db.backend == ferry_store::Backend::Mysql {
+        return open_transactions_hold_the_mysql_horizon(db, cursors, open, rolled).await;
+    }
     let b = read_until(&db, &read_req(&cursors, 10), 1).await;
     let ids: Vec<&str> = b
         .events
@@ -461,6 +464,54 @@ async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
     }
     assert_eq!(seen, vec!["e-late-1".to_string()]);
     assert_eq!(state(&db, "e-late-1").await, Some(EventState::Sent));
+    assert!(db.store.record("e-gone-1").await.unwrap().is_none());
+    db.cleanup().await;
+}
+
+/// MySQL/MariaDB (the commit gate): an open producer transaction holds the horizon, so nothing
+/// committed after it began is read either; once it ends, its intents and the later ones are
+/// read in `seq` order, and a rolled-back one never appears.
+async fn open_transactions_hold_the_mysql_horizon(
+    db: TestDb,
+    cursors: Vec<SlotCursor>,
+    open: ferry_store::testkit::OpenTx,
+    rolled: ferry_store::testkit::OpenTx,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while tokio::time::Instant::now() < deadline {
+        let b = cs(&db).read_batch(&read_req(&cursors, 10)).await.unwrap();
+        assert!(
+            b.events.is_empty(),
+            "read past an open transaction: {:?}",
+            b.events
+        );
+        assert!(
+            b.upto.seq <= 0,
+            "the horizon passed an open transaction: {:?}",
+            b.upto
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let h = cs(&db).horizon().await.unwrap();
+    assert!(
+        h.oldest_xact_pid.is_some(),
+        "the open transaction is reported: {h:?}"
+    );
+    open.commit().await;
+    rolled.rollback().await;
+    let b = read_until(&db, &read_req(&cursors, 10), 2).await;
+    let ids: Vec<&str> = b
+        .events
+        .iter()
+        .map(|e| e.event.token.event_id.as_str())
+        .collect();
+    assert_eq!(ids, vec!["e-late-1", "e-early-1"]);
+    cs(&db)
+        .advance(&advance_all("a", &cursors, b.upto, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(state(&db, "e-late-1").await, Some(EventState::Sent));
+    assert_eq!(state(&db, "e-early-1").await, Some(EventState::Sent));
     assert!(db.store.record("e-gone-1").await.unwrap().is_none());
     db.cleanup().await;
 }
@@ -576,6 +627,13 @@ macro_rules! cursor_backends {
                 super::$name(db).await;
             })*
         }
+        mod mysql {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
+                super::$name(db).await;
+            })*
+        }
     };
 }
 
@@ -589,17 +647,6 @@ cursor_backends!(
     open_transactions_delay_only_their_own_rows,
     mode_switch_converts_state,
 );
-
-/// MySQL/MariaDB has no cursor dispatch yet: the store says so (the relay turns that into a
-/// clear error naming `--dispatch row`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mysql_offers_no_cursor_dispatch() {
-    let Some(db) = TestDb::open(ferry_store::Backend::Mysql).await else {
-        return;
-    };
-    assert!(db.store.cursor().is_none());
-    db.cleanup().await;
-}
 
 #[allow(dead_code)]
 fn _uses(_: &dyn OutboxStore) {}
