@@ -121,11 +121,11 @@ impl Dispatch {
         }
     }
 
-    /// What a relay picks when not told: cursor where the store supports it.
+    /// What a relay picks when not told ([`ferry_relay::preferred_dispatch`]): cursor.
     pub fn preferred(store: StoreKind) -> Self {
-        match store {
-            StoreKind::Sqlite | StoreKind::Postgres => Self::Cursor,
-            StoreKind::Mysql => Self::Row,
+        match ferry_relay::preferred_dispatch(store.as_str()) {
+            ferry_core::DispatchMode::Cursor => Self::Cursor,
+            ferry_core::DispatchMode::Row => Self::Row,
         }
     }
 }
@@ -238,8 +238,7 @@ pub struct Args {
     /// Dispatch mode of the relays: `cursor` (a durable cursor per slot; outbox rows are only
     /// INSERTed) or `row` (per-row claims: INSERT, claim UPDATE, SENT UPDATE). Passed to
     /// in-process relays and to `ferry relay --dispatch`; the outbox is put in this mode before
-    /// anything is produced [default: cursor on SQLite and PostgreSQL, row on MySQL/MariaDB,
-    /// which has no cursor mode].
+    /// anything is produced [default: cursor; row on MySQL/MariaDB, where cursor is opt-in].
     #[arg(long, value_enum)]
     pub dispatch: Option<Dispatch>,
 
@@ -451,11 +450,6 @@ impl Args {
         if self.sink == SinkKind::Stdout && self.relay_mode == RelayMode::Process {
             return conflict(
                 "'--sink stdout' with '--relay-mode process' would mix the relays' output into the log files; use it in-process".to_string(),
-            );
-        }
-        if self.dispatch == Some(Dispatch::Cursor) && self.store_kind() == StoreKind::Mysql {
-            return conflict(
-                "'--dispatch cursor' is not available on MySQL/MariaDB (no cursor dispatch there): use '--dispatch row' or omit '--dispatch'".to_string(),
             );
         }
         match (self.preload, self.versions_per_aggregate) {
@@ -709,30 +703,23 @@ mod tests {
     }
 
     #[test]
-    fn mysql_with_cursor_dispatch_is_refused() {
-        let (kind, e) = parse(&[
+    fn mysql_takes_either_dispatch() {
+        assert!(parse(&[
             "--dispatch",
             "cursor",
             "--database-url",
-            "mysql://u:pw@h/db",
+            "mysql://u:pw@h/db"
         ])
-        .unwrap_err();
-        assert_eq!(kind, ErrorKind::ArgumentConflict);
-        assert!(
-            e.contains("--dispatch cursor") && e.contains("MySQL") && !e.contains("pw"),
-            "{e}"
-        );
-        let e = parse(&[
+        .is_ok());
+        assert!(parse(&[
             "--dispatch",
-            "cursor",
+            "row",
             "--store",
             "mariadb",
             "--database-url",
-            "mysql://u@h/db",
+            "mysql://u@h/db"
         ])
-        .unwrap_err()
-        .1;
-        assert!(e.contains("--dispatch row"), "{e}");
+        .is_ok());
     }
 
     #[test]

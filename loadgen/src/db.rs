@@ -165,10 +165,9 @@ const SQL_MY: Sql = Sql {
         WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
     commit_to_ack_us: "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) AS SIGNED) \
         FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL",
-    // no cursor dispatch on MySQL/MariaDB (refused before the run): never used
-    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
+    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox_cursor_view WHERE state = 'SENT'",
     unsent_examples_cursor:
-        "SELECT CAST(CONCAT(event_id, ' (', state, ')') AS CHAR) FROM ferry_outbox \
+        "SELECT CAST(CONCAT(event_id, ' (', state, ')') AS CHAR) FROM ferry_outbox_cursor_view \
         WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
 };
 
@@ -288,11 +287,6 @@ impl Database {
     /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
     /// business table.
     pub async fn create(spec: &DbSpec, run: &str, pool_size: u32) -> Result<Self> {
-        if spec.dispatch == Dispatch::Cursor && spec.store == StoreKind::Mysql {
-            return Err(Error::Setup(
-                "--dispatch cursor is not available on MySQL/MariaDB: use --dispatch row".into(),
-            ));
-        }
         let name = format!("loadgen_{run}");
         let (url, cleanup) = match (spec.store, &spec.url) {
             (StoreKind::Sqlite, None) => {

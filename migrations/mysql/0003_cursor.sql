@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS ferry_outbox_exception (
 -- gate rows (the trigger below, before the row's AUTO_INCREMENT value is drawn) until it ends.
 -- The ticker (one relay per database, elected by GET_LOCK) holds or waits for an exclusive lock
 -- on one row at a time; a shared request SKIP LOCKED passes over a row held or awaited
--- exclusively, so producers never wait for it. When the ticker's exclusive request on a row is
+-- exclusively (see docs/architecture.md for the one case where MariaDB makes a producer wait).
+-- When the ticker's exclusive request on a row is
 -- granted, every transaction that held that row has ended: every seq at or below the head read
 -- before the request is committed or rolled back, and is published as the horizon below.
 CREATE TABLE IF NOT EXISTS ferry_commit_gate (

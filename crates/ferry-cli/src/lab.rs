@@ -431,7 +431,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             // the slot's (owner, epoch, cursor version) instead of a row's claim version.
             let Some(cs) = lab.db.store.cursor() else {
                 return Err(format!(
-                    "cursor dispatch is not available on {} (row dispatch only)",
+                    "cursor dispatch is not available on the {} store",
                     lab.db.store.backend()
                 ));
             };
@@ -675,12 +675,7 @@ pub async fn run(case: &str, url: Option<&str>) -> LabResult<Vec<CaseResult>> {
         ),
     };
     let cases: Vec<&str> = if case == "all" {
-        // MySQL/MariaDB has row dispatch only
-        CASES
-            .iter()
-            .copied()
-            .filter(|c| *c != "stale-cursor" || backend != Backend::Mysql)
-            .collect()
+        CASES.to_vec()
     } else if CASES.contains(&case) {
         vec![case]
     } else {

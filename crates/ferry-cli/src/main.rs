@@ -177,8 +177,8 @@ struct RelayArgs {
     /// Owner id of this process [default: host-pid-random] (relay.owner).
     #[arg(long, env = "FERRY_OWNER")]
     owner: Option<String>,
-    /// Dispatch mode: cursor (one write per event; PostgreSQL and SQLite) or row (per-row
-    /// claims; MariaDB) [default: cursor where the store supports it, else row]
+    /// Dispatch mode: cursor (one write per event) or row (per-row claims: three writes per
+    /// event) [default: cursor; row on MySQL/MariaDB, where cursor is opt-in]
     /// (relay.dispatch).
     #[arg(long, env = "FERRY_DISPATCH")]
     dispatch: Option<String>,
@@ -437,13 +437,15 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             // Validate every setting before touching the database.
             let (mut config, sink) = relay_settings(&args, &file)?;
             // Worker settings left unset take the defaults of the dispatch mode the relay will
-            // run in (the store's preferred one unless --dispatch says otherwise: cursor where
-            // the backend has it, row on MySQL/MariaDB).
+            // run in (the store's preferred one unless --dispatch says otherwise).
             let backend = ferry_store::Backend::from_url(&url)?;
-            let mode = config.dispatch.unwrap_or(match backend {
-                ferry_store::Backend::Mysql => ferry_core::DispatchMode::Row,
-                _ => ferry_core::DispatchMode::Cursor,
-            });
+            let mode = config
+                .dispatch
+                .unwrap_or(ferry_relay::preferred_dispatch(match backend {
+                    ferry_store::Backend::Mysql => "mysql",
+                    ferry_store::Backend::Postgres => "postgres",
+                    ferry_store::Backend::Sqlite => "sqlite",
+                }));
             let d = ferry_relay::WorkerDefaults::for_mode(
                 mode,
                 backend == ferry_store::Backend::Sqlite,

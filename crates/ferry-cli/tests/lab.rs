@@ -16,7 +16,7 @@ fn lab(url: Option<&str>, case: &str) -> (Option<i32>, serde_json::Value, String
 }
 
 #[track_caller]
-fn assert_all_held(url: Option<&str>, cursor: bool) {
+fn assert_all_held(url: Option<&str>) {
     let (code, v, stderr) = lab(url, "all");
     assert_eq!(code, Some(0), "ferry lab failed: {v:#}\n{stderr}");
     assert_eq!(v["all_held"], true, "{v:#}");
@@ -26,7 +26,7 @@ fn assert_all_held(url: Option<&str>, cursor: bool) {
         .iter()
         .map(|c| c["case"].as_str().unwrap())
         .collect();
-    let mut expected = vec![
+    let expected = vec![
         "rollback",
         "committed",
         "send-before-mark",
@@ -37,9 +37,6 @@ fn assert_all_held(url: Option<&str>, cursor: bool) {
         "two-sessions",
         "kafka-duplicate",
     ];
-    if !cursor {
-        expected.retain(|c| *c != "stale-cursor");
-    }
     assert_eq!(cases, expected);
     let case = |n: &str| {
         v["cases"]
@@ -54,18 +51,16 @@ fn assert_all_held(url: Option<&str>, cursor: bool) {
     assert_eq!(case("send-before-mark")["effects_applied"], 1);
     assert_eq!(case("mark-before-send")["deliveries_at_receiver"], 0);
     assert_eq!(case("stale-claim")["a_update_rows"], 0);
-    if cursor {
-        assert_eq!(case("stale-cursor")["a_advance"], "Fenced");
-        assert_eq!(case("stale-cursor")["b_advance"], "Applied");
-        assert_eq!(case("stale-cursor")["effects_applied"], 1);
-    }
+    assert_eq!(case("stale-cursor")["a_advance"], "Fenced");
+    assert_eq!(case("stale-cursor")["b_advance"], "Applied");
+    assert_eq!(case("stale-cursor")["effects_applied"], 1);
     assert_eq!(case("two-sessions")["a_stale_update_rows"], 0);
     assert_eq!(case("kafka-duplicate")["effects_applied"], 1);
 }
 
 #[test]
 fn lab_all_cases_hold_on_sqlite() {
-    assert_all_held(None, true);
+    assert_all_held(None);
 }
 
 #[test]
@@ -73,16 +68,16 @@ fn lab_all_cases_hold_on_postgres() {
     let Some(url) = ferry_store::testkit::env_url(ferry_store::Backend::Postgres) else {
         return;
     };
-    assert_all_held(Some(&url), true);
+    assert_all_held(Some(&url));
 }
 
-/// MariaDB has row dispatch only: `all` leaves out the cursor case.
+/// MariaDB: every case, the stale cursor behind the commit gate included.
 #[test]
 fn lab_all_cases_hold_on_mysql() {
     let Some(url) = ferry_store::testkit::env_url(ferry_store::Backend::Mysql) else {
         return;
     };
-    assert_all_held(Some(&url), false);
+    assert_all_held(Some(&url));
 }
 
 #[test]

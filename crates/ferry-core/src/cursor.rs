@@ -27,7 +27,7 @@ use crate::store::{BoxFuture, RetryItem};
 #[serde(rename_all = "lowercase")]
 pub enum DispatchMode {
     /// Per-row claims: `PENDING → CLAIMED → SENT`, three row writes per event (the seed's
-    /// teaching protocol; the only mode on MySQL/MariaDB).
+    /// teaching protocol, kept for `ferry lab` and claim-contention benchmarks).
     Row,
     /// A durable cursor per slot: one write per event (the INSERT), one cursor CAS per batch.
     Cursor,

@@ -18,6 +18,8 @@ pub mod sink;
 pub mod verify;
 
 pub use metrics::Metrics;
-pub use relay::{default_owner, ConfigError, Relay, RelayConfig, WorkerDefaults};
+pub use relay::{
+    default_owner, preferred_dispatch, ConfigError, Relay, RelayConfig, WorkerDefaults,
+};
 pub use sink::kafka::{KafkaConfig, KafkaSink};
 pub use sink::{NullSink, Sink, StdoutSink};

@@ -291,12 +291,12 @@ impl Metrics {
         gauge(
             &mut o,
             "ferry_horizon_blocker_pid",
-            "Cursor mode (PostgreSQL): pid of the oldest open write transaction, which holds the read horizon back (0: prepared transaction, -1: none).",
+            "Cursor mode: the oldest open write transaction, which holds the read horizon back (PostgreSQL: backend pid, 0 for a prepared transaction; MySQL/MariaDB: connection id; -1: none).",
             g(&self.horizon_blocker_pid),
         );
         let _ = writeln!(
             o,
-            "# HELP ferry_horizon_blocker_age_seconds Cursor mode (PostgreSQL): age of the oldest open write transaction; intents committed after it started wait for it.\n# TYPE ferry_horizon_blocker_age_seconds gauge\nferry_horizon_blocker_age_seconds {}",
+            "# HELP ferry_horizon_blocker_age_seconds Cursor mode: age of the oldest open write transaction (PostgreSQL: its own intents wait for it; MySQL/MariaDB: every intent committed after it began waits for it).\n# TYPE ferry_horizon_blocker_age_seconds gauge\nferry_horizon_blocker_age_seconds {}",
             if blocker < 0 { 0.0 } else { blocker as f64 / 1e6 }
         );
         summary(

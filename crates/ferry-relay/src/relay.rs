@@ -388,6 +388,16 @@ impl Relay {
     }
 }
 
+/// The mode a relay picks on `backend` when not told: cursor, except on MySQL/MariaDB, where
+/// cursor dispatch is opt-in (an open producer transaction can hold other producers' multi-row
+/// inserts back behind its commit gate: docs/architecture.md) and row dispatch stays the default.
+pub fn preferred_dispatch(backend: &str) -> DispatchMode {
+    match backend {
+        "mysql" | "memory" => DispatchMode::Row,
+        _ => DispatchMode::Cursor,
+    }
+}
+
 /// The mode this relay runs in: the configured one, else the store's preferred one. Converts
 /// the outbox when it is stored in the other mode.
 async fn resolve_dispatch(
@@ -397,7 +407,7 @@ async fn resolve_dispatch(
     let cursor = store.cursor();
     let mode = match (config.dispatch, cursor.is_some()) {
         (Some(m), _) => m,
-        (None, true) => DispatchMode::Cursor,
+        (None, true) => preferred_dispatch(store.backend()),
         (None, false) => DispatchMode::Row,
     };
     match cursor {

@@ -286,7 +286,8 @@ async fn brokers_down_then_back_drains_backlog(db: TestDb, mode: DispatchMode) {
 }
 
 /// A producer transaction that stays open for 10 s while thousands of later intents are
-/// delivered is delivered once it commits; one that rolls back is never announced.
+/// delivered (on MySQL/MariaDB in cursor dispatch: held back until it ends) is delivered once it
+/// commits; one that rolls back is never announced.
 async fn late_commit_is_delivered_and_rollback_never(db: TestDb, mode: DispatchMode) {
     // Switch modes first: a mode switch takes the outbox's table lock, which would wait for the
     // open producer transactions below.
@@ -312,11 +313,23 @@ async fn late_commit_is_delivered_and_rollback_never(db: TestDb, mode: DispatchM
         round += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let r = verifier
-        .wait_until(Duration::from_secs(60), |r| r.delivered >= n)
-        .await;
-    assert_eq!(r.delivered, n, "{r:?}");
-    assert!(n >= 2000, "only {n} later intents");
+    // MySQL/MariaDB in cursor dispatch: the commit gate's horizon waits for every open producer
+    // transaction, so nothing committed after "late" began goes out before it ends, and the
+    // multi-row inserts of other producers wait behind the ticker's gate request (the documented
+    // limits of the gate, docs/architecture.md); elsewhere thousands of later intents go out.
+    let gated = db.backend == ferry_store::Backend::Mysql && mode == DispatchMode::Cursor;
+    assert!(gated || n >= 2000, "only {n} later intents");
+    if gated {
+        let r = verifier
+            .wait_until(Duration::from_secs(2), |r| r.delivered > 0)
+            .await;
+        assert_eq!(r.delivered, 0, "read past an open transaction: {r:?}");
+    } else {
+        let r = verifier
+            .wait_until(Duration::from_secs(60), |r| r.delivered >= n)
+            .await;
+        assert_eq!(r.delivered, n, "{r:?}");
+    }
     assert!(
         !verifier.was_delivered("e-late-1"),
         "announced before commit"
@@ -324,6 +337,12 @@ async fn late_commit_is_delivered_and_rollback_never(db: TestDb, mode: DispatchM
     tokio::time::sleep_until(opened + Duration::from_secs(10)).await;
     late.commit().await;
     rolled.rollback().await;
+    if gated {
+        let r = verifier
+            .wait_until(Duration::from_secs(60), |r| r.delivered > n)
+            .await;
+        assert_eq!(r.delivered, n + 1, "{r:?}");
+    }
     let r = verifier
         .wait_until(Duration::from_secs(30), |_| {
             verifier.was_delivered("e-late-1")

@@ -6,7 +6,8 @@
 //! * every transaction that inserts an intent holds a shared lock on one of two gate rows
 //!   (`ferry_commit_gate`) from before its first `seq` is drawn until it ends (the
 //!   `ferry_outbox_gate` trigger; a shared request `SKIP LOCKED` passes over a row that is held
-//!   or awaited exclusively, so a producer never waits for the ticker);
+//!   or awaited exclusively — except, on MariaDB 10.11, in the trigger's second and later rows of
+//!   a multi-row INSERT, which wait: docs/architecture.md);
 //! * one ticker per database (a relay that won `GET_LOCK('ferry_ticker:<db>')`) alternates: while
 //!   it holds row `g` exclusively, every producer that could still be open holds `g'`; it reads
 //!   the head `M = max(seq)`, releases `g` and waits for `g'` exclusively. When that is granted,
@@ -15,8 +16,9 @@
 //!   release).
 //!
 //! Reads return committed rows with `cursor < seq <= horizon` in `seq` order, as on SQLite. The
-//! price: an open producer transaction holds the horizon (not other producers) until it ends;
-//! [`CursorStore::horizon`] reports the oldest one.
+//! price: an open producer transaction holds the horizon until it ends (and, through the wait
+//! above, other producers' multi-row inserts); [`CursorStore::horizon`] reports the oldest one.
+//! That is why cursor dispatch is opt-in on MySQL/MariaDB.
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -664,14 +666,15 @@ impl CursorStore for MyStore {
 
     fn horizon(&self) -> BoxFuture<'_, Result<HorizonInfo, StoreError>> {
         Box::pin(async move {
-            // The oldest open transaction other than the ticker's: the one the next horizon
-            // waits for if it inserted an intent. INNODB_TRX needs the PROCESS privilege;
-            // without it nothing is reported.
+            // The oldest open write transaction other than the ticker's: the one the next
+            // horizon waits for if it inserted an intent (its "pid" is the connection id, for
+            // KILL). INNODB_TRX needs the PROCESS privilege; without it nothing is reported.
             let row = sqlx::query(
                 "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) AS SIGNED), \
                    CAST(t.trx_mysql_thread_id AS SIGNED) \
                  FROM information_schema.INNODB_TRX t \
-                 WHERE t.trx_mysql_thread_id <> coalesce((SELECT ticker_conn FROM ferry_horizon WHERE id = 1), 0) \
+                 WHERE t.trx_rows_modified > 0 \
+                   AND t.trx_mysql_thread_id <> coalesce((SELECT ticker_conn FROM ferry_horizon WHERE id = 1), 0) \
                    AND t.trx_mysql_thread_id <> CONNECTION_ID() \
                  ORDER BY t.trx_started LIMIT 1",
             )
