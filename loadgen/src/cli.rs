@@ -238,7 +238,7 @@ pub struct Args {
     /// Dispatch mode of the relays: `cursor` (a durable cursor per slot; outbox rows are only
     /// INSERTed) or `row` (per-row claims: INSERT, claim UPDATE, SENT UPDATE). Passed to
     /// in-process relays and to `ferry relay --dispatch`; the outbox is put in this mode before
-    /// anything is produced [default: cursor; row on MySQL/MariaDB, where cursor is opt-in].
+    /// anything is produced [default: cursor].
     #[arg(long, value_enum)]
     pub dispatch: Option<Dispatch>,
 
@@ -689,7 +689,7 @@ mod tests {
         );
         assert_eq!(
             args(&["--database-url", "mysql://u@h/db"]).dispatch(),
-            Dispatch::Row
+            Dispatch::Cursor
         );
         assert_eq!(args(&["--dispatch", "row"]).dispatch(), Dispatch::Row);
         assert!(parse(&["--dispatch", "row", "--database-url", "mysql://u@h/db"]).is_ok());

@@ -178,7 +178,7 @@ struct RelayArgs {
     #[arg(long, env = "FERRY_OWNER")]
     owner: Option<String>,
     /// Dispatch mode: cursor (one write per event) or row (per-row claims: three writes per
-    /// event) [default: cursor; row on MySQL/MariaDB, where cursor is opt-in]
+    /// event) [default: cursor]
     /// (relay.dispatch).
     #[arg(long, env = "FERRY_DISPATCH")]
     dispatch: Option<String>,

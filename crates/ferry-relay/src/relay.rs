@@ -388,12 +388,11 @@ impl Relay {
     }
 }
 
-/// The mode a relay picks on `backend` when not told: cursor, except on MySQL/MariaDB, where
-/// cursor dispatch is opt-in (an open producer transaction can hold other producers' multi-row
-/// inserts back behind its commit gate: docs/architecture.md) and row dispatch stays the default.
+/// The mode a relay picks on `backend` when not told: cursor on every SQL backend (on
+/// MySQL/MariaDB behind the commit gate; measured against row dispatch in docs/performance.md).
 pub fn preferred_dispatch(backend: &str) -> DispatchMode {
     match backend {
-        "mysql" | "memory" => DispatchMode::Row,
+        "memory" => DispatchMode::Row,
         _ => DispatchMode::Cursor,
     }
 }

@@ -313,12 +313,13 @@ async fn late_commit_is_delivered_and_rollback_never(db: TestDb, mode: DispatchM
         round += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // every producer went on (on MySQL/MariaDB in cursor dispatch too: the commit gate does not
+    // make producers wait)
+    assert!(n >= 2000, "only {n} later intents");
     // MySQL/MariaDB in cursor dispatch: the commit gate's horizon waits for every open producer
-    // transaction, so nothing committed after "late" began goes out before it ends, and the
-    // multi-row inserts of other producers wait behind the ticker's gate request (the documented
-    // limits of the gate, docs/architecture.md); elsewhere thousands of later intents go out.
+    // transaction, so nothing committed after "late" began goes out before it ends (the
+    // documented price of the gate, docs/architecture.md); elsewhere the later intents go out.
     let gated = db.backend == ferry_store::Backend::Mysql && mode == DispatchMode::Cursor;
-    assert!(gated || n >= 2000, "only {n} later intents");
     if gated {
         let r = verifier
             .wait_until(Duration::from_secs(2), |r| r.delivered > 0)

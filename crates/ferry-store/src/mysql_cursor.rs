@@ -6,8 +6,9 @@
 //! * every transaction that inserts an intent holds a shared lock on one of two gate rows
 //!   (`ferry_commit_gate`) from before its first `seq` is drawn until it ends (the
 //!   `ferry_outbox_gate` trigger; a shared request `SKIP LOCKED` passes over a row that is held
-//!   or awaited exclusively — except, on MariaDB 10.11, in the trigger's second and later rows of
-//!   a multi-row INSERT, which wait: docs/architecture.md);
+//!   or awaited exclusively, so a producer does not wait for the ticker; MariaDB 10.11 ignores
+//!   `SKIP LOCKED` in a trigger from a statement's second row on, so later rows re-take the gate
+//!   the first row took);
 //! * one ticker per database (a relay that won `GET_LOCK('ferry_ticker:<db>')`) alternates: while
 //!   it holds row `g` exclusively, every producer that could still be open holds `g'`; it reads
 //!   the head `M = max(seq)`, releases `g` and waits for `g'` exclusively. When that is granted,
@@ -16,9 +17,8 @@
 //!   release).
 //!
 //! Reads return committed rows with `cursor < seq <= horizon` in `seq` order, as on SQLite. The
-//! price: an open producer transaction holds the horizon until it ends (and, through the wait
-//! above, other producers' multi-row inserts); [`CursorStore::horizon`] reports the oldest one.
-//! That is why cursor dispatch is opt-in on MySQL/MariaDB.
+//! price: an open producer transaction holds the horizon (not other producers) until it ends;
+//! [`CursorStore::horizon`] reports the oldest one.
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
