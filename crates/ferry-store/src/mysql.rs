@@ -515,8 +515,14 @@ impl OutboxStore for MyStore {
             }
             // Over-fetch candidates: a concurrent claimer may hold some of them locked (SKIP
             // LOCKED then passes over them), and without spares a contended claim would come
-            // back short or empty while other due rows wait.
-            let want = req.limit.saturating_mul(3) + 16;
+            // back short or empty while other due rows wait. A fenced claim has its slots to
+            // itself (only a takeover races it), so it reads few spares: each candidate costs a
+            // row lookup and a predecessor probe (docs/performance.md, "MariaDB").
+            let want = if req.fence.is_some() {
+                req.limit + 16
+            } else {
+                req.limit.saturating_mul(3) + 16
+            };
             let mut candidates = Vec::with_capacity(want);
             for (state, due) in [
                 ("PENDING", "o.available_at"),
