@@ -324,4 +324,50 @@ mod mysql_paused {
         };
         super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Row).await;
     }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn paused_owner_is_fenced_cursor() {
+        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
+            return;
+        };
+        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Cursor).await;
+    }
+    /// A relay stopped for good while it ticks the commit-gate horizon keeps its connection and
+    /// the election lock, outside any transaction the server would end: another relay ends that
+    /// session once the horizon is 30 s stale, takes over the ticking and delivers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn stopped_ticker_is_replaced() {
+        use std::time::Duration;
+        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
+            return;
+        };
+        let a = super::spawn_relay(
+            &db.url,
+            &["--sink", "null"],
+            "ticker-a",
+            ferry_core::DispatchMode::Cursor,
+        );
+        super::wait_until("A owns every slot", Duration::from_secs(20), || async {
+            super::owners(&db).await.get("ticker-a") == Some(&256)
+        })
+        .await;
+        a.signal(libc::SIGSTOP);
+        let b = super::spawn_relay(
+            &db.url,
+            &["--sink", "null"],
+            "fresh-b",
+            ferry_core::DispatchMode::Cursor,
+        );
+        db.store
+            .enqueue(&[super::ev("t", 1), super::ev("t", 2)])
+            .await
+            .unwrap();
+        super::wait_until("delivered by B", Duration::from_secs(90), || async {
+            db.store.status().await.unwrap().pending == 0
+        })
+        .await;
+        a.signal(libc::SIGCONT);
+        drop(a);
+        drop(b);
+        db.cleanup().await;
+    }
 }

@@ -40,6 +40,12 @@ use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
 /// caught up wakes it at once).
 const BUSY_TICK: Duration = Duration::from_millis(1);
 const IDLE_TICK: Duration = Duration::from_millis(50);
+/// The ticker writes `ferry_horizon.ticked_at` at least this often, even when nothing is new.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+/// A ticker that has not written `ticked_at` for this long while holding the election lock (a
+/// paused or hung process; or one waiting this long for an open producer transaction) has its
+/// connection killed by a relay that wants to tick, which then takes over.
+const STALE_TICKER_S: i64 = 30;
 
 /// `COLUMNS` qualified with `o.`, in the order [`claimed_from_row`] reads.
 const COLUMNS_O: &str =
@@ -114,6 +120,13 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
         .await
         .map_err(|e| db_err("ticker: connect", e))?
         .detach();
+    // The pool's sessions end transactions idle for 10 s; the ticker's must not end that way
+    // (it would look like a crash): a stopped ticker is replaced by the stale-ticker check below
+    // instead, whether it stopped inside a transaction or between two. (MySQL has no such
+    // variable: the error is ignored.)
+    let _ = conn
+        .execute("SET SESSION idle_transaction_timeout = 0")
+        .await;
     // Another process may tick this database: wait for its lock (it is released when that
     // process's connection ends), checking now and then that this store still exists.
     loop {
@@ -128,17 +141,50 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
         if ticker.upgrade().is_none() {
             return Ok(());
         }
+        // The holder stopped ticking (a stopped process keeps its connection, and with it the
+        // lock, outside any transaction the server would time out): end its session. Killing a
+        // ticker is always safe; the horizon only moves on a closed head.
+        let stale: Option<i64> = sqlx::query_scalar(
+            "SELECT ticker_conn FROM ferry_horizon WHERE id = 1 \
+               AND ticker_conn = IS_USED_LOCK(CONCAT('ferry_ticker:', DATABASE())) \
+               AND ticked_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND",
+        )
+        .bind(STALE_TICKER_S)
+        .fetch_optional(&mut conn)
+        .await
+        .map_err(|e| db_err("ticker: stale check", e))?
+        .flatten();
+        if let Some(id) = stale {
+            tracing::warn!(
+                connection = id,
+                "cursor horizon ticker: the elected ticker has not ticked for {STALE_TICKER_S} s; ending its session and taking over"
+            );
+            // KILL takes no placeholder; `id` is an integer read from the database
+            if let Err(e) = conn.execute(format!("KILL CONNECTION {id}").as_str()).await {
+                tracing::warn!(error = %e, "cursor horizon ticker: cannot end the stale ticker's session");
+            }
+        }
     }
     let me: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
         .fetch_one(&mut conn)
         .await
         .map_err(|e| db_err("ticker: connection id", e))?;
+    // claim the ticker's row at once, so a ticker that hangs before its first horizon can be
+    // recognised as stale too
+    sqlx::query(
+        "UPDATE ferry_horizon SET ticker_conn = ?, ticked_at = UTC_TIMESTAMP(6) WHERE id = 1",
+    )
+    .bind(me)
+    .execute(&mut conn)
+    .await
+    .map_err(|e| db_err("ticker: register", e))?;
     let mut held: i8 = 0;
     gate_wait(&mut conn, held).await?;
     // `closed`: a head every transaction of which has ended (publishable); `published`: the
     // last value written.
     let mut closed: Option<i64> = None;
     let mut published: Option<i64> = None;
+    let mut beat = tokio::time::Instant::now();
     loop {
         let Some(t) = ticker.upgrade() else {
             let _ = conn.close().await;
@@ -151,7 +197,7 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
                 .fetch_one(&mut conn)
                 .await
                 .map_err(|e| db_err("ticker: head", e))?;
-        if closed.is_some() && closed != published {
+        if closed.is_some() && (closed != published || beat.elapsed() >= HEARTBEAT) {
             sqlx::query(
                 "UPDATE ferry_horizon SET horizon_seq = GREATEST(horizon_seq, ?), \
                  ticked_at = UTC_TIMESTAMP(6), ticker_conn = ? WHERE id = 1",
@@ -162,6 +208,7 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
             .await
             .map_err(|e| db_err("ticker: publish", e))?;
             published = closed;
+            beat = tokio::time::Instant::now();
         }
         conn.execute("COMMIT")
             .await
