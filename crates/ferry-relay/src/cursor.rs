@@ -95,6 +95,10 @@ struct State {
     /// Busy aggregates: events in batches not yet advanced, less those freed when their send
     /// finished with every item acked ([`release_acked`]).
     busy: HashMap<String, usize>,
+    /// Slots whose last read was cut at a busy aggregate, with that aggregate: left out of
+    /// reads while it is still busy (the slot cannot get past it, and its lagging position
+    /// would make every read re-walk the rows the other slots have passed).
+    stalled: HashMap<SlotId, String>,
     queue: VecDeque<Batch>,
     /// The advance of the batch before `queue`'s front, running while the worker reads and
     /// sends on. At most one: the next advance is built after this one's result is applied
@@ -219,9 +223,26 @@ pub(crate) async fn worker(
             }
             continue;
         }
-        // read past the in-memory positions
-        let from: Vec<(SlotId, CursorPos)> =
-            st.slots.iter().map(|s| (*s, st.read_pos[s])).collect();
+        // read past the in-memory positions, leaving out slots still stalled at a busy aggregate
+        let busy = &st.busy;
+        st.stalled.retain(|_, agg| busy.contains_key(agg));
+        let from: Vec<(SlotId, CursorPos)> = st
+            .slots
+            .iter()
+            .filter(|s| !st.stalled.contains_key(s))
+            .map(|s| (*s, st.read_pos[s]))
+            .collect();
+        if from.is_empty() {
+            // every slot waits for a batch in flight: wait for a completion
+            tokio::select! {
+                _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => {}
+                _ = cancel.cancelled() => {}
+                _ = slots_rx.changed() => { must_load = true; }
+                _ = tokio::time::sleep(cfg.poll_min) => {}
+            }
+            continue;
+        }
+        let read: HashSet<SlotId> = from.iter().map(|(s, _)| *s).collect();
         let commits_seen = ctx.commits.load(Ordering::Acquire);
         let t0 = Instant::now();
         let batch = match cs
@@ -260,6 +281,7 @@ pub(crate) async fn worker(
             }
             if st.busy.contains_key(&e.event.aggregate_id) {
                 cut.insert(slot, last.get(&slot).copied());
+                st.stalled.insert(slot, e.event.aggregate_id.clone());
                 continue;
             }
             last.insert(slot, e.pos);
@@ -275,6 +297,8 @@ pub(crate) async fn worker(
                 .expect("read position of an owned slot");
             let target = match cut.get(s) {
                 Some(before_cut) => *before_cut,
+                // a slot left out of this read keeps its position
+                None if !read.contains(s) => None,
                 None => Some(batch.upto),
             };
             if let Some(t) = target.filter(|t| *t > *p) {
@@ -443,6 +467,7 @@ async fn reset(st: &mut State) {
         }
     }
     st.busy.clear();
+    st.stalled.clear();
     st.cursors.clear();
     st.read_pos.clear();
     st.last_advance.clear();
