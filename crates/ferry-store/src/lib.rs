@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreErrorKind};
 
-mod cursor_common;
+mod common;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;

@@ -62,7 +62,7 @@ use ferry_core::{
     StoreErrorKind, ValidatedEvent, Watermark, SLOT_COUNT,
 };
 
-use crate::postgres::not_quarantined;
+use crate::common::not_quarantined;
 
 /// Bits of `seq` that hold the slot (`SLOT_COUNT` = 256).
 const SLOT_BITS: u32 = 8;

@@ -30,7 +30,7 @@ use ferry_core::{
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::postgres::{not_quarantined, record_from};
+use crate::common::{not_quarantined, record_from};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
 
 /// Rows per multi-row statement (11 placeholders per row stays far below MySQL's 65,535).

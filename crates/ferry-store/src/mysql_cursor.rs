@@ -32,7 +32,7 @@ use ferry_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::cursor_common::{exception_row, micros};
+use crate::common::{exception_row, micros};
 use crate::db_err;
 use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
 

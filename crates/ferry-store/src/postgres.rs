@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    EventState, Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId,
-    SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+    Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row};
 
+use crate::common::{not_quarantined, record_from};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
 
 const INSERT: &str = "INSERT INTO ferry_outbox \
@@ -251,16 +252,6 @@ impl PgStore {
             return Ok(());
         }
         Err(not_quarantined(event_id, self.record(event_id).await?))
-    }
-}
-
-pub(crate) fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> StoreError {
-    match rec {
-        None => StoreError::new(StoreErrorKind::InvalidInput, format!("no outbox event with id {event_id:?}")),
-        Some(r) => StoreError::new(
-            StoreErrorKind::InvalidInput,
-            format!("event {event_id:?} is {}, not QUARANTINED; only quarantined events can be requeued or skipped", r.state),
-        ),
     }
 }
 
@@ -806,31 +797,6 @@ impl OutboxStore for PgStore {
                 .collect())
         })
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn record_from(
-    event_id: String,
-    state: String,
-    claim_version: i64,
-    claim_id: Option<String>,
-    attempts: i32,
-    last_error: Option<String>,
-    resolved_by: Option<String>,
-    payload: String,
-) -> Result<EventRecord, StoreError> {
-    let state =
-        EventState::from_str(&state).map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
-    Ok(EventRecord {
-        event_id,
-        state,
-        claim_version,
-        claim_id,
-        attempts,
-        last_error,
-        resolved_by,
-        payload,
-    })
 }
 
 /// Opens a dedicated connection (used by tests and tools that need session state).

@@ -19,7 +19,7 @@ use ferry_core::{
 use sqlx::postgres::{PgRow, Postgres};
 use sqlx::{Row, Transaction};
 
-use crate::cursor_common::{exception_row, micros};
+use crate::common::{exception_row, micros};
 use crate::db_err;
 use crate::postgres::PgStore;
 

@@ -13,7 +13,7 @@ use ferry_core::{
 };
 use sqlx::Row;
 
-use crate::cursor_common::{exception_row, micros};
+use crate::common::{exception_row, micros};
 use crate::db_err;
 use crate::sqlite::SqliteStore;
 
