@@ -33,7 +33,12 @@ impl Supply {
         // failures (a store without purge) only mean it grows
         let _ = s
             .store
-            .purge_sent(Duration::ZERO, 10_000, None, false)
+            .purge_sent(&ferry_core::PurgeRequest {
+                older_than: Duration::ZERO,
+                batch: 10_000,
+                consumer: None,
+                dry_run: false,
+            })
             .await;
         let n = (need * 20).max(2_000);
         fill(&*s.store, &mut self.feeder, n).await;
@@ -177,7 +182,12 @@ fn claim_contention(c: &mut Criterion) {
                         for _ in 0..iters {
                             let _ = s
                                 .store
-                                .purge_sent(Duration::ZERO, 10_000, None, false)
+                                .purge_sent(&ferry_core::PurgeRequest {
+                                    older_than: Duration::ZERO,
+                                    batch: 10_000,
+                                    consumer: None,
+                                    dry_run: false,
+                                })
                                 .await;
                             fill(&*s.store, &mut feeder, total as usize).await;
                             s.analyze().await;

@@ -478,7 +478,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
                 };
             lab.db
                 .store
-                .acquire_slots("relay-a", &[slot], LEASE)
+                .acquire_slots(&ferry_core::SlotRequest::new("relay-a", &[slot], LEASE))
                 .await
                 .map_err(err("A takes the slot"))?;
             let a = load("relay-a").await?;
@@ -488,7 +488,11 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
             lab.db
                 .store
-                .acquire_slots("relay-b", &[slot], Duration::from_secs(60))
+                .acquire_slots(&ferry_core::SlotRequest::new(
+                    "relay-b",
+                    &[slot],
+                    Duration::from_secs(60),
+                ))
                 .await
                 .map_err(err("B takes the slot over"))?;
             let b = load("relay-b").await?;

@@ -862,13 +862,17 @@ async fn quarantine(cmd: QuarantineCmd, store: Arc<dyn OutboxStore>) -> Result<u
         }
         QuarantineCmd::Requeue { event_id, operator } => {
             let op = operator_name(operator);
-            store.requeue(&event_id, &op).await?;
+            store
+                .requeue(&ferry_core::OperatorAction::new(&event_id, &op))
+                .await?;
             println!("requeued {event_id} (same id and payload), recorded operator {op}");
             Ok(0)
         }
         QuarantineCmd::Skip { event_id, operator } => {
             let op = operator_name(operator);
-            store.skip(&event_id, &op).await?;
+            store
+                .skip(&ferry_core::OperatorAction::new(&event_id, &op))
+                .await?;
             println!("skipped {event_id}: it will never be delivered; its aggregate's successors are released; recorded operator {op}");
             Ok(0)
         }
@@ -940,7 +944,12 @@ async fn purge(a: PurgeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure>
         return Err(fail(2, "invalid --batch: must be between 1 and 100000"));
     }
     let n = store
-        .purge_sent(older, a.batch, a.consumer.as_deref(), a.dry_run)
+        .purge_sent(&ferry_core::PurgeRequest {
+            older_than: older,
+            batch: a.batch,
+            consumer: a.consumer.as_deref(),
+            dry_run: a.dry_run,
+        })
         .await?;
     let scope = a
         .consumer

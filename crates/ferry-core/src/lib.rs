@@ -23,7 +23,7 @@ mod event;
 pub mod failpoint;
 mod outcome;
 mod shard;
-mod store;
+pub mod store;
 
 pub use backoff::Backoff;
 pub use claim::{CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent, SlotFence};
@@ -39,8 +39,10 @@ pub use event::{
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
-    BoxFuture, BusinessTable, EventRecord, OutboxStatus, OutboxStore, QuarantinedEvent,
-    ReconcileReport, ReconcileRequest, RetryItem, SlotLease, Watermark,
+    BoxFuture, BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, OperatorAction,
+    OperatorActions, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent, ReconcileReport,
+    ReconcileRequest, RetryItem, RowDispatch, SlotLease, SlotOwnership, SlotRelease, SlotRequest,
+    Watermark,
 };
 
 /// Microseconds since the Unix epoch, the unit every timestamp crosses the store API in.

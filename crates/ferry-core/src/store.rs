@@ -170,22 +170,106 @@ impl ReconcileReport {
     }
 }
 
-/// The outbox store. Implemented by the PostgreSQL, MySQL/MariaDB, SQLite and in-memory
-/// backends; all pass one conformance suite.
-///
-/// Every method after `claim` is a compare-and-set on the item's [`ClaimToken`] and reports
-/// each item as applied or fenced; a fenced item is a normal outcome.
-pub trait OutboxStore: Send + Sync {
-    /// Short backend name (`postgres`, `mysql`, `sqlite`, `memory`).
-    fn backend(&self) -> &'static str;
+/// [`SlotOwnership::acquire_slots`]: take or renew slot leases.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRequest<'a> {
+    /// The relay process.
+    pub owner: &'a str,
+    /// The slots it wants.
+    pub slots: &'a [SlotId],
+    /// Lease length.
+    pub ttl: Duration,
+}
 
-    /// Enqueues events in a transaction of the store's own (tools, demos). Applications enqueue
-    /// inside their own transaction with the backend's `enqueue` functions instead.
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>>;
+impl<'a> SlotRequest<'a> {
+    /// A request by `owner` for `slots`, leased for `ttl`.
+    pub fn new(owner: &'a str, slots: &'a [SlotId], ttl: Duration) -> Self {
+        Self { owner, slots, ttl }
+    }
+}
 
+/// [`SlotOwnership::release_slots`]: give slots up.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRelease<'a> {
+    /// The relay process.
+    pub owner: &'a str,
+    /// The slots it gives up.
+    pub slots: &'a [SlotId],
+}
+
+impl<'a> SlotRelease<'a> {
+    /// `owner` gives up `slots`.
+    pub fn new(owner: &'a str, slots: &'a [SlotId]) -> Self {
+        Self { owner, slots }
+    }
+}
+
+/// [`SlotOwnership::heartbeat_member`]: register or renew a relay process.
+#[derive(Debug, Clone, Copy)]
+pub struct MemberHeartbeat<'a> {
+    /// The relay process.
+    pub owner: &'a str,
+    /// Membership lease length.
+    pub ttl: Duration,
+}
+
+impl<'a> MemberHeartbeat<'a> {
+    /// `owner` is alive for `ttl`.
+    pub fn new(owner: &'a str, ttl: Duration) -> Self {
+        Self { owner, ttl }
+    }
+}
+
+/// [`RowDispatch::extend_lease`]: push claimed items' leases out.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseExtension<'a> {
+    /// The claimed items.
+    pub tokens: &'a [ClaimToken],
+    /// New lease, from now.
+    pub lease: Duration,
+}
+
+impl<'a> LeaseExtension<'a> {
+    /// Extends `tokens` to now + `lease`.
+    pub fn new(tokens: &'a [ClaimToken], lease: Duration) -> Self {
+        Self { tokens, lease }
+    }
+}
+
+/// [`OperatorActions::requeue`] and [`OperatorActions::skip`]: an operator's decision on one
+/// quarantined event.
+#[derive(Debug, Clone, Copy)]
+pub struct OperatorAction<'a> {
+    /// The quarantined event.
+    pub event_id: &'a str,
+    /// Who decided (recorded in `resolved_by`).
+    pub operator: &'a str,
+}
+
+impl<'a> OperatorAction<'a> {
+    /// `operator` acts on `event_id`.
+    pub fn new(event_id: &'a str, operator: &'a str) -> Self {
+        Self { event_id, operator }
+    }
+}
+
+/// [`OutboxStore::purge_sent`]: retention.
+#[derive(Debug, Clone, Copy)]
+pub struct PurgeRequest<'a> {
+    /// Only SENT rows older than this.
+    pub older_than: Duration,
+    /// Rows per delete transaction.
+    pub batch: usize,
+    /// Only rows recorded in this consumer's Inbox (`ferry_inbox`, same database).
+    pub consumer: Option<&'a str>,
+    /// Only count.
+    pub dry_run: bool,
+}
+
+/// Row dispatch: per-row claims and their outcomes. Every method after `claim` is a
+/// compare-and-set on the item's [`ClaimToken`] and reports each item as applied or fenced; a
+/// fenced item is a normal outcome.
+pub trait RowDispatch: Send + Sync {
     /// Claims due, predecessor-free events of the requested slots in one short transaction.
     fn claim<'a>(
         &'a self,
@@ -220,24 +304,66 @@ pub trait OutboxStore: Send + Sync {
     /// Pushes `lease_until` to now + `lease` (heartbeat for slow sends).
     fn extend_lease<'a>(
         &'a self,
-        tokens: &'a [ClaimToken],
-        lease: Duration,
+        req: &'a LeaseExtension<'a>,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
-    /// Operator: `QUARANTINED → PENDING` keeping event id and payload; records `operator`.
-    fn requeue<'a>(
+    /// Claim contention: due rows this store's claims passed over because a concurrent
+    /// transaction held them locked (`SKIP LOCKED`) or took them between the claim's snapshot
+    /// and its lock, summed over every claim since the store was opened. `None` where the
+    /// backend cannot observe it. Counted only for claims that came back short of their limit
+    /// (a full claim lost nothing to contention).
+    fn rows_skipped_locked(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Slot ownership and relay membership (both dispatch modes).
+pub trait SlotOwnership: Send + Sync {
+    /// Takes or renews slot leases for `req.owner`: a slot is granted when it is free, its lease
+    /// expired, or the owner already holds it. A slot changing hands gets `epoch + 1`. Returns
+    /// the leases the owner holds after the call among `req.slots`.
+    fn acquire_slots<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>>;
+
+    /// Gives up slots held by `req.owner` (rebalance, shutdown).
+    fn release_slots<'a>(
+        &'a self,
+        req: &'a SlotRelease<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
-    /// Operator: `QUARANTINED → SKIPPED` (never delivered), releasing the aggregate's successors;
-    /// records `operator`.
-    fn skip<'a>(
+    /// Registers/renews a relay process in the membership table; returns the live members
+    /// (including the caller), sorted.
+    fn heartbeat_member<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+        req: &'a MemberHeartbeat<'a>,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+
+    /// Removes a relay process from the membership table (clean shutdown).
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Current slot leases (status).
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>>;
+}
+
+/// What tools and operators do: enqueue outside an application transaction, resolve
+/// quarantined events, read status and single rows. Behaves the same in both dispatch modes
+/// (in cursor dispatch, states are derived where no row says them).
+pub trait OperatorActions: Send + Sync {
+    /// Enqueues events in a transaction of the store's own (tools, demos). Applications enqueue
+    /// inside their own transaction with the backend's `enqueue` functions instead.
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>>;
+
+    /// `QUARANTINED → PENDING` keeping event id and payload; records the operator.
+    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// `QUARANTINED → SKIPPED` (never delivered), releasing the aggregate's successors; records
+    /// the operator.
+    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Quarantined events, oldest first.
     fn list_quarantined(
@@ -253,51 +379,26 @@ pub trait OutboxStore: Send + Sync {
         &'a self,
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>>;
+}
 
-    /// Takes or renews slot leases for `owner`: a slot is granted when it is free, its lease
-    /// expired, or `owner` already holds it. A slot changing hands gets `epoch + 1`. Returns the
-    /// leases `owner` holds after the call among `slots`.
-    fn acquire_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>>;
+/// The outbox store: the focused traits above plus the optional capabilities below.
+/// Implemented by the PostgreSQL, MySQL/MariaDB, SQLite and in-memory backends; all pass one
+/// conformance suite. Callers holding a `dyn OutboxStore` bring the traits into scope with
+/// `use ferry_core::store::prelude::*`.
+pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sync {
+    /// Short backend name (`postgres`, `mysql`, `sqlite`, `memory`).
+    fn backend(&self) -> &'static str;
 
-    /// Gives up slots held by `owner` (rebalance, shutdown).
-    fn release_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// Registers/renews a relay process in the membership table; returns the live members
-    /// (including `owner`), sorted.
-    fn heartbeat_member<'a>(
-        &'a self,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
-
-    /// Removes a relay process from the membership table (clean shutdown).
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// Current slot leases (status).
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>>;
-
-    /// Capability: retention. Deletes SENT rows whose `sent_at` is older than `older_than`, in
-    /// batches of at most `batch` rows (each its own short transaction), never touching
-    /// PENDING, CLAIMED, QUARANTINED or SKIPPED rows. With `consumer`, only rows recorded in
-    /// that consumer's Inbox (`ferry_inbox`, same database). `dry_run` only counts.
-    /// Returns the rows deleted (or that would be).
+    /// Capability: retention. Deletes SENT rows older than `req.older_than`, in batches of at
+    /// most `req.batch` rows (each its own short transaction), never touching PENDING, CLAIMED,
+    /// QUARANTINED or SKIPPED rows. With a consumer, only rows recorded in that consumer's Inbox
+    /// (`ferry_inbox`, same database). `dry_run` only counts. Returns the rows deleted (or that
+    /// would be).
     fn purge_sent<'a>(
         &'a self,
-        older_than: std::time::Duration,
-        batch: usize,
-        consumer: Option<&'a str>,
-        dry_run: bool,
+        req: &'a PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let _ = (older_than, batch, consumer, dry_run);
+        let _ = req;
         Box::pin(async {
             Err(StoreError::new(
                 crate::StoreErrorKind::InvalidInput,
@@ -320,15 +421,6 @@ pub trait OutboxStore: Send + Sync {
         })
     }
 
-    /// Claim contention: due rows this store's claims passed over because a concurrent
-    /// transaction held them locked (`SKIP LOCKED`) or took them between the claim's snapshot
-    /// and its lock, summed over every claim since the store was opened. `None` where the
-    /// backend cannot observe it. Counted only for claims that came back short of their limit
-    /// (a full claim lost nothing to contention).
-    fn rows_skipped_locked(&self) -> Option<u64> {
-        None
-    }
-
     /// Capability: cursor dispatch ([`crate::CursorStore`]); `None` where the backend offers
     /// only per-row claims.
     fn cursor(&self) -> Option<&dyn crate::CursorStore> {
@@ -345,4 +437,9 @@ pub trait OutboxStore: Send + Sync {
         let _ = wake;
         Box::pin(async { Ok(false) })
     }
+}
+
+/// The store traits, for `use ferry_core::store::prelude::*` where a `dyn OutboxStore` is used.
+pub mod prelude {
+    pub use super::{OperatorActions, OutboxStore, RowDispatch, SlotOwnership};
 }

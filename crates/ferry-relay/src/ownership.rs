@@ -114,10 +114,12 @@ async fn tick(
     cfg: &OwnershipConfig,
     held: &BTreeSet<SlotId>,
 ) -> Result<(BTreeSet<SlotId>, usize), ferry_core::StoreError> {
-    let members = store.heartbeat_member(&cfg.owner, cfg.ttl).await?;
+    let members = store
+        .heartbeat_member(&ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl))
+        .await?;
     let desired = desired_slots(&cfg.owner, &members);
     let got: BTreeSet<SlotId> = store
-        .acquire_slots(&cfg.owner, &desired, cfg.ttl)
+        .acquire_slots(&ferry_core::SlotRequest::new(&cfg.owner, &desired, cfg.ttl))
         .await?
         .into_iter()
         .map(|l| l.slot)
@@ -128,7 +130,9 @@ async fn tick(
         .filter(|s| !desired.contains(s))
         .collect();
     if !surplus.is_empty() {
-        store.release_slots(&cfg.owner, &surplus).await?;
+        store
+            .release_slots(&ferry_core::SlotRelease::new(&cfg.owner, &surplus))
+            .await?;
     }
     let lost = held
         .iter()

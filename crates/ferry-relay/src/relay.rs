@@ -381,7 +381,9 @@ impl Relay {
         }
         if ownership {
             let all: Vec<SlotId> = (0..ferry_core::SLOT_COUNT).collect();
-            let _ = store.release_slots(&config.owner, &all).await;
+            let _ = store
+                .release_slots(&ferry_core::SlotRelease::new(&config.owner, &all))
+                .await;
             let _ = store.leave_member(&config.owner).await;
         }
         Ok(())
@@ -664,7 +666,10 @@ async fn process_batch(
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(lease / 3) => {}
                 }
-                match store.extend_lease(&tokens, lease).await {
+                match store
+                    .extend_lease(&ferry_core::LeaseExtension::new(&tokens, lease))
+                    .await
+                {
                     Ok(r) => {
                         metrics
                             .fenced

@@ -32,116 +32,135 @@ impl SlowAdvance {
     }
 }
 
-impl OutboxStore for SlowAdvance {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        self.inner.enqueue(events)
-    }
+impl ferry_core::RowDispatch for SlowAdvance {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         self.inner.claim(req)
     }
+
     fn lookup_claim<'a>(
         &'a self,
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         self.inner.lookup_claim(claim_id)
     }
+
     fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         self.inner.ack(tokens)
     }
+
     fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         self.inner.retry(items)
     }
+
     fn quarantine<'a>(
         &'a self,
         items: &'a [(ClaimToken, String)],
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         self.inner.quarantine(items)
     }
+
     fn release<'a>(
         &'a self,
         tokens: &'a [ClaimToken],
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         self.inner.release(tokens)
     }
+
     fn extend_lease<'a>(
         &'a self,
-        tokens: &'a [ClaimToken],
-        lease: Duration,
+        req: &'a ferry_core::LeaseExtension<'a>,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        self.inner.extend_lease(tokens, lease)
+        self.inner.extend_lease(req)
     }
+}
+
+impl ferry_core::SlotOwnership for SlowAdvance {
+    fn acquire_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        self.inner.acquire_slots(req)
+    }
+
+    fn release_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRelease<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.release_slots(req)
+    }
+
+    fn heartbeat_member<'a>(
+        &'a self,
+        req: &'a ferry_core::MemberHeartbeat<'a>,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.heartbeat_member(req)
+    }
+
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.leave_member(owner)
+    }
+
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
+        self.inner.slot_leases()
+    }
+}
+
+impl ferry_core::OperatorActions for SlowAdvance {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        self.inner.enqueue(events)
+    }
+
     fn requeue<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.requeue(event_id, operator)
+        self.inner.requeue(req)
     }
+
     fn skip<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.skip(event_id, operator)
+        self.inner.skip(req)
     }
+
     fn list_quarantined(
         &self,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         self.inner.list_quarantined(limit)
     }
+
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         self.inner.status()
     }
+
     fn record<'a>(
         &'a self,
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         self.inner.record(event_id)
     }
-    fn acquire_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
-        self.inner.acquire_slots(owner, slots, ttl)
+}
+
+impl ferry_core::OutboxStore for SlowAdvance {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
     }
-    fn release_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.release_slots(owner, slots)
-    }
-    fn heartbeat_member<'a>(
-        &'a self,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        self.inner.heartbeat_member(owner, ttl)
-    }
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.inner.leave_member(owner)
-    }
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        self.inner.slot_leases()
-    }
+
     fn reconcile<'a>(
         &'a self,
         req: &'a ReconcileRequest,
     ) -> BoxFuture<'a, Result<ReconcileReport, StoreError>> {
         self.inner.reconcile(req)
     }
+
     fn cursor(&self) -> Option<&dyn CursorStore> {
         Some(self)
     }

@@ -202,7 +202,10 @@ async fn permanent_error_quarantines_and_blocks_until_requeue(db: TestDb, mode: 
                 db.store.record(&id).await.unwrap()
             );
             if db.store.record(&id).await.unwrap().unwrap().state == EventState::Quarantined {
-                db.store.requeue(&id, "test-operator").await.unwrap();
+                db.store
+                    .requeue(&ferry_core::OperatorAction::new(&id, "test-operator"))
+                    .await
+                    .unwrap();
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -228,7 +231,10 @@ async fn permanent_error_quarantines_and_blocks_until_requeue(db: TestDb, mode: 
     );
     // the operator requeues: same id, delivered, then the successors in order
     db.store
-        .requeue("e-poison-1", "test-operator")
+        .requeue(&ferry_core::OperatorAction::new(
+            "e-poison-1",
+            "test-operator",
+        ))
         .await
         .unwrap();
     let r = verifier

@@ -57,7 +57,7 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent,
-    EnqueueError, EventRecord, EventState, Limits, Micros, NewEvent, OutboxStatus, OutboxStore,
+    EnqueueError, EventRecord, EventState, Limits, Micros, NewEvent, OutboxStatus,
     QuarantinedEvent, ReconcileReport, ReconcileRequest, RetryItem, SlotId, SlotLease, StoreError,
     StoreErrorKind, ValidatedEvent, Watermark, SLOT_COUNT,
 };
@@ -1031,18 +1031,7 @@ impl MemoryStore {
     }
 }
 
-impl OutboxStore for MemoryStore {
-    fn backend(&self) -> &'static str {
-        "memory"
-    }
-
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move { self.enqueue_now(events) })
-    }
-
+impl ferry_core::RowDispatch for MemoryStore {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
@@ -1130,9 +1119,9 @@ impl OutboxStore for MemoryStore {
 
     fn extend_lease<'a>(
         &'a self,
-        tokens: &'a [ClaimToken],
-        lease: Duration,
+        req: &'a ferry_core::LeaseExtension<'a>,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        let (tokens, lease) = (req.tokens, req.lease);
         Box::pin(async move {
             Ok(self.cas(
                 tokens,
@@ -1144,47 +1133,14 @@ impl OutboxStore for MemoryStore {
             ))
         })
     }
+}
 
-    fn requeue<'a>(
-        &'a self,
-        event_id: &'a str,
-        operator: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.operator(event_id, operator, EventState::Pending) })
-    }
-
-    fn skip<'a>(
-        &'a self,
-        event_id: &'a str,
-        operator: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.operator(event_id, operator, EventState::Skipped) })
-    }
-
-    fn list_quarantined(
-        &self,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
-        Box::pin(async move { Ok(self.quarantined_now(limit)) })
-    }
-
-    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
-        Box::pin(async move { Ok(self.status_now()) })
-    }
-
-    fn record<'a>(
-        &'a self,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
-        Box::pin(async move { Ok(self.with_row(event_id, |g, p| g.rows[p].record())) })
-    }
-
+impl ferry_core::SlotOwnership for MemoryStore {
     fn acquire_slots<'a>(
         &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-        ttl: Duration,
+        req: &'a ferry_core::SlotRequest<'a>,
     ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
         Box::pin(async move {
             let now = now_micros();
             let mut wanted: Vec<SlotId> =
@@ -1216,9 +1172,9 @@ impl OutboxStore for MemoryStore {
 
     fn release_slots<'a>(
         &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
+        req: &'a ferry_core::SlotRelease<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (owner, slots) = (req.owner, req.slots);
         Box::pin(async move {
             let mut table = self.slots_write();
             for s in slots.iter().filter(|s| **s < SLOT_COUNT) {
@@ -1234,9 +1190,9 @@ impl OutboxStore for MemoryStore {
 
     fn heartbeat_member<'a>(
         &'a self,
-        owner: &'a str,
-        ttl: Duration,
+        req: &'a ferry_core::MemberHeartbeat<'a>,
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (owner, ttl) = (req.owner, req.ttl);
         Box::pin(async move {
             let now = now_micros();
             let mut table = self.slots_write();
@@ -1277,14 +1233,62 @@ impl OutboxStore for MemoryStore {
                 .collect())
         })
     }
+}
+
+impl ferry_core::OperatorActions for MemoryStore {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        Box::pin(async move { self.enqueue_now(events) })
+    }
+
+    fn requeue<'a>(
+        &'a self,
+        req: &'a ferry_core::OperatorAction<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
+        Box::pin(async move { self.operator(event_id, operator, EventState::Pending) })
+    }
+
+    fn skip<'a>(
+        &'a self,
+        req: &'a ferry_core::OperatorAction<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
+        Box::pin(async move { self.operator(event_id, operator, EventState::Skipped) })
+    }
+
+    fn list_quarantined(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
+        Box::pin(async move { Ok(self.quarantined_now(limit)) })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
+        Box::pin(async move { Ok(self.status_now()) })
+    }
+
+    fn record<'a>(
+        &'a self,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
+        Box::pin(async move { Ok(self.with_row(event_id, |g, p| g.rows[p].record())) })
+    }
+}
+
+impl ferry_core::OutboxStore for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
 
     fn purge_sent<'a>(
         &'a self,
-        older_than: Duration,
-        batch: usize,
-        consumer: Option<&'a str>,
-        dry_run: bool,
+        req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (older_than, batch, consumer, dry_run) =
+            (req.older_than, req.batch, req.consumer, req.dry_run);
         Box::pin(async move {
             if batch == 0 {
                 return Err(StoreError::new(
@@ -1326,6 +1330,7 @@ impl OutboxStore for MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    use ferry_core::store::prelude::*;
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
@@ -1541,9 +1546,13 @@ mod tests {
                 _ => {
                     if let Some(q) = s.list_quarantined(1).await.unwrap().pop() {
                         if next() % 2 == 0 {
-                            s.requeue(&q.event_id, "op").await.unwrap();
+                            s.requeue(&ferry_core::OperatorAction::new(&q.event_id, "op"))
+                                .await
+                                .unwrap();
                         } else {
-                            s.skip(&q.event_id, "op").await.unwrap();
+                            s.skip(&ferry_core::OperatorAction::new(&q.event_id, "op"))
+                                .await
+                                .unwrap();
                         }
                     }
                 }
@@ -1581,13 +1590,23 @@ mod tests {
         let c = s.claim(&all(10)).await.unwrap();
         assert_eq!(c.len(), 2);
         s.ack(&tokens(&c[..1])).await.unwrap();
-        let purge = |dry| s.purge_sent(Duration::ZERO, 1, None, dry);
-        assert_eq!(purge(true).await.unwrap(), 1);
+        let purge = |dry_run| ferry_core::PurgeRequest {
+            older_than: Duration::ZERO,
+            batch: 1,
+            consumer: None,
+            dry_run,
+        };
+        assert_eq!(s.purge_sent(&purge(true)).await.unwrap(), 1);
         assert_eq!(s.len(), 3);
-        assert_eq!(purge(false).await.unwrap(), 1);
+        assert_eq!(s.purge_sent(&purge(false)).await.unwrap(), 1);
         assert_eq!(s.len(), 2);
         assert!(s
-            .purge_sent(Duration::ZERO, 1, Some("billing"), false)
+            .purge_sent(&ferry_core::PurgeRequest {
+                older_than: Duration::ZERO,
+                batch: 1,
+                consumer: Some("billing"),
+                dry_run: false
+            })
             .await
             .is_err());
         assert!(s.record(&c[0].token.event_id).await.unwrap().is_none());

@@ -22,10 +22,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
+    StoreErrorKind, ValidatedEvent,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
@@ -455,31 +456,7 @@ impl MyStore {
     }
 }
 
-impl OutboxStore for MyStore {
-    fn backend(&self) -> &'static str {
-        "mysql"
-    }
-
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move {
-            let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
-            insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
-        })
-    }
-
+impl ferry_core::RowDispatch for MyStore {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
@@ -676,9 +653,9 @@ impl OutboxStore for MyStore {
 
     fn extend_lease<'a>(
         &'a self,
-        tokens: &'a [ClaimToken],
-        lease: Duration,
+        req: &'a ferry_core::LeaseExtension<'a>,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        let (tokens, lease) = (req.tokens, req.lease);
         Box::pin(async move {
             let set = format!(
                 "lease_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
@@ -687,20 +664,184 @@ impl OutboxStore for MyStore {
             self.cas(tokens, &set, None).await
         })
     }
+}
+
+impl ferry_core::SlotOwnership for MyStore {
+    fn acquire_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
+        Box::pin(async move {
+            if slots.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| db_err("acquire slots: begin", e))?;
+            // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
+            let mut qb =
+                QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
+            qb.push_bind(owner)
+                .push(", epoch, epoch + 1), owner = ")
+                .push_bind(owner)
+                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
+                .push_bind(micros(ttl))
+                .push(" MICROSECOND WHERE slot IN (");
+            push_list(&mut qb, slots.iter().map(|s| *s as i16));
+            qb.push(") AND (owner IS NULL OR owner = ")
+                .push_bind(owner)
+                .push(" OR lease_until <= UTC_TIMESTAMP(6))");
+            qb.build()
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("acquire slots", e))?;
+            let mut qb = QueryBuilder::<MySql>::new(
+                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease WHERE owner = ",
+            );
+            qb.push_bind(owner)
+                .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
+            push_list(&mut qb, slots.iter().map(|s| *s as i16));
+            qb.push(") ORDER BY slot");
+            let rows = qb
+                .build()
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("acquire slots: read", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("acquire slots: commit", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: txt(r, 1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
+                .collect())
+        })
+    }
+
+    fn release_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRelease<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (owner, slots) = (req.owner, req.slots);
+        Box::pin(async move {
+            if slots.is_empty() {
+                return Ok(());
+            }
+            let mut qb = QueryBuilder::<MySql>::new(
+                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ",
+            );
+            qb.push_bind(owner).push(" AND slot IN (");
+            push_list(&mut qb, slots.iter().map(|s| *s as i16));
+            qb.push(")");
+            qb.build()
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("release slots", e))?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat_member<'a>(
+        &'a self,
+        req: &'a ferry_core::MemberHeartbeat<'a>,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (owner, ttl) = (req.owner, req.ttl);
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE lease_until = VALUES(lease_until)",
+            )
+            .bind(owner)
+            .bind(micros(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("member heartbeat", e))?;
+            let owners: Vec<Vec<u8>> =
+                sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner")
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(|e| db_err("members", e))?;
+            Ok(owners
+                .into_iter()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .collect())
+        })
+    }
+
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("leave", e))?;
+            Ok(())
+        })
+    }
+
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease \
+                 WHERE owner IS NOT NULL ORDER BY slot",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("slot leases", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: txt(r, 1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
+                .collect())
+        })
+    }
+}
+
+impl ferry_core::OperatorActions for MyStore {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        Box::pin(async move {
+            let rows = validate(events, &self.limits)?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            insert_validated(&mut tx, &rows).await?;
+            ferry_core::failpoint::hit("enqueue-before-commit");
+            tx.commit()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            Ok(rows.into_iter().map(|r| r.event_id).collect())
+        })
+    }
 
     fn requeue<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
         Box::pin(self.operator_update(event_id, operator, "PENDING"))
     }
 
     fn skip<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
         Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
     }
 
@@ -813,134 +954,19 @@ impl OutboxStore for MyStore {
             .transpose()
         })
     }
+}
 
-    fn acquire_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            if slots.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| db_err("acquire slots: begin", e))?;
-            // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
-            let mut qb =
-                QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
-            qb.push_bind(owner)
-                .push(", epoch, epoch + 1), owner = ")
-                .push_bind(owner)
-                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-                .push_bind(micros(ttl))
-                .push(" MICROSECOND WHERE slot IN (");
-            push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(") AND (owner IS NULL OR owner = ")
-                .push_bind(owner)
-                .push(" OR lease_until <= UTC_TIMESTAMP(6))");
-            qb.build()
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("acquire slots", e))?;
-            let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease WHERE owner = ",
-            );
-            qb.push_bind(owner)
-                .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
-            push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(") ORDER BY slot");
-            let rows = qb
-                .build()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("acquire slots: read", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("acquire slots: commit", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: txt(r, 1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
-        })
-    }
-
-    fn release_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            if slots.is_empty() {
-                return Ok(());
-            }
-            let mut qb = QueryBuilder::<MySql>::new(
-                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ",
-            );
-            qb.push_bind(owner).push(" AND slot IN (");
-            push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(")");
-            qb.build()
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("release slots", e))?;
-            Ok(())
-        })
-    }
-
-    fn heartbeat_member<'a>(
-        &'a self,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move {
-            sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE lease_until = VALUES(lease_until)",
-            )
-            .bind(owner)
-            .bind(micros(ttl))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("member heartbeat", e))?;
-            let owners: Vec<Vec<u8>> =
-                sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner")
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(|e| db_err("members", e))?;
-            Ok(owners
-                .into_iter()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .collect())
-        })
-    }
-
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("leave", e))?;
-            Ok(())
-        })
+impl ferry_core::OutboxStore for MyStore {
+    fn backend(&self) -> &'static str {
+        "mysql"
     }
 
     fn purge_sent<'a>(
         &'a self,
-        older_than: Duration,
-        batch: usize,
-        consumer: Option<&'a str>,
-        dry_run: bool,
+        req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (older_than, batch, consumer, dry_run) =
+            (req.older_than, req.batch, req.consumer, req.dry_run);
         Box::pin(async move {
             crate::ops::purge_sent(
                 crate::ops::Pools::My(&self.pool),
@@ -970,26 +996,5 @@ impl OutboxStore for MyStore {
 
     fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
         Some(self)
-    }
-
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease \
-                 WHERE owner IS NOT NULL ORDER BY slot",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: txt(r, 1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
-        })
     }
 }

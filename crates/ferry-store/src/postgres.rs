@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId, SlotLease,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
+    StoreErrorKind, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row};
@@ -261,31 +262,7 @@ enum Extra<'a> {
     DelayText(Vec<i64>, Vec<&'a str>),
 }
 
-impl OutboxStore for PgStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move {
-            let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
-            insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
-        })
-    }
-
+impl ferry_core::RowDispatch for PgStore {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
@@ -459,9 +436,9 @@ impl OutboxStore for PgStore {
 
     fn extend_lease<'a>(
         &'a self,
-        tokens: &'a [ClaimToken],
-        lease: Duration,
+        req: &'a ferry_core::LeaseExtension<'a>,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        let (tokens, lease) = (req.tokens, req.lease);
         Box::pin(async move {
             let d = vec![micros(lease); tokens.len()];
             self.cas(
@@ -472,20 +449,154 @@ impl OutboxStore for PgStore {
             .await
         })
     }
+}
+
+impl ferry_core::SlotOwnership for PgStore {
+    fn acquire_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
+        Box::pin(async move {
+            let rows = sqlx::query(
+                // Rows are locked in slot order first (the cursor advance does the same), so a
+                // renewal and an advance over overlapping slots cannot deadlock.
+                "UPDATE ferry_slot_lease l SET \
+                   epoch = CASE WHEN l.owner IS DISTINCT FROM $1 THEN l.epoch + 1 ELSE l.epoch END, \
+                   owner = $1, lease_until = now() + $3 * interval '1 microsecond' \
+                 FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
+                 WHERE l.slot = k.slot AND (l.owner IS NULL OR l.owner = $1 OR l.lease_until <= now()) \
+                 RETURNING l.slot, l.owner, l.epoch, (extract(epoch from l.lease_until) * 1000000)::int8",
+            )
+            .bind(owner)
+            .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
+            .bind(micros(ttl))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("acquire slots", e))?;
+            let mut leases: Vec<SlotLease> = rows
+                .iter()
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
+                .collect();
+            leases.sort_by_key(|l| l.slot);
+            Ok(leases)
+        })
+    }
+
+    fn release_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRelease<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (owner, slots) = (req.owner, req.slots);
+        Box::pin(async move {
+            sqlx::query("UPDATE ferry_slot_lease l SET owner = NULL, lease_until = NULL \
+              FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
+              WHERE l.slot = k.slot AND l.owner = $1")
+                .bind(owner)
+                .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("release slots", e))?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat_member<'a>(
+        &'a self,
+        req: &'a ferry_core::MemberHeartbeat<'a>,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (owner, ttl) = (req.owner, req.ttl);
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES ($1, now() + $2 * interval '1 microsecond') \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+            )
+            .bind(owner)
+            .bind(micros(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("member heartbeat", e))?;
+            sqlx::query_scalar(
+                "SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("members", e))
+        })
+    }
+
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = $1")
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("leave", e))?;
+            Ok(())
+        })
+    }
+
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
+                 WHERE owner IS NOT NULL ORDER BY slot",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("slot leases", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease {
+                    slot: r.get::<i16, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
+                .collect())
+        })
+    }
+}
+
+impl ferry_core::OperatorActions for PgStore {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        Box::pin(async move {
+            let rows = validate(events, &self.limits)?;
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            insert_validated(&mut tx, &rows).await?;
+            ferry_core::failpoint::hit("enqueue-before-commit");
+            tx.commit()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            Ok(rows.into_iter().map(|r| r.event_id).collect())
+        })
+    }
 
     fn requeue<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
         Box::pin(self.operator_update(event_id, operator, "PENDING"))
     }
 
     fn skip<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
         Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
     }
 
@@ -619,95 +730,11 @@ impl OutboxStore for PgStore {
             .transpose()
         })
     }
+}
 
-    fn acquire_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows = sqlx::query(
-                // Rows are locked in slot order first (the cursor advance does the same), so a
-                // renewal and an advance over overlapping slots cannot deadlock.
-                "UPDATE ferry_slot_lease l SET \
-                   epoch = CASE WHEN l.owner IS DISTINCT FROM $1 THEN l.epoch + 1 ELSE l.epoch END, \
-                   owner = $1, lease_until = now() + $3 * interval '1 microsecond' \
-                 FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
-                 WHERE l.slot = k.slot AND (l.owner IS NULL OR l.owner = $1 OR l.lease_until <= now()) \
-                 RETURNING l.slot, l.owner, l.epoch, (extract(epoch from l.lease_until) * 1000000)::int8",
-            )
-            .bind(owner)
-            .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
-            .bind(micros(ttl))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("acquire slots", e))?;
-            let mut leases: Vec<SlotLease> = rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect();
-            leases.sort_by_key(|l| l.slot);
-            Ok(leases)
-        })
-    }
-
-    fn release_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            sqlx::query("UPDATE ferry_slot_lease l SET owner = NULL, lease_until = NULL \
-              FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
-              WHERE l.slot = k.slot AND l.owner = $1")
-                .bind(owner)
-                .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("release slots", e))?;
-            Ok(())
-        })
-    }
-
-    fn heartbeat_member<'a>(
-        &'a self,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move {
-            sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES ($1, now() + $2 * interval '1 microsecond') \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until",
-            )
-            .bind(owner)
-            .bind(micros(ttl))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("member heartbeat", e))?;
-            sqlx::query_scalar(
-                "SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))
-        })
-    }
-
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = $1")
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("leave", e))?;
-            Ok(())
-        })
+impl ferry_core::OutboxStore for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
     }
 
     fn listen_commits(
@@ -741,11 +768,10 @@ impl OutboxStore for PgStore {
 
     fn purge_sent<'a>(
         &'a self,
-        older_than: Duration,
-        batch: usize,
-        consumer: Option<&'a str>,
-        dry_run: bool,
+        req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (older_than, batch, consumer, dry_run) =
+            (req.older_than, req.batch, req.consumer, req.dry_run);
         Box::pin(async move {
             crate::ops::purge_sent(
                 crate::ops::Pools::Pg(&self.pool),
@@ -775,27 +801,6 @@ impl OutboxStore for PgStore {
 
     fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
         Some(self)
-    }
-
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
-                 WHERE owner IS NOT NULL ORDER BY slot",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
-        })
     }
 }
 

@@ -19,10 +19,11 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, NewEvent, OutboxStatus, OutboxStore, QuarantinedEvent, RetryItem, SlotId,
-    SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+    EventRecord, Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
@@ -410,30 +411,7 @@ pub(crate) async fn cas_in(
     Ok(CasReport::from_returned(tokens, rows))
 }
 
-impl OutboxStore for SqliteStore {
-    fn backend(&self) -> &'static str {
-        "sqlite"
-    }
-
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move {
-            let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
-            insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
-        })
-    }
-
+impl ferry_core::RowDispatch for SqliteStore {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
@@ -556,28 +534,173 @@ impl OutboxStore for SqliteStore {
 
     fn extend_lease<'a>(
         &'a self,
-        tokens: &'a [ClaimToken],
-        lease: Duration,
+        req: &'a ferry_core::LeaseExtension<'a>,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
+        let (tokens, lease) = (req.tokens, req.lease);
         Box::pin(async move {
             let extra = vec![(micros(lease), ""); tokens.len()];
             self.cas(tokens, "lease_until = ?2 + t.num", &extra).await
         })
     }
+}
+
+impl ferry_core::SlotOwnership for SqliteStore {
+    fn acquire_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRequest<'a>,
+    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
+        let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
+        Box::pin(async move {
+            let now = now_micros();
+            let mut tx = self
+                .begin_write()
+                .await
+                .map_err(|e| db_err("acquire slots: begin", e))?;
+            let rows = sqlx::query(
+                "UPDATE ferry_slot_lease SET \
+                   epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
+                 WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
+                 RETURNING slot, owner, epoch, lease_until",
+            )
+            .bind(owner)
+            .bind(json_slots(slots))
+            .bind(now)
+            .bind(micros(ttl))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("acquire slots", e))?;
+            tx.commit()
+                .await
+                .map_err(|e| db_err("acquire slots: commit", e))?;
+            let mut leases: Vec<SlotLease> = rows
+                .iter()
+                .map(|r| SlotLease {
+                    slot: r.get::<i64, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
+                .collect();
+            leases.sort_by_key(|l| l.slot);
+            Ok(leases)
+        })
+    }
+
+    fn release_slots<'a>(
+        &'a self,
+        req: &'a ferry_core::SlotRelease<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (owner, slots) = (req.owner, req.slots);
+        Box::pin(async move {
+            let _gate = self.gate.lock().await;
+            sqlx::query(
+                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
+                 AND slot IN (SELECT value FROM json_each(?2))",
+            )
+            .bind(owner)
+            .bind(json_slots(slots))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("release slots", e))?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat_member<'a>(
+        &'a self,
+        req: &'a ferry_core::MemberHeartbeat<'a>,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let (owner, ttl) = (req.owner, req.ttl);
+        Box::pin(async move {
+            let now = now_micros();
+            let gate = self.gate.lock().await;
+            sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, lease_until, joined_at) VALUES (?1, ?2 + ?3, ?2) \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until",
+            )
+            .bind(owner)
+            .bind(now)
+            .bind(micros(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| db_err("member heartbeat", e))?;
+            drop(gate);
+            sqlx::query_scalar(
+                "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
+            )
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("members", e))
+        })
+    }
+
+    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let _gate = self.gate.lock().await;
+            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("leave", e))?;
+            Ok(())
+        })
+    }
+
+    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("slot leases", e))?;
+            Ok(rows
+                .iter()
+                .map(|r| SlotLease {
+                    slot: r.get::<i64, _>(0) as SlotId,
+                    owner: r.get(1),
+                    epoch: r.get(2),
+                    lease_until: r.get(3),
+                })
+                .collect())
+        })
+    }
+}
+
+impl ferry_core::OperatorActions for SqliteStore {
+    fn enqueue<'a>(
+        &'a self,
+        events: &'a [NewEvent],
+    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
+        Box::pin(async move {
+            let rows = validate(events, &self.limits)?;
+            let mut tx = self
+                .begin_write()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            insert_validated(&mut tx, &rows).await?;
+            ferry_core::failpoint::hit("enqueue-before-commit");
+            tx.commit()
+                .await
+                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+            Ok(rows.into_iter().map(|r| r.event_id).collect())
+        })
+    }
 
     fn requeue<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
         Box::pin(self.operator_update(event_id, operator, "PENDING"))
     }
 
     fn skip<'a>(
         &'a self,
-        event_id: &'a str,
-        operator: &'a str,
+        req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let (event_id, operator) = (req.event_id, req.operator);
         Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
     }
 
@@ -693,117 +816,19 @@ impl OutboxStore for SqliteStore {
             .transpose()
         })
     }
+}
 
-    fn acquire_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let now = now_micros();
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("acquire slots: begin", e))?;
-            let rows = sqlx::query(
-                "UPDATE ferry_slot_lease SET \
-                   epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
-                 WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
-                 RETURNING slot, owner, epoch, lease_until",
-            )
-            .bind(owner)
-            .bind(json_slots(slots))
-            .bind(now)
-            .bind(micros(ttl))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("acquire slots", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("acquire slots: commit", e))?;
-            let mut leases: Vec<SlotLease> = rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i64, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect();
-            leases.sort_by_key(|l| l.slot);
-            Ok(leases)
-        })
-    }
-
-    fn release_slots<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let _gate = self.gate.lock().await;
-            sqlx::query(
-                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
-                 AND slot IN (SELECT value FROM json_each(?2))",
-            )
-            .bind(owner)
-            .bind(json_slots(slots))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("release slots", e))?;
-            Ok(())
-        })
-    }
-
-    fn heartbeat_member<'a>(
-        &'a self,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move {
-            let now = now_micros();
-            let gate = self.gate.lock().await;
-            sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, lease_until, joined_at) VALUES (?1, ?2 + ?3, ?2) \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until",
-            )
-            .bind(owner)
-            .bind(now)
-            .bind(micros(ttl))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("member heartbeat", e))?;
-            drop(gate);
-            sqlx::query_scalar(
-                "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
-            )
-            .bind(now)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))
-        })
-    }
-
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let _gate = self.gate.lock().await;
-            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("leave", e))?;
-            Ok(())
-        })
+impl ferry_core::OutboxStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
     }
 
     fn purge_sent<'a>(
         &'a self,
-        older_than: Duration,
-        batch: usize,
-        consumer: Option<&'a str>,
-        dry_run: bool,
+        req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let (older_than, batch, consumer, dry_run) =
+            (req.older_than, req.batch, req.consumer, req.dry_run);
         Box::pin(async move {
             crate::ops::purge_sent(
                 crate::ops::Pools::Lite(&self.pool),
@@ -833,25 +858,5 @@ impl OutboxStore for SqliteStore {
 
     fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
         Some(self)
-    }
-
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i64, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
-        })
     }
 }

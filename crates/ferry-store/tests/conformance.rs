@@ -185,7 +185,10 @@ async fn stale_claim_is_fenced(db: Db) {
     for op in [
         db.store.release(&[a[0].token.clone()]).await.unwrap(),
         db.store
-            .extend_lease(&[a[0].token.clone()], LONG)
+            .extend_lease(&ferry_core::LeaseExtension::new(
+                &[a[0].token.clone()],
+                LONG,
+            ))
             .await
             .unwrap(),
         db.store
@@ -235,7 +238,10 @@ async fn stale_and_live_token_of_one_row_in_one_batch(db: Db) {
     assert_ne!(stale.claim_version, live.claim_version);
     let r = db
         .store
-        .extend_lease(&[stale.clone(), live.clone()], LONG)
+        .extend_lease(&ferry_core::LeaseExtension::new(
+            &[stale.clone(), live.clone()],
+            LONG,
+        ))
         .await
         .unwrap();
     assert_eq!(
@@ -386,7 +392,10 @@ async fn predecessor_blocks_successors(db: Db) {
     );
     assert_eq!(q[0].last_error.as_deref(), Some("schema error"));
     // requeue keeps id and payload
-    db.store.requeue("e-A-2", "alice").await.unwrap();
+    db.store
+        .requeue(&ferry_core::OperatorAction::new("e-A-2", "alice"))
+        .await
+        .unwrap();
     let rec = db.store.record("e-A-2").await.unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.resolved_by.as_deref()),
@@ -400,7 +409,10 @@ async fn predecessor_blocks_successors(db: Db) {
         .await
         .unwrap();
     // skip releases the successor and records who skipped
-    db.store.skip("e-A-2", "bob").await.unwrap();
+    db.store
+        .skip(&ferry_core::OperatorAction::new("e-A-2", "bob"))
+        .await
+        .unwrap();
     let rec = db.store.record("e-A-2").await.unwrap().unwrap();
     assert_eq!(
         (rec.state, rec.resolved_by.as_deref()),
@@ -411,14 +423,14 @@ async fn predecessor_blocks_successors(db: Db) {
     // operator actions on a non-quarantined event are refused with a clear message
     let err = db
         .store
-        .requeue("e-A-3", "carol")
+        .requeue(&ferry_core::OperatorAction::new("e-A-3", "carol"))
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("e-A-3") && err.contains("CLAIMED"), "{err}");
     let err = db
         .store
-        .skip("nope", "carol")
+        .skip(&ferry_core::OperatorAction::new("nope", "carol"))
         .await
         .unwrap_err()
         .to_string();
@@ -644,7 +656,10 @@ async fn lease_expiry_and_takeover(db: Db) {
     // heartbeat extends A's lease; the row stays A's
     assert_eq!(
         db.store
-            .extend_lease(&[a[0].token.clone()], Duration::from_millis(300))
+            .extend_lease(&ferry_core::LeaseExtension::new(
+                &[a[0].token.clone()],
+                Duration::from_millis(300)
+            ))
             .await
             .unwrap()
             .applied(),
@@ -655,7 +670,10 @@ async fn lease_expiry_and_takeover(db: Db) {
     assert_eq!(b[0].payload, a[0].payload);
     assert_eq!(
         db.store
-            .extend_lease(&[a[0].token.clone()], LONG)
+            .extend_lease(&ferry_core::LeaseExtension::new(
+                &[a[0].token.clone()],
+                LONG
+            ))
             .await
             .unwrap()
             .fenced(),
@@ -663,7 +681,10 @@ async fn lease_expiry_and_takeover(db: Db) {
     );
     assert_eq!(
         db.store
-            .extend_lease(&[b[0].token.clone()], LONG)
+            .extend_lease(&ferry_core::LeaseExtension::new(
+                &[b[0].token.clone()],
+                LONG
+            ))
             .await
             .unwrap()
             .applied(),
@@ -883,7 +904,11 @@ async fn slot_leases_fence_claims(db: Db) {
     let slot = ferry_core::slot_for("S");
     let a = db
         .store
-        .acquire_slots("relay-a", &[slot], Duration::from_millis(300))
+        .acquire_slots(&ferry_core::SlotRequest::new(
+            "relay-a",
+            &[slot],
+            Duration::from_millis(300),
+        ))
         .await
         .unwrap();
     assert_eq!(a.len(), 1);
@@ -891,7 +916,7 @@ async fn slot_leases_fence_claims(db: Db) {
     // B cannot take a live slot
     assert!(db
         .store
-        .acquire_slots("relay-b", &[slot], LONG)
+        .acquire_slots(&ferry_core::SlotRequest::new("relay-b", &[slot], LONG))
         .await
         .unwrap()
         .is_empty());
@@ -906,7 +931,7 @@ async fn slot_leases_fence_claims(db: Db) {
     let b = loop {
         let got = db
             .store
-            .acquire_slots("relay-b", &[slot], LONG)
+            .acquire_slots(&ferry_core::SlotRequest::new("relay-b", &[slot], LONG))
             .await
             .unwrap();
         if !got.is_empty() {
@@ -928,26 +953,40 @@ async fn slot_leases_fence_claims(db: Db) {
     // renewal by the owner keeps the epoch; release frees it
     let again = db
         .store
-        .acquire_slots("relay-b", &[slot], LONG)
+        .acquire_slots(&ferry_core::SlotRequest::new("relay-b", &[slot], LONG))
         .await
         .unwrap();
     assert_eq!(again[0].epoch, b[0].epoch);
-    db.store.release_slots("relay-b", &[slot]).await.unwrap();
+    db.store
+        .release_slots(&ferry_core::SlotRelease::new("relay-b", &[slot]))
+        .await
+        .unwrap();
     let c = db
         .store
-        .acquire_slots("relay-c", &[slot], LONG)
+        .acquire_slots(&ferry_core::SlotRequest::new("relay-c", &[slot], LONG))
         .await
         .unwrap();
     assert_eq!(c[0].epoch, b[0].epoch + 1);
     assert_eq!(db.store.slot_leases().await.unwrap().len(), 1);
     // membership
-    let m = db.store.heartbeat_member("relay-c", LONG).await.unwrap();
+    let m = db
+        .store
+        .heartbeat_member(&ferry_core::MemberHeartbeat::new("relay-c", LONG))
+        .await
+        .unwrap();
     assert_eq!(m, vec!["relay-c".to_string()]);
-    let m = db.store.heartbeat_member("relay-a", LONG).await.unwrap();
+    let m = db
+        .store
+        .heartbeat_member(&ferry_core::MemberHeartbeat::new("relay-a", LONG))
+        .await
+        .unwrap();
     assert_eq!(m, vec!["relay-a".to_string(), "relay-c".to_string()]);
     db.store.leave_member("relay-a").await.unwrap();
     assert_eq!(
-        db.store.heartbeat_member("relay-c", LONG).await.unwrap(),
+        db.store
+            .heartbeat_member(&ferry_core::MemberHeartbeat::new("relay-c", LONG))
+            .await
+            .unwrap(),
         vec!["relay-c".to_string()]
     );
 }
@@ -999,7 +1038,12 @@ async fn purge_deletes_only_old_sent_rows(db: Db) {
         .unwrap();
     assert_eq!(
         db.store
-            .purge_sent(Duration::from_secs(3600), 100, None, false)
+            .purge_sent(&ferry_core::PurgeRequest {
+                older_than: Duration::from_secs(3600),
+                batch: 100,
+                consumer: None,
+                dry_run: false
+            })
             .await
             .unwrap(),
         0,
@@ -1007,7 +1051,12 @@ async fn purge_deletes_only_old_sent_rows(db: Db) {
     );
     assert_eq!(
         db.store
-            .purge_sent(Duration::ZERO, 100, None, true)
+            .purge_sent(&ferry_core::PurgeRequest {
+                older_than: Duration::ZERO,
+                batch: 100,
+                consumer: None,
+                dry_run: true
+            })
             .await
             .unwrap(),
         3,
@@ -1020,7 +1069,12 @@ async fn purge_deletes_only_old_sent_rows(db: Db) {
     );
     assert_eq!(
         db.store
-            .purge_sent(Duration::ZERO, 2, None, false)
+            .purge_sent(&ferry_core::PurgeRequest {
+                older_than: Duration::ZERO,
+                batch: 2,
+                consumer: None,
+                dry_run: false
+            })
             .await
             .unwrap(),
         3,
@@ -1049,7 +1103,12 @@ async fn purge_deletes_only_old_sent_rows(db: Db) {
     let Some(sql) = db.sql() else {
         assert!(db
             .store
-            .purge_sent(Duration::ZERO, 10, Some("billing"), false)
+            .purge_sent(&ferry_core::PurgeRequest {
+                older_than: Duration::ZERO,
+                batch: 10,
+                consumer: Some("billing"),
+                dry_run: false
+            })
             .await
             .is_err());
         return;
@@ -1073,7 +1132,12 @@ async fn purge_deletes_only_old_sent_rows(db: Db) {
         .unwrap();
     assert_eq!(
         db.store
-            .purge_sent(Duration::ZERO, 10, Some("billing"), false)
+            .purge_sent(&ferry_core::PurgeRequest {
+                older_than: Duration::ZERO,
+                batch: 10,
+                consumer: Some("billing"),
+                dry_run: false
+            })
             .await
             .unwrap(),
         1

@@ -40,7 +40,7 @@ async fn owned(db: &TestDb, owner: &str) -> Vec<SlotCursor> {
         .unwrap();
     let leases = db
         .store
-        .acquire_slots(owner, &all_slots(), LONG)
+        .acquire_slots(&ferry_core::SlotRequest::new(owner, &all_slots(), LONG))
         .await
         .unwrap();
     assert_eq!(leases.len(), SLOT_COUNT as usize);
@@ -164,14 +164,22 @@ async fn stale_owner_advance_is_fenced(db: TestDb) {
     db.store.enqueue(&[ev("order-7", 1)]).await.unwrap();
     let slot = ferry_core::slot_for("order-7");
     db.store
-        .acquire_slots("a", &[slot], Duration::from_millis(300))
+        .acquire_slots(&ferry_core::SlotRequest::new(
+            "a",
+            &[slot],
+            Duration::from_millis(300),
+        ))
         .await
         .unwrap();
     let a = c.load_cursors("a", &[slot]).await.unwrap();
     let a_read = read_until(&db, &read_req(&a, 10), 1).await;
     assert_eq!(a_read.events.len(), 1);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let leases = db.store.acquire_slots("b", &[slot], LONG).await.unwrap();
+    let leases = db
+        .store
+        .acquire_slots(&ferry_core::SlotRequest::new("b", &[slot], LONG))
+        .await
+        .unwrap();
     assert_eq!(leases[0].epoch, a[0].epoch + 1);
     let b = c.load_cursors("b", &[slot]).await.unwrap();
     assert!(c.load_cursors("a", &[slot]).await.unwrap().is_empty());
@@ -291,7 +299,10 @@ async fn exceptions_hold_successors_in_order(db: TestDb) {
     req.fence = Some(SlotFence { owner: "a".into() });
     assert!(cs(&db).claim_exceptions(&req).await.unwrap().is_empty());
     // operator requeue: p-1 first, then p-2 (one per claim: the predecessor rule)
-    db.store.requeue("e-p-1", "op").await.unwrap();
+    db.store
+        .requeue(&ferry_core::OperatorAction::new("e-p-1", "op"))
+        .await
+        .unwrap();
     let c1 = cs(&db).claim_exceptions(&req).await.unwrap();
     assert_eq!(c1.len(), 1);
     assert_eq!(c1[0].token.event_id, "e-p-1");
@@ -343,12 +354,19 @@ async fn exceptions_hold_successors_in_order(db: TestDb) {
         })
         .await
         .unwrap();
-    db.store.skip("e-p-2", "op").await.unwrap();
+    db.store
+        .skip(&ferry_core::OperatorAction::new("e-p-2", "op"))
+        .await
+        .unwrap();
     let rec = db.store.record("e-p-2").await.unwrap().unwrap();
     assert_eq!(rec.state, EventState::Skipped);
     assert_eq!(rec.resolved_by.as_deref(), Some("op"));
     // skipping something that is not quarantined is a clear error
-    assert!(db.store.skip("e-q-1", "op").await.is_err());
+    assert!(db
+        .store
+        .skip(&ferry_core::OperatorAction::new("e-q-1", "op"))
+        .await
+        .is_err());
     db.cleanup().await;
 }
 
@@ -397,13 +415,23 @@ async fn reconcile_and_purge_use_derived_states(db: TestDb) {
     assert_eq!(rep.not_yet_published, 2, "{rep:?}");
     let dry = db
         .store
-        .purge_sent(Duration::ZERO, 10, None, true)
+        .purge_sent(&ferry_core::PurgeRequest {
+            older_than: Duration::ZERO,
+            batch: 10,
+            consumer: None,
+            dry_run: true,
+        })
         .await
         .unwrap();
     assert_eq!(dry, 2);
     let n = db
         .store
-        .purge_sent(Duration::ZERO, 1, None, false)
+        .purge_sent(&ferry_core::PurgeRequest {
+            older_than: Duration::ZERO,
+            batch: 1,
+            consumer: None,
+            dry_run: false,
+        })
         .await
         .unwrap();
     assert_eq!(n, 2);
@@ -566,7 +594,10 @@ async fn mode_switch_converts_state(db: TestDb) {
         .await
         .unwrap();
     // another live relay blocks the switch
-    db.store.heartbeat_member("other", LONG).await.unwrap();
+    db.store
+        .heartbeat_member(&ferry_core::MemberHeartbeat::new("other", LONG))
+        .await
+        .unwrap();
     let err = c
         .set_dispatch_mode(DispatchMode::Cursor, "me")
         .await
@@ -589,7 +620,7 @@ async fn mode_switch_converts_state(db: TestDb) {
     // read by the cursor; the row already SENT (n-1) is passed over
     db.store.enqueue(&[ev("o", 1)]).await.unwrap();
     db.store
-        .acquire_slots("me", &all_slots(), LONG)
+        .acquire_slots(&ferry_core::SlotRequest::new("me", &all_slots(), LONG))
         .await
         .unwrap();
     let cursors = c.load_cursors("me", &all_slots()).await.unwrap();
@@ -614,14 +645,20 @@ async fn mode_switch_converts_state(db: TestDb) {
         .unwrap();
     assert_eq!(state(&db, "e-m-2").await, Some(EventState::Pending));
     // back to row mode: every state carries over
-    db.store.release_slots("me", &all_slots()).await.unwrap();
+    db.store
+        .release_slots(&ferry_core::SlotRelease::new("me", &all_slots()))
+        .await
+        .unwrap();
     assert!(c.set_dispatch_mode(DispatchMode::Row, "me").await.unwrap());
     assert_eq!(state(&db, "e-o-1").await, Some(EventState::Sent));
     assert_eq!(state(&db, "e-n-1").await, Some(EventState::Sent));
     assert_eq!(state(&db, "e-m-1").await, Some(EventState::Quarantined));
     assert_eq!(state(&db, "e-m-2").await, Some(EventState::Pending));
     // and the row protocol continues: requeue m-1, claim it (m-2 waits behind it)
-    db.store.requeue("e-m-1", "op").await.unwrap();
+    db.store
+        .requeue(&ferry_core::OperatorAction::new("e-m-1", "op"))
+        .await
+        .unwrap();
     let again = db
         .store
         .claim(&ClaimRequest::new(all_slots(), 10, LONG))
