@@ -371,3 +371,48 @@ mod mysql_paused {
         db.cleanup().await;
     }
 }
+
+/// The alert level on a relay's metrics endpoint follows the thresholds it was started with:
+/// an intent the broker never takes (no broker listens) turns it to warning past
+/// `--oldest-warning`, then to critical past `--oldest-critical`; the SLO gauges are exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn alert_level_follows_the_oldest_intent() {
+    let db = TestDb::open(ferry_store::Backend::Sqlite)
+        .await
+        .expect("SQLite");
+    let dead_broker = format!("127.0.0.1:{}", free_port());
+    let a = spawn_relay(
+        &db.url,
+        &[
+            "--sink",
+            "kafka",
+            "--kafka-brokers",
+            &dead_broker,
+            "--oldest-warning",
+            "2s",
+            "--oldest-critical",
+            "8s",
+        ],
+        "alerting",
+        DispatchMode::Cursor,
+    );
+    wait_until("endpoint up, level 0", Duration::from_secs(20), || async {
+        a.metric("ferry_alert_level") == Some(0.0)
+    })
+    .await;
+    assert_eq!(a.metric("ferry_publish_within_slo_ratio"), Some(1.0));
+    assert_eq!(a.metric("ferry_alert_oldest_warning_seconds"), Some(2.0));
+    assert_eq!(a.metric("ferry_alert_oldest_critical_seconds"), Some(8.0));
+    assert_eq!(a.metric("ferry_publish_slo_target_seconds"), Some(30.0));
+    db.store.enqueue(&[ev("stuck", 1)]).await.unwrap();
+    wait_until("warning", Duration::from_secs(30), || async {
+        a.metric("ferry_alert_level") == Some(1.0)
+    })
+    .await;
+    wait_until("critical", Duration::from_secs(30), || async {
+        a.metric("ferry_alert_level") == Some(2.0)
+    })
+    .await;
+    drop(a);
+    db.cleanup().await;
+}

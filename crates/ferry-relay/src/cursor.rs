@@ -718,8 +718,7 @@ async fn finish_advance(ctx: &Ctx, st: &mut State) -> bool {
             let m = &ctx.metrics;
             let now = now_micros();
             for b in &a.batches {
-                m.commit_to_ack
-                    .record_many_us(b.acked_created.iter().map(|c| (now - c).max(1) as u64));
+                m.record_commit_to_ack(b.acked_created.iter().map(|c| (now - c).max(1) as u64));
                 m.sent
                     .fetch_add(b.acked_created.len() as u64, Ordering::Relaxed);
                 m.retried.fetch_add(b.retried, Ordering::Relaxed);
@@ -850,7 +849,7 @@ async fn run_exceptions(ctx: &Ctx, cs: &dyn CursorStore, slots: &[SlotId]) -> In
         };
         let (a, rt, q) = (out.acked.len(), out.retry.len(), out.quarantine.len());
         let now = now_micros();
-        m.commit_to_ack.record_many_us(
+        m.record_commit_to_ack(
             r.items[..a]
                 .iter()
                 .zip(&acked_created)

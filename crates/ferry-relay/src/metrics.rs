@@ -138,6 +138,10 @@ pub struct Metrics {
     pub ack_latency: Latency,
     /// From the intent's commit (created_at) to its SENT CAS.
     pub commit_to_ack: Latency,
+    /// Events whose commit → SENT was measured ([`Metrics::record_commit_to_ack`]).
+    pub slo_observed: AtomicU64,
+    /// Of those, the ones SENT within the SLO target.
+    pub slo_within: AtomicU64,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, v: u64) {
@@ -165,7 +169,63 @@ fn summary(out: &mut String, name: &str, help: &str, h: &Histogram<u64>, scale: 
     let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {}", h.len());
 }
 
+fn gauge_f(out: &mut String, name: &str, help: &str, v: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
 impl Metrics {
+    /// Records commit → SENT times (µs) in the histogram and in the publish-SLO counts.
+    pub fn record_commit_to_ack(&self, values: impl IntoIterator<Item = u64>) {
+        let target = self
+            .alerts
+            .lock()
+            .expect("alerts lock")
+            .slo_target
+            .as_micros() as u64;
+        let (mut n, mut within) = (0u64, 0u64);
+        self.commit_to_ack
+            .record_many_us(values.into_iter().inspect(|us| {
+                n += 1;
+                if *us <= target {
+                    within += 1;
+                }
+            }));
+        self.slo_observed.fetch_add(n, Ordering::Relaxed);
+        self.slo_within.fetch_add(within, Ordering::Relaxed);
+    }
+
+    /// Share of measured events SENT within the SLO target since start (1 when none measured).
+    pub fn within_slo_ratio(&self) -> f64 {
+        let n = self.slo_observed.load(Ordering::Relaxed);
+        if n == 0 {
+            1.0
+        } else {
+            self.slo_within.load(Ordering::Relaxed) as f64 / n as f64
+        }
+    }
+
+    /// The alert level from the thresholds and the current gauges: [`alert_level`], and in
+    /// cursor dispatch the same age thresholds applied to the oldest open write transaction
+    /// that holds the read horizon back (as `ferry status` does).
+    pub fn alert_level(&self) -> u8 {
+        let a = *self.alerts.lock().expect("alerts lock");
+        let age = self.oldest_unfinished_age_us.load(Ordering::Relaxed);
+        let oldest = (age >= 0).then(|| Duration::from_micros(age as u64));
+        let level = alert_level(
+            &a,
+            oldest,
+            self.blocked_aggregates.load(Ordering::Relaxed),
+            self.within_slo_ratio(),
+        );
+        let blocker = self.horizon_blocker_age_us.load(Ordering::Relaxed);
+        let horizon = match (blocker >= 0).then(|| Duration::from_micros(blocker as u64)) {
+            Some(b) if b >= a.oldest_critical => 2,
+            Some(b) if b >= a.oldest_warning => 1,
+            _ => 0,
+        };
+        level.max(horizon)
+    }
+
     /// Renders the Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut o = String::with_capacity(4096);
@@ -334,6 +394,43 @@ impl Metrics {
             &self.commit_to_ack.snapshot(),
             1e6,
         );
+        let a = *self.alerts.lock().expect("alerts lock");
+        gauge_f(
+            &mut o,
+            "ferry_publish_slo_target_seconds",
+            "Publish SLO: the target time from commit to SENT.",
+            a.slo_target.as_secs_f64(),
+        );
+        gauge_f(
+            &mut o,
+            "ferry_publish_slo_objective_ratio",
+            "Publish SLO: the share of events that should be SENT within the target.",
+            a.slo_ratio,
+        );
+        gauge_f(
+            &mut o,
+            "ferry_publish_within_slo_ratio",
+            "Share of events this relay SENT within the SLO target since start (1 before any).",
+            self.within_slo_ratio(),
+        );
+        gauge_f(
+            &mut o,
+            "ferry_alert_oldest_warning_seconds",
+            "Alert threshold: warning when the oldest unsent intent is older.",
+            a.oldest_warning.as_secs_f64(),
+        );
+        gauge_f(
+            &mut o,
+            "ferry_alert_oldest_critical_seconds",
+            "Alert threshold: critical when the oldest unsent intent is older.",
+            a.oldest_critical.as_secs_f64(),
+        );
+        gauge(
+            &mut o,
+            "ferry_alert_level",
+            "0 ok, 1 warning (oldest unsent intent past the warning age, a blocked aggregate, or the SLO ratio below its objective), 2 critical (oldest unsent intent past the critical age).",
+            i64::from(self.alert_level()),
+        );
         o
     }
 }
@@ -387,5 +484,79 @@ pub async fn serve(
             );
             let _ = sock.write_all(resp.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not exported:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// The endpoint exports the SLO ratio and the alert level, and the level follows each
+    /// threshold: the SLO objective, a blocked aggregate, the warning and the critical age.
+    #[test]
+    fn alert_level_and_slo_ratio_follow_every_threshold() {
+        let m = Metrics::default();
+        m.oldest_unfinished_age_us.store(-1, Ordering::Relaxed);
+        let t = m.render();
+        assert_eq!(value(&t, "ferry_alert_level"), 0.0);
+        assert_eq!(value(&t, "ferry_publish_within_slo_ratio"), 1.0);
+        assert_eq!(value(&t, "ferry_publish_slo_target_seconds"), 30.0);
+        assert_eq!(value(&t, "ferry_publish_slo_objective_ratio"), 0.999);
+        assert_eq!(value(&t, "ferry_alert_oldest_warning_seconds"), 300.0);
+        assert_eq!(value(&t, "ferry_alert_oldest_critical_seconds"), 3600.0);
+        // 999 events within 30 s and 1 late: exactly at the objective, still ok
+        m.record_commit_to_ack((0..999).map(|_| 1_000_000).chain([31_000_000]));
+        let t = m.render();
+        assert_eq!(value(&t, "ferry_publish_within_slo_ratio"), 0.999);
+        assert_eq!(value(&t, "ferry_alert_level"), 0.0);
+        // one more late event: below the objective → warning
+        m.record_commit_to_ack([40_000_000]);
+        let t = m.render();
+        assert!(value(&t, "ferry_publish_within_slo_ratio") < 0.999);
+        assert_eq!(value(&t, "ferry_alert_level"), 1.0);
+        // a fresh relay: a blocked aggregate → warning
+        let m = Metrics::default();
+        m.horizon_blocker_age_us.store(-1, Ordering::Relaxed);
+        m.oldest_unfinished_age_us
+            .store(1_000_000, Ordering::Relaxed);
+        assert_eq!(value(&m.render(), "ferry_alert_level"), 0.0);
+        m.blocked_aggregates.store(1, Ordering::Relaxed);
+        assert_eq!(value(&m.render(), "ferry_alert_level"), 1.0);
+        m.blocked_aggregates.store(0, Ordering::Relaxed);
+        // the oldest unsent intent past the warning age, then past the critical age
+        m.oldest_unfinished_age_us
+            .store(300_000_000, Ordering::Relaxed);
+        assert_eq!(value(&m.render(), "ferry_alert_level"), 1.0);
+        m.oldest_unfinished_age_us
+            .store(3_600_000_000, Ordering::Relaxed);
+        assert_eq!(value(&m.render(), "ferry_alert_level"), 2.0);
+        // thresholds set at start are the ones applied and exported
+        *m.alerts.lock().unwrap() = AlertThresholds {
+            oldest_critical: Duration::from_secs(7200),
+            ..AlertThresholds::default()
+        };
+        let t = m.render();
+        assert_eq!(value(&t, "ferry_alert_level"), 1.0);
+        assert_eq!(value(&t, "ferry_alert_oldest_critical_seconds"), 7200.0);
+        // cursor dispatch: an open write transaction holding the horizon back, past each age
+        let m = Metrics::default();
+        m.oldest_unfinished_age_us.store(-1, Ordering::Relaxed);
+        m.horizon_blocker_age_us
+            .store(299_000_000, Ordering::Relaxed);
+        assert_eq!(value(&m.render(), "ferry_alert_level"), 0.0);
+        m.horizon_blocker_age_us
+            .store(300_000_000, Ordering::Relaxed);
+        assert_eq!(value(&m.render(), "ferry_alert_level"), 1.0);
+        m.horizon_blocker_age_us
+            .store(3_600_000_000, Ordering::Relaxed);
+        assert_eq!(value(&m.render(), "ferry_alert_level"), 2.0);
     }
 }

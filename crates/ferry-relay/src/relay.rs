@@ -749,7 +749,7 @@ async fn process_batch(
             // The report is in input order: zip it with the acked items' commit times and
             // record them under one histogram lock.
             let now = now_micros();
-            m.commit_to_ack.record_many_us(
+            m.record_commit_to_ack(
                 r.items
                     .iter()
                     .zip(&acked_created)
