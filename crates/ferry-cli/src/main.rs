@@ -23,6 +23,13 @@ use config::{duration, pick, ConfigError, FileConfig};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ferry",
@@ -42,9 +49,14 @@ struct Cli {
         hide_env_values = true
     )]
     database_url: Option<String>,
-    /// Log filter (tracing EnvFilter syntax), e.g. info, ferry_relay=debug.
+    /// Log filter (tracing EnvFilter syntax), e.g. info, ferry_relay=debug. PostgreSQL notices
+    /// (sqlx::postgres::notice) are logged from warn unless the filter names them.
     #[arg(long, global = true, env = "FERRY_LOG", default_value = "info")]
     log: String,
+    /// Log format: text (colours only when stderr is a terminal) or json (one object per line,
+    /// for log shippers).
+    #[arg(long, global = true, env = "FERRY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -364,12 +376,33 @@ fn fail(code: u8, message: impl Into<String>) -> Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    // Migrations log PostgreSQL NOTICEs ("trigger … does not exist, skipping") at info: quiet
+    // them unless the filter asks for them.
+    let directives = if cli.log.contains("sqlx") {
+        cli.log.clone()
+    } else {
+        format!("{},sqlx::postgres::notice=warn", cli.log)
+    };
+    let filter = match tracing_subscriber::EnvFilter::try_new(&directives) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "error: invalid --log (FERRY_LOG) {:?}: {e}; use a tracing filter such as info or ferry_relay=debug",
+                cli.log
+            );
+            return ExitCode::from(2);
+        }
+    };
+    {
+        use std::io::IsTerminal;
+        let fmt = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        match cli.log_format {
+            LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).init(),
+            LogFormat::Json => fmt.json().with_ansi(false).init(),
+        }
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -353,3 +353,44 @@ fn relay_on_sqlite_defaults_to_one_worker_unless_told() {
     let line = relay_started_line(&[], &[("FERRY_WORKERS", "2")]);
     assert!(line.contains("workers=2"), "{line}");
 }
+
+/// Logs: a bad filter is refused with one clear line; `--log-format json` writes one JSON object
+/// per line; text logs written to a pipe carry no ANSI colour codes.
+#[test]
+fn log_flags_are_checked_and_honoured() {
+    let o = ferry(&[
+        "status",
+        "--log",
+        "ferry_relay=[",
+        "--database-url",
+        "sqlite://x.db",
+    ]);
+    assert_one_clear_line(&o, 2, &["--log", "FERRY_LOG", "ferry_relay=debug"]);
+    let (_d, url) = sqlite_url();
+    let o = ferry(&[
+        "migrate",
+        "--database-url",
+        &url,
+        "--log-format",
+        "json",
+        "--log",
+        "debug",
+    ]);
+    assert!(o.status.success(), "{}", err_of(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines at debug");
+    for l in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
+    }
+    let (_d, url) = sqlite_url();
+    let o = ferry(&["migrate", "--database-url", &url, "--log", "debug"]);
+    assert!(o.status.success(), "{}", err_of(&o));
+    assert!(!o.stderr.is_empty(), "no log lines at debug");
+    assert!(!o.stderr.contains(&0x1b), "ANSI escape in piped logs");
+    let o = ferry(&["status", "--log-format", "xml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", err_of(&o));
+    assert!(err_of(&o).contains("json"), "{}", err_of(&o));
+}
