@@ -234,12 +234,8 @@ pub(crate) async fn worker(
             .collect();
         if from.is_empty() {
             // every slot waits for a batch in flight: wait for a completion
-            tokio::select! {
-                _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => {}
-                _ = cancel.cancelled() => {}
-                _ = slots_rx.changed() => { must_load = true; }
-                _ = tokio::time::sleep(cfg.poll_min) => {}
-            }
+            must_load |=
+                wait_for_completion(&st, &done, &cancel, &mut slots_rx, cfg.poll_min).await;
             continue;
         }
         let read: HashSet<SlotId> = from.iter().map(|(s, _)| *s).collect();
@@ -324,12 +320,8 @@ pub(crate) async fn worker(
             if !cut.is_empty() {
                 // Not idle: what comes next waits for a batch in flight (its send or its
                 // advance frees the aggregate). Wait for a completion, not the idle back-off.
-                tokio::select! {
-                    _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => {}
-                    _ = cancel.cancelled() => {}
-                    _ = slots_rx.changed() => { must_load = true; }
-                    _ = tokio::time::sleep(cfg.poll_min) => {}
-                }
+                must_load |=
+                    wait_for_completion(&st, &done, &cancel, &mut slots_rx, cfg.poll_min).await;
                 continue;
             }
             if ctx.commits.load(Ordering::Acquire) != commits_seen {
@@ -452,6 +444,23 @@ fn queue_cursor_move(st: &mut State, to: Vec<(SlotId, CursorPos)>) {
             send: None,
             released: None,
         });
+    }
+}
+
+/// Waits for a batch in flight to complete (its send or its advance), at most `poll_min`;
+/// returns whether the owned slots changed meanwhile.
+async fn wait_for_completion(
+    st: &State,
+    done: &Notify,
+    cancel: &CancellationToken,
+    slots_rx: &mut watch::Receiver<Vec<SlotId>>,
+    poll_min: Duration,
+) -> bool {
+    tokio::select! {
+        _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => false,
+        _ = cancel.cancelled() => false,
+        _ = slots_rx.changed() => true,
+        _ = tokio::time::sleep(poll_min) => false,
     }
 }
 

@@ -187,6 +187,28 @@ fn candidate_query<'a>(
     qb
 }
 
+/// The requested slots a claim may take rows of: with a fence, those whose live lease the owner
+/// holds. A plain read (no share lock): a locking read made lease renewals queue behind slow
+/// claims; a claim racing a takeover is harmless (rows are claimed under SKIP LOCKED and state,
+/// never twice). Shared by row claims and cursor dispatch's exception claims.
+pub(crate) async fn fenced_slots(
+    conn: &mut MySqlConnection,
+    req: &ClaimRequest,
+) -> Result<Vec<i16>, StoreError> {
+    let Some(f) = &req.fence else {
+        return Ok(req.slots.iter().map(|s| *s as i16).collect());
+    };
+    let mut qb = QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
+    qb.push_bind(&f.owner)
+        .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
+    push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
+    qb.push(")");
+    qb.build_query_scalar()
+        .fetch_all(conn)
+        .await
+        .map_err(|e| db_err("claim: slot fence", e))
+}
+
 /// A CAS predicate over tokens: `seq IN (…) AND (seq, claim_version, claim_id) IN ((…), …)`.
 fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
     qb.push("state = 'CLAIMED' AND seq IN (");
@@ -470,23 +492,7 @@ impl ferry_core::RowDispatch for MyStore {
                 .begin()
                 .await
                 .map_err(|e| db_err("claim: begin", e))?;
-            let slots: Vec<i16> = if let Some(f) = &req.fence {
-                let mut qb =
-                    QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
-                qb.push_bind(&f.owner)
-                    .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
-                push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
-                // A plain read (no share lock): a locking read made lease renewals queue behind
-                // slow claims; a claim racing a takeover is harmless (rows are claimed under
-                // SKIP LOCKED and state, never twice).
-                qb.push(")");
-                qb.build_query_scalar()
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("claim: slot fence", e))?
-            } else {
-                req.slots.iter().map(|s| *s as i16).collect()
-            };
+            let slots = fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
                 return Ok(Vec::new());
             }

@@ -550,20 +550,7 @@ impl CursorStore for MyStore {
                 .begin()
                 .await
                 .map_err(|e| db_err("claim exceptions: begin", e))?;
-            let slots: Vec<i16> = if let Some(f) = &req.fence {
-                let mut qb =
-                    QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
-                qb.push_bind(&f.owner)
-                    .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
-                push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
-                qb.push(")");
-                qb.build_query_scalar()
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("claim exceptions: slot fence", e))?
-            } else {
-                req.slots.iter().map(|s| *s as i16).collect()
-            };
+            let slots = crate::mysql::fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
                 return Ok(Vec::new());
             }
