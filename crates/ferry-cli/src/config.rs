@@ -192,6 +192,46 @@ mod tests {
         assert!(parse_duration("abc").is_err());
     }
 
+    /// The repository's `ferry.example.toml` (also shown in docs/operations.md) parses with
+    /// unknown keys refused, and every value in it is valid.
+    #[test]
+    fn the_example_config_parses_and_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ferry.example.toml");
+        let f = FileConfig::load(&path).unwrap_or_else(|e| panic!("{}", e.0));
+        let r = &f.relay;
+        for d in [
+            &r.claim_lease,
+            &r.slot_ttl,
+            &r.heartbeat,
+            &r.poll_min,
+            &r.poll_idle,
+            &r.backoff_base,
+            &r.backoff_max,
+            &r.shutdown_timeout,
+            &f.sink.message_timeout,
+            &f.sink.linger,
+            &f.alerts.oldest_warning,
+            &f.alerts.oldest_critical,
+            &f.alerts.slo_target,
+        ] {
+            let d = d.as_deref().expect("the example sets every duration");
+            parse_duration(d).unwrap_or_else(|e| panic!("{d}: {e}"));
+        }
+        assert_eq!(f.sink.kind.as_deref(), Some("kafka"));
+        assert_eq!(f.metrics.listen.as_deref(), Some("127.0.0.1:9464"));
+        assert!(f.alerts.slo_ratio.is_some_and(|r| r > 0.0 && r <= 1.0));
+        // the docs show the same file
+        let docs = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
+        )
+        .unwrap();
+        let example = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            docs.contains(&format!("```toml\n{example}```")),
+            "docs/operations.md no longer shows ferry.example.toml as it is"
+        );
+    }
+
     #[test]
     fn unknown_keys_are_refused() {
         let e = toml::from_str::<FileConfig>("[relay]\nbatchsize = 5\n").unwrap_err();
