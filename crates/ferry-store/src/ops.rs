@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ferry_core::{
-    now_micros, BusinessTable, DispatchMode, ReconcileReport, ReconcileRequest, StoreError,
-    StoreErrorKind, Watermark,
+    now_micros, BusinessTable, DispatchMode, PurgeRequest, ReconcileReport, ReconcileRequest,
+    StoreError, StoreErrorKind, Watermark,
 };
 use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 
@@ -203,11 +203,14 @@ fn inbox_exists(q: &str) -> String {
 pub(crate) async fn purge_sent(
     pools: Pools<'_>,
     mode: DispatchMode,
-    older_than: Duration,
-    batch: usize,
-    consumer: Option<&str>,
-    dry_run: bool,
+    req: &PurgeRequest<'_>,
 ) -> Result<u64, StoreError> {
+    let PurgeRequest {
+        older_than,
+        batch,
+        consumer,
+        dry_run,
+    } = *req;
     if batch == 0 {
         return Err(StoreError::new(
             StoreErrorKind::InvalidInput,

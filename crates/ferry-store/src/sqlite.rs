@@ -827,16 +827,11 @@ impl ferry_core::OutboxStore for SqliteStore {
         &'a self,
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        let (older_than, batch, consumer, dry_run) =
-            (req.older_than, req.batch, req.consumer, req.dry_run);
         Box::pin(async move {
             crate::ops::purge_sent(
                 crate::ops::Pools::Lite(&self.pool),
                 self.stored_mode().await?,
-                older_than,
-                batch,
-                consumer,
-                dry_run,
+                req,
             )
             .await
         })
