@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 mod chaos;
 mod chart;
 mod cli;
+mod clock;
 mod db;
 mod error;
 mod inbox;

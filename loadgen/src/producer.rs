@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::Skew;
+use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, TxError};
 use crate::error::{Error, Result};
 use crate::workload::{self, Ids, KeyPicker, Order};
@@ -163,6 +164,8 @@ pub struct Counters {
     pub txs: AtomicU64,
     /// Failed attempts that were retried.
     pub retries: AtomicU64,
+    /// When each event's COMMIT returned, for the COMMIT → broker-ack latency.
+    pub clock: Arc<CommitClock>,
 }
 
 /// One producer's final account.
@@ -265,6 +268,10 @@ pub async fn run(
         }
         let t0 = Instant::now();
         commit_with_retries(&db, p, &orders, &events, &counters).await?;
+        counters.clock.committed(
+            events.iter().filter_map(|e| e.event_id.as_deref()),
+            std::time::Instant::now(),
+        );
         let _ = tx_latency.record((t0.elapsed().as_micros() as u64).clamp(1, 3_600_000_000));
         next += orders.len() as u64;
         counters

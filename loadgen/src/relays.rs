@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Dispatch, RelayMode, SinkKind};
+use crate::clock::{CommitClock, TimedSink};
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
 
@@ -53,6 +54,8 @@ pub struct RelaySpec {
     pub measure_contention: bool,
     /// Dispatch mode (`RelayConfig::dispatch`, `ferry relay --dispatch`).
     pub dispatch: Dispatch,
+    /// In-process relays note each broker ack here (COMMIT → broker-ack latency).
+    pub clock: Option<Arc<CommitClock>>,
 }
 
 /// Per-aggregate order of first sends, observed at the sink of in-process relays whose sink
@@ -264,6 +267,12 @@ impl Relays {
                         sink = Arc::new(CheckedSink {
                             inner: sink,
                             check: check.clone(),
+                        });
+                    }
+                    if let Some(clock) = &spec.clock {
+                        sink = Arc::new(TimedSink {
+                            inner: sink,
+                            clock: clock.clone(),
                         });
                     }
                     let config = RelayConfig {

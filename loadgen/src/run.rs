@@ -136,6 +136,7 @@ impl RunSpec {
                     .measure_contention
                     .unwrap_or(a.relays > 1 || a.sweep_relays.is_some()),
                 dispatch,
+                clock: None,
             },
             chaos: a.chaos.then_some(a.chaos_interval),
             producers,
@@ -759,8 +760,12 @@ async fn execute(
     };
     let relays_started = Instant::now();
 
+    let relay_spec = RelaySpec {
+        clock: Some(counters.clock.clone()),
+        ..spec.relays.clone()
+    };
     let relays = Relays::start(
-        &spec.relays,
+        &relay_spec,
         db,
         run,
         kafka.as_ref().map(|k| k.brokers.as_str()),
@@ -1089,6 +1094,7 @@ async fn execute(
         backlog_at_end_of_load: at_load_end.backlog,
         latency_ms: Latencies {
             commit_to_ack: Quantiles::from_us(&commit_to_ack),
+            committed_to_broker_ack: Quantiles::from_us(&counters.clock.histogram()),
             commit_to_consumed: consumed_latency.as_ref().and_then(Quantiles::from_us),
             producer_tx: Quantiles::from_us(&producer_tx),
             claim: Quantiles::from_us(&relay_metrics.claim_latency),
