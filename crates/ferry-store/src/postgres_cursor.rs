@@ -120,67 +120,80 @@ fn snapshot_bound(snap: &str, part: usize) -> Result<i64, StoreError> {
         })
 }
 
+/// Old ticks are deleted when a reader reaches a tick that is a multiple of this (at most this
+/// many ticks linger behind the slowest cursor's window).
+const TICK_RETENTION_EVERY: i64 = 16;
+
 impl PgStore {
     /// The snapshots bounding window `t` (ticks `t - 1` and `t`), creating tick `t` from the
     /// current snapshot when no reader has yet, and whether tick `t + 1` exists already.
+    ///
+    /// One statement in the common case (a caught-up reader's every read): it reads the three
+    /// ticks and, when tick `t` is missing and tick `t - 1` exists, inserts tick `t` from the
+    /// statement's own snapshot. That snapshot was taken after tick `t - 1` committed (the
+    /// statement sees it), so it sees at least as much: snapshots only grow. Concurrent readers
+    /// race on the primary key; the loser's insert waits for the winner and does nothing, and
+    /// the loser reads the winner's tick in a second query (its statement snapshot predates it).
+    /// The tick is committed with `synchronous_commit = off` (`set_config(…, true)` lasts until
+    /// this statement's implicit commit): losing it in a crash is harmless (the next read takes
+    /// another), and any advance that refers to it flushes it first.
     async fn window(&self, t: i64) -> Result<(String, String, bool), StoreError> {
-        let get = || async {
-            let rows: Vec<(i64, String)> = sqlx::query_as(
-                "SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1 - 1, $1, $1 + 1)",
-            )
-            .bind(t)
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| db_err("cursor read: ticks", e))?;
-            let find = |id| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
-            Ok::<_, StoreError>((find(t - 1), find(t), find(t + 1).is_some()))
-        };
-        let (lo, hi, next) = get().await?;
-        let lo = lo.ok_or_else(|| {
+        let rows: Vec<(i64, String)> = sqlx::query_as(
+            "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v), \
+             ins AS (INSERT INTO ferry_tick (tick_id, snap) \
+                     SELECT $1, pg_current_snapshot() FROM cfg \
+                     WHERE EXISTS (SELECT 1 FROM ferry_tick WHERE tick_id = $1 - 1) \
+                       AND NOT EXISTS (SELECT 1 FROM ferry_tick WHERE tick_id = $1) \
+                     ON CONFLICT (tick_id) DO NOTHING RETURNING tick_id, snap::text) \
+             SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1 - 1, $1, $1 + 1) \
+             UNION ALL SELECT tick_id, snap FROM ins",
+        )
+        .bind(t)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| db_err("cursor read: ticks", e))?;
+        let find =
+            |rows: &[(i64, String)], id| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
+        let lo = find(&rows, t - 1).ok_or_else(|| {
             StoreError::new(
                 StoreErrorKind::Other,
                 format!("snapshot tick {} is gone: this cursor was taken over and purged; reload the cursors", t - 1),
             )
         })?;
-        if let Some(hi) = hi {
+        if let Some(hi) = find(&rows, t) {
+            let next = find(&rows, t + 1).is_some();
+            if t % TICK_RETENTION_EVERY == 0 && !next {
+                self.retire_ticks(t).await?;
+            }
             return Ok((lo, hi, next));
         }
-        // Tick t, taken now: after tick t-1 committed (we just read it), so it sees at least as
-        // much. Concurrent readers race on the primary key; the loser waits and uses the
-        // winner's. Losing it in a crash is harmless (the next read takes another), so it need
-        // not wait for its WAL flush; any advance that refers to it flushes it first.
-        let mut tx = self
-            .pool()
-            .begin()
-            .await
-            .map_err(|e| db_err("tick: begin", e))?;
-        sqlx::query("SET LOCAL synchronous_commit = off")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("tick", e))?;
-        sqlx::query(
-            "INSERT INTO ferry_tick (tick_id, snap) VALUES ($1, pg_current_snapshot()) ON CONFLICT (tick_id) DO NOTHING",
+        // another reader created tick t while this statement ran: read its snapshot
+        let rows: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1, $1 + 1)",
         )
         .bind(t)
-        .execute(&mut *tx)
+        .fetch_all(self.pool())
         .await
-        .map_err(|e| db_err("tick", e))?;
-        // ticks every cursor is past (a window needs its own tick and the one before)
-        sqlx::query(
-            "DELETE FROM ferry_tick WHERE tick_id < (SELECT min(cursor_tick) - 1 FROM ferry_slot_lease) \
-               AND tick_id < $1 - 1",
-        )
-        .bind(t)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("tick: retention", e))?;
-        tx.commit().await.map_err(|e| db_err("tick: commit", e))?;
-        let (_, hi, _) = get().await?;
-        let hi = hi.ok_or_else(|| {
+        .map_err(|e| db_err("cursor read: ticks", e))?;
+        let hi = find(&rows, t).ok_or_else(|| {
             StoreError::new(StoreErrorKind::Other, format!("snapshot tick {t} vanished"))
         })?;
-        // we just took tick t: it is the newest
-        Ok((lo, hi, false))
+        Ok((lo, hi, find(&rows, t + 1).is_some()))
+    }
+
+    /// Deletes the ticks every cursor is past (a window needs its own tick and the one before),
+    /// asynchronously committed like the ticks themselves.
+    async fn retire_ticks(&self, t: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v) \
+             DELETE FROM ferry_tick WHERE tick_id < (SELECT min(cursor_tick) - 1 FROM ferry_slot_lease) \
+               AND tick_id < $1 - 1 AND EXISTS (SELECT 1 FROM cfg)",
+        )
+        .bind(t)
+        .execute(self.pool())
+        .await
+        .map_err(|e| db_err("tick: retention", e))?;
+        Ok(())
     }
 
     /// The stored dispatch mode (`ferry_dispatch`).
