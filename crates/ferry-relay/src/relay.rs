@@ -438,7 +438,9 @@ async fn status_poller(
     cancel: CancellationToken,
 ) {
     loop {
-        match store.status().await {
+        // shared between the relays of one database where the store can (one count per
+        // interval, not one per relay)
+        match store.shared_status(every).await {
             Ok(s) => {
                 metrics.pending.store(s.pending, Ordering::Relaxed);
                 metrics.claimed.store(s.claimed, Ordering::Relaxed);

@@ -28,6 +28,11 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
         name: "cursor",
         sql: include_str!("../../../migrations/postgres/0003_cursor.sql"),
     },
+    Migration {
+        version: 4,
+        name: "status_cache",
+        sql: include_str!("../../../migrations/postgres/0004_status_cache.sql"),
+    },
 ];
 
 /// MySQL/MariaDB migrations, in order.

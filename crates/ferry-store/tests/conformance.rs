@@ -1254,6 +1254,28 @@ async fn reconcile_classifies_every_intent_once(db: TestDb) {
     assert_eq!(db.count("orders").await, 4);
 }
 
+/// The relays' status poll: a store that shares its counts between relays (PostgreSQL) returns
+/// the stored count while it is fresher than `max_age`; every store counts afresh with
+/// `max_age` zero, and agrees with `status()`.
+async fn shared_status_is_counted_once_per_max_age(db: Db) {
+    db.store
+        .enqueue(&[ev("s-1", 1), ev("s-2", 1)])
+        .await
+        .unwrap();
+    let hour = Duration::from_secs(3600);
+    assert_eq!(db.store.shared_status(hour).await.unwrap().pending, 2);
+    db.store.enqueue(&[ev("s-3", 1)]).await.unwrap();
+    let shared = db.store.backend() == "postgres";
+    let again = db.store.shared_status(hour).await.unwrap();
+    assert_eq!(again.pending, if shared { 2 } else { 3 });
+    assert!(again.oldest_unfinished_age_us.is_some_and(|a| a >= 0));
+    let fresh = db.store.shared_status(Duration::ZERO).await.unwrap();
+    assert_eq!(fresh.pending, 3);
+    assert_eq!(fresh.pending, db.store.status().await.unwrap().pending);
+    // the stored count moved on: a long max_age now returns 3
+    assert_eq!(db.store.shared_status(hour).await.unwrap().pending, 3);
+}
+
 macro_rules! conformance {
     (everywhere: [$($any:ident),* $(,)?], sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
         conformance!(@sql $($any,)* $($sql,)*);
@@ -1307,6 +1329,7 @@ conformance!(
         bad_inputs_are_refused_and_write_nothing,
         slot_leases_fence_claims,
         purge_deletes_only_old_sent_rows,
+        shared_status_is_counted_once_per_max_age,
     ],
     // SQL backends only; the in-memory store skips these because
     // - rollback_leaves_neither_order_nor_intent, multi_row_enqueue_in_caller_transaction: they
