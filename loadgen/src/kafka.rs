@@ -4,8 +4,11 @@ use std::time::Duration;
 
 use ferry_relay::embedded::EmbeddedKafka;
 use ferry_relay::verify::Verifier;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::types::RDKafkaErrorCode;
 
 use crate::error::{Error, Result};
 
@@ -47,9 +50,14 @@ impl KafkaTarget {
         })
     }
 
-    /// An external broker; finds the topic's partition count (a metadata request also
-    /// triggers auto-creation where the broker allows it).
-    pub fn external(brokers: &str, topic: &str) -> Result<Self> {
+    /// An external broker: creates `topic` with `partitions` partitions through the admin API
+    /// unless it exists, then finds its partition count (a metadata request also triggers
+    /// auto-creation where the broker allows it). Blocking: call it from a blocking thread of
+    /// the runtime.
+    pub fn external(brokers: &str, topic: &str, partitions: i32) -> Result<Self> {
+        if let Err(e) = create_topic(brokers, topic, partitions) {
+            tracing::warn!(error = %e, topic, "creating the topic through the admin API failed; relying on an existing topic or auto-creation");
+        }
         let consumer = metadata_client(brokers)?;
         let mut last = String::from("no answer");
         for _ in 0..10 {
@@ -113,6 +121,35 @@ pub fn high_watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Ve
                 .map(|(_, high)| high)
         })
         .collect()
+}
+
+/// `CreateTopics` through the admin API; an existing topic is not an error (its partition count
+/// is what it is). Replication is the broker's default (`-1`, KIP-464).
+fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| Error::Kafka(format!("cannot create an admin client for {brokers}: {e}")))?;
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(10)))
+        .request_timeout(Some(Duration::from_secs(15)));
+    let results = tokio::runtime::Handle::current()
+        .block_on(admin.create_topics(
+            &[NewTopic::new(
+                topic,
+                partitions,
+                TopicReplication::Fixed(-1),
+            )],
+            &opts,
+        ))
+        .map_err(|e| Error::Kafka(format!("CreateTopics on {brokers}: {e}")))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => return Err(Error::Kafka(format!("CreateTopics {t} on {brokers}: {e}"))),
+        }
+    }
+    Ok(())
 }
 
 fn metadata_client(brokers: &str) -> Result<BaseConsumer> {

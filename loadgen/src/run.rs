@@ -720,7 +720,7 @@ async fn execute(
         let (brokers, topic, partitions) =
             (spec.kafka_brokers.clone(), topic.clone(), spec.partitions);
         let target = tokio::task::spawn_blocking(move || match brokers {
-            Some(b) => KafkaTarget::external(&b, &topic),
+            Some(b) => KafkaTarget::external(&b, &topic, partitions),
             None => KafkaTarget::embedded(&topic, partitions),
         })
         .await
@@ -729,6 +729,7 @@ async fn execute(
     } else {
         None
     };
+    let kafka_partitions = kafka.as_ref().map(|k| k.partitions);
     let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
     let inbox = match (&spec.inbox, &kafka) {
         (Some(s), Some(k)) => {
@@ -1132,7 +1133,7 @@ async fn execute(
         errors,
         notes,
         timeline: std::mem::take(&mut sampler.timeline),
-        config: echo(spec, run, &topic, &server),
+        config: echo(spec, run, &topic, &server, kafka_partitions),
     })
 }
 
@@ -1255,7 +1256,13 @@ fn costs(
     }
 }
 
-fn echo(spec: &RunSpec, run: &str, topic: &str, server: &[(String, String)]) -> ConfigEcho {
+fn echo(
+    spec: &RunSpec,
+    run: &str,
+    topic: &str,
+    server: &[(String, String)],
+    partitions: Option<i32>,
+) -> ConfigEcho {
     let kafka = spec.relays.sink == SinkKind::Kafka;
     ConfigEcho {
         run_id: run.to_string(),
@@ -1269,7 +1276,8 @@ fn echo(spec: &RunSpec, run: &str, topic: &str, server: &[(String, String)]) -> 
                 .unwrap_or_else(|| "embedded mock cluster".to_string())
         }),
         topic: kafka.then(|| topic.to_string()),
-        partitions: (kafka && spec.kafka_brokers.is_none()).then_some(spec.partitions),
+        // the topic's own count (an external broker's existing topic keeps its own)
+        partitions,
         relays: spec.relays.relays,
         relay_mode: spec.relays.mode,
         workers: spec.relays.workers,

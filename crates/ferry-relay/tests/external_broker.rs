@@ -1,0 +1,176 @@
+//! End-to-end relay runs against an external Kafka-protocol broker that we did not write (CI
+//! starts tansu): outbox (every backend, both dispatch modes) → relay → broker → a real
+//! consumer that checks loss, duplicates and per-aggregate first-delivery order.
+//!
+//! Set `FERRY_TEST_KAFKA_BROKERS` (e.g. `127.0.0.1:39092`) to run them; without it they are
+//! skipped with a printed reason, and `FERRY_REQUIRE_KAFKA=1` turns the skip into a failure.
+//! Each test creates its own topic through the admin API, so tests run in parallel on one
+//! broker. Fault injection needs the mock cluster and stays in `relay_kafka.rs`.
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{DispatchMode, NewEvent};
+use ferry_relay::verify::Verifier;
+use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
+use ferry_store::testkit::TestDb;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+use tokio_util::sync::CancellationToken;
+
+const PARTITIONS: i32 = 4;
+
+/// The external broker's address, or `None` (skipped, with the reason printed).
+fn brokers() -> Option<String> {
+    match std::env::var("FERRY_TEST_KAFKA_BROKERS") {
+        Ok(b) if !b.trim().is_empty() => Some(b),
+        _ => {
+            assert!(
+                std::env::var("FERRY_REQUIRE_KAFKA").as_deref() != Ok("1"),
+                "FERRY_REQUIRE_KAFKA=1 but FERRY_TEST_KAFKA_BROKERS is not set"
+            );
+            println!("skipped: FERRY_TEST_KAFKA_BROKERS is not set (no external broker)");
+            None
+        }
+    }
+}
+
+/// A fresh topic on the broker, created through the admin API.
+async fn create_topic(brokers: &str) -> String {
+    let topic = format!("ferry-ext-{}", uuid::Uuid::new_v4().simple());
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(
+                &topic,
+                PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("CreateTopics request");
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => panic!("creating topic {t} on {brokers}: {e}"),
+        }
+    }
+    topic
+}
+
+fn ev(topic: &str, agg: &str, v: i64) -> NewEvent {
+    NewEvent::new(
+        agg,
+        v,
+        topic,
+        "OrderChanged",
+        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
+    )
+    .with_id(format!("e-{topic}-{agg}-{v}"))
+}
+
+struct Running {
+    cancel: CancellationToken,
+    handle: tokio::task::JoinHandle<Result<(), ferry_core::StoreError>>,
+}
+
+fn start_relay(db: &TestDb, brokers: &str, mode: DispatchMode) -> Running {
+    let sink = KafkaSink::new(KafkaConfig {
+        brokers: brokers.to_string(),
+        ordered: mode == DispatchMode::Cursor,
+        message_timeout: Duration::from_secs(30),
+        ..Default::default()
+    })
+    .expect("Kafka sink");
+    let cfg = RelayConfig {
+        dispatch: Some(mode),
+        heartbeat: Duration::from_millis(200),
+        slot_ttl: Duration::from_secs(2),
+        poll_idle: Duration::from_millis(50),
+        status_interval: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let relay = Relay::new(db.store.clone(), Arc::new(sink), cfg).expect("relay");
+    let cancel = CancellationToken::new();
+    let handle = tokio::spawn(relay.run(cancel.clone()));
+    Running { cancel, handle }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.handle)
+            .await
+            .expect("relay stops")
+            .expect("relay task")
+            .expect("relay run");
+    }
+}
+
+/// 60 aggregates × 10 versions committed while the relay runs: all delivered, first deliveries
+/// in version order, and every intent SENT in the store.
+async fn external_broker_gets_every_event_in_order(db: TestDb, mode: DispatchMode) {
+    let Some(brokers) = brokers() else { return };
+    let topic = create_topic(&brokers).await;
+    let verifier = Verifier::start(&brokers, &topic, PARTITIONS).expect("verifier");
+    let relay = start_relay(&db, &brokers, mode);
+    for v in 1..=10 {
+        let evs: Vec<NewEvent> = (0..60)
+            .map(|a| ev(&topic, &format!("order-{a}"), v))
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    let r = verifier
+        .wait_until(Duration::from_secs(90), |r| r.delivered >= 600)
+        .await;
+    assert_eq!(r.delivered, 600, "{r:?}");
+    assert_eq!(r.ordering_violations, 0, "{r:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = db.store.status().await.unwrap();
+        if s.pending == 0 && s.claimed == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all SENT: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+/// One aggregate with 1,000 versions committed before the relay starts: cursor dispatch sends
+/// many versions per batch, row dispatch one per round trip; the broker's log has them in order.
+async fn external_broker_hot_aggregate_in_order(db: TestDb, mode: DispatchMode) {
+    let Some(brokers) = brokers() else { return };
+    let topic = create_topic(&brokers).await;
+    let n = if mode == DispatchMode::Cursor {
+        1000
+    } else {
+        100
+    };
+    for chunk in (1..=n).collect::<Vec<i64>>().chunks(100) {
+        let evs: Vec<NewEvent> = chunk.iter().map(|v| ev(&topic, "hot", *v)).collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    let verifier = Verifier::start(&brokers, &topic, PARTITIONS).expect("verifier");
+    let relay = start_relay(&db, &brokers, mode);
+    let r = verifier
+        .wait_until(Duration::from_secs(120), |r| r.delivered >= n as u64)
+        .await;
+    assert_eq!(r.delivered, n as u64, "{r:?}");
+    assert_eq!(r.ordering_violations, 0, "{r:?}");
+    relay.stop().await;
+    db.cleanup().await;
+}
+
+ferry_store::on_every_backend_and_mode!(
+    external_broker_gets_every_event_in_order,
+    external_broker_hot_aggregate_in_order,
+);
