@@ -175,7 +175,7 @@ fn enqueue_status_and_quarantine_commands() {
     let (_d, url) = sqlite_url();
     let o = ferry(&["migrate", "--database-url", &url]);
     assert!(
-        o.status.success() && err_of(&o).contains("applied migrations [1, 2]"),
+        o.status.success() && err_of(&o).contains("applied migrations [1, 2, 3]"),
         "{}",
         err_of(&o)
     );

@@ -33,6 +33,11 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
         name: "status_cache",
         sql: include_str!("../../../migrations/postgres/0004_status_cache.sql"),
     },
+    Migration {
+        version: 5,
+        name: "plain_insert",
+        sql: include_str!("../../../migrations/postgres/0005_plain_insert.sql"),
+    },
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -52,6 +57,11 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
         name: "cursor",
         sql: include_str!("../../../migrations/mysql/0003_cursor.sql"),
     },
+    Migration {
+        version: 4,
+        name: "plain_insert",
+        sql: include_str!("../../../migrations/mysql/0004_plain_insert.sql"),
+    },
 ];
 
 /// SQLite migrations, in order.
@@ -65,6 +75,11 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
         version: 2,
         name: "cursor",
         sql: include_str!("../../../migrations/sqlite/0002_cursor.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "plain_insert",
+        sql: include_str!("../../../migrations/sqlite/0003_plain_insert.sql"),
     },
 ];
 

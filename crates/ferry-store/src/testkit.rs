@@ -170,6 +170,18 @@ impl TestDb {
         Ok(db)
     }
 
+    /// The isolated database's name: the PostgreSQL schema or the MariaDB database (SQLite: a
+    /// unique name, unused).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The server URL the isolated database was created on (for clients that take the schema
+    /// separately, such as `psql` with `PGOPTIONS=-c search_path=…`).
+    pub fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
     /// A fresh database with default options.
     pub async fn open(backend: Backend) -> Option<TestDb> {
         Self::open_with(

@@ -836,6 +836,75 @@ async fn intent_columns_are_immutable(db: TestDb) {
     );
 }
 
+/// A producer in any language: one plain INSERT that leaves out shard_slot, msg_key, event_id,
+/// headers and the timestamps (SQLite: into the `ferry_outbox_insert` view). The database fills
+/// them as the Rust API does (the slot is `ferry_core::slot_for`, also for non-ASCII ids), and
+/// the rows are claimed and delivered like any other.
+async fn plain_insert_fills_what_the_rust_api_fills(db: TestDb) {
+    let keys = [
+        "order-7",
+        "a",
+        "customer:81f3",
+        "ünïcødé-ägg",
+        "注文-42",
+        &"x".repeat(255),
+    ];
+    let table = match db.backend {
+        ferry_store::Backend::Sqlite => "ferry_outbox_insert",
+        _ => "ferry_outbox",
+    };
+    for (i, k) in keys.iter().enumerate() {
+        // the ids come from this test, not the outside world: quoting is safe here
+        db.exec(&format!(
+            "INSERT INTO {table} (aggregate_id, aggregate_version, topic, event_type, payload) \
+             VALUES ('{k}', 1, 'orders', 'OrderPlaced', '{{\"n\":{i}}}')"
+        ))
+        .await
+        .unwrap();
+    }
+    // a producer that fills everything itself is untouched
+    db.exec(&format!(
+        "INSERT INTO {table} (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type, headers, payload) \
+         VALUES ('mine-1', 'order-7', 2, {}, 'orders', 'k-7', 'OrderPaid', '{{\"h\":\"v\"}}', '{{}}')",
+        ferry_core::slot_for("order-7")
+    ))
+    .await
+    .unwrap();
+    let claimed = db.store.claim(&req(100, LONG)).await.unwrap();
+    assert_eq!(claimed.len(), keys.len(), "v2 of order-7 waits for v1");
+    for c in &claimed {
+        assert_eq!(
+            c.shard_slot,
+            ferry_core::slot_for(&c.aggregate_id),
+            "{}",
+            c.aggregate_id
+        );
+        assert_eq!(c.key, c.aggregate_id);
+        assert_eq!(c.token.event_id.len(), 36, "a UUID: {}", c.token.event_id);
+        assert!(
+            c.created_at > 1_700_000_000_000_000,
+            "µs since the epoch: {}",
+            c.created_at
+        );
+        assert_eq!(c.headers, "{}");
+    }
+    let ids: HashSet<&str> = claimed.iter().map(|c| c.token.event_id.as_str()).collect();
+    assert_eq!(ids.len(), keys.len(), "distinct event ids");
+    let tokens: Vec<ClaimToken> = claimed.iter().map(|c| c.token.clone()).collect();
+    assert_eq!(db.store.ack(&tokens).await.unwrap().applied(), keys.len());
+    let mine = db.store.claim(&req(100, LONG)).await.unwrap();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(
+        (
+            mine[0].token.event_id.as_str(),
+            mine[0].key.as_str(),
+            mine[0].shard_slot
+        ),
+        ("mine-1", "k-7", ferry_core::slot_for("order-7"))
+    );
+    assert_eq!(mine[0].headers, r#"{"h":"v"}"#);
+}
+
 /// The versions of the backend's embedded migrations.
 fn embedded_versions(db: &TestDb) -> Vec<i64> {
     let all = match db.backend {
@@ -1352,5 +1421,6 @@ conformance!(
         multi_row_enqueue_in_caller_transaction,
         reconcile_classifies_every_intent_once,
         claims_count_rows_skipped_as_locked,
+        plain_insert_fills_what_the_rust_api_fills,
     ],
 );
