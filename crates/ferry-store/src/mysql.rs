@@ -417,6 +417,13 @@ impl MyStore {
 
     /// Status in cursor mode: unfinished = past the slot's cursor, or an open exception.
     async fn cursor_status(&self) -> Result<OutboxStatus, StoreError> {
+        // The lowest cursor first, bound as a value: as a subquery in the range the optimizer
+        // walked far more of the table (1.3-3.5 s per status under load with ~1,300 intents
+        // behind, every 5 s, on the cores the producers need).
+        let low: Option<i64> = sqlx::query_scalar("SELECT min(cursor_seq) FROM ferry_slot_lease")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status: cursors", e))?;
         let r = sqlx::query(
             "SELECT CAST(coalesce(sum(u.state = 'PENDING'), 0) AS SIGNED), \
                CAST(coalesce(sum(u.state = 'CLAIMED'), 0) AS SIGNED), \
@@ -425,12 +432,14 @@ impl MyStore {
                count(DISTINCT CASE WHEN u.state = 'QUARANTINED' THEN u.aggregate_id END) \
              FROM (SELECT 'PENDING' AS state, o.created_at, o.aggregate_id FROM ferry_outbox o \
                      JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-                   WHERE o.seq > (SELECT min(cursor_seq) FROM ferry_slot_lease) AND o.seq > l.cursor_seq \
+                   WHERE o.seq > ? AND o.seq > l.cursor_seq \
                    UNION ALL \
                    SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
                      JOIN ferry_outbox o ON o.seq = x.seq \
                    WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) u",
         )
+        // no cursor yet (no slot was ever owned in cursor mode): nothing is behind one
+        .bind(low.unwrap_or(i64::MAX))
         .fetch_one(&self.pool)
         .await
         .map_err(|e| db_err("status", e))?;
