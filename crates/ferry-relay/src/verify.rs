@@ -61,7 +61,22 @@ pub struct VerifyError(String);
 impl Verifier {
     /// Starts consuming `topic` (all `partitions`) from `brokers`.
     pub fn start(brokers: &str, topic: &str, partitions: i32) -> Result<Self, VerifyError> {
-        let consumer: BaseConsumer = ClientConfig::new()
+        Self::start_with(brokers, topic, partitions, &[])
+    }
+
+    /// [`Verifier::start`] with extra librdkafka properties (TLS, SASL: the same ones the
+    /// relay's sink gets through `--kafka-property`).
+    pub fn start_with(
+        brokers: &str,
+        topic: &str,
+        partitions: i32,
+        properties: &[(String, String)],
+    ) -> Result<Self, VerifyError> {
+        let mut config = ClientConfig::new();
+        for (k, v) in properties {
+            config.set(k, v);
+        }
+        let consumer: BaseConsumer = config
             .set("bootstrap.servers", brokers)
             .set(
                 "group.id",

@@ -37,8 +37,17 @@ fn brokers() -> Option<String> {
 
 /// A fresh topic on the broker, created through the admin API.
 async fn create_topic(brokers: &str) -> String {
+    create_topic_with(brokers, &[]).await
+}
+
+/// [`create_topic`] with extra client properties (TLS).
+async fn create_topic_with(brokers: &str, properties: &[(String, String)]) -> String {
     let topic = format!("ferry-ext-{}", uuid::Uuid::new_v4().simple());
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+    let mut config = rdkafka::ClientConfig::new();
+    for (k, v) in properties {
+        config.set(k, v);
+    }
+    let admin: AdminClient<DefaultClientContext> = config
         .set("bootstrap.servers", brokers)
         .create()
         .expect("admin client");
@@ -168,6 +177,60 @@ async fn external_broker_hot_aggregate_in_order(db: TestDb, mode: DispatchMode) 
     assert_eq!(r.ordering_violations, 0, "{r:?}");
     relay.stop().await;
     db.cleanup().await;
+}
+
+/// TLS: the relay, the admin client and the consumer reach the broker through a TLS endpoint
+/// (`FERRY_TEST_KAFKA_TLS_BROKERS`, its CA in `FERRY_TEST_KAFKA_TLS_CA`; in CI a socat
+/// TLS terminator in front of tansu, which advertises that endpoint) with nothing but
+/// `--kafka-property`-style settings: `security.protocol=SSL`, `ssl.ca.location`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn external_broker_over_tls() {
+    let (Ok(brokers), Ok(ca)) = (
+        std::env::var("FERRY_TEST_KAFKA_TLS_BROKERS"),
+        std::env::var("FERRY_TEST_KAFKA_TLS_CA"),
+    ) else {
+        assert!(
+            std::env::var("FERRY_REQUIRE_KAFKA").as_deref() != Ok("1"),
+            "FERRY_REQUIRE_KAFKA=1 but FERRY_TEST_KAFKA_TLS_BROKERS / FERRY_TEST_KAFKA_TLS_CA are not set"
+        );
+        println!("skipped: FERRY_TEST_KAFKA_TLS_BROKERS is not set (no TLS broker)");
+        return;
+    };
+    let tls = vec![
+        ("security.protocol".to_string(), "SSL".to_string()),
+        ("ssl.ca.location".to_string(), ca),
+    ];
+    let db = TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
+    let topic = create_topic_with(&brokers, &tls).await;
+    let verifier =
+        Verifier::start_with(&brokers, &topic, PARTITIONS, &tls).expect("verifier over TLS");
+    let sink = KafkaSink::new(KafkaConfig {
+        brokers: brokers.clone(),
+        ordered: true,
+        message_timeout: Duration::from_secs(30),
+        extra: tls.iter().cloned().collect(),
+        ..Default::default()
+    })
+    .expect("Kafka sink over TLS");
+    let cfg = RelayConfig {
+        dispatch: Some(DispatchMode::Cursor),
+        poll_idle: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let relay = Relay::new(db.store.clone(), Arc::new(sink), cfg).expect("relay");
+    let cancel = CancellationToken::new();
+    let handle = tokio::spawn(relay.run(cancel.clone()));
+    for v in 1..=5 {
+        let evs: Vec<NewEvent> = (0..20)
+            .map(|a| ev(&topic, &format!("tls-{a}"), v))
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    let r = verifier
+        .wait_until(Duration::from_secs(60), |r| r.delivered >= 100)
+        .await;
+    assert_eq!((r.delivered, r.ordering_violations), (100, 0), "{r:?}");
+    Running { cancel, handle }.stop().await;
 }
 
 ferry_store::on_every_backend_and_mode!(

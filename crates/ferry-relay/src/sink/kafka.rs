@@ -23,8 +23,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 
 use super::Sink;
 
-/// Kafka producer settings.
-#[derive(Debug, Clone)]
+/// Kafka producer settings. `Debug` redacts the values of secret properties (`sasl.password`,
+/// `ssl.key.password`, `…secret…`), so a logged config never carries a credential.
+#[derive(Clone)]
 pub struct KafkaConfig {
     /// `bootstrap.servers`.
     pub brokers: String,
@@ -43,6 +44,38 @@ pub struct KafkaConfig {
     /// timeouts, which would be gaps `gapless` does not cover; a dead broker stalls the relay
     /// instead, visible as the oldest-intent age). `message_timeout` is then not used.
     pub ordered: bool,
+}
+
+/// Whether a librdkafka property holds a credential.
+fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password") || k.contains("secret") || k.ends_with(".pem") || k.contains("token")
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let extra: BTreeMap<&str, &str> = self
+            .extra
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    if is_secret(k) {
+                        "<redacted>"
+                    } else {
+                        v.as_str()
+                    },
+                )
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("message_timeout", &self.message_timeout)
+            .field("linger", &self.linger)
+            .field("extra", &extra)
+            .field("ordered", &self.ordered)
+            .finish()
+    }
 }
 
 impl Default for KafkaConfig {
@@ -266,6 +299,42 @@ impl Sink for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// TLS and SASL reach librdkafka through `extra` (`--kafka-property`); a build without
+    /// OpenSSL refuses `security.protocol=SSL` ("not supported by this build") when the producer
+    /// is created, which these would catch.
+    #[test]
+    fn tls_and_sasl_properties_are_supported_by_this_build() {
+        for props in [
+            vec![("security.protocol", "SSL")],
+            vec![
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanisms", "SCRAM-SHA-512"),
+                ("sasl.username", "ferry"),
+                ("sasl.password", "secret"),
+            ],
+            vec![
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanisms", "PLAIN"),
+                ("sasl.username", "ferry"),
+                ("sasl.password", "secret"),
+            ],
+        ] {
+            let config = KafkaConfig {
+                brokers: "127.0.0.1:1".into(),
+                extra: props
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            };
+            let shown = format!("{config:?}");
+            assert!(!shown.contains("secret"), "{shown}");
+            if let Err(e) = KafkaSink::new(config) {
+                panic!("{props:?}: {e}");
+            }
+        }
+    }
 
     #[test]
     fn classification_table() {
