@@ -1,7 +1,7 @@
-//! Retry backoff: exponential with full jitter.
+//! Retry backoff: exponential with half jitter.
 use std::time::Duration;
 
-/// Exponential backoff with full jitter: attempt `n` (1-based) waits a uniform random time in
+/// Exponential backoff with half jitter: attempt `n` (1-based) waits a uniform random time in
 /// `[base·2^(n-1) / 2, base·2^(n-1)]`, capped at `max`. Half-jitter keeps a floor so a flapping
 /// broker is not hammered, while still spreading a thundering herd of retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

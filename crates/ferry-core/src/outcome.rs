@@ -9,8 +9,10 @@ pub enum Outcome {
     Retry(String),
     /// A permanent failure (too large, invalid record, unknown topic): quarantine.
     Permanent(String),
-    /// No answer: leave the row `CLAIMED`; it is resent after release or lease expiry with the
-    /// same event id and payload.
+    /// No answer (the record may or may not be in the log): the relay releases the item for a
+    /// resend with the same event id and payload (row dispatch: `CLAIMED → PENDING`, due now;
+    /// cursor dispatch: an exception row, due now). If the relay dies first, the claim's lease
+    /// (row) or the slot's cursor (cursor) brings it back.
     Unknown(String),
 }
 

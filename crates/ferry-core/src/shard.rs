@@ -45,7 +45,11 @@ mod tests {
         // Pinned values: changing the hash would move every stored row's aggregate to another
         // slot's worker and break per-aggregate ordering during an upgrade.
         assert_eq!(slot_for(""), (0xcbf2_9ce4_8422_2325u64 % 256) as u16);
-        assert_eq!(slot_for("order-7"), slot_for("order-7"));
+        // the test vectors of docs/schema.md §2 (the SQL functions of the plain-INSERT
+        // migrations must give the same; conformance test plain_insert_fills_what_the_rust_api_fills)
+        assert_eq!(slot_for("order-7"), 59);
+        assert_eq!(slot_for("agg-0"), 119);
+        assert_eq!(slot_for("ünïcode-42"), 64);
         let a = slot_for("a");
         // FNV-1a("a") = 0xaf63dc4c8601ec8c
         assert_eq!(a, (0xaf63_dc4c_8601_ec8cu64 % 256) as u16);
