@@ -82,17 +82,18 @@ enum Cmd {
     Purge(PurgeArgs),
     /// Classify every intent under a fixed watermark into mutually exclusive classes.
     Reconcile(ReconcileArgs),
-    /// The seed's reliability lab: run its cases on a fresh database (temporary SQLite file by
-    /// default, or a new schema/database on --database-url) with a real Kafka receiver (the
-    /// embedded mock cluster) and a consumer Inbox; print the durable facts; exit 1 if an
-    /// expectation did not hold.
+    /// The reliability lab: run the outbox's failure cases (rollback, crash windows, stale claims,
+    /// partial batches) on a fresh database (temporary SQLite file by default, or a new
+    /// schema/database on --database-url) with a real Kafka receiver (the embedded mock cluster)
+    /// and a consumer Inbox; print the durable facts; exit 1 if an expectation did not hold.
     Lab(LabArgs),
 }
 
 #[derive(Args, Debug)]
 struct LabArgs {
-    /// all, rollback, committed, send-before-mark, mark-before-send, stale-claim, batch,
-    /// two-sessions (the seed's MySQL experiment) or kafka-duplicate (its Kafka experiment).
+    /// all, rollback, committed, send-before-mark, mark-before-send, stale-claim, stale-cursor,
+    /// batch, two-sessions (two sessions claiming at once with a lease expiry and a stale CAS) or
+    /// kafka-duplicate (the same event id sent twice, one Inbox effect).
     #[arg(long, default_value = "all")]
     case: String,
     /// Print JSON.
