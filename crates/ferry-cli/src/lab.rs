@@ -53,6 +53,9 @@ pub struct CaseResult {
 
 type LabResult<T> = Result<T, String>;
 
+/// One consumed record's headers: (key, value).
+type RecordHeaders = Vec<(String, Option<Vec<u8>>)>;
+
 fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
@@ -202,44 +205,42 @@ impl Lab {
     async fn consume(&self, expect: usize, wait: Duration) -> LabResult<(usize, Vec<String>)> {
         let brokers = self.kafka.bootstrap_servers().to_string();
         let topic = self.topic.clone();
-        let messages = tokio::task::spawn_blocking(
-            move || -> LabResult<Vec<Vec<(String, Option<Vec<u8>>)>>> {
-                let consumer: BaseConsumer = ClientConfig::new()
-                    .set("bootstrap.servers", &brokers)
-                    .set("group.id", "ferry-lab")
-                    .set("enable.auto.commit", "false")
-                    .create()
-                    .map_err(err("consumer"))?;
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition_offset(&topic, 0, Offset::Beginning)
-                    .map_err(err("assign"))?;
-                consumer.assign(&tpl).map_err(err("assign"))?;
-                let start = Instant::now();
-                let mut reached: Option<Instant> = None;
-                let mut out = Vec::new();
-                while start.elapsed() < wait
-                    && reached
-                        .map(|r| r.elapsed() < Duration::from_millis(500))
-                        .unwrap_or(true)
-                {
-                    if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
-                        let headers = m
-                            .headers()
-                            .map(|h| {
-                                h.iter()
-                                    .map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec())))
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        out.push(headers);
-                    }
-                    if out.len() >= expect && reached.is_none() && expect > 0 {
-                        reached = Some(Instant::now());
-                    }
+        let messages = tokio::task::spawn_blocking(move || -> LabResult<Vec<RecordHeaders>> {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", "ferry-lab")
+                .set("enable.auto.commit", "false")
+                .create()
+                .map_err(err("consumer"))?;
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&topic, 0, Offset::Beginning)
+                .map_err(err("assign"))?;
+            consumer.assign(&tpl).map_err(err("assign"))?;
+            let start = Instant::now();
+            let mut reached: Option<Instant> = None;
+            let mut out = Vec::new();
+            while start.elapsed() < wait
+                && reached
+                    .map(|r| r.elapsed() < Duration::from_millis(500))
+                    .unwrap_or(true)
+            {
+                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+                    let headers = m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec())))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    out.push(headers);
                 }
-                Ok(out)
-            },
-        )
+                if out.len() >= expect && reached.is_none() && expect > 0 {
+                    reached = Some(Instant::now());
+                }
+            }
+            Ok(out)
+        })
         .await
         .map_err(err("consumer thread"))??;
         let mut verdicts = Vec::new();
@@ -614,7 +615,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             let a_rows = lab
                 .db
                 .store
-                .ack(&[a_token.clone()])
+                .ack(std::slice::from_ref(&a_token))
                 .await
                 .map_err(err("A's stale ack"))?
                 .applied();

@@ -61,6 +61,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// parsed once per process: the size of the relay's arguments does not matter
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Apply the embedded schema migrations (waits for a concurrent migrate; never double-applies).
@@ -1110,30 +1112,6 @@ async fn reconcile(a: ReconcileArgs, store: Arc<dyn OutboxStore>) -> Result<u8, 
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339() {
-        assert_eq!(rfc3339_micros("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(
-            rfc3339_micros("2000-03-01T00:00:01.5Z"),
-            Some((951_868_800 + 1) * 1_000_000 + 500_000)
-        );
-        assert_eq!(
-            rfc3339_micros("2026-11-30T10:00:00Z"),
-            Some(1_796_032_800 * 1_000_000)
-        );
-        assert_eq!(rfc3339_micros("2026-13-30T10:00:00Z"), None);
-        assert_eq!(rfc3339_micros("yesterday"), None);
-        assert!(matches!(
-            parse_watermark("120"),
-            Ok(ferry_core::Watermark::Seq(120))
-        ));
-    }
-}
-
 async fn run_lab(a: &LabArgs, url: Option<String>) -> Result<u8, Failure> {
     if a.case != "all" && !lab::CASES.contains(&a.case.as_str()) {
         return Err(fail(
@@ -1177,4 +1155,28 @@ async fn run_lab(a: &LabArgs, url: Option<String>) -> Result<u8, Failure> {
         );
     }
     Ok(if all_held { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(rfc3339_micros("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            rfc3339_micros("2000-03-01T00:00:01.5Z"),
+            Some((951_868_800 + 1) * 1_000_000 + 500_000)
+        );
+        assert_eq!(
+            rfc3339_micros("2026-11-30T10:00:00Z"),
+            Some(1_796_032_800 * 1_000_000)
+        );
+        assert_eq!(rfc3339_micros("2026-13-30T10:00:00Z"), None);
+        assert_eq!(rfc3339_micros("yesterday"), None);
+        assert!(matches!(
+            parse_watermark("120"),
+            Ok(ferry_core::Watermark::Seq(120))
+        ));
+    }
 }

@@ -413,7 +413,8 @@ async fn resolve_dispatch(
     };
     match cursor {
         Some(cs) => {
-            if cs.set_dispatch_mode(mode, &config.owner).await? {
+            let converted = cs.set_dispatch_mode(mode, &config.owner).await?;
+            if converted {
                 tracing::warn!(dispatch = %mode, "converted the outbox to {mode} dispatch");
             }
         }

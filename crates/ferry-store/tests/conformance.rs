@@ -529,7 +529,9 @@ async fn concurrent_claimers_deliver_each_event_once(db: Db) {
             .collect();
         db.store.enqueue(&evs).await.unwrap();
     }
-    let claims: Arc<Mutex<HashMap<String, Vec<(String, i64)>>>> = Arc::default();
+    // event id → every (claim_id, claim_version) it was claimed under
+    type Claims = Arc<Mutex<HashMap<String, Vec<(String, i64)>>>>;
+    let claims: Claims = Arc::default();
     let fenced = Arc::new(AtomicU64::new(0));
     let sent = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -573,17 +575,19 @@ async fn concurrent_claimers_deliver_each_event_once(db: Db) {
     for t in tasks {
         t.await.unwrap();
     }
-    let claims = claims.lock().unwrap();
-    assert_eq!(claims.len(), total, "every event claimed");
-    let doubles: Vec<_> = claims
-        .iter()
-        .filter(|(_, v)| v.len() != 1)
-        .take(5)
-        .collect();
-    assert!(
-        doubles.is_empty(),
-        "events claimed twice under a 60 s lease: {doubles:?}"
-    );
+    {
+        let claims = claims.lock().unwrap();
+        assert_eq!(claims.len(), total, "every event claimed");
+        let doubles: Vec<_> = claims
+            .iter()
+            .filter(|(_, v)| v.len() != 1)
+            .take(5)
+            .collect();
+        assert!(
+            doubles.is_empty(),
+            "events claimed twice under a 60 s lease: {doubles:?}"
+        );
+    }
     assert_eq!(fenced.load(Ordering::SeqCst), 0);
     assert_eq!(sent.load(Ordering::SeqCst) as usize, total);
     assert_eq!(
