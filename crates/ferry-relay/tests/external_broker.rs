@@ -82,16 +82,37 @@ fn ev(topic: &str, agg: &str, v: i64) -> NewEvent {
     .with_id(format!("e-{topic}-{agg}-{v}"))
 }
 
+/// Versions 1..=`versions` of `aggs` aggregates `{prefix}-{a}`, one transaction per version.
+async fn enqueue_versions(db: &TestDb, topic: &str, prefix: &str, aggs: usize, versions: i64) {
+    for v in 1..=versions {
+        let evs: Vec<NewEvent> = (0..aggs)
+            .map(|a| ev(topic, &format!("{prefix}-{a}"), v))
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+}
+
 struct Running {
     cancel: CancellationToken,
     handle: tokio::task::JoinHandle<Result<(), ferry_core::StoreError>>,
 }
 
 fn start_relay(db: &TestDb, brokers: &str, mode: DispatchMode) -> Running {
+    start_relay_with(db, brokers, mode, &[])
+}
+
+/// [`start_relay`] with extra librdkafka properties for the sink (TLS).
+fn start_relay_with(
+    db: &TestDb,
+    brokers: &str,
+    mode: DispatchMode,
+    properties: &[(String, String)],
+) -> Running {
     let sink = KafkaSink::new(KafkaConfig {
         brokers: brokers.to_string(),
         ordered: mode == DispatchMode::Cursor,
         message_timeout: Duration::from_secs(30),
+        extra: properties.iter().cloned().collect(),
         ..Default::default()
     })
     .expect("Kafka sink");
@@ -127,12 +148,7 @@ async fn external_broker_gets_every_event_in_order(db: TestDb, mode: DispatchMod
     let topic = create_topic(&brokers).await;
     let verifier = Verifier::start(&brokers, &topic, PARTITIONS).expect("verifier");
     let relay = start_relay(&db, &brokers, mode);
-    for v in 1..=10 {
-        let evs: Vec<NewEvent> = (0..60)
-            .map(|a| ev(&topic, &format!("order-{a}"), v))
-            .collect();
-        db.store.enqueue(&evs).await.unwrap();
-    }
+    enqueue_versions(&db, &topic, "order", 60, 10).await;
     let r = verifier
         .wait_until(Duration::from_secs(90), |r| r.delivered >= 600)
         .await;
@@ -204,33 +220,13 @@ async fn external_broker_over_tls() {
     let topic = create_topic_with(&brokers, &tls).await;
     let verifier =
         Verifier::start_with(&brokers, &topic, PARTITIONS, &tls).expect("verifier over TLS");
-    let sink = KafkaSink::new(KafkaConfig {
-        brokers: brokers.clone(),
-        ordered: true,
-        message_timeout: Duration::from_secs(30),
-        extra: tls.iter().cloned().collect(),
-        ..Default::default()
-    })
-    .expect("Kafka sink over TLS");
-    let cfg = RelayConfig {
-        dispatch: Some(DispatchMode::Cursor),
-        poll_idle: Duration::from_millis(50),
-        ..Default::default()
-    };
-    let relay = Relay::new(db.store.clone(), Arc::new(sink), cfg).expect("relay");
-    let cancel = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(cancel.clone()));
-    for v in 1..=5 {
-        let evs: Vec<NewEvent> = (0..20)
-            .map(|a| ev(&topic, &format!("tls-{a}"), v))
-            .collect();
-        db.store.enqueue(&evs).await.unwrap();
-    }
+    let relay = start_relay_with(&db, &brokers, DispatchMode::Cursor, &tls);
+    enqueue_versions(&db, &topic, "tls", 20, 5).await;
     let r = verifier
         .wait_until(Duration::from_secs(60), |r| r.delivered >= 100)
         .await;
     assert_eq!((r.delivered, r.ordering_violations), (100, 0), "{r:?}");
-    Running { cancel, handle }.stop().await;
+    relay.stop().await;
 }
 
 /// A producer transaction open while later intents are committed and delivered, then
