@@ -360,6 +360,7 @@ pub(crate) async fn worker(
             let slot = outcomes.clone();
             let task = tokio::spawn(async move {
                 ferry_core::failpoint::hit("relay-after-claim");
+                metrics.note_misrouted(&to_send);
                 let t = Instant::now();
                 let out = sink.send_batch(&to_send).await;
                 metrics.send_latency.record(t.elapsed());
@@ -800,6 +801,7 @@ async fn run_exceptions(ctx: &Ctx, cs: &dyn CursorStore, slots: &[SlotId]) -> In
     ctx.metrics
         .claimed_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
+    ctx.metrics.note_misrouted(&items);
     let outcomes = ctx.sink.send_batch(&items).await;
     let route_items: Vec<RouteItem<'_>> = items
         .iter()

@@ -694,6 +694,7 @@ async fn process_batch(
         })
     };
     ferry_core::failpoint::hit("relay-after-claim");
+    ctx.metrics.note_misrouted(&items);
     let t0 = Instant::now();
     let sent = tokio::select! {
         o = ctx.sink.send_batch(&items) => Some(o),
