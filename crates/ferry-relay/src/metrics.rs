@@ -187,7 +187,7 @@ impl Metrics {
             let want = ferry_core::slot_for(&e.aggregate_id);
             if e.shard_slot != want {
                 let n = self.misrouted.fetch_add(1, Ordering::Relaxed) + 1;
-                if n <= 10 || n % 1000 == 0 {
+                if n <= 10 || n % 1000 < 1 {
                     tracing::error!(
                         event_id = %e.token.event_id,
                         aggregate_id = %e.aggregate_id,
