@@ -43,7 +43,7 @@ pub struct CaseResult {
     pub case: String,
     /// Backend it ran on.
     pub backend: String,
-    /// What the seed says must hold.
+    /// What must hold in this case.
     pub expectation: String,
     /// Whether it held.
     pub held: bool,

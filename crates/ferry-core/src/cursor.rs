@@ -26,8 +26,8 @@ use crate::store::{BoxFuture, RetryItem};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DispatchMode {
-    /// Per-row claims: `PENDING → CLAIMED → SENT`, three row writes per event (the seed's
-    /// teaching protocol, kept for `ferry lab` and claim-contention benchmarks).
+    /// Per-row claims: `PENDING → CLAIMED → SENT`, three row writes per event (the classic
+    /// outbox claim protocol, kept for `ferry lab` and claim-contention benchmarks).
     Row,
     /// A durable cursor per slot: one write per event (the INSERT), one cursor CAS per batch.
     Cursor,

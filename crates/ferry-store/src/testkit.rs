@@ -239,7 +239,7 @@ impl TestDb {
         .expect("count")
     }
 
-    /// The business transaction of the seed: insert order `order_id` and enqueue `events` in
+    /// The outbox pattern's business transaction: insert order `order_id` and enqueue `events` in
     /// one local transaction, then commit or roll back.
     pub async fn place_order(
         &self,
