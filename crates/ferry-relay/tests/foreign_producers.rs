@@ -3,7 +3,7 @@
 //! the shard slot, key and event id to the database; a relay (the backend's default dispatch)
 //! delivers them to Kafka, and a consumer checks that every intent arrived, in version order.
 //!
-//! Needs `psql` / `mysql` and `python3` with psycopg 3 / PyMySQL; without them the tests are
+//! Needs `sqlite3` / `psql` / `mysql` and `python3` with psycopg 3 / PyMySQL; without them the tests are
 //! skipped with a printed reason, and `FERRY_REQUIRE_PRODUCERS=1` (set by `.ci/run`) turns the
 //! skip into a failure.
 use std::path::PathBuf;
@@ -28,7 +28,8 @@ fn example(name: &str) -> PathBuf {
 fn tools(backend: Backend) -> Result<(), String> {
     let (cli, module) = match backend {
         Backend::Postgres => ("psql", "psycopg"),
-        _ => ("mysql", "pymysql"),
+        Backend::Mysql => ("mysql", "pymysql"),
+        Backend::Sqlite => ("sqlite3", "sqlite3"),
     };
     let ok = |c: &mut Command| c.output().map(|o| o.status.success()).unwrap_or(false);
     if !ok(Command::new(cli).arg("--version")) {
@@ -62,8 +63,26 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
     let Some(db) = TestDb::open(backend).await else {
         return;
     };
-    // the SQL example (one aggregate, 3 versions), then the Python one (2 aggregates × 5)
+    // the SQL example (one aggregate, 3 versions; SQLite's 2), then the Python one (2 × 5)
+    let expected = match backend {
+        Backend::Sqlite => 12,
+        _ => 13,
+    };
     match backend {
+        Backend::Sqlite => {
+            let path = db.url.trim_start_matches("sqlite://").to_string();
+            let file = std::fs::File::open(example("produce_sqlite.sql")).unwrap();
+            run(
+                "sqlite3 < produce_sqlite.sql",
+                Command::new("sqlite3").arg(&path).stdin(file),
+            );
+            run(
+                "python3 producer_sqlite.py",
+                Command::new("python3")
+                    .arg(example("producer_sqlite.py"))
+                    .env("DATABASE_PATH", &path),
+            );
+        }
         Backend::Postgres => {
             let schema = format!("-c search_path={}", db.name());
             run(
@@ -117,9 +136,9 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
     let cancel = CancellationToken::new();
     let handle = tokio::spawn(relay.run(cancel.clone()));
     let r = verifier
-        .wait_until(Duration::from_secs(60), |r| r.delivered >= 13)
+        .wait_until(Duration::from_secs(60), |r| r.delivered >= expected)
         .await;
-    assert_eq!(r.delivered, 13, "{r:?}");
+    assert_eq!(r.delivered, expected, "{r:?}");
     assert_eq!(r.ordering_violations, 0, "{r:?}");
     assert_eq!(r.foreign, 0, "every record carries ferry's headers: {r:?}");
     cancel.cancel();
@@ -140,6 +159,11 @@ fn url_parts(url: &str) -> (String, String, String, String) {
     let user = auth.split(':').next().unwrap_or("root");
     let db = db.split('?').next().unwrap_or(db);
     (host.into(), port.into(), user.into(), db.into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_sql_and_python_producers() {
+    foreign_producers_arrive_in_order(Backend::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
