@@ -181,7 +181,8 @@ impl Metrics {
     /// Counts (and logs, the first ten and then every 1,000th) the items whose stored slot is
     /// not their aggregate's: a foreign producer that set `shard_slot` itself, wrongly, splits
     /// the aggregate across slots, and then no relay can keep its versions in order. The
-    /// items are still delivered; this makes the producer's bug visible. About 20 ns an item.
+    /// items are still delivered; this makes the producer's bug visible. The check is one FNV
+    /// hash of the aggregate id per item (not measured separately).
     pub fn note_misrouted(&self, items: &[ferry_core::ClaimedEvent]) {
         for e in items {
             let want = ferry_core::slot_for(&e.aggregate_id);
