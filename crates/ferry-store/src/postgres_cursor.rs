@@ -6,9 +6,12 @@
 //! only grow (tick `t` is taken after tick `t - 1` committed), so every committed row is in
 //! exactly one window, the first whose snapshot sees its transaction commit; and a window's row
 //! set is fixed once its tick exists, so reading it in `(xid, seq)` order in LIMIT-sized pieces
-//! can never skip a row ("no skipped commit", whatever order transactions commit in). A long
-//! transaction delays only its own rows; meanwhile every window's range scan starts at its xid
-//! (the lower snapshot's xmin), which [`CursorStore::horizon`] reports.
+//! can never skip a row ("no skipped commit", whatever order transactions commit in). One read
+//! statement covers up to [`MAX_SPAN`] consecutive windows, each row's window being the first of
+//! their ticks whose snapshot sees it, in `(window, xid, seq)` order: positions keep their
+//! one-window meaning. A long transaction delays only its own rows (it stays in the lower
+//! snapshots' running lists, which reads look up by xid), and [`CursorStore::horizon`] reports
+//! it.
 use std::collections::{HashMap, HashSet};
 
 use ferry_core::{
@@ -120,65 +123,115 @@ fn snapshot_bound(snap: &str, part: usize) -> Result<i64, StoreError> {
         })
 }
 
-/// Old ticks are deleted when a reader reaches a tick that is a multiple of this (at most this
-/// many ticks linger behind the slowest cursor's window).
+/// The xids a snapshot's text form `xmin:xmax:xip,…` lists as running.
+fn snapshot_xip(snap: &str) -> Result<Vec<i64>, StoreError> {
+    let list = snap.splitn(3, ':').nth(2).unwrap_or("");
+    list.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.parse().map_err(|_| {
+                StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("unreadable snapshot {snap:?}"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Old ticks are deleted when a read's span crosses a tick that is a multiple of this (at most
+/// this many ticks linger behind the slowest cursor's window).
 const TICK_RETENTION_EVERY: i64 = 16;
 
+/// Most windows one read statement spans. Several relays (or a reader that fell behind) find
+/// many small windows ahead of them, one per tick another reader took; reading up to this many
+/// in one statement keeps a read at two statements however many ticks exist ahead.
+const MAX_SPAN: i64 = 16;
+
+/// The windows one read statement covers: `first..=last`, bounded by the snapshots of ticks
+/// `first - 1` (`lo`) and `last` (`hi`).
+struct Span {
+    lo: String,
+    hi: String,
+    last: i64,
+    /// Tick `last + 1` exists already: the reader can go on without taking a tick.
+    next: bool,
+}
+
 impl PgStore {
-    /// The snapshots bounding window `t` (ticks `t - 1` and `t`), creating tick `t` from the
-    /// current snapshot when no reader has yet, and whether tick `t + 1` exists already.
+    /// The windows from `t` on that one read covers (at most [`MAX_SPAN`]), creating tick `t`
+    /// from the current snapshot when no reader has yet.
     ///
-    /// One statement in the common case (a caught-up reader's every read): it reads the three
-    /// ticks and, when tick `t` is missing and tick `t - 1` exists, inserts tick `t` from the
-    /// statement's own snapshot. That snapshot was taken after tick `t - 1` committed (the
-    /// statement sees it), so it sees at least as much: snapshots only grow. Concurrent readers
-    /// race on the primary key; the loser's insert waits for the winner and does nothing, and
-    /// the loser reads the winner's tick in a second query (its statement snapshot predates it).
-    /// The tick is committed with `synchronous_commit = off` (`set_config(…, true)` lasts until
-    /// this statement's implicit commit): losing it in a crash is harmless (the next read takes
-    /// another), and any advance that refers to it flushes it first.
-    async fn window(&self, t: i64) -> Result<(String, String, bool), StoreError> {
-        let rows: Vec<(i64, String)> = sqlx::query_as(
-            "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v), \
-             ins AS (INSERT INTO ferry_tick (tick_id, snap) \
-                     SELECT $1, pg_current_snapshot() FROM cfg \
-                     WHERE EXISTS (SELECT 1 FROM ferry_tick WHERE tick_id = $1 - 1) \
-                       AND NOT EXISTS (SELECT 1 FROM ferry_tick WHERE tick_id = $1) \
-                     ON CONFLICT (tick_id) DO NOTHING RETURNING tick_id, snap::text) \
-             SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1 - 1, $1, $1 + 1) \
-             UNION ALL SELECT tick_id, snap FROM ins",
-        )
-        .bind(t)
-        .fetch_all(self.pool())
-        .await
-        .map_err(|e| db_err("cursor read: ticks", e))?;
-        let find =
-            |rows: &[(i64, String)], id| rows.iter().find(|r| r.0 == id).map(|r| r.1.clone());
-        let lo = find(&rows, t - 1).ok_or_else(|| {
-            StoreError::new(
-                StoreErrorKind::Other,
-                format!("snapshot tick {} is gone: this cursor was taken over and purged; reload the cursors", t - 1),
+    /// One statement in the common case (a caught-up reader's every read): it reads tick
+    /// `t - 1`, the newest tick and the last tick of the span, and when the newest tick is
+    /// `t - 1` it inserts tick `t` from the statement's own snapshot. Ticks are contiguous
+    /// (tick `t` is only inserted while `t - 1` is the newest; retention deletes from below).
+    /// The statement's snapshot was taken after tick `t - 1` committed (it sees it), so tick
+    /// `t` sees at least as much: snapshots only grow. Concurrent readers race on the primary
+    /// key; the loser's insert waits for the winner and does nothing, and the loser runs the
+    /// statement again (its snapshot predates the winner's tick). The tick is committed with
+    /// `synchronous_commit = off` (`set_config(…, true)` lasts until this statement's implicit
+    /// commit): losing it in a crash is harmless (the next read takes another), and any advance
+    /// that refers to it flushes it first.
+    async fn span(&self, t: i64) -> Result<Span, StoreError> {
+        for _ in 0..3 {
+            // (tick, snapshot, newest tick, inserted by this statement)
+            let rows: Vec<(i64, String, Option<i64>, bool)> = sqlx::query_as(
+                "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v), \
+                 top AS (SELECT max(tick_id) AS m FROM ferry_tick), \
+                 ins AS (INSERT INTO ferry_tick (tick_id, snap) \
+                         SELECT $1, pg_current_snapshot() FROM cfg, top WHERE top.m = $1 - 1 \
+                         ON CONFLICT (tick_id) DO NOTHING RETURNING tick_id, snap::text) \
+                 SELECT k.tick_id, k.snap::text, top.m, false FROM ferry_tick k, top \
+                   WHERE k.tick_id = $1 - 1 OR k.tick_id = least(top.m, $1 + $2 - 1) \
+                 UNION ALL SELECT tick_id, snap, tick_id, true FROM ins",
             )
-        })?;
-        if let Some(hi) = find(&rows, t) {
-            let next = find(&rows, t + 1).is_some();
-            if t % TICK_RETENTION_EVERY == 0 && !next {
-                self.retire_ticks(t).await?;
+            .bind(t)
+            .bind(MAX_SPAN)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| db_err("cursor read: ticks", e))?;
+            let lo = rows.iter().find(|r| r.0 == t - 1 && !r.3).ok_or_else(|| {
+                StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("snapshot tick {} is gone: this cursor was taken over and purged; reload the cursors", t - 1),
+                )
+            })?;
+            if let Some(ins) = rows.iter().find(|r| r.3) {
+                return Ok(Span {
+                    lo: lo.1.clone(),
+                    hi: ins.1.clone(),
+                    last: t,
+                    next: false,
+                });
             }
-            return Ok((lo, hi, next));
+            let newest = lo.2.unwrap_or(t - 1);
+            if newest < t {
+                // another reader took tick t while this statement ran: read it next time
+                continue;
+            }
+            let last = newest.min(t + MAX_SPAN - 1);
+            let hi = rows.iter().find(|r| r.0 == last).ok_or_else(|| {
+                StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("snapshot tick {last} vanished"),
+                )
+            })?;
+            let next = newest > last;
+            if !next && last / TICK_RETENTION_EVERY > (t - 1) / TICK_RETENTION_EVERY {
+                self.retire_ticks(last).await?;
+            }
+            return Ok(Span {
+                lo: lo.1.clone(),
+                hi: hi.1.clone(),
+                last,
+                next,
+            });
         }
-        // another reader created tick t while this statement ran: read its snapshot
-        let rows: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT tick_id, snap::text FROM ferry_tick WHERE tick_id IN ($1, $1 + 1)",
-        )
-        .bind(t)
-        .fetch_all(self.pool())
-        .await
-        .map_err(|e| db_err("cursor read: ticks", e))?;
-        let hi = find(&rows, t).ok_or_else(|| {
-            StoreError::new(StoreErrorKind::Other, format!("snapshot tick {t} vanished"))
-        })?;
-        Ok((lo, hi, find(&rows, t + 1).is_some()))
+        Err(StoreError::new(
+            StoreErrorKind::Other,
+            format!("snapshot tick {t}: three reads in a row lost the race to take it and did not see it"),
+        ))
     }
 
     /// Deletes the ticks every cursor is past (a window needs its own tick and the one before),
@@ -414,77 +467,163 @@ impl CursorStore for PgStore {
                     more: false,
                 });
             }
-            // Windows in order, from the lowest requested one: each takes the slots whose
-            // position is in it or below (rows at or below a slot's own position are dropped),
-            // and a read goes on to the next window while that window's tick exists already
-            // (another reader took it), so a reader behind the newest tick catches up in one call.
+            // Windows in order, from the lowest requested one, up to MAX_SPAN per statement:
+            // each statement takes the slots whose position is in its span or below (rows at or
+            // below a slot's own position are dropped), and a read goes on to the next span
+            // while its first tick exists already (another reader took it), so a reader behind
+            // the newest tick catches up in one call.
             let mut events = Vec::new();
             let mut t = min.tick;
             let mut start = min;
             let mut more = false;
             let upto = loop {
+                let span = self.span(t).await?;
                 let from: HashMap<SlotId, CursorPos> = req
                     .from
                     .iter()
                     .copied()
-                    .filter(|(_, p)| p.tick <= t)
+                    .filter(|(_, p)| p.tick <= span.last)
                     .collect();
-                let (lo, hi, next) = self.window(t).await?;
-                let (lo_xmin, hi_xmax) = (snapshot_bound(&lo, 0)?, snapshot_bound(&hi, 1)?);
+                let (lo_xmax, hi_xmax) =
+                    (snapshot_bound(&span.lo, 1)?, snapshot_bound(&span.hi, 1)?);
+                let lo_xip = snapshot_xip(&span.lo)?;
                 let limit = req.limit - events.len();
-                // Per slot, the bound in this window (indexed by slot + 1; NULL for slots not
-                // read): rows a slot has read already are filtered here, so they neither come
-                // back nor use up the limit when one slot lags the others (a slot whose read was
-                // cut before an aggregate still in flight).
-                let mut bound_xid: Vec<Option<i64>> = vec![None; ferry_core::SLOT_COUNT as usize];
-                let mut bound_seq: Vec<Option<i64>> = vec![None; ferry_core::SLOT_COUNT as usize];
-                for (slot, p) in &from {
-                    let (x, q) = if p.tick == t {
-                        (p.xid, p.seq)
+                // Per slot, its position (indexed by slot + 1; NULL for slots not read): rows a
+                // slot has read already are filtered here, so they neither come back nor use
+                // up the limit when one slot lags the others (a slot whose read was cut before
+                // an aggregate still in flight).
+                let bound = |p: &CursorPos| {
+                    if p.tick >= t {
+                        *p
                     } else {
-                        (i64::MIN, i64::MIN)
-                    };
-                    bound_xid[*slot as usize] = Some(x);
-                    bound_seq[*slot as usize] = Some(q);
+                        CursorPos::at(i64::MIN, i64::MIN, i64::MIN)
+                    }
+                };
+                // Most reads have every slot at one position (a batch's `upto` moves all the
+                // slots it read): one bound for all, and no per-slot arrays to plan and index.
+                let mut bounds = from.values().map(bound);
+                let first = bounds.next();
+                let uniform = first.filter(|b| bounds.all(|o| o == *b));
+                let n = ferry_core::SLOT_COUNT as usize;
+                let (mut bound_tick, mut bound_xid, mut bound_seq) = (
+                    vec![None::<i64>; n],
+                    vec![None::<i64>; n],
+                    vec![None::<i64>; n],
+                );
+                if uniform.is_none() {
+                    for (slot, p) in &from {
+                        let b = bound(p);
+                        bound_tick[*slot as usize] = Some(b.tick);
+                        bound_xid[*slot as usize] = Some(b.xid);
+                        bound_seq[*slot as usize] = Some(b.seq);
+                    }
                 }
-                let rows = sqlx::query(&format!(
-                    "SELECT o.xid, {EVENT_COLUMNS}, \
-                       EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
-                         AND x.state IN {OPEN}) AS held \
-                     FROM ferry_outbox o \
-                     WHERE o.xid >= $1 AND o.xid < $2 AND (o.xid, o.seq) > ($3, $4) \
-                       AND o.shard_slot = ANY($5) AND o.state IN ('PENDING', 'CLAIMED') \
-                       AND (o.xid, o.seq) > (($9::int8[])[o.shard_slot + 1], ($10::int8[])[o.shard_slot + 1]) \
-                       AND NOT pg_visible_in_snapshot(o.xid::text::xid8, $6::text::pg_snapshot) \
-                       AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
-                     ORDER BY o.xid, o.seq LIMIT $8"
-                ))
-                .bind(lo_xmin)
-                .bind(hi_xmax)
-                .bind(start.xid)
-                .bind(start.seq)
-                .bind(slots_i16(from.keys().copied()))
-                .bind(&lo)
-                .bind(&hi)
-                .bind(limit as i64)
-                .bind(&bound_xid)
-                .bind(&bound_seq)
-                .fetch_all(self.pool())
-                .await
-                .map_err(|e| db_err("cursor read", e))?;
-                let pos = |r: &PgRow| CursorPos::at(t, r.get(0), r.get(1));
+                // The slots read, as a flag per slot: `shard_slot = ANY(array)` made the planner
+                // estimate the selectivity of every element (up to 256, in each branch) on
+                // every read, most of a caught-up read's planning time.
+                let mut read_slots = vec![false; n];
+                for slot in from.keys() {
+                    read_slots[*slot as usize] = true;
+                }
+                let slot_bound = if uniform.is_some() {
+                    "($13::int8, $9::int8, $10::int8)"
+                } else {
+                    "(($13::int8[])[o.shard_slot + 1], ($9::int8[])[o.shard_slot + 1], ($10::int8[])[o.shard_slot + 1])"
+                };
+                // The rows a span can hold are those whose transaction the lower snapshot does
+                // not see: transactions that were running at it (its xip list, a few xids) and
+                // those that began after it (xid >= its xmax). Rows of the transactions between
+                // its xmin and xmax that it does see were dispatched by earlier windows; a scan
+                // from xmin would pass over all of them on every read (with small windows, most
+                // of what a read scanned).
+                //
+                // A row's window is the first tick whose snapshot sees its transaction. One
+                // window: that is `t` for every row, the two candidate sets are read in index
+                // order, each up to the limit (every xip xid is below the xmax), and the read
+                // starts at the lowest position requested. Several: each row's window is looked
+                // up among the span's ticks (later windows can hold lower xids), and rows come
+                // in (window, xid, seq) order, so a read cut at its limit stops at a position of
+                // the one-window form.
+                let filter = |tick: &str| {
+                    format!(
+                        "(o.xid, o.seq) > ($3, $4) \
+                         AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
+                         AND ($5::bool[])[o.shard_slot + 1] AND o.state IN ('PENDING', 'CLAIMED') \
+                         AND ({tick}, o.xid, o.seq) > {slot_bound}"
+                    )
+                };
+                let columns = |tick: &str| {
+                    format!(
+                        "o.xid, {tick} AS tick, {EVENT_COLUMNS}, \
+                         EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
+                           AND x.state IN {OPEN}) AS held"
+                    )
+                };
+                let sql = if span.last == t {
+                    let tick = "least($11::int8, $12::int8)"; // = t
+                    let (cols, filter) = (columns(tick), filter(tick));
+                    format!(
+                        "SELECT * FROM ( \
+                           (SELECT {cols} FROM ferry_outbox o WHERE o.xid = ANY($6::int8[]) AND {filter} \
+                            ORDER BY o.xid, o.seq LIMIT $8) \
+                           UNION ALL \
+                           (SELECT {cols} FROM ferry_outbox o WHERE o.xid >= $1 AND o.xid < $2 AND {filter} \
+                            ORDER BY o.xid, o.seq LIMIT $8)) u \
+                         ORDER BY 1, 3 LIMIT $8"
+                    )
+                } else {
+                    start = CursorPos::at(t, i64::MIN, i64::MIN);
+                    let (cols, filter) = (columns("w.tick"), filter("w.tick"));
+                    format!(
+                        "SELECT {cols} FROM ferry_outbox o \
+                           CROSS JOIN LATERAL (SELECT k.tick_id AS tick FROM ferry_tick k \
+                             WHERE k.tick_id BETWEEN $11 AND $12 \
+                               AND pg_visible_in_snapshot(o.xid::text::xid8, k.snap) \
+                             ORDER BY k.tick_id LIMIT 1) w \
+                         WHERE (o.xid = ANY($6::int8[]) OR (o.xid >= $1 AND o.xid < $2)) AND {filter} \
+                         ORDER BY 2, o.xid, o.seq LIMIT $8"
+                    )
+                };
+                let q = sqlx::query(&sql)
+                    .bind(lo_xmax)
+                    .bind(hi_xmax)
+                    .bind(start.xid)
+                    .bind(start.seq)
+                    .bind(&read_slots)
+                    .bind(&lo_xip)
+                    .bind(&span.hi)
+                    .bind(limit as i64);
+                let q = match uniform {
+                    Some(b) => q
+                        .bind(b.xid)
+                        .bind(b.seq)
+                        .bind(t)
+                        .bind(span.last)
+                        .bind(b.tick),
+                    None => q
+                        .bind(&bound_xid)
+                        .bind(&bound_seq)
+                        .bind(t)
+                        .bind(span.last)
+                        .bind(&bound_tick),
+                };
+                let rows = q
+                    .fetch_all(self.pool())
+                    .await
+                    .map_err(|e| db_err("cursor read", e))?;
+                let pos = |r: &PgRow| CursorPos::at(r.get(1), r.get(0), r.get(2));
                 let full = rows.len() >= limit;
                 let last = rows.last().map(pos);
                 events.extend(
                     rows.iter()
                         .filter(|r| {
-                            let slot = r.get::<i16, _>(7) as SlotId;
+                            let slot = r.get::<i16, _>(8) as SlotId;
                             from.get(&slot).is_some_and(|p| pos(r) > *p)
                         })
                         .map(|r| CursorEvent {
                             pos: pos(r),
-                            held: r.get(15),
-                            event: event_at(r, 1),
+                            held: r.get(16),
+                            event: event_at(r, 2),
                         }),
                 );
                 match last {
@@ -492,10 +631,10 @@ impl CursorStore for PgStore {
                         more = true;
                         break last;
                     }
-                    // window t is read: the next read starts window t + 1
-                    _ if !next => break CursorPos::at(t + 1, 0, 0),
+                    // the span is read: the next read starts the window after it
+                    _ if !span.next => break CursorPos::at(span.last + 1, 0, 0),
                     _ => {
-                        t += 1;
+                        t = span.last + 1;
                         start = CursorPos::at(t, 0, 0);
                     }
                 }

@@ -669,6 +669,196 @@ async fn mode_switch_converts_state(db: TestDb) {
     db.cleanup().await;
 }
 
+/// Reads by several readers take many ticks (PostgreSQL: one per caught-up read); a reader
+/// behind them reads all of them, in pieces cut at a small limit or in one call, and gets every
+/// intent of its slots exactly once, in position and per-aggregate order, including one whose
+/// transaction stayed open across many ticks and committed late (and never a rolled-back one).
+async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    let even = |slot: SlotId| slot.is_multiple_of(2);
+    let (evens, odds): (Vec<SlotCursor>, Vec<SlotCursor>) =
+        cursors.iter().partition(|c| even(c.slot));
+    let late = db
+        .open_producer_tx(&[ev("late-even", 1), ev("late-odd", 1)])
+        .await;
+    let rolled = db
+        .open_producer_tx(&[ev("gone-even", 1), ev("gone-odd", 1)])
+        .await;
+    let mut odd_from: Vec<(SlotId, CursorPos)> = odds.iter().map(|c| (c.slot, c.pos)).collect();
+    let mut odd_seen = Vec::new();
+    let mut expected = 0;
+    let mut late = late;
+    let mut rolled = rolled;
+    for i in 0..40 {
+        let evs: Vec<NewEvent> = (0..3)
+            .map(|k| {
+                let n = i * 3 + k;
+                ev(&format!("a{}", n % 11), n + 1)
+            })
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+        expected += evs.len();
+        // the odd reader, caught up, takes a tick on every read
+        let b = cs(&db)
+            .read_batch(&CursorRead {
+                from: odd_from.clone(),
+                limit: 1000,
+            })
+            .await
+            .unwrap();
+        odd_seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+        for (_, p) in odd_from.iter_mut() {
+            *p = (*p).max(b.upto);
+        }
+        if i == 20 {
+            if let Some(tx) = late.take() {
+                tx.commit().await;
+                expected += 2;
+            }
+            if let Some(tx) = rolled.take() {
+                tx.rollback().await;
+            }
+        }
+    }
+    let slot_of = |e: &ferry_core::CursorEvent| e.event.shard_slot;
+    // the even reader, behind every tick, in pieces of 4
+    let mut from: Vec<(SlotId, CursorPos)> = evens.iter().map(|c| (c.slot, c.pos)).collect();
+    let mut pieces = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let b = cs(&db)
+            .read_batch(&CursorRead {
+                from: from.clone(),
+                limit: 4,
+            })
+            .await
+            .unwrap();
+        assert!(b.events.len() <= 4);
+        assert!(b.events.iter().all(|e| even(slot_of(e))));
+        pieces.extend(b.events.iter().cloned());
+        for (_, p) in from.iter_mut() {
+            *p = (*p).max(b.upto);
+        }
+        let odd_total = odd_seen.len();
+        let have = pieces.len() + odd_total;
+        if (have >= expected && !b.more) || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        if !b.more {
+            // the odd reader keeps reading too (another test's open transaction may hold rows
+            // in a later window for a while)
+            let b = cs(&db)
+                .read_batch(&CursorRead {
+                    from: odd_from.clone(),
+                    limit: 1000,
+                })
+                .await
+                .unwrap();
+            odd_seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+            for (_, p) in odd_from.iter_mut() {
+                *p = (*p).max(b.upto);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(
+        pieces.windows(2).all(|w| w[0].pos < w[1].pos),
+        "positions ascend"
+    );
+    let ids: Vec<String> = pieces
+        .iter()
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    let mut all: Vec<String> = ids.iter().chain(&odd_seen).cloned().collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "no intent read twice");
+    assert_eq!(n, expected, "every committed intent read once");
+    assert!(
+        !all.iter().any(|id| id.starts_with("e-gone")),
+        "a rolled-back intent"
+    );
+    for agg in (0..11).map(|a| format!("a{a}")) {
+        let vs: Vec<i64> = pieces
+            .iter()
+            .filter(|e| e.event.aggregate_id == agg)
+            .map(|e| e.event.aggregate_version)
+            .collect();
+        assert!(vs.windows(2).all(|w| w[0] < w[1]), "{agg}: {vs:?}");
+    }
+    // one call from the start reads every span there is
+    let all_even = evens.iter().map(|c| (c.slot, c.pos)).collect();
+    let one = cs(&db)
+        .read_batch(&CursorRead {
+            from: all_even,
+            limit: 100_000,
+        })
+        .await
+        .unwrap();
+    let one_ids: Vec<String> = one
+        .events
+        .iter()
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    assert_eq!(
+        one_ids, ids,
+        "one call reads what the pieces read, in the same order"
+    );
+    // slots at different positions: half of them from the start, half from the middle
+    let mid = pieces[pieces.len() / 2].pos;
+    let staggered: Vec<(SlotId, CursorPos)> = evens
+        .iter()
+        .map(|c| (c.slot, if c.slot.is_multiple_of(4) { c.pos } else { mid }))
+        .collect();
+    let want: Vec<String> = pieces
+        .iter()
+        .filter(|e| slot_of(e).is_multiple_of(4) || e.pos > mid)
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    let got = cs(&db)
+        .read_batch(&CursorRead {
+            from: staggered.clone(),
+            limit: 100_000,
+        })
+        .await
+        .unwrap();
+    let got: Vec<String> = got
+        .events
+        .iter()
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    assert_eq!(got, want, "per-slot positions");
+    // and cut at a small limit
+    let mut from = staggered;
+    let mut got = Vec::new();
+    for _ in 0..1000 {
+        let b = cs(&db)
+            .read_batch(&CursorRead {
+                from: from.clone(),
+                limit: 3,
+            })
+            .await
+            .unwrap();
+        got.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+        for (_, p) in from.iter_mut() {
+            *p = (*p).max(b.upto);
+        }
+        if !b.more && b.events.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got, want, "per-slot positions, in pieces");
+    if db.backend == ferry_store::Backend::Postgres {
+        assert!(
+            pieces.last().unwrap().pos.tick > 20,
+            "the odd reader took many ticks: {:?}",
+            pieces.last().unwrap().pos
+        );
+    }
+    db.cleanup().await;
+}
+
 macro_rules! cursor_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -704,6 +894,7 @@ cursor_backends!(
     reconcile_and_purge_use_derived_states,
     open_transactions_delay_only_their_own_rows,
     mode_switch_converts_state,
+    a_reader_behind_many_ticks_misses_nothing,
 );
 
 #[allow(dead_code)]
