@@ -38,6 +38,11 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
         name: "plain_insert",
         sql: include_str!("../../../migrations/postgres/0005_plain_insert.sql"),
     },
+    Migration {
+        version: 6,
+        name: "gated_notify",
+        sql: include_str!("../../../migrations/postgres/0006_gated_notify.sql"),
+    },
 ];
 
 /// MySQL/MariaDB migrations, in order.
