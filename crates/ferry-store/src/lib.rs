@@ -1,4 +1,5 @@
-//! Outbox storage for ferry over sqlx: PostgreSQL, MySQL/MariaDB and SQLite.
+//! Outbox storage for ferry over sqlx: PostgreSQL, MariaDB (the `mysql` module; MySQL itself is
+//! not supported, its migrations use MariaDB-only syntax: docs/schema.md §8) and SQLite.
 //!
 //! Each backend module offers
 //! * `enqueue` / `enqueue_many`: insert publish intents inside **the caller's own sqlx
@@ -8,9 +9,10 @@
 //! * `migrate`: the embedded schema (`migrations/<backend>/`), applied under a lock so that a
 //!   second concurrent migrate waits and then finds nothing to do.
 //!
-//! [`connect`] picks the backend from the URL scheme. Table names are fixed constants
-//! (`ferry_outbox`, `ferry_slot_lease`, `ferry_relay_member`, `ferry_schema_migrations`); no
-//! user-supplied identifier is ever interpolated into SQL, and every value is a bind parameter.
+//! [`connect`] picks the backend from the URL scheme. Every table, view, trigger and function
+//! name is a fixed constant (docs/schema.md §1.1 lists the objects of each backend) and every
+//! value is a bind parameter. The one user-supplied identifier that reaches SQL is the business
+//! table and id column of `reconcile`, checked by [`validate_identifier`] first.
 #![warn(missing_docs, unreachable_pub)]
 
 use std::sync::Arc;
