@@ -669,6 +669,26 @@ async fn mode_switch_converts_state(db: TestDb) {
     db.cleanup().await;
 }
 
+/// Reads past `from` and moves every position in it to the read's `upto` (a reader that keeps
+/// its positions in memory, as a relay worker does between advances).
+async fn read_on(
+    db: &TestDb,
+    from: &mut [(SlotId, CursorPos)],
+    limit: usize,
+) -> ferry_core::CursorBatch {
+    let b = cs(db)
+        .read_batch(&CursorRead {
+            from: from.to_vec(),
+            limit,
+        })
+        .await
+        .unwrap();
+    for (_, p) in from.iter_mut() {
+        *p = (*p).max(b.upto);
+    }
+    b
+}
+
 /// Reads by several readers take many ticks (PostgreSQL: one per caught-up read); a reader
 /// behind them reads all of them, in pieces cut at a small limit or in one call, and gets every
 /// intent of its slots exactly once, in position and per-aggregate order, including one whose
@@ -699,17 +719,8 @@ async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
         db.store.enqueue(&evs).await.unwrap();
         expected += evs.len();
         // the odd reader, caught up, takes a tick on every read
-        let b = cs(&db)
-            .read_batch(&CursorRead {
-                from: odd_from.clone(),
-                limit: 1000,
-            })
-            .await
-            .unwrap();
+        let b = read_on(&db, &mut odd_from, 1000).await;
         odd_seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
-        for (_, p) in odd_from.iter_mut() {
-            *p = (*p).max(b.upto);
-        }
         if i == 20 {
             if let Some(tx) = late.take() {
                 tx.commit().await;
@@ -726,19 +737,10 @@ async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
     let mut pieces = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let b = cs(&db)
-            .read_batch(&CursorRead {
-                from: from.clone(),
-                limit: 4,
-            })
-            .await
-            .unwrap();
+        let b = read_on(&db, &mut from, 4).await;
         assert!(b.events.len() <= 4);
         assert!(b.events.iter().all(|e| even(slot_of(e))));
         pieces.extend(b.events.iter().cloned());
-        for (_, p) in from.iter_mut() {
-            *p = (*p).max(b.upto);
-        }
         let odd_total = odd_seen.len();
         let have = pieces.len() + odd_total;
         if (have >= expected && !b.more) || tokio::time::Instant::now() > deadline {
@@ -747,17 +749,8 @@ async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
         if !b.more {
             // the odd reader keeps reading too (another test's open transaction may hold rows
             // in a later window for a while)
-            let b = cs(&db)
-                .read_batch(&CursorRead {
-                    from: odd_from.clone(),
-                    limit: 1000,
-                })
-                .await
-                .unwrap();
+            let b = read_on(&db, &mut odd_from, 1000).await;
             odd_seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
-            for (_, p) in odd_from.iter_mut() {
-                *p = (*p).max(b.upto);
-            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -833,17 +826,8 @@ async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
     let mut from = staggered;
     let mut got = Vec::new();
     for _ in 0..1000 {
-        let b = cs(&db)
-            .read_batch(&CursorRead {
-                from: from.clone(),
-                limit: 3,
-            })
-            .await
-            .unwrap();
+        let b = read_on(&db, &mut from, 3).await;
         got.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
-        for (_, p) in from.iter_mut() {
-            *p = (*p).max(b.upto);
-        }
         if !b.more && b.events.is_empty() {
             break;
         }
