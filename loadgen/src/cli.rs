@@ -391,7 +391,7 @@ impl Args {
                 return Err((
                     ErrorKind::InvalidValue,
                     format!(
-                        "invalid value '{}' for '--database-url': use postgres://, mysql:// (MariaDB too) or sqlite://",
+                        "invalid value '{}' for '--database-url': use postgres://, mysql:// (MariaDB) or sqlite://",
                         ferry_store::redact_url(url)
                     ),
                 ));
@@ -441,7 +441,7 @@ impl Args {
                 return Err((
                     ErrorKind::InvalidValue,
                     format!(
-                        "invalid value '{}' for '--inbox-url': use postgres://, mysql:// (MariaDB too) or sqlite://",
+                        "invalid value '{}' for '--inbox-url': use postgres://, mysql:// (MariaDB) or sqlite://",
                         ferry_store::redact_url(url)
                     ),
                 ));

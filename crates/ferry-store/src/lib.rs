@@ -57,7 +57,7 @@ impl Backend {
             _ => Err(StoreError::new(
                 StoreErrorKind::InvalidInput,
                 format!(
-                    "database URL {} has an unsupported scheme; use postgres://, mysql:// (MariaDB too) or sqlite://",
+                    "database URL {} has an unsupported scheme; use postgres://, mysql:// (MariaDB) or sqlite://",
                     redact_url(url)
                 ),
             )),
