@@ -139,6 +139,73 @@ fn snapshot_xip(snap: &str) -> Result<Vec<i64>, StoreError> {
         .collect()
 }
 
+/// The read statement of [`CursorStore::read_batch`] for one span.
+///
+/// The rows a span can hold are those whose transaction the lower snapshot does not see:
+/// transactions that were running at it (its xip list, a few xids: `$6`) and those that began
+/// after it (xid >= its xmax: `$1`, up to the upper snapshot's xmax `$2`). Rows of the
+/// transactions between its xmin and xmax that it does see were dispatched by earlier windows; a
+/// scan from xmin would pass over all of them on every read (with small windows, most of what a
+/// read scanned).
+///
+/// A row's window is the first tick whose snapshot sees its transaction. `one_window`: that is
+/// `t` (`$11 = $12`) for every row, the two candidate sets are read in index order, each up to
+/// the limit (every xip xid is below the xmax), and the read starts at the lowest position
+/// requested (`$3, $4`). Several windows: each row's window is looked up among the span's ticks
+/// `$11 ..= $12` (later windows can hold lower xids), and rows come in `(window, xid, seq)`
+/// order, so a read cut at its limit stops at a position of the one-window form.
+///
+/// Each row must be past its slot's position: `uniform`, one `(tick, xid, seq)` for all
+/// (`$13, $9, $10`); else three arrays indexed by slot + 1. The slots read are a flag per slot
+/// (`$5::bool[]`): `shard_slot = ANY(array)` made the planner estimate the selectivity of every
+/// element (up to 256, in each branch) on every read, most of a caught-up read's planning time.
+fn read_sql(one_window: bool, uniform: bool) -> String {
+    let slot_bound = if uniform {
+        "($13::int8, $9::int8, $10::int8)"
+    } else {
+        "(($13::int8[])[o.shard_slot + 1], ($9::int8[])[o.shard_slot + 1], ($10::int8[])[o.shard_slot + 1])"
+    };
+    let filter = |tick: &str| {
+        format!(
+            "(o.xid, o.seq) > ($3, $4) \
+             AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
+             AND ($5::bool[])[o.shard_slot + 1] AND o.state IN ('PENDING', 'CLAIMED') \
+             AND ({tick}, o.xid, o.seq) > {slot_bound}"
+        )
+    };
+    let columns = |tick: &str| {
+        format!(
+            "o.xid, {tick} AS tick, {EVENT_COLUMNS}, \
+             EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
+               AND x.state IN {OPEN}) AS held"
+        )
+    };
+    if one_window {
+        let tick = "least($11::int8, $12::int8)"; // = t
+        let (cols, filter) = (columns(tick), filter(tick));
+        format!(
+            "SELECT * FROM ( \
+               (SELECT {cols} FROM ferry_outbox o WHERE o.xid = ANY($6::int8[]) AND {filter} \
+                ORDER BY o.xid, o.seq LIMIT $8) \
+               UNION ALL \
+               (SELECT {cols} FROM ferry_outbox o WHERE o.xid >= $1 AND o.xid < $2 AND {filter} \
+                ORDER BY o.xid, o.seq LIMIT $8)) u \
+             ORDER BY 1, 3 LIMIT $8"
+        )
+    } else {
+        let (cols, filter) = (columns("w.tick"), filter("w.tick"));
+        format!(
+            "SELECT {cols} FROM ferry_outbox o \
+               CROSS JOIN LATERAL (SELECT k.tick_id AS tick FROM ferry_tick k \
+                 WHERE k.tick_id BETWEEN $11 AND $12 \
+                   AND pg_visible_in_snapshot(o.xid::text::xid8, k.snap) \
+                 ORDER BY k.tick_id LIMIT 1) w \
+             WHERE (o.xid = ANY($6::int8[]) OR (o.xid >= $1 AND o.xid < $2)) AND {filter} \
+             ORDER BY 2, o.xid, o.seq LIMIT $8"
+        )
+    }
+}
+
 /// Old ticks are deleted when a read's span crosses a tick that is a multiple of this (at most
 /// this many ticks linger behind the slowest cursor's window).
 const TICK_RETENTION_EVERY: i64 = 16;
@@ -518,72 +585,15 @@ impl CursorStore for PgStore {
                         bound_seq[*slot as usize] = Some(b.seq);
                     }
                 }
-                // The slots read, as a flag per slot: `shard_slot = ANY(array)` made the planner
-                // estimate the selectivity of every element (up to 256, in each branch) on
-                // every read, most of a caught-up read's planning time.
                 let mut read_slots = vec![false; n];
                 for slot in from.keys() {
                     read_slots[*slot as usize] = true;
                 }
-                let slot_bound = if uniform.is_some() {
-                    "($13::int8, $9::int8, $10::int8)"
-                } else {
-                    "(($13::int8[])[o.shard_slot + 1], ($9::int8[])[o.shard_slot + 1], ($10::int8[])[o.shard_slot + 1])"
-                };
-                // The rows a span can hold are those whose transaction the lower snapshot does
-                // not see: transactions that were running at it (its xip list, a few xids) and
-                // those that began after it (xid >= its xmax). Rows of the transactions between
-                // its xmin and xmax that it does see were dispatched by earlier windows; a scan
-                // from xmin would pass over all of them on every read (with small windows, most
-                // of what a read scanned).
-                //
-                // A row's window is the first tick whose snapshot sees its transaction. One
-                // window: that is `t` for every row, the two candidate sets are read in index
-                // order, each up to the limit (every xip xid is below the xmax), and the read
-                // starts at the lowest position requested. Several: each row's window is looked
-                // up among the span's ticks (later windows can hold lower xids), and rows come
-                // in (window, xid, seq) order, so a read cut at its limit stops at a position of
-                // the one-window form.
-                let filter = |tick: &str| {
-                    format!(
-                        "(o.xid, o.seq) > ($3, $4) \
-                         AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
-                         AND ($5::bool[])[o.shard_slot + 1] AND o.state IN ('PENDING', 'CLAIMED') \
-                         AND ({tick}, o.xid, o.seq) > {slot_bound}"
-                    )
-                };
-                let columns = |tick: &str| {
-                    format!(
-                        "o.xid, {tick} AS tick, {EVENT_COLUMNS}, \
-                         EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
-                           AND x.state IN {OPEN}) AS held"
-                    )
-                };
-                let sql = if span.last == t {
-                    let tick = "least($11::int8, $12::int8)"; // = t
-                    let (cols, filter) = (columns(tick), filter(tick));
-                    format!(
-                        "SELECT * FROM ( \
-                           (SELECT {cols} FROM ferry_outbox o WHERE o.xid = ANY($6::int8[]) AND {filter} \
-                            ORDER BY o.xid, o.seq LIMIT $8) \
-                           UNION ALL \
-                           (SELECT {cols} FROM ferry_outbox o WHERE o.xid >= $1 AND o.xid < $2 AND {filter} \
-                            ORDER BY o.xid, o.seq LIMIT $8)) u \
-                         ORDER BY 1, 3 LIMIT $8"
-                    )
-                } else {
+                if span.last > t {
+                    // later windows of a span can hold lower xids than the start position
                     start = CursorPos::at(t, i64::MIN, i64::MIN);
-                    let (cols, filter) = (columns("w.tick"), filter("w.tick"));
-                    format!(
-                        "SELECT {cols} FROM ferry_outbox o \
-                           CROSS JOIN LATERAL (SELECT k.tick_id AS tick FROM ferry_tick k \
-                             WHERE k.tick_id BETWEEN $11 AND $12 \
-                               AND pg_visible_in_snapshot(o.xid::text::xid8, k.snap) \
-                             ORDER BY k.tick_id LIMIT 1) w \
-                         WHERE (o.xid = ANY($6::int8[]) OR (o.xid >= $1 AND o.xid < $2)) AND {filter} \
-                         ORDER BY 2, o.xid, o.seq LIMIT $8"
-                    )
-                };
+                }
+                let sql = read_sql(span.last == t, uniform.is_some());
                 let q = sqlx::query(&sql)
                     .bind(lo_xmax)
                     .bind(hi_xmax)
