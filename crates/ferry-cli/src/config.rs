@@ -1,12 +1,46 @@
 //! Configuration: built-in defaults < TOML file (`--config`) < environment (`FERRY_*`) < flags.
 //!
+//! This is the one place the layers merge (clap reads a flag or else its `FERRY_*` variable;
+//! [`pick`] takes that, else the file's key, else the default). The relay's defaults come from
+//! the `Default` impls of `ferry-relay`/`ferry-core` (read here), the command line's own are the
+//! constants below.
+//!
 //! Every value is checked; a bad one produces one line naming the key and what is accepted.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use clap::ValueEnum;
+use ferry_core::{Backoff, DispatchMode, Limits};
+use ferry_relay::metrics::AlertThresholds;
+use ferry_relay::{KafkaConfig, RelayConfig, WorkerDefaults};
+use ferry_store::Backend;
 use serde::Deserialize;
+
+use crate::cmd::relay::RelayArgs;
+use crate::LogFormat;
+
+/// `--log` (`FERRY_LOG`).
+pub const DEFAULT_LOG: &str = "info";
+/// `--log-format` (`FERRY_LOG_FORMAT`).
+pub const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
+/// `sink.kind` (`--sink`).
+pub const DEFAULT_SINK: SinkKind = SinkKind::Kafka;
+/// `metrics.listen` (`--metrics-listen`).
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
+/// `ferry purge --batch`.
+pub const DEFAULT_PURGE_BATCH: usize = 1000;
+/// `ferry reconcile --business-id-column`.
+pub const DEFAULT_BUSINESS_ID_COLUMN: &str = "id";
+/// `ferry reconcile --aggregate-prefix`.
+pub const DEFAULT_AGGREGATE_PREFIX: &str = "";
+/// `ferry reconcile --list-limit`.
+pub const DEFAULT_LIST_LIMIT: usize = 50;
+/// `ferry quarantine list --limit`.
+pub const DEFAULT_QUARANTINE_LIST_LIMIT: usize = 100;
+/// `ferry lab --case`.
+pub const DEFAULT_LAB_CASE: &str = "all";
 
 /// A configuration error: the key and what is accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,9 +206,272 @@ pub fn duration(
 pub fn listen_addr(s: &str) -> Result<SocketAddr, ConfigError> {
     s.parse().map_err(|_| {
         ConfigError(format!(
-            "invalid metrics.listen {s:?}: use host:port, e.g. 127.0.0.1:9464"
+            "invalid metrics.listen {s:?}: use host:port, e.g. {DEFAULT_METRICS_LISTEN}"
         ))
     })
+}
+
+/// `--database-url`/`FERRY_DATABASE_URL`, else the file's `database_url`.
+pub fn database_url(flag: &Option<String>, f: &FileConfig) -> Option<String> {
+    pick(flag, &f.database_url)
+}
+
+/// `[limits]` (file only).
+pub fn limits(f: &FileConfig) -> Limits {
+    let d = Limits::default();
+    Limits {
+        max_payload_bytes: f.limits.max_payload_bytes.unwrap_or(d.max_payload_bytes),
+    }
+}
+
+/// `sink.kind`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum SinkKind {
+    Kafka,
+    Stdout,
+    Null,
+}
+
+/// The sink to build.
+pub enum SinkSpec {
+    Kafka(KafkaConfig),
+    Stdout,
+    Null,
+}
+
+/// Everything `ferry relay` runs with.
+pub struct RelaySettings {
+    pub config: RelayConfig,
+    pub sink: SinkSpec,
+    pub alerts: AlertThresholds,
+    /// `None`: the metrics endpoint is off.
+    pub listen: Option<SocketAddr>,
+}
+
+/// Resolves and checks every `ferry relay` setting for a relay on `backend`.
+pub fn relay(
+    a: &RelayArgs,
+    f: &FileConfig,
+    backend: Backend,
+) -> Result<RelaySettings, ConfigError> {
+    let (mut config, sink) = relay_and_sink(a, f)?;
+    // Worker settings left unset take the defaults of the dispatch mode the relay will run in
+    // (the store's preferred one unless --dispatch says otherwise).
+    let d = worker_defaults(config.dispatch, backend);
+    if pick(&a.workers, &f.relay.workers).is_none() {
+        config.workers = d.workers;
+    }
+    if pick(&a.batch_size, &f.relay.batch_size).is_none() {
+        config.batch_size = d.batch_size;
+    }
+    if pick(&a.in_flight, &f.relay.in_flight).is_none() {
+        config.max_in_flight = d.max_in_flight;
+    }
+    let alerts = alerts(
+        &a.slo_target,
+        &a.slo_ratio,
+        &a.oldest_warning,
+        &a.oldest_critical,
+        f,
+    )?;
+    let listen = metrics_listen(a, f)?;
+    Ok(RelaySettings {
+        config,
+        sink,
+        alerts,
+        listen,
+    })
+}
+
+/// The dispatch mode a relay on `backend` runs in when not told.
+fn default_dispatch(backend: Backend) -> DispatchMode {
+    ferry_relay::preferred_dispatch(match backend {
+        Backend::Mysql => "mysql",
+        Backend::Postgres => "postgres",
+        Backend::Sqlite => "sqlite",
+    })
+}
+
+/// The worker settings of `dispatch` (else the default mode) on `backend`.
+fn worker_defaults(dispatch: Option<DispatchMode>, backend: Backend) -> WorkerDefaults {
+    let mode = dispatch.unwrap_or(default_dispatch(backend));
+    WorkerDefaults::for_mode(mode, backend == Backend::Sqlite)
+}
+
+fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpec), ConfigError> {
+    let r = &f.relay;
+    let d = RelayConfig::default();
+    let config = RelayConfig {
+        owner: pick(&a.owner, &r.owner).unwrap_or(d.owner),
+        workers: pick(&a.workers, &r.workers).unwrap_or(d.workers),
+        batch_size: pick(&a.batch_size, &r.batch_size).unwrap_or(d.batch_size),
+        max_in_flight: pick(&a.in_flight, &r.in_flight).unwrap_or(d.max_in_flight),
+        claim_lease: duration(
+            "relay.claim_lease (--claim-lease)",
+            &a.claim_lease,
+            &r.claim_lease,
+            d.claim_lease,
+        )?,
+        slot_ttl: duration(
+            "relay.slot_ttl (--slot-ttl)",
+            &a.slot_ttl,
+            &r.slot_ttl,
+            d.slot_ttl,
+        )?,
+        heartbeat: duration(
+            "relay.heartbeat (--heartbeat)",
+            &a.heartbeat,
+            &r.heartbeat,
+            d.heartbeat,
+        )?,
+        poll_min: duration(
+            "relay.poll_min (--poll-min)",
+            &a.poll_min,
+            &r.poll_min,
+            d.poll_min,
+        )?,
+        poll_idle: duration(
+            "relay.poll_idle (--poll-idle)",
+            &a.poll_idle,
+            &r.poll_idle,
+            d.poll_idle,
+        )?,
+        backoff: Backoff {
+            base: duration(
+                "relay.backoff_base (--backoff-base)",
+                &a.backoff_base,
+                &r.backoff_base,
+                d.backoff.base,
+            )?,
+            max: duration(
+                "relay.backoff_max (--backoff-max)",
+                &a.backoff_max,
+                &r.backoff_max,
+                d.backoff.max,
+            )?,
+        },
+        max_attempts: pick(&a.max_attempts, &r.max_attempts).unwrap_or(d.max_attempts),
+        shutdown_timeout: duration(
+            "relay.shutdown_timeout (--shutdown-timeout)",
+            &a.shutdown_timeout,
+            &r.shutdown_timeout,
+            d.shutdown_timeout,
+        )?,
+        dispatch: pick(&a.dispatch, &r.dispatch)
+            .map(|m| {
+                m.parse::<DispatchMode>()
+                    .map_err(|e| ConfigError(format!("invalid relay.dispatch (--dispatch): {e}")))
+            })
+            .transpose()?,
+        ..d
+    };
+    config.validate().map_err(|e| ConfigError(e.to_string()))?;
+    let kind = match pick(&a.sink, &f.sink.kind) {
+        None => DEFAULT_SINK,
+        Some(kind) => SinkKind::from_str(&kind, true).map_err(|_| {
+            ConfigError(format!(
+                "invalid sink.kind (--sink) {kind:?}: use kafka, stdout or null"
+            ))
+        })?,
+    };
+    let sink = match kind {
+        SinkKind::Stdout => SinkSpec::Stdout,
+        SinkKind::Null => SinkSpec::Null,
+        SinkKind::Kafka => {
+            let dk = KafkaConfig::default();
+            let mut extra = f.sink.kafka_properties.clone();
+            for p in &a.kafka_property {
+                let (k, v) = p.split_once('=').ok_or_else(|| {
+                    ConfigError(format!("invalid --kafka-property {p:?}: use KEY=VALUE"))
+                })?;
+                extra.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            let kc = KafkaConfig {
+                brokers: pick(&a.kafka_brokers, &f.sink.brokers).unwrap_or(dk.brokers),
+                message_timeout: duration(
+                    "sink.message_timeout (--kafka-message-timeout)",
+                    &a.kafka_message_timeout,
+                    &f.sink.message_timeout,
+                    dk.message_timeout,
+                )?,
+                linger: duration(
+                    "sink.linger (--kafka-linger)",
+                    &a.kafka_linger,
+                    &f.sink.linger,
+                    dk.linger,
+                )?,
+                extra,
+                // set by the relay command once the dispatch mode is known
+                ordered: false,
+            };
+            if kc.brokers.trim().is_empty() {
+                return Err(ConfigError(
+                    "invalid sink.brokers (--kafka-brokers): must not be empty".into(),
+                ));
+            }
+            // checked in both dispatch modes (cursor dispatch sends without a message timeout,
+            // but the same configuration must stay valid in row dispatch)
+            if kc.message_timeout >= config.claim_lease {
+                return Err(ConfigError(
+                    "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over".into(),
+                ));
+            }
+            SinkSpec::Kafka(kc)
+        }
+    };
+    Ok((config, sink))
+}
+
+/// `[alerts]`, for `ferry relay` (every key) and `ferry status` (no SLO flags).
+pub fn alerts(
+    slo_target: &Option<String>,
+    slo_ratio: &Option<f64>,
+    warning: &Option<String>,
+    critical: &Option<String>,
+    f: &FileConfig,
+) -> Result<AlertThresholds, ConfigError> {
+    let d = AlertThresholds::default();
+    let a = AlertThresholds {
+        slo_target: duration(
+            "alerts.slo_target (--slo-target)",
+            slo_target,
+            &f.alerts.slo_target,
+            d.slo_target,
+        )?,
+        slo_ratio: pick(slo_ratio, &f.alerts.slo_ratio).unwrap_or(d.slo_ratio),
+        oldest_warning: duration(
+            "alerts.oldest_warning (--oldest-warning)",
+            warning,
+            &f.alerts.oldest_warning,
+            d.oldest_warning,
+        )?,
+        oldest_critical: duration(
+            "alerts.oldest_critical (--oldest-critical)",
+            critical,
+            &f.alerts.oldest_critical,
+            d.oldest_critical,
+        )?,
+    };
+    if !(a.slo_ratio > 0.0 && a.slo_ratio <= 1.0) {
+        return Err(ConfigError(
+            "invalid alerts.slo_ratio (--slo-ratio): must be in (0, 1], e.g. 0.999".into(),
+        ));
+    }
+    if a.oldest_critical < a.oldest_warning {
+        return Err(ConfigError(
+            "invalid alerts.oldest_critical: must not be shorter than alerts.oldest_warning".into(),
+        ));
+    }
+    Ok(a)
+}
+
+fn metrics_listen(a: &RelayArgs, f: &FileConfig) -> Result<Option<SocketAddr>, ConfigError> {
+    let s =
+        pick(&a.metrics_listen, &f.metrics.listen).unwrap_or_else(|| DEFAULT_METRICS_LISTEN.into());
+    if s == "off" {
+        return Ok(None);
+    }
+    Ok(Some(listen_addr(&s)?))
 }
 
 #[cfg(test)]

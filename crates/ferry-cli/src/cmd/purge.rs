@@ -1,0 +1,53 @@
+//! `ferry purge`: delete SENT rows older than the retention window.
+use std::sync::Arc;
+
+use clap::Args;
+use ferry_core::OutboxStore;
+
+use super::{fail, Failure};
+use crate::config;
+
+#[derive(Args, Debug)]
+pub struct PurgeArgs {
+    /// Retention window: only SENT rows whose sent_at is older than this, e.g. 7d or 36h.
+    #[arg(long)]
+    pub older_than: String,
+    /// Rows per delete statement (each its own short transaction).
+    #[arg(long, default_value_t = config::DEFAULT_PURGE_BATCH)]
+    pub batch: usize,
+    /// Only rows this consumer's Inbox (ferry_inbox, same database) recorded as consumed.
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// Only count what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub async fn run(a: PurgeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    let older = config::parse_duration(&a.older_than)
+        .map_err(|e| fail(2, format!("invalid --older-than: {e}")))?;
+    if a.batch == 0 || a.batch > 100_000 {
+        return Err(fail(2, "invalid --batch: must be between 1 and 100000"));
+    }
+    let n = store
+        .purge_sent(&ferry_core::PurgeRequest {
+            older_than: older,
+            batch: a.batch,
+            consumer: a.consumer.as_deref(),
+            dry_run: a.dry_run,
+        })
+        .await?;
+    let scope = a
+        .consumer
+        .map(|c| format!(" consumed by {c}"))
+        .unwrap_or_default();
+    if a.dry_run {
+        println!(
+            "would delete {n} SENT rows{scope} older than {}",
+            a.older_than
+        );
+    } else {
+        println!("deleted {n} SENT rows{scope} older than {}", a.older_than);
+    }
+    Ok(0)
+}

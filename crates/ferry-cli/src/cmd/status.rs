@@ -1,0 +1,142 @@
+//! `ferry status`: backlog, oldest intent age, unknown exposure, quarantine and slot owners.
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use ferry_core::OutboxStore;
+
+use super::{fmt_age, Failure};
+use crate::config::{self, FileConfig};
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Warning when the oldest unsent intent is older [default: 5m] (alerts.oldest_warning).
+    #[arg(long, env = "FERRY_OLDEST_WARNING")]
+    pub oldest_warning: Option<String>,
+    /// Critical when older [default: 1h] (alerts.oldest_critical).
+    #[arg(long, env = "FERRY_OLDEST_CRITICAL")]
+    pub oldest_critical: Option<String>,
+}
+
+pub async fn run(
+    a: StatusArgs,
+    f: &FileConfig,
+    store: Arc<dyn OutboxStore>,
+) -> Result<u8, Failure> {
+    let thresholds = config::alerts(&None, &None, &a.oldest_warning, &a.oldest_critical, f)?;
+    let (warn, crit) = (thresholds.oldest_warning, thresholds.oldest_critical);
+    let st = store.status().await?;
+    let leases = store.slot_leases().await?;
+    let quarantined = store.list_quarantined(20).await?;
+    let age = st
+        .oldest_unfinished_age_us
+        .map(|u| Duration::from_micros(u.max(0) as u64));
+    let mut reasons = Vec::new();
+    let mut level = 0u8;
+    let (mode, horizon) = match store.cursor() {
+        Some(cs) => (cs.dispatch_mode().await?, Some(cs.horizon().await?)),
+        None => (ferry_core::DispatchMode::Row, None),
+    };
+    // In cursor dispatch an open write transaction holds back every intent committed after it
+    // started (PostgreSQL's snapshot horizon).
+    let blocker = horizon
+        .as_ref()
+        .filter(|_| mode == ferry_core::DispatchMode::Cursor)
+        .and_then(|h| {
+            h.oldest_xact_age_us
+                .map(|a| (a, h.oldest_xact_pid.unwrap_or(-1)))
+        });
+    if let Some((age_us, pid)) = blocker {
+        let age = Duration::from_micros(age_us.max(0) as u64);
+        if age >= warn {
+            level = level.max(if age >= crit { 3 } else { 2 });
+            reasons.push(format!(
+                "an open write transaction (pid {pid}) has held the cursor horizon back for {:.0}s: intents committed since it began wait for it",
+                age.as_secs_f64()
+            ));
+        }
+    }
+    if let Some(age) = age {
+        if age >= crit {
+            level = 3;
+            reasons.push(format!(
+                "oldest unsent intent is {:.0}s old (critical at {:.0}s)",
+                age.as_secs_f64(),
+                crit.as_secs_f64()
+            ));
+        } else if age >= warn {
+            level = 2;
+            reasons.push(format!(
+                "oldest unsent intent is {:.0}s old (warning at {:.0}s)",
+                age.as_secs_f64(),
+                warn.as_secs_f64()
+            ));
+        }
+    }
+    if st.blocked_aggregates > 0 {
+        level = level.max(2);
+        reasons.push(format!(
+            "{} aggregate(s) blocked behind quarantined events (ferry quarantine list)",
+            st.blocked_aggregates
+        ));
+    }
+    let label = match level {
+        0 => "OK",
+        2 => "WARNING",
+        _ => "CRITICAL",
+    };
+    let mut owners: std::collections::BTreeMap<&str, usize> = Default::default();
+    for l in &leases {
+        *owners.entry(l.owner.as_str()).or_default() += 1;
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "level": label,
+            "dispatch": mode,
+            "horizon": horizon,
+            "reasons": reasons,
+            "outbox": st,
+            "slot_owners": owners,
+            "quarantined": quarantined,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        println!("status:              {label}");
+        for r in &reasons {
+            println!("  - {r}");
+        }
+        println!("dispatch:            {mode}");
+        if mode == ferry_core::DispatchMode::Cursor && store.backend() == "postgres" {
+            match blocker {
+                Some((age_us, pid)) => println!(
+                    "horizon held by:     pid {pid}, open for {}",
+                    fmt_age(Some(age_us))
+                ),
+                None => println!("horizon held by:     nothing (no open write transaction)"),
+            }
+        }
+        println!("pending:             {}", st.pending);
+        println!("claimed (unknown):   {}", st.claimed);
+        println!("quarantined:         {}", st.quarantined);
+        println!("blocked aggregates:  {}", st.blocked_aggregates);
+        println!(
+            "oldest unsent age:   {}",
+            fmt_age(st.oldest_unfinished_age_us)
+        );
+        println!(
+            "slot owners:         {}",
+            if owners.is_empty() {
+                "none".to_string()
+            } else {
+                String::new()
+            }
+        );
+        for (o, n) in &owners {
+            println!("  {o}: {n} slots");
+        }
+    }
+    Ok(level)
+}
