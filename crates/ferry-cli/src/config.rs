@@ -1,9 +1,10 @@
 //! Configuration: built-in defaults < TOML file (`--config`) < environment (`FERRY_*`) < flags.
 //!
 //! This is the one place the layers merge (clap reads a flag or else its `FERRY_*` variable;
-//! [`pick`] takes that, else the file's key, else the default). The relay's defaults come from
-//! the `Default` impls of `ferry-relay`/`ferry-core` (read here), the command line's own are the
-//! constants below.
+//! [`pick`] takes that, else the file's key, else the default). Each default is written once:
+//! the relay's come from the `Default` impls of `ferry-relay`/`ferry-core` (read here), the
+//! command line's own are the constants below, and the help text's `[default: …]` is filled in
+//! from the same values ([`document_defaults`]).
 //!
 //! Every value is checked; a bad one produces one line naming the key and what is accepted.
 use std::collections::BTreeMap;
@@ -474,6 +475,100 @@ fn metrics_listen(a: &RelayArgs, f: &FileConfig) -> Result<Option<SocketAddr>, C
     Ok(Some(listen_addr(&s)?))
 }
 
+/// A duration as the help text writes it: `500ms`, `15s`, `60s`, `5m`, `1h` (whole minutes
+/// from 2 on, whole hours as hours).
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if !ms.is_multiple_of(1000) {
+        return format!("{ms}ms");
+    }
+    let s = ms / 1000;
+    if s > 0 && s.is_multiple_of(3600) {
+        format!("{}h", s / 3600)
+    } else if s > 60 && s.is_multiple_of(60) {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The defaults the help text shows, by the `{placeholder}` its flags write for them.
+fn help_defaults() -> Vec<(&'static str, String)> {
+    let r = RelayConfig::default();
+    let k = KafkaConfig::default();
+    let a = AlertThresholds::default();
+    let cursor = WorkerDefaults::for_mode(DispatchMode::Cursor, false);
+    let row = WorkerDefaults::for_mode(DispatchMode::Row, false);
+    let row_sqlite = WorkerDefaults::for_mode(DispatchMode::Row, true);
+    let d = format_duration;
+    vec![
+        ("relay.workers.cursor", cursor.workers.to_string()),
+        ("relay.workers.row", row.workers.to_string()),
+        ("relay.workers.sqlite", row_sqlite.workers.to_string()),
+        ("relay.batch_size.cursor", cursor.batch_size.to_string()),
+        ("relay.batch_size.row", row.batch_size.to_string()),
+        ("relay.in_flight.cursor", cursor.max_in_flight.to_string()),
+        ("relay.in_flight.row", row.max_in_flight.to_string()),
+        ("relay.claim_lease", d(r.claim_lease)),
+        ("relay.slot_ttl", d(r.slot_ttl)),
+        ("relay.heartbeat", d(r.heartbeat)),
+        ("relay.poll_min", d(r.poll_min)),
+        ("relay.poll_idle", d(r.poll_idle)),
+        ("relay.backoff_base", d(r.backoff.base)),
+        ("relay.backoff_max", d(r.backoff.max)),
+        ("relay.max_attempts", r.max_attempts.to_string()),
+        ("relay.shutdown_timeout", d(r.shutdown_timeout)),
+        // the same on every SQL backend (a test checks)
+        (
+            "relay.dispatch",
+            default_dispatch(Backend::Postgres).to_string(),
+        ),
+        ("sink.kind", value_name(DEFAULT_SINK)),
+        ("sink.brokers", k.brokers),
+        ("sink.message_timeout", d(k.message_timeout)),
+        ("sink.linger", d(k.linger)),
+        ("metrics.listen", DEFAULT_METRICS_LISTEN.to_string()),
+        ("alerts.slo_target", d(a.slo_target)),
+        ("alerts.slo_ratio", a.slo_ratio.to_string()),
+        ("alerts.oldest_warning", d(a.oldest_warning)),
+        ("alerts.oldest_critical", d(a.oldest_critical)),
+    ]
+}
+
+fn value_name<T: ValueEnum>(v: T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+/// Fills every `{placeholder}` in the help of `cmd` and its subcommands with its default.
+pub fn document_defaults(cmd: clap::Command) -> clap::Command {
+    fill_help(cmd, &help_defaults())
+}
+
+fn fill_help(cmd: clap::Command, defaults: &[(&'static str, String)]) -> clap::Command {
+    let fill = |text: &clap::builder::StyledStr| {
+        let mut s = text.to_string();
+        for (key, value) in defaults {
+            s = s.replace(&format!("{{{key}}}"), value);
+        }
+        s
+    };
+    cmd.mut_args(|arg| {
+        let help = arg.get_help().map(fill);
+        let long_help = arg.get_long_help().map(fill);
+        let arg = match help {
+            Some(h) => arg.help(h),
+            None => arg,
+        };
+        match long_help {
+            Some(h) => arg.long_help(h),
+            None => arg,
+        }
+    })
+    .mut_subcommands(|c| fill_help(c, defaults))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,6 +621,125 @@ mod tests {
         assert!(
             docs.contains(&format!("```toml\n{example}```")),
             "docs/operations.md no longer shows ferry.example.toml as it is"
+        );
+    }
+
+    #[test]
+    fn help_durations() {
+        let f = |ms| format_duration(Duration::from_millis(ms));
+        assert_eq!(f(2), "2ms");
+        assert_eq!(f(500), "500ms");
+        assert_eq!(f(1500), "1500ms");
+        assert_eq!(f(0), "0s");
+        assert_eq!(f(15_000), "15s");
+        assert_eq!(f(60_000), "60s");
+        assert_eq!(f(300_000), "5m");
+        assert_eq!(f(3_600_000), "1h");
+        // what the help writes parses back to the same value
+        for ms in [
+            2, 500, 1500, 15_000, 60_000, 90_000, 300_000, 3_600_000, 7_200_000,
+        ] {
+            assert_eq!(
+                parse_duration(&f(ms)).unwrap(),
+                Duration::from_millis(ms),
+                "{ms}"
+            );
+        }
+    }
+
+    /// The help shows one default for relay.dispatch: it must hold on every SQL backend.
+    #[test]
+    fn the_default_dispatch_is_the_same_on_every_backend() {
+        for b in [Backend::Mysql, Backend::Sqlite] {
+            assert_eq!(default_dispatch(b), default_dispatch(Backend::Postgres));
+        }
+    }
+
+    /// Every `{placeholder}` in the help is filled, and every default is shown somewhere.
+    #[test]
+    fn the_help_shows_every_default_and_no_placeholder() {
+        fn walk(c: &clap::Command, out: &mut Vec<String>) {
+            for a in c.get_arguments() {
+                out.extend(a.get_help().map(|h| h.to_string()));
+                out.extend(a.get_long_help().map(|h| h.to_string()));
+            }
+            for s in c.get_subcommands() {
+                walk(s, out);
+            }
+        }
+        use clap::CommandFactory;
+        let (mut raw, mut filled) = (Vec::new(), Vec::new());
+        walk(&crate::Cli::command(), &mut raw);
+        walk(&crate::command(), &mut filled);
+        for key in help_defaults().iter().map(|(k, _)| k) {
+            let p = format!("{{{key}}}");
+            assert!(raw.iter().any(|h| h.contains(&p)), "no flag shows {key}");
+        }
+        // a placeholder: `{` then lowercase letters, `_` and `.`, then `}`
+        let placeholder = |h: &str| {
+            h.split('{').skip(1).any(|rest| {
+                rest.split_once('}').is_some_and(|(name, _)| {
+                    !name.is_empty()
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+                })
+            })
+        };
+        assert!(placeholder("x [default: {relay.slot_ttl}]"));
+        for h in &filled {
+            assert!(!placeholder(h), "unfilled placeholder in {h:?}");
+        }
+        let relay = crate::command()
+            .find_subcommand_mut("relay")
+            .unwrap()
+            .render_help()
+            .to_string();
+        for shown in [
+            "[default: 1 in cursor dispatch; in row dispatch 4, and 1 on SQLite,",
+            "Claim lease, e.g. 60s [default: 60s] (relay.claim_lease)",
+            "[default: 5m] (alerts.oldest_warning)",
+            "[default: 127.0.0.1:9464] (metrics.listen)",
+            "[default: kafka] (sink.kind)",
+            "[default: cursor] (relay.dispatch)",
+        ] {
+            assert!(relay.contains(shown), "{shown:?} not in:\n{relay}");
+        }
+    }
+
+    /// `ferry.example.toml` ("every key, with its default", also shown in docs/operations.md)
+    /// writes the defaults the code uses.
+    #[test]
+    fn the_example_config_writes_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ferry.example.toml");
+        let f = FileConfig::load(&path).unwrap_or_else(|e| panic!("{}", e.0));
+        let (r, k, a) = (
+            RelayConfig::default(),
+            KafkaConfig::default(),
+            AlertThresholds::default(),
+        );
+        let dur = |v: &Option<String>| parse_duration(v.as_deref().unwrap()).unwrap();
+        assert_eq!(dur(&f.relay.claim_lease), r.claim_lease);
+        assert_eq!(dur(&f.relay.slot_ttl), r.slot_ttl);
+        assert_eq!(dur(&f.relay.heartbeat), r.heartbeat);
+        assert_eq!(dur(&f.relay.poll_min), r.poll_min);
+        assert_eq!(dur(&f.relay.poll_idle), r.poll_idle);
+        assert_eq!(dur(&f.relay.backoff_base), r.backoff.base);
+        assert_eq!(dur(&f.relay.backoff_max), r.backoff.max);
+        assert_eq!(f.relay.max_attempts, Some(r.max_attempts));
+        assert_eq!(dur(&f.relay.shutdown_timeout), r.shutdown_timeout);
+        assert_eq!(f.sink.kind, Some(value_name(DEFAULT_SINK)));
+        assert_eq!(f.sink.brokers, Some(k.brokers));
+        assert_eq!(dur(&f.sink.message_timeout), k.message_timeout);
+        assert_eq!(dur(&f.sink.linger), k.linger);
+        assert_eq!(f.metrics.listen.as_deref(), Some(DEFAULT_METRICS_LISTEN));
+        assert_eq!(dur(&f.alerts.slo_target), a.slo_target);
+        assert_eq!(f.alerts.slo_ratio, Some(a.slo_ratio));
+        assert_eq!(dur(&f.alerts.oldest_warning), a.oldest_warning);
+        assert_eq!(dur(&f.alerts.oldest_critical), a.oldest_critical);
+        assert_eq!(
+            f.limits.max_payload_bytes,
+            Some(Limits::default().max_payload_bytes)
         );
     }
 

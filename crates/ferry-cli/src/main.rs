@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cmd;
 mod config;
@@ -86,8 +86,16 @@ enum Cmd {
     Lab(cmd::lab::LabArgs),
 }
 
+/// The command line, its help text's `[default: …]` filled in from the defaults the code uses.
+fn command() -> clap::Command {
+    config::document_defaults(Cli::command())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // what `Cli::parse()` does, with the help text filled in
+    let mut matches = command().get_matches();
+    let cli =
+        Cli::from_arg_matches_mut(&mut matches).unwrap_or_else(|e| e.format(&mut command()).exit());
     // Migrations log PostgreSQL NOTICEs ("trigger … does not exist, skipping") at info: quiet
     // them unless the filter asks for them.
     let directives = if cli.log.contains("sqlx") {

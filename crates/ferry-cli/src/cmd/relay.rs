@@ -1,4 +1,6 @@
 //! `ferry relay`: run the relay until SIGINT/SIGTERM, then drain.
+//!
+//! `{key}` in a flag's help is the default [`crate::config::document_defaults`] fills in.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,44 +13,44 @@ use crate::config::{self, FileConfig, RelaySettings, SinkSpec};
 
 #[derive(Args, Debug)]
 pub struct RelayArgs {
-    /// Shard workers in this process [default: 1 in cursor dispatch; in row
-    /// dispatch 4, and 1 on SQLite, whose single writer
+    /// Shard workers in this process [default: {relay.workers.cursor} in cursor dispatch; in row
+    /// dispatch {relay.workers.row}, and {relay.workers.sqlite} on SQLite, whose single writer
     /// more workers only queue on] (relay.workers).
     #[arg(long, env = "FERRY_WORKERS")]
     pub workers: Option<usize>,
-    /// Max events per claim or cursor read [default: 2000 in cursor
-    /// dispatch, 500 in row dispatch] (relay.batch_size).
+    /// Max events per claim or cursor read [default: {relay.batch_size.cursor} in cursor
+    /// dispatch, {relay.batch_size.row} in row dispatch] (relay.batch_size).
     #[arg(long, env = "FERRY_BATCH_SIZE")]
     pub batch_size: Option<usize>,
-    /// Batches in flight per worker [default: 4 in cursor dispatch,
-    /// 2 in row dispatch] (relay.in_flight).
+    /// Batches in flight per worker [default: {relay.in_flight.cursor} in cursor dispatch,
+    /// {relay.in_flight.row} in row dispatch] (relay.in_flight).
     #[arg(long, env = "FERRY_IN_FLIGHT")]
     pub in_flight: Option<usize>,
-    /// Claim lease, e.g. 60s [default: 60s] (relay.claim_lease).
+    /// Claim lease, e.g. 60s [default: {relay.claim_lease}] (relay.claim_lease).
     #[arg(long, env = "FERRY_CLAIM_LEASE")]
     pub claim_lease: Option<String>,
-    /// Slot ownership lease [default: 15s] (relay.slot_ttl).
+    /// Slot ownership lease [default: {relay.slot_ttl}] (relay.slot_ttl).
     #[arg(long, env = "FERRY_SLOT_TTL")]
     pub slot_ttl: Option<String>,
-    /// Ownership heartbeat [default: 5s] (relay.heartbeat).
+    /// Ownership heartbeat [default: {relay.heartbeat}] (relay.heartbeat).
     #[arg(long, env = "FERRY_HEARTBEAT")]
     pub heartbeat: Option<String>,
-    /// Shortest poll delay [default: 2ms] (relay.poll_min).
+    /// Shortest poll delay [default: {relay.poll_min}] (relay.poll_min).
     #[arg(long, env = "FERRY_POLL_MIN")]
     pub poll_min: Option<String>,
-    /// Idle poll delay [default: 500ms] (relay.poll_idle).
+    /// Idle poll delay [default: {relay.poll_idle}] (relay.poll_idle).
     #[arg(long, env = "FERRY_POLL_IDLE")]
     pub poll_idle: Option<String>,
-    /// First retry delay [default: 200ms] (relay.backoff_base).
+    /// First retry delay [default: {relay.backoff_base}] (relay.backoff_base).
     #[arg(long, env = "FERRY_BACKOFF_BASE")]
     pub backoff_base: Option<String>,
-    /// Longest retry delay [default: 60s] (relay.backoff_max).
+    /// Longest retry delay [default: {relay.backoff_max}] (relay.backoff_max).
     #[arg(long, env = "FERRY_BACKOFF_MAX")]
     pub backoff_max: Option<String>,
-    /// Attempts before quarantine [default: 10] (relay.max_attempts).
+    /// Attempts before quarantine [default: {relay.max_attempts}] (relay.max_attempts).
     #[arg(long, env = "FERRY_MAX_ATTEMPTS")]
     pub max_attempts: Option<u32>,
-    /// How long shutdown waits for in-flight sends [default: 10s]
+    /// How long shutdown waits for in-flight sends [default: {relay.shutdown_timeout}]
     /// (relay.shutdown_timeout).
     #[arg(long, env = "FERRY_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: Option<String>,
@@ -56,26 +58,26 @@ pub struct RelayArgs {
     #[arg(long, env = "FERRY_OWNER")]
     pub owner: Option<String>,
     /// Dispatch mode: cursor (one write per event) or row (per-row claims: three writes per
-    /// event) [default: cursor] (relay.dispatch).
+    /// event) [default: {relay.dispatch}] (relay.dispatch).
     #[arg(long, env = "FERRY_DISPATCH")]
     pub dispatch: Option<String>,
-    /// Sink: kafka, stdout or null [default: kafka] (sink.kind).
+    /// Sink: kafka, stdout or null [default: {sink.kind}] (sink.kind).
     #[arg(long, env = "FERRY_SINK")]
     pub sink: Option<String>,
-    /// Kafka bootstrap servers [default: 127.0.0.1:9092] (sink.brokers).
+    /// Kafka bootstrap servers [default: {sink.brokers}] (sink.brokers).
     #[arg(long, env = "FERRY_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
-    /// Kafka message.timeout.ms as a duration [default: 30s]
+    /// Kafka message.timeout.ms as a duration [default: {sink.message_timeout}]
     /// (sink.message_timeout).
     #[arg(long, env = "FERRY_KAFKA_MESSAGE_TIMEOUT")]
     pub kafka_message_timeout: Option<String>,
-    /// Kafka linger.ms as a duration [default: 1ms] (sink.linger).
+    /// Kafka linger.ms as a duration [default: {sink.linger}] (sink.linger).
     #[arg(long, env = "FERRY_KAFKA_LINGER")]
     pub kafka_linger: Option<String>,
     /// Extra librdkafka property KEY=VALUE, repeatable (sink.kafka_properties).
     #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
     pub kafka_property: Vec<String>,
-    /// Metrics endpoint address, or "off" [default: 127.0.0.1:9464] (metrics.listen).
+    /// Metrics endpoint address, or "off" [default: {metrics.listen}] (metrics.listen).
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
     /// Do not apply migrations on start.
@@ -86,18 +88,18 @@ pub struct RelayArgs {
     /// window (+40–90 % claim latency measured); MariaDB and SQLite always report it.
     #[arg(long)]
     pub measure_contention: bool,
-    /// Publish SLO target: commit to SENT within this [default: 30s]
+    /// Publish SLO target: commit to SENT within this [default: {alerts.slo_target}]
     /// (alerts.slo_target).
     #[arg(long, env = "FERRY_SLO_TARGET")]
     pub slo_target: Option<String>,
-    /// Publish SLO objective ratio [default: 0.999] (alerts.slo_ratio).
+    /// Publish SLO objective ratio [default: {alerts.slo_ratio}] (alerts.slo_ratio).
     #[arg(long, env = "FERRY_SLO_RATIO")]
     pub slo_ratio: Option<f64>,
-    /// Oldest-intent warning age for ferry_alert_level [default: 5m]
+    /// Oldest-intent warning age for ferry_alert_level [default: {alerts.oldest_warning}]
     /// (alerts.oldest_warning).
     #[arg(long, env = "FERRY_OLDEST_WARNING")]
     pub oldest_warning: Option<String>,
-    /// Oldest-intent critical age [default: 1h] (alerts.oldest_critical).
+    /// Oldest-intent critical age [default: {alerts.oldest_critical}] (alerts.oldest_critical).
     #[arg(long, env = "FERRY_OLDEST_CRITICAL")]
     pub oldest_critical: Option<String>,
 }

@@ -13,10 +13,10 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Warning when the oldest unsent intent is older [default: 5m] (alerts.oldest_warning).
+    /// Warning when the oldest unsent intent is older [default: {alerts.oldest_warning}] (alerts.oldest_warning).
     #[arg(long, env = "FERRY_OLDEST_WARNING")]
     pub oldest_warning: Option<String>,
-    /// Critical when older [default: 1h] (alerts.oldest_critical).
+    /// Critical when older [default: {alerts.oldest_critical}] (alerts.oldest_critical).
     #[arg(long, env = "FERRY_OLDEST_CRITICAL")]
     pub oldest_critical: Option<String>,
 }
