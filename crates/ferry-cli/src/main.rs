@@ -35,7 +35,7 @@ struct Cli {
     /// TOML configuration file (see docs/operations.md for every key).
     #[arg(long, global = true, env = "FERRY_CONFIG")]
     config: Option<PathBuf>,
-    /// Database URL: postgres://…, mysql://… (MariaDB too) or sqlite://path.db. Never printed
+    /// Database URL: postgres://…, mysql://… (MariaDB) or sqlite://path.db. Never printed
     /// with its password.
     #[arg(
         long,

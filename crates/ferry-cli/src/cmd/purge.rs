@@ -9,7 +9,8 @@ use crate::config;
 
 #[derive(Args, Debug)]
 pub struct PurgeArgs {
-    /// Retention window: only SENT rows whose sent_at is older than this, e.g. 7d or 36h.
+    /// Retention window, e.g. 7d or 36h: only SENT rows older than this (row dispatch: by sent_at;
+    /// cursor dispatch: by created_at, the derived SENT state having no delivery time).
     #[arg(long)]
     pub older_than: String,
     /// Rows per delete statement (each its own short transaction).
