@@ -139,69 +139,102 @@ fn snapshot_xip(snap: &str) -> Result<Vec<i64>, StoreError> {
         .collect()
 }
 
-/// The read statement of [`CursorStore::read_batch`] for one span.
+/// How a read statement keeps each row past its slot's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotBound {
+    /// The start position is every slot's bound (one window, every slot at one position).
+    Start,
+    /// One `(tick, xid, seq)` for every slot.
+    Uniform,
+    /// Three arrays indexed by slot + 1.
+    PerSlot,
+}
+
+/// The read statement of [`CursorStore::read_batch`] for one span. Parameters: `$1` the lower
+/// snapshot's xmax, `$2` the upper one's, `$3, $4` the start `(xid, seq)`, `$5` the lower
+/// snapshot's running xids, `$6` the upper one's, `$7` the limit, `$8, $9` the span's first and
+/// last tick; then, in this order and only when used, the slot flags (`bool[256]`, when not
+/// every slot is read) and the bound (`SlotBound::Uniform`: tick, xid, seq; `PerSlot`: the same
+/// as `int8[256]` arrays).
 ///
 /// The rows a span can hold are those whose transaction the lower snapshot does not see:
-/// transactions that were running at it (its xip list, a few xids: `$6`) and those that began
-/// after it (xid >= its xmax: `$1`, up to the upper snapshot's xmax `$2`). Rows of the
-/// transactions between its xmin and xmax that it does see were dispatched by earlier windows; a
-/// scan from xmin would pass over all of them on every read (with small windows, most of what a
-/// read scanned).
+/// transactions that were running at it (`xid = ANY($5)`) and those that began after it
+/// (`xid >= $1`), up to the upper snapshot's xmax. Rows of the transactions between its xmin and
+/// xmax that it does see were dispatched by earlier windows; a scan from xmin would pass over
+/// all of them on every read (with small windows, most of what a read scanned). The upper
+/// snapshot sees a transaction below its xmax iff it is not in its running list (`xid <>
+/// ALL($6)`): a plain comparison the planner estimates, where `pg_visible_in_snapshot` got a
+/// default selectivity — with two more such defaults the planner expected a 200,000-row window to
+/// hold 7,000 rows and, at a limit of 5,000, scanned and sorted the whole table (112 ms against
+/// 2.3 ms for the index scan). For the same reason the slot flags and the bound are left out
+/// when they hold for every row, and the slots read are flags (`($n::bool[])[slot + 1]`), not
+/// `shard_slot = ANY(array)`, whose every element (up to 256, in each branch) the planner
+/// estimated on every read.
 ///
 /// A row's window is the first tick whose snapshot sees its transaction. `one_window`: that is
-/// `t` (`$11 = $12`) for every row, the two candidate sets are read in index order, each up to
-/// the limit (every xip xid is below the xmax), and the read starts at the lowest position
-/// requested (`$3, $4`). Several windows: each row's window is looked up among the span's ticks
-/// `$11 ..= $12` (later windows can hold lower xids), and rows come in `(window, xid, seq)`
-/// order, so a read cut at its limit stops at a position of the one-window form.
-///
-/// Each row must be past its slot's position: `uniform`, one `(tick, xid, seq)` for all
-/// (`$13, $9, $10`); else three arrays indexed by slot + 1. The slots read are a flag per slot
-/// (`$5::bool[]`): `shard_slot = ANY(array)` made the planner estimate the selectivity of every
-/// element (up to 256, in each branch) on every read, most of a caught-up read's planning time.
-fn read_sql(one_window: bool, uniform: bool) -> String {
-    let slot_bound = if uniform {
-        "($13::int8, $9::int8, $10::int8)"
+/// `$8` (= `$9`) for every row, the two candidate sets are read in index order, each up to the limit
+/// (every running xid is below the xmax), from the start position. Several windows: each row's
+/// window is looked up among the span's ticks `$8 ..= $9` (later windows can hold lower xids),
+/// and rows come in `(window, xid, seq)` order, so a read cut at its limit stops at a position of
+/// the one-window form.
+fn read_sql(one_window: bool, slot_flags: bool, bound: SlotBound) -> String {
+    let mut n = 9;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    let tick = if one_window {
+        "least($8::int8, $9::int8)" // = $8
     } else {
-        "(($13::int8[])[o.shard_slot + 1], ($9::int8[])[o.shard_slot + 1], ($10::int8[])[o.shard_slot + 1])"
+        "w.tick"
     };
-    let filter = |tick: &str| {
-        format!(
-            "(o.xid, o.seq) > ($3, $4) \
-             AND pg_visible_in_snapshot(o.xid::text::xid8, $7::text::pg_snapshot) \
-             AND ($5::bool[])[o.shard_slot + 1] AND o.state IN ('PENDING', 'CLAIMED') \
-             AND ({tick}, o.xid, o.seq) > {slot_bound}"
-        )
+    let flags = if slot_flags {
+        format!(" AND (${}::bool[])[o.shard_slot + 1]", next())
+    } else {
+        String::new()
     };
-    let columns = |tick: &str| {
-        format!(
-            "o.xid, {tick} AS tick, {EVENT_COLUMNS}, \
-             EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
-               AND x.state IN {OPEN}) AS held"
-        )
+    let bound = match bound {
+        SlotBound::Start => String::new(),
+        SlotBound::Uniform => {
+            let (t, x, q) = (next(), next(), next());
+            format!(" AND ({tick}, o.xid, o.seq) > (${t}::int8, ${x}::int8, ${q}::int8)")
+        }
+        SlotBound::PerSlot => {
+            let (t, x, q) = (next(), next(), next());
+            format!(
+                " AND ({tick}, o.xid, o.seq) > ((${t}::int8[])[o.shard_slot + 1], \
+                 (${x}::int8[])[o.shard_slot + 1], (${q}::int8[])[o.shard_slot + 1])"
+            )
+        }
     };
+    let filter = format!(
+        "(o.xid, o.seq) > ($3, $4) AND o.xid < $2 AND o.xid <> ALL($6::int8[]) \
+         AND o.state IN ('PENDING', 'CLAIMED'){flags}{bound}"
+    );
+    let cols = format!(
+        "o.xid, {tick} AS tick, {EVENT_COLUMNS}, \
+         EXISTS (SELECT 1 FROM ferry_outbox_exception x WHERE x.aggregate_id = o.aggregate_id \
+           AND x.state IN {OPEN}) AS held"
+    );
     if one_window {
-        let tick = "least($11::int8, $12::int8)"; // = t
-        let (cols, filter) = (columns(tick), filter(tick));
         format!(
             "SELECT * FROM ( \
-               (SELECT {cols} FROM ferry_outbox o WHERE o.xid = ANY($6::int8[]) AND {filter} \
-                ORDER BY o.xid, o.seq LIMIT $8) \
+               (SELECT {cols} FROM ferry_outbox o WHERE o.xid = ANY($5::int8[]) AND {filter} \
+                ORDER BY o.xid, o.seq LIMIT $7) \
                UNION ALL \
-               (SELECT {cols} FROM ferry_outbox o WHERE o.xid >= $1 AND o.xid < $2 AND {filter} \
-                ORDER BY o.xid, o.seq LIMIT $8)) u \
-             ORDER BY 1, 3 LIMIT $8"
+               (SELECT {cols} FROM ferry_outbox o WHERE o.xid >= $1 AND {filter} \
+                ORDER BY o.xid, o.seq LIMIT $7)) u \
+             ORDER BY 1, 3 LIMIT $7"
         )
     } else {
-        let (cols, filter) = (columns("w.tick"), filter("w.tick"));
         format!(
             "SELECT {cols} FROM ferry_outbox o \
                CROSS JOIN LATERAL (SELECT k.tick_id AS tick FROM ferry_tick k \
-                 WHERE k.tick_id BETWEEN $11 AND $12 \
+                 WHERE k.tick_id BETWEEN $8 AND $9 \
                    AND pg_visible_in_snapshot(o.xid::text::xid8, k.snap) \
                  ORDER BY k.tick_id LIMIT 1) w \
-             WHERE (o.xid = ANY($6::int8[]) OR (o.xid >= $1 AND o.xid < $2)) AND {filter} \
-             ORDER BY 2, o.xid, o.seq LIMIT $8"
+             WHERE (o.xid = ANY($5::int8[]) OR o.xid >= $1) AND {filter} \
+             ORDER BY 2, o.xid, o.seq LIMIT $7"
         )
     }
 }
@@ -553,12 +586,18 @@ impl CursorStore for PgStore {
                     .collect();
                 let (lo_xmax, hi_xmax) =
                     (snapshot_bound(&span.lo, 1)?, snapshot_bound(&span.hi, 1)?);
-                let lo_xip = snapshot_xip(&span.lo)?;
+                let (lo_xip, hi_xip) = (snapshot_xip(&span.lo)?, snapshot_xip(&span.hi)?);
                 let limit = req.limit - events.len();
-                // Per slot, its position (indexed by slot + 1; NULL for slots not read): rows a
-                // slot has read already are filtered here, so they neither come back nor use
-                // up the limit when one slot lags the others (a slot whose read was cut before
-                // an aggregate still in flight).
+                let one_window = span.last == t;
+                if !one_window {
+                    // later windows of a span can hold lower xids than the start position
+                    start = CursorPos::at(t, i64::MIN, i64::MIN);
+                }
+                // Per slot, its position: rows a slot has read already are filtered here, so
+                // they neither come back nor use up the limit when one slot lags the others (a
+                // slot whose read was cut before an aggregate still in flight). Most reads have
+                // every slot at one position (a batch's `upto` moves all the slots it read): one
+                // bound for all, and in one window that bound is the start.
                 let bound = |p: &CursorPos| {
                     if p.tick >= t {
                         *p
@@ -566,57 +605,57 @@ impl CursorStore for PgStore {
                         CursorPos::at(i64::MIN, i64::MIN, i64::MIN)
                     }
                 };
-                // Most reads have every slot at one position (a batch's `upto` moves all the
-                // slots it read): one bound for all, and no per-slot arrays to plan and index.
                 let mut bounds = from.values().map(bound);
                 let first = bounds.next();
                 let uniform = first.filter(|b| bounds.all(|o| o == *b));
-                let n = ferry_core::SLOT_COUNT as usize;
-                let (mut bound_tick, mut bound_xid, mut bound_seq) = (
-                    vec![None::<i64>; n],
-                    vec![None::<i64>; n],
-                    vec![None::<i64>; n],
-                );
-                if uniform.is_none() {
-                    for (slot, p) in &from {
-                        let b = bound(p);
-                        bound_tick[*slot as usize] = Some(b.tick);
-                        bound_xid[*slot as usize] = Some(b.xid);
-                        bound_seq[*slot as usize] = Some(b.seq);
+                let slot_bound = match uniform {
+                    Some(b) if one_window => {
+                        if b.tick == t {
+                            start = start.max(b);
+                        }
+                        SlotBound::Start
                     }
-                }
-                let mut read_slots = vec![false; n];
-                for slot in from.keys() {
-                    read_slots[*slot as usize] = true;
-                }
-                if span.last > t {
-                    // later windows of a span can hold lower xids than the start position
-                    start = CursorPos::at(t, i64::MIN, i64::MIN);
-                }
-                let sql = read_sql(span.last == t, uniform.is_some());
-                let q = sqlx::query(&sql)
+                    Some(_) => SlotBound::Uniform,
+                    None => SlotBound::PerSlot,
+                };
+                let n = ferry_core::SLOT_COUNT as usize;
+                let slot_flags = from.len() < n;
+                let sql = read_sql(one_window, slot_flags, slot_bound);
+                let mut q = sqlx::query(&sql)
                     .bind(lo_xmax)
                     .bind(hi_xmax)
                     .bind(start.xid)
                     .bind(start.seq)
-                    .bind(&read_slots)
                     .bind(&lo_xip)
-                    .bind(&span.hi)
-                    .bind(limit as i64);
-                let q = match uniform {
-                    Some(b) => q
-                        .bind(b.xid)
-                        .bind(b.seq)
-                        .bind(t)
-                        .bind(span.last)
-                        .bind(b.tick),
-                    None => q
-                        .bind(&bound_xid)
-                        .bind(&bound_seq)
-                        .bind(t)
-                        .bind(span.last)
-                        .bind(&bound_tick),
-                };
+                    .bind(&hi_xip)
+                    .bind(limit as i64)
+                    .bind(t)
+                    .bind(span.last);
+                if slot_flags {
+                    let mut read_slots = vec![false; n];
+                    for slot in from.keys() {
+                        read_slots[*slot as usize] = true;
+                    }
+                    q = q.bind(read_slots);
+                }
+                match (slot_bound, uniform) {
+                    (SlotBound::Uniform, Some(b)) => q = q.bind(b.tick).bind(b.xid).bind(b.seq),
+                    (SlotBound::PerSlot, _) => {
+                        let (mut ticks, mut xids, mut seqs) = (
+                            vec![None::<i64>; n],
+                            vec![None::<i64>; n],
+                            vec![None::<i64>; n],
+                        );
+                        for (slot, p) in &from {
+                            let b = bound(p);
+                            ticks[*slot as usize] = Some(b.tick);
+                            xids[*slot as usize] = Some(b.xid);
+                            seqs[*slot as usize] = Some(b.seq);
+                        }
+                        q = q.bind(ticks).bind(xids).bind(seqs);
+                    }
+                    _ => {}
+                }
                 let rows = q
                     .fetch_all(self.pool())
                     .await
