@@ -300,6 +300,12 @@ pub struct Args {
     #[arg(long, value_parser = parse_poll_min)]
     pub poll_min: Option<Duration>,
 
+    /// Cursor dispatch: a relay worker's wait after a partial read of 16+ events, per other
+    /// reader of the database (`ferry relay --read-linger`; 0ms turns it off) [default: the
+    /// relay's, 15ms].
+    #[arg(long, value_parser = parse_duration)]
+    pub read_linger: Option<Duration>,
+
     /// First run the same producers flat out (ignoring --rate) with no relay, and state relay
     /// throughput as a ratio of that producer-only ceiling.
     #[arg(long)]

@@ -44,6 +44,8 @@ pub struct RelaySpec {
     pub in_flight: usize,
     /// The relay's `poll_min`, when set.
     pub poll_min: Option<std::time::Duration>,
+    /// The relay's `read_linger`, when set.
+    pub read_linger: Option<std::time::Duration>,
     /// Sink kind.
     pub sink: SinkKind,
     /// The `ferry` binary (process mode).
@@ -282,6 +284,9 @@ impl Relays {
                         max_in_flight: spec.in_flight,
                         dispatch: Some(spec.dispatch.mode()),
                         poll_min: spec.poll_min.unwrap_or(RelayConfig::default().poll_min),
+                        read_linger: spec
+                            .read_linger
+                            .unwrap_or(RelayConfig::default().read_linger),
                         ..RelayConfig::default()
                     };
                     let relay =
@@ -321,6 +326,9 @@ impl Relays {
                 }
                 if let Some(p) = spec.poll_min {
                     args.push(format!("--poll-min={}ms", p.as_millis().max(1)));
+                }
+                if let Some(l) = spec.read_linger {
+                    args.push(format!("--read-linger={}ms", l.as_millis()));
                 }
                 if let Some(b) = kafka_brokers {
                     args.push("--kafka-brokers".to_string());

@@ -297,6 +297,8 @@ pub struct ConfigEcho {
     pub batch_size: usize,
     /// Batches in flight per worker.
     pub in_flight: usize,
+    /// The relays' read linger per other reader in ms (cursor dispatch).
+    pub read_linger_ms: u64,
     /// Producer tasks.
     pub producers: usize,
     /// Orders per transaction.
@@ -516,13 +518,18 @@ impl RunReport {
         let _ = writeln!(o, "  sink      {}{kafka}", c.sink.as_str());
         let _ = writeln!(
             o,
-            "  relays    {} × {} workers, batch {}, in-flight {} ({:?}), dispatch {}",
+            "  relays    {} × {} workers, batch {}, in-flight {} ({:?}), dispatch {}{}",
             c.relays,
             c.workers,
             c.batch_size,
             c.in_flight,
             c.relay_mode,
-            c.dispatch.as_str()
+            c.dispatch.as_str(),
+            if c.dispatch.as_str() == "cursor" {
+                format!(", read linger {} ms", c.read_linger_ms)
+            } else {
+                String::new()
+            }
         );
         if let Some(p) = &self.preload {
             let _ = writeln!(

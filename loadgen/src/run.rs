@@ -127,6 +127,7 @@ impl RunSpec {
                 batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
                 in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
                 poll_min: a.poll_min,
+                read_linger: a.read_linger,
                 sink: a.sink,
                 ferry_bin: a.ferry_bin.clone(),
                 extra_args: a.relay_args.clone(),
@@ -1283,6 +1284,11 @@ fn echo(
         workers: spec.relays.workers,
         batch_size: spec.relays.batch_size,
         in_flight: spec.relays.in_flight,
+        read_linger_ms: spec
+            .relays
+            .read_linger
+            .unwrap_or(ferry_relay::RelayConfig::default().read_linger)
+            .as_millis() as u64,
         producers: spec.producer_tasks(),
         orders_per_tx: spec.orders_per_tx,
         rate: spec.rate,

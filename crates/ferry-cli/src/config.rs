@@ -117,6 +117,7 @@ pub struct RelaySection {
     pub heartbeat: Option<String>,
     pub poll_min: Option<String>,
     pub poll_idle: Option<String>,
+    pub read_linger: Option<String>,
     pub backoff_base: Option<String>,
     pub backoff_max: Option<String>,
     pub max_attempts: Option<u32>,
@@ -337,6 +338,12 @@ fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
             &r.poll_idle,
             d.poll_idle,
         )?,
+        read_linger: duration(
+            "relay.read_linger (--read-linger)",
+            &a.read_linger,
+            &r.read_linger,
+            d.read_linger,
+        )?,
         backoff: Backoff {
             base: duration(
                 "relay.backoff_base (--backoff-base)",
@@ -514,6 +521,7 @@ fn help_defaults() -> Vec<(&'static str, String)> {
         ("relay.heartbeat", d(r.heartbeat)),
         ("relay.poll_min", d(r.poll_min)),
         ("relay.poll_idle", d(r.poll_idle)),
+        ("relay.read_linger", d(r.read_linger)),
         ("relay.backoff_base", d(r.backoff.base)),
         ("relay.backoff_max", d(r.backoff.max)),
         ("relay.max_attempts", r.max_attempts.to_string()),
@@ -597,6 +605,7 @@ mod tests {
             &r.heartbeat,
             &r.poll_min,
             &r.poll_idle,
+            &r.read_linger,
             &r.backoff_base,
             &r.backoff_max,
             &r.shutdown_timeout,

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use ferry_core::{
     new_event_id, now_micros, AdvanceResult, ClaimRequest, CursorAdvance, CursorEvent, CursorPos,
     CursorRead, CursorStore, ExceptionKind, ExceptionOutcomes, NewException, Outcome, RetryItem,
-    SlotAdvance, SlotCursor, SlotFence, SlotId, StoreErrorKind,
+    SlotAdvance, SlotCursor, SlotFence, SlotId, StoreErrorKind, SLOT_COUNT,
 };
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -38,6 +38,25 @@ use crate::route::{route, Decision, RouteItem};
 /// A slot whose durable cursor lags its read position is advanced at least this often, even
 /// when none of its events is in a batch (keeps a takeover's re-read short).
 const IDLE_ADVANCE: Duration = Duration::from_secs(1);
+
+/// A read must return at least this many events (short of a full batch) before the worker
+/// lingers ([`linger`]): below it the database is not busy enough for a read's fixed cost to
+/// matter, and latency wins.
+const LINGER_MIN_EVENTS: usize = 16;
+
+/// How long a worker that reads `own` of the [`SLOT_COUNT`] slots waits after a partial read
+/// before it reads again: `read_linger` for each other reader of the database
+/// (`SLOT_COUNT / own − 1`, the other workers and relays that split the slots), at most
+/// `poll_idle`. One reader never lingers. Every reader pays a read's fixed cost (its
+/// statements, planning, a sink request) on every read, so readers that each woke on every
+/// commit notification would multiply that cost by their number; lingering keeps the reads of
+/// the whole database about as few, and as large, as one reader's.
+fn linger(read_linger: Duration, poll_idle: Duration, own: usize) -> Duration {
+    let readers = (SLOT_COUNT as usize + own / 2) / own.max(1);
+    read_linger
+        .saturating_mul(readers.saturating_sub(1) as u32)
+        .min(poll_idle)
+}
 
 struct Batch {
     gen: u64,
@@ -99,6 +118,8 @@ struct State {
     /// reads while it is still busy (the slot cannot get past it, and its lagging position
     /// would make every read re-walk the rows the other slots have passed).
     stalled: HashMap<SlotId, String>,
+    /// No read before this instant ([`linger`]); completions are still handled meanwhile.
+    read_not_before: Option<Instant>,
     queue: VecDeque<Batch>,
     /// The advance of the batch before `queue`'s front, running while the worker reads and
     /// sends on. At most one: the next advance is built after this one's result is applied
@@ -220,6 +241,16 @@ pub(crate) async fn worker(
                 reset(&mut st).await;
                 must_load = true;
                 next_exceptions = Instant::now();
+            }
+            continue;
+        }
+        if let Some(at) = st.read_not_before.filter(|at| *at > Instant::now()) {
+            // lingering after a partial read: complete what finishes, read at `at`
+            tokio::select! {
+                _ = done.notified(), if !st.queue.is_empty() || st.advancing.is_some() => {}
+                _ = cancel.cancelled() => {}
+                _ = slots_rx.changed() => { must_load = true; }
+                _ = tokio::time::sleep_until(at.into()) => { st.read_not_before = None; }
             }
             continue;
         }
@@ -371,6 +402,7 @@ pub(crate) async fn worker(
             });
             Send { task, outcomes }
         });
+        let accepted_len = accepted.len();
         st.queue.push_back(Batch {
             gen: st.gen,
             events: accepted,
@@ -378,7 +410,10 @@ pub(crate) async fn worker(
             send,
             released: None,
         });
-        if !full && cut.is_empty() {
+        let linger = linger(cfg.read_linger, cfg.poll_idle, st.slots.len());
+        if !full && cut.is_empty() && !linger.is_zero() && accepted_len >= LINGER_MIN_EVENTS {
+            st.read_not_before = Some(Instant::now() + linger);
+        } else if !full && cut.is_empty() {
             // drained for now: give producers a moment so the next read is fuller
             tokio::select! {
                 _ = ctx.wake.notified() => {}
@@ -478,6 +513,7 @@ async fn reset(st: &mut State) {
     }
     st.busy.clear();
     st.stalled.clear();
+    st.read_not_before = None;
     st.cursors.clear();
     st.read_pos.clear();
     st.last_advance.clear();
@@ -876,4 +912,27 @@ async fn run_exceptions(ctx: &Ctx, cs: &dyn CursorStore, slots: &[SlotId]) -> In
         m.fenced.fetch_add(r.fenced() as u64, Ordering::Relaxed);
     }
     Instant::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linger_grows_with_the_other_readers_and_stops_at_poll_idle() {
+        let ms = Duration::from_millis;
+        let idle = ms(500);
+        // one reader (every slot): never waits
+        assert_eq!(linger(ms(15), idle, 256), Duration::ZERO);
+        // 8 relays of ~32 slots each (rendezvous hashing gives 25–40): 7 others
+        assert_eq!(linger(ms(15), idle, 32), ms(105));
+        assert_eq!(linger(ms(15), idle, 37), ms(90));
+        // two readers
+        assert_eq!(linger(ms(15), idle, 128), ms(15));
+        // capped at poll_idle; turned off with 0
+        assert_eq!(linger(ms(15), idle, 1), idle);
+        assert_eq!(linger(Duration::ZERO, idle, 32), Duration::ZERO);
+        // a worker without slots (never reads) does not divide by zero
+        assert_eq!(linger(ms(15), idle, 0), idle);
+    }
 }

@@ -41,6 +41,11 @@ pub struct RelayArgs {
     /// Idle poll delay [default: {relay.poll_idle}] (relay.poll_idle).
     #[arg(long, env = "FERRY_POLL_IDLE")]
     pub poll_idle: Option<String>,
+    /// Cursor dispatch: after a partial read of 16+ events, wait this long per other reader of
+    /// the database before reading again; 0 turns it off [default: {relay.read_linger}]
+    /// (relay.read_linger).
+    #[arg(long, env = "FERRY_READ_LINGER")]
+    pub read_linger: Option<String>,
     /// First retry delay [default: {relay.backoff_base}] (relay.backoff_base).
     #[arg(long, env = "FERRY_BACKOFF_BASE")]
     pub backoff_base: Option<String>,
