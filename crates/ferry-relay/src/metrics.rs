@@ -677,4 +677,17 @@ mod tests {
             .collect();
         assert_eq!(documented, exposed, "docs/operations.md vs GET /metrics");
     }
+
+    /// `sample` reads an unlabelled sample by its exact name: not a longer name that starts
+    /// with it, not a labelled series, and a trailing timestamp is not the value.
+    #[test]
+    fn sample_reads_one_unlabelled_series_by_exact_name() {
+        let text = "# HELP ferry_sent_total x\n# TYPE ferry_sent_total counter\n\
+                    ferry_sent_total_other 9\nferry_sent_total{relay=\"a\"} 8\n\
+                    ferry_sent_total 1234 1700000000000\nferry_age_seconds 0.25\n";
+        assert_eq!(sample(text, "ferry_sent_total"), Some(1234.0));
+        assert_eq!(sample(text, "ferry_age_seconds"), Some(0.25));
+        assert_eq!(sample(text, "ferry_sent"), None);
+        assert_eq!(sample(text, "ferry_fenced_total"), None);
+    }
 }
