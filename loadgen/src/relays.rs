@@ -573,30 +573,9 @@ impl Processes {
     async fn scrape(&self) -> RelayMetrics {
         let mut m = RelayMetrics::empty();
         for port in &self.ports {
-            let Some(text) = get_metrics(*port).await else {
-                m.per_relay_sent.push(0);
-                continue;
-            };
-            let v = |name: &str| prom_value(&text, name);
-            m.sent += v("ferry_sent_total");
-            m.claims += v("ferry_claims_total");
-            m.empty_claims += v("ferry_empty_claims_total");
-            m.claimed_items += v("ferry_claimed_events_total");
-            m.fenced += v("ferry_fenced_total");
-            m.retried += v("ferry_retried_total");
-            m.unknown += v("ferry_unknown_total");
-            m.quarantined += v("ferry_quarantined_total");
-            m.store_errors += v("ferry_store_errors_total");
-            m.slot_fenced += v("ferry_slot_fenced_total");
-            if let Some(n) = prom_opt(&text, "ferry_claim_rows_skipped_locked_total") {
-                *m.skipped_locked.get_or_insert(0) += n;
-            }
-            m.per_relay_sent.push(v("ferry_sent_total"));
-            m.acked_after_failed_predecessor += v("ferry_acked_after_failed_predecessor_total");
-            match prom_opt(&text, "ferry_dispatch_cursor") {
-                Some(1) => m.dispatch_cursor += 1,
-                Some(_) => m.dispatch_row += 1,
-                None => {}
+            match get_metrics(*port).await {
+                Some(text) => add_scrape(&mut m, &text),
+                None => m.per_relay_sent.push(0),
             }
         }
         m
@@ -638,27 +617,42 @@ impl Processes {
     }
 }
 
-/// `GET /metrics` from a relay on this machine (a one-shot HTTP/1.1 request; the relay's
-/// endpoint closes the connection after answering). `None` when it does not answer in 2 s.
+/// Adds one relay's scrape to the sums.
+fn add_scrape(m: &mut RelayMetrics, text: &str) {
+    let v = |name: &str| prom_value(text, name);
+    m.sent += v("ferry_sent_total");
+    m.claims += v("ferry_claims_total");
+    m.empty_claims += v("ferry_empty_claims_total");
+    m.claimed_items += v("ferry_claimed_events_total");
+    m.fenced += v("ferry_fenced_total");
+    m.retried += v("ferry_retried_total");
+    m.unknown += v("ferry_unknown_total");
+    m.quarantined += v("ferry_quarantined_total");
+    m.store_errors += v("ferry_store_errors_total");
+    m.slot_fenced += v("ferry_slot_fenced_total");
+    if let Some(n) = prom_opt(text, "ferry_claim_rows_skipped_locked_total") {
+        *m.skipped_locked.get_or_insert(0) += n;
+    }
+    m.per_relay_sent.push(v("ferry_sent_total"));
+    m.acked_after_failed_predecessor += v("ferry_acked_after_failed_predecessor_total");
+    match prom_opt(text, "ferry_dispatch_cursor") {
+        Some(1) => m.dispatch_cursor += 1,
+        Some(_) => m.dispatch_row += 1,
+        None => {}
+    }
+}
+
+/// `GET /metrics` from a relay on this machine (the relay's own HTTP client, hyper). `None`
+/// when it does not answer in 2 s.
 async fn get_metrics(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        sock.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            .await
-            .ok()?;
-        let mut buf = Vec::new();
-        sock.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        text.split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_string())
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .ok()
-        .flatten()
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    match ferry_relay::metrics::scrape(addr, Duration::from_secs(2)).await {
+        Ok(text) => Some(text),
+        Err(e) => {
+            tracing::debug!(error = %e, "relay scrape failed");
+            None
+        }
+    }
 }
 
 /// The value of an unlabelled sample `name` in a Prometheus text exposition (0 if absent).
@@ -666,15 +660,9 @@ fn prom_value(text: &str, name: &str) -> u64 {
     prom_opt(text, name).unwrap_or(0)
 }
 
-/// A sample's value, `None` when the exposition does not carry it.
+/// A sample's value as a count, `None` when the exposition does not carry it.
 fn prom_opt(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (n, v) = l.split_once(' ')?;
-            (n == name).then(|| v.trim().parse::<f64>().ok())?
-        })
-        .map(|v| v.max(0.0) as u64)
+    ferry_relay::metrics::sample(text, name).map(|v| v.max(0.0) as u64)
 }
 
 /// The last `n` lines of a file (best effort).
@@ -741,6 +729,34 @@ mod tests {
         assert_eq!(prom_value(text, "ferry_sent_total"), 1234);
         assert_eq!(prom_value(text, "ferry_claims_total"), 7);
         assert_eq!(prom_value(text, "ferry_fenced_total"), 0);
+    }
+
+    /// loadgen reads a relay's endpoint as it serves it: over HTTP, with the shared client.
+    #[tokio::test]
+    async fn scrapes_a_relay_endpoint() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let metrics = Arc::new(Metrics::default());
+        metrics.sent.store(41, Ordering::Relaxed);
+        metrics.dispatch_cursor.store(1, Ordering::Relaxed);
+        let cancel = CancellationToken::new();
+        let config = ferry_relay::metrics::ServeConfig::default();
+        tokio::spawn(ferry_relay::metrics::serve(
+            listener,
+            metrics,
+            config,
+            cancel.clone(),
+        ));
+        let mut m = RelayMetrics::empty();
+        add_scrape(
+            &mut m,
+            &get_metrics(port).await.expect("the endpoint answers"),
+        );
+        assert_eq!((m.sent, m.per_relay_sent.clone()), (41, vec![41]));
+        assert_eq!((m.dispatch_cursor, m.dispatch_row), (1, 0));
+        // no store told these metrics it reports SKIP LOCKED: not exported, not summed
+        assert_eq!(m.skipped_locked, None);
+        cancel.cancel();
     }
 
     fn ev(agg: &str, v: i64) -> ClaimedEvent {

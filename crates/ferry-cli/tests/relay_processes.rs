@@ -107,19 +107,14 @@ impl RelayProc {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    fn metric(&self, name: &str) -> Option<f64> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics)).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    /// A sample from the relay's `/metrics`, scraped with the relay's own client; `None`
+    /// while the endpoint is not up or does not carry it.
+    async fn metric(&self, name: &str) -> Option<f64> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.metrics));
+        let text = ferry_relay::metrics::scrape(addr, Duration::from_secs(5))
+            .await
             .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        body.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
+        ferry_relay::metrics::sample(&text, name)
     }
 }
 
@@ -273,7 +268,7 @@ async fn paused_owner_is_fenced(db: TestDb, mode: DispatchMode) {
     wait_until(
         "A's stale slot renewals fenced",
         Duration::from_secs(20),
-        || async { a.metric("ferry_slot_fenced_total").unwrap_or(0.0) > 0.0 },
+        || async { a.metric("ferry_slot_fenced_total").await.unwrap_or(0.0) > 0.0 },
     )
     .await;
     wait_until("delivered", Duration::from_secs(20), || async {
@@ -397,20 +392,29 @@ async fn alert_level_follows_the_oldest_intent() {
         DispatchMode::Cursor,
     );
     wait_until("endpoint up, level 0", Duration::from_secs(20), || async {
-        a.metric("ferry_alert_level") == Some(0.0)
+        a.metric("ferry_alert_level").await == Some(0.0)
     })
     .await;
-    assert_eq!(a.metric("ferry_publish_within_slo_ratio"), Some(1.0));
-    assert_eq!(a.metric("ferry_alert_oldest_warning_seconds"), Some(2.0));
-    assert_eq!(a.metric("ferry_alert_oldest_critical_seconds"), Some(8.0));
-    assert_eq!(a.metric("ferry_publish_slo_target_seconds"), Some(30.0));
+    assert_eq!(a.metric("ferry_publish_within_slo_ratio").await, Some(1.0));
+    assert_eq!(
+        a.metric("ferry_alert_oldest_warning_seconds").await,
+        Some(2.0)
+    );
+    assert_eq!(
+        a.metric("ferry_alert_oldest_critical_seconds").await,
+        Some(8.0)
+    );
+    assert_eq!(
+        a.metric("ferry_publish_slo_target_seconds").await,
+        Some(30.0)
+    );
     db.store.enqueue(&[ev("stuck", 1)]).await.unwrap();
     wait_until("warning", Duration::from_secs(30), || async {
-        a.metric("ferry_alert_level") == Some(1.0)
+        a.metric("ferry_alert_level").await == Some(1.0)
     })
     .await;
     wait_until("critical", Duration::from_secs(30), || async {
-        a.metric("ferry_alert_level") == Some(2.0)
+        a.metric("ferry_alert_level").await == Some(2.0)
     })
     .await;
     drop(a);

@@ -1,11 +1,35 @@
-//! Relay metrics: counters, gauges and hdrhistogram latency distributions, rendered in the
-//! Prometheus text format. Names follow `ferry_<noun>_<unit>`.
-use std::fmt::Write as _;
+//! Relay metrics: counters, gauges and hdrhistogram latency distributions, exposed in the
+//! Prometheus text format (0.0.4) on `GET /metrics`. Names follow `ferry_<noun>_<unit>`.
+//!
+//! The exposition is encoded by `prometheus-client`, the Prometheus project's own Rust client,
+//! and served by hyper ([`serve`]). Why `prometheus-client` and not `metrics` with its
+//! Prometheus exporter: its [`Registry`] is a plain value with no process-global recorder, so
+//! each [`Metrics`] has its own and several relays in one process (loadgen, the tests) never
+//! mix their numbers; it encodes the 0.0.4 text format this endpoint has always served; and it
+//! leaves the hot path alone: workers keep updating plain atomics and hdrhistograms (which
+//! loadgen merges in process), and a [`Collector`] reads them once per scrape, which is also
+//! where the derived values (ages in seconds, the SLO ratio, the alert level) are computed.
+//! The `metrics` exporter would replace hdrhistogram with its own summaries and bring its own
+//! HTTP server.
+//!
+//! prometheus-client has no summary type, so each latency distribution is exposed as the
+//! series a summary has — `name{quantile="…"}`, `name_sum`, `name_count` — typed as gauges.
+use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+mod endpoint;
+
+pub use endpoint::{scrape, serve, ScrapeError, ServeConfig};
 
 /// A latency histogram in microseconds (1 µs .. 1 h, 3 significant digits).
 #[derive(Debug)]
@@ -48,6 +72,8 @@ impl Latency {
 
 /// Quantiles reported for every latency.
 pub const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
+/// Their `quantile` label values.
+const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
 /// Alert thresholds (from the seed's operating targets), exposed with the metrics so alert rules
 /// and `ferry status` share one definition.
@@ -148,33 +174,66 @@ pub struct Metrics {
     pub slo_within: AtomicU64,
 }
 
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-    );
+/// Encodes a [`Metrics`] on every scrape: the values are read from the atomics and histograms at
+/// that moment (a collector, since the hot path updates plain atomics, and several values are
+/// derived at scrape time: ages in seconds, the SLO ratio, the alert level).
+#[derive(Debug)]
+struct Exposition(Arc<Metrics>);
+
+/// A counter: `name` is the exposed sample name, `_total` included (prometheus-client appends
+/// the suffix itself, so it is taken off here; the full name stays greppable in this file).
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    let base = name
+        .strip_suffix("_total")
+        .expect("counter names end in _total");
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(base, help, None, c.metric_type())?)
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, v: i64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+fn gauge<N: EncodeGaugeValue>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: N,
+) -> fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
-fn summary(out: &mut String, name: &str, help: &str, h: &Histogram<u64>, scale: f64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
-    for q in QUANTILES {
-        let v = if h.is_empty() {
-            0.0
-        } else {
-            h.value_at_quantile(q) as f64 / scale
-        };
-        let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {v}");
+/// An hdrhistogram as the series of a Prometheus summary: `name{quantile="…"}`, `name_sum` and
+/// `name_count`. prometheus-client has no summary type (its histogram is bucketed), so they are
+/// three gauge families; the series names and values are those of a summary.
+fn summary(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &Histogram<u64>,
+    scale: f64,
+) -> fmt::Result {
+    {
+        let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (q, label) in QUANTILES.into_iter().zip(QUANTILE_LABELS) {
+            let v = if h.is_empty() {
+                0.0
+            } else {
+                h.value_at_quantile(q) as f64 / scale
+            };
+            ConstGauge::new(v).encode(family.encode_family(&[("quantile", label)])?)?;
+        }
     }
     let sum = h.mean() * h.len() as f64 / scale;
-    let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {}", h.len());
-}
-
-fn gauge_f(out: &mut String, name: &str, help: &str, v: f64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    gauge(
+        e,
+        &format!("{name}_sum"),
+        &format!("{help} Sum of the observations."),
+        sum,
+    )?;
+    gauge(
+        e,
+        &format!("{name}_count"),
+        &format!("{help} Count of the observations."),
+        h.len(),
+    )
 }
 
 impl Metrics {
@@ -254,219 +313,248 @@ impl Metrics {
         level.max(horizon)
     }
 
-    /// Renders the Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let mut o = String::with_capacity(4096);
+    /// A registry that encodes these metrics on every scrape, this relay's own (there is no
+    /// global registry: relays in one process each have theirs).
+    pub fn registry(self: &Arc<Self>) -> Registry {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Exposition(self.clone())));
+        r
+    }
+
+    /// Renders the Prometheus text exposition (what `GET /metrics` answers).
+    pub fn render(self: &Arc<Self>) -> String {
+        let mut out = String::with_capacity(8192);
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry())
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let (m, e) = (&*self.0, &mut enc);
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let g = |a: &AtomicI64| a.load(Ordering::Relaxed);
         counter(
-            &mut o,
+            e,
             "ferry_sent_total",
             "Events acked by the broker and marked SENT.",
-            l(&self.sent),
-        );
+            l(&m.sent),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_retried_total",
             "Events scheduled for retry with backoff.",
-            l(&self.retried),
-        );
+            l(&m.retried),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_quarantined_total",
             "Events quarantined (permanent errors or max attempts).",
-            l(&self.quarantined),
-        );
+            l(&m.quarantined),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_unknown_total",
             "Sends whose outcome was unknown (resent later with the same id).",
-            l(&self.unknown),
-        );
+            l(&m.unknown),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_fenced_total",
             "Compare-and-set outcomes rejected because the claim token was stale.",
-            l(&self.fenced),
-        );
+            l(&m.fenced),
+        )?;
+        counter(e, "ferry_claims_total", "Claim transactions.", l(&m.claims))?;
         counter(
-            &mut o,
-            "ferry_claims_total",
-            "Claim transactions.",
-            l(&self.claims),
-        );
-        counter(
-            &mut o,
+            e,
             "ferry_empty_claims_total",
             "Claim transactions that found nothing due.",
-            l(&self.empty_claims),
-        );
-        if self.skipped_locked_known.load(Ordering::Relaxed) {
+            l(&m.empty_claims),
+        )?;
+        if m.skipped_locked_known.load(Ordering::Relaxed) {
             counter(
-                &mut o,
+                e,
                 "ferry_claim_rows_skipped_locked_total",
                 "Due rows claims passed over because a concurrent transaction held them (SKIP LOCKED).",
-                l(&self.skipped_locked),
-            );
+                l(&m.skipped_locked),
+            )?;
         }
         counter(
-            &mut o,
+            e,
             "ferry_claimed_events_total",
             "Events claimed.",
-            l(&self.claimed_items),
-        );
+            l(&m.claimed_items),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_store_errors_total",
             "Store operations that failed and were retried.",
-            l(&self.store_errors),
-        );
+            l(&m.store_errors),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_slot_fenced_total",
             "Slot lease renewals that found the slot owned by another relay.",
-            l(&self.slot_fenced),
-        );
+            l(&m.slot_fenced),
+        )?;
         gauge(
-            &mut o,
+            e,
             "ferry_slots_owned",
             "Shard slots owned by this relay process.",
-            g(&self.slots_owned),
-        );
+            g(&m.slots_owned),
+        )?;
         gauge(
-            &mut o,
+            e,
             "ferry_pending_events",
             "Outbox rows in PENDING.",
-            g(&self.pending),
-        );
+            g(&m.pending),
+        )?;
         gauge(
-            &mut o,
+            e,
             "ferry_claimed_events",
             "Outbox rows in CLAIMED: unknown exposure.",
-            g(&self.claimed),
-        );
+            g(&m.claimed),
+        )?;
         gauge(
-            &mut o,
+            e,
             "ferry_quarantined_events",
             "Outbox rows in QUARANTINED.",
-            g(&self.quarantined_rows),
-        );
+            g(&m.quarantined_rows),
+        )?;
         gauge(
-            &mut o,
+            e,
             "ferry_blocked_aggregates",
             "Aggregates blocked behind a quarantined event.",
-            g(&self.blocked_aggregates),
-        );
-        let age = g(&self.oldest_unfinished_age_us);
-        let _ = writeln!(
-            o,
-            "# HELP ferry_oldest_unfinished_age_seconds Age of the oldest unsent intent.\n# TYPE ferry_oldest_unfinished_age_seconds gauge\nferry_oldest_unfinished_age_seconds {}",
-            if age < 0 { 0.0 } else { age as f64 / 1e6 }
-        );
+            g(&m.blocked_aggregates),
+        )?;
+        // the ages are kept in µs with -1 for none; exposed in seconds, 0 for none
+        let secs = |us: i64| if us < 0 { 0.0 } else { us as f64 / 1e6 };
         gauge(
-            &mut o,
+            e,
+            "ferry_oldest_unfinished_age_seconds",
+            "Age of the oldest unsent intent.",
+            secs(g(&m.oldest_unfinished_age_us)),
+        )?;
+        gauge(
+            e,
             "ferry_dispatch_cursor",
             "1 when the relay dispatches with per-slot cursors, 0 with per-row claims.",
-            g(&self.dispatch_cursor),
-        );
+            g(&m.dispatch_cursor),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_misrouted_events_total",
             "Intents read whose stored shard_slot is not their aggregate's slot (a producer computed it wrongly; that aggregate's order is not guaranteed).",
-            self.misrouted.load(Ordering::Relaxed),
-        );
+            m.misrouted.load(Ordering::Relaxed),
+        )?;
         counter(
-            &mut o,
+            e,
             "ferry_acked_after_failed_predecessor_total",
             "Cursor mode: items acked after an earlier version of their aggregate in the same batch was not (held and resent in order).",
-            self.acked_after_failed_predecessor.load(Ordering::Relaxed),
-        );
-        let blocker = g(&self.horizon_blocker_age_us);
+            m.acked_after_failed_predecessor.load(Ordering::Relaxed),
+        )?;
         gauge(
-            &mut o,
+            e,
             "ferry_horizon_blocker_pid",
             "Cursor mode: the oldest open write transaction, which holds the read horizon back (PostgreSQL: backend pid, 0 for a prepared transaction; MySQL/MariaDB: connection id; -1: none).",
-            g(&self.horizon_blocker_pid),
-        );
-        let _ = writeln!(
-            o,
-            "# HELP ferry_horizon_blocker_age_seconds Cursor mode: age of the oldest open write transaction (PostgreSQL: its own intents wait for it; MySQL/MariaDB: every intent committed after it began waits for it).\n# TYPE ferry_horizon_blocker_age_seconds gauge\nferry_horizon_blocker_age_seconds {}",
-            if blocker < 0 { 0.0 } else { blocker as f64 / 1e6 }
-        );
+            g(&m.horizon_blocker_pid),
+        )?;
+        gauge(
+            e,
+            "ferry_horizon_blocker_age_seconds",
+            "Cursor mode: age of the oldest open write transaction (PostgreSQL: its own intents wait for it; MySQL/MariaDB: every intent committed after it began waits for it).",
+            secs(g(&m.horizon_blocker_age_us)),
+        )?;
         summary(
-            &mut o,
+            e,
             "ferry_batch_size_events",
             "Events per claimed batch.",
-            &self.batch_size.snapshot(),
+            &m.batch_size.snapshot(),
             1.0,
-        );
+        )?;
         summary(
-            &mut o,
+            e,
             "ferry_claim_latency_seconds",
             "Claim transaction latency.",
-            &self.claim_latency.snapshot(),
+            &m.claim_latency.snapshot(),
             1e6,
-        );
+        )?;
         summary(
-            &mut o,
+            e,
             "ferry_send_latency_seconds",
             "Sink send latency per batch.",
-            &self.send_latency.snapshot(),
+            &m.send_latency.snapshot(),
             1e6,
-        );
+        )?;
         summary(
-            &mut o,
+            e,
             "ferry_ack_latency_seconds",
             "Outcome compare-and-set latency per batch.",
-            &self.ack_latency.snapshot(),
+            &m.ack_latency.snapshot(),
             1e6,
-        );
+        )?;
         summary(
-            &mut o,
+            e,
             "ferry_commit_to_ack_seconds",
             "Intent commit to SENT.",
-            &self.commit_to_ack.snapshot(),
+            &m.commit_to_ack.snapshot(),
             1e6,
-        );
-        let a = *self.alerts.lock().expect("alerts lock");
-        gauge_f(
-            &mut o,
+        )?;
+        let a = *m.alerts.lock().expect("alerts lock");
+        gauge(
+            e,
             "ferry_publish_slo_target_seconds",
             "Publish SLO: the target time from commit to SENT.",
             a.slo_target.as_secs_f64(),
-        );
-        gauge_f(
-            &mut o,
+        )?;
+        gauge(
+            e,
             "ferry_publish_slo_objective_ratio",
             "Publish SLO: the share of events that should be SENT within the target.",
             a.slo_ratio,
-        );
-        gauge_f(
-            &mut o,
+        )?;
+        gauge(
+            e,
             "ferry_publish_within_slo_ratio",
             "Share of events this relay SENT within the SLO target since start (1 before any).",
-            self.within_slo_ratio(),
-        );
-        gauge_f(
-            &mut o,
+            m.within_slo_ratio(),
+        )?;
+        gauge(
+            e,
             "ferry_alert_oldest_warning_seconds",
             "Alert threshold: warning when the oldest unsent intent is older.",
             a.oldest_warning.as_secs_f64(),
-        );
-        gauge_f(
-            &mut o,
+        )?;
+        gauge(
+            e,
             "ferry_alert_oldest_critical_seconds",
             "Alert threshold: critical when the oldest unsent intent is older.",
             a.oldest_critical.as_secs_f64(),
-        );
+        )?;
         gauge(
-            &mut o,
+            e,
             "ferry_alert_level",
             "0 ok, 1 warning (oldest unsent intent past the warning age, a blocked aggregate, or the SLO ratio below its objective), 2 critical (oldest unsent intent past the critical age).",
-            i64::from(self.alert_level()),
-        );
-        o
+            i64::from(m.alert_level()),
+        )?;
+        Ok(())
     }
+}
+
+/// The value of the unlabelled sample `name` in a Prometheus text exposition, `None` when the
+/// text does not carry it (loadgen and the tests read a relay's scrape with it).
+///
+/// Not a parser crate: the maintained ones (`prometheus-parse`) bring chrono, regex and a
+/// second itertools into the build to read a handful of unlabelled numbers, and
+/// prometheus-client only encodes. This reads the one line shape the 0.0.4 format gives an
+/// unlabelled sample: `name value [timestamp]`.
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        // the name must end at the space: not a longer name, not a labelled series
+        let rest = l.strip_prefix(name)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
 }
 
 /// The alert level: 2 critical, 1 warning, 0 ok.
@@ -484,60 +572,19 @@ pub fn alert_level(
     }
 }
 
-/// Serves `GET /metrics` on `addr` until `cancel` fires. A minimal HTTP/1.1 responder: one
-/// request per connection, no keep-alive.
-pub async fn serve(
-    addr: std::net::SocketAddr,
-    metrics: std::sync::Arc<Metrics>,
-    cancel: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "metrics endpoint listening");
-    loop {
-        let (mut sock, _) = tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            r = listener.accept() => r?,
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = if req.starts_with("GET /metrics") {
-                ("200 OK", metrics.render())
-            } else {
-                ("404 Not Found", "try GET /metrics\n".to_string())
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn value(text: &str, name: &str) -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .unwrap_or_else(|| panic!("{name} not exported:\n{text}"))
-            .parse()
-            .unwrap()
+        sample(text, name).unwrap_or_else(|| panic!("{name} not exported:\n{text}"))
     }
 
     /// The endpoint exports the SLO ratio and the alert level, and the level follows each
     /// threshold: the SLO objective, a blocked aggregate, the warning and the critical age.
     #[test]
     fn alert_level_and_slo_ratio_follow_every_threshold() {
-        let m = Metrics::default();
+        let m = Arc::new(Metrics::default());
         m.oldest_unfinished_age_us.store(-1, Ordering::Relaxed);
         let t = m.render();
         assert_eq!(value(&t, "ferry_alert_level"), 0.0);
@@ -557,7 +604,7 @@ mod tests {
         assert!(value(&t, "ferry_publish_within_slo_ratio") < 0.999);
         assert_eq!(value(&t, "ferry_alert_level"), 1.0);
         // a fresh relay: a blocked aggregate → warning
-        let m = Metrics::default();
+        let m = Arc::new(Metrics::default());
         m.horizon_blocker_age_us.store(-1, Ordering::Relaxed);
         m.oldest_unfinished_age_us
             .store(1_000_000, Ordering::Relaxed);
@@ -581,7 +628,7 @@ mod tests {
         assert_eq!(value(&t, "ferry_alert_level"), 1.0);
         assert_eq!(value(&t, "ferry_alert_oldest_critical_seconds"), 7200.0);
         // cursor dispatch: an open write transaction holding the horizon back, past each age
-        let m = Metrics::default();
+        let m = Arc::new(Metrics::default());
         m.oldest_unfinished_age_us.store(-1, Ordering::Relaxed);
         m.horizon_blocker_age_us
             .store(299_000_000, Ordering::Relaxed);
@@ -592,5 +639,55 @@ mod tests {
         m.horizon_blocker_age_us
             .store(3_600_000_000, Ordering::Relaxed);
         assert_eq!(value(&m.render(), "ferry_alert_level"), 2.0);
+    }
+
+    /// docs/operations.md lists exactly the metric families the endpoint exposes (a summary's
+    /// `_sum` and `_count` families are listed under its name).
+    #[test]
+    fn operations_doc_lists_exactly_the_exposed_metrics() {
+        let m = Arc::new(Metrics::default());
+        // exported only when the store measures it; the doc lists it
+        m.skipped_locked_known.store(true, Ordering::Relaxed);
+        let text = m.render();
+        let families: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let exposed: std::collections::BTreeSet<&str> = families
+            .iter()
+            .copied()
+            .filter(|f| {
+                let base = f.strip_suffix("_sum").or_else(|| f.strip_suffix("_count"));
+                !base.is_some_and(|b| families.contains(b))
+            })
+            .collect();
+        let doc = include_str!("../../../docs/operations.md");
+        let documented: std::collections::BTreeSet<&str> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `ferry_"))
+            .filter_map(|l| Some(&l[..l.find(" |")?]))
+            .flat_map(|cell| cell.split('`'))
+            .map(|n| n.trim_start_matches("ferry_"))
+            .filter(|n| !n.is_empty() && !n.starts_with(','))
+            .collect();
+        let exposed: std::collections::BTreeSet<&str> = exposed
+            .iter()
+            .map(|n| n.trim_start_matches("ferry_"))
+            .collect();
+        assert_eq!(documented, exposed, "docs/operations.md vs GET /metrics");
+    }
+
+    /// `sample` reads an unlabelled sample by its exact name: not a longer name that starts
+    /// with it, not a labelled series, and a trailing timestamp is not the value.
+    #[test]
+    fn sample_reads_one_unlabelled_series_by_exact_name() {
+        let text = "# HELP ferry_sent_total x\n# TYPE ferry_sent_total counter\n\
+                    ferry_sent_total_other 9\nferry_sent_total{relay=\"a\"} 8\n\
+                    ferry_sent_total 1234 1700000000000\nferry_age_seconds 0.25\n";
+        assert_eq!(sample(text, "ferry_sent_total"), Some(1234.0));
+        assert_eq!(sample(text, "ferry_age_seconds"), Some(0.25));
+        assert_eq!(sample(text, "ferry_sent"), None);
+        assert_eq!(sample(text, "ferry_fenced_total"), None);
     }
 }

@@ -152,18 +152,20 @@ async fn run_relay(
     let cancel = CancellationToken::new();
     if let Some(addr) = listen {
         let (m, c) = (relay.metrics(), cancel.clone());
-        let listener_ok = tokio::net::TcpListener::bind(addr).await;
-        match listener_ok {
-            Ok(l) => {
-                drop(l);
-                tokio::spawn(async move {
-                    if let Err(e) = ferry_relay::metrics::serve(addr, m, c).await {
-                        tracing::error!(error = %e, "metrics endpoint failed");
-                    }
-                });
+        // bound here, so an address in use fails the start with a clear sentence
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            let hint = "set --metrics-listen or \"off\"";
+            fail(
+                1,
+                format!("cannot listen on metrics address {addr}: {e} ({hint})"),
+            )
+        })?;
+        let config = ferry_relay::metrics::ServeConfig::default();
+        tokio::spawn(async move {
+            if let Err(e) = ferry_relay::metrics::serve(listener, m, config, c).await {
+                tracing::error!(error = %e, "metrics endpoint failed");
             }
-            Err(e) => return Err(fail(1, format!("cannot listen on metrics address {addr}: {e} (set --metrics-listen or \"off\")"))),
-        }
+        });
     }
     {
         let cancel = cancel.clone();
