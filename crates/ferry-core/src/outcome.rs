@@ -5,7 +5,8 @@
 pub enum Outcome {
     /// The broker acknowledged the record.
     Acked,
-    /// A transient failure: retry with backoff.
+    /// A transient failure: retry with backoff ([`crate::Backoff`]), or quarantine once the
+    /// relay's `max_attempts` is reached.
     Retry(String),
     /// A permanent failure (too large, invalid record, unknown topic): quarantine.
     Permanent(String),

@@ -295,7 +295,9 @@ pub trait RowDispatch: Send + Sync {
         items: &'a [(ClaimToken, String)],
     ) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
-    /// `CLAIMED → PENDING`, due now, attempts unchanged (graceful shutdown).
+    /// `CLAIMED → PENDING`, due now, attempts unchanged: an [`crate::Outcome::Unknown`] item
+    /// (resent with the same id and payload) and, at graceful shutdown, every item still in
+    /// flight.
     fn release<'a>(
         &'a self,
         tokens: &'a [ClaimToken],
