@@ -401,12 +401,7 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         req: &'a PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         let _ = req;
-        Box::pin(async {
-            Err(StoreError::new(
-                crate::StoreErrorKind::InvalidInput,
-                "this store does not support purge",
-            ))
-        })
+        unsupported("purge")
     }
 
     /// Capability: reconciliation at a fixed watermark.
@@ -415,12 +410,7 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         req: &'a ReconcileRequest,
     ) -> BoxFuture<'a, Result<ReconcileReport, StoreError>> {
         let _ = req;
-        Box::pin(async {
-            Err(StoreError::new(
-                crate::StoreErrorKind::InvalidInput,
-                "this store does not support reconcile",
-            ))
-        })
+        unsupported("reconcile")
     }
 
     /// Capability: a status shared between the relays of one database. Returns counts some
@@ -451,6 +441,16 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         let _ = wake;
         Box::pin(async { Ok(false) })
     }
+}
+
+/// What an optional capability a store does not offer returns: `InvalidInput`, naming it.
+fn unsupported<'a, T: Send + 'a>(capability: &'static str) -> BoxFuture<'a, Result<T, StoreError>> {
+    Box::pin(async move {
+        Err(StoreError::new(
+            crate::StoreErrorKind::InvalidInput,
+            format!("this store does not support {capability}"),
+        ))
+    })
 }
 
 /// The store traits, for `use ferry_core::store::prelude::*` where a `dyn OutboxStore` is used.
