@@ -21,11 +21,13 @@
 //!
 //! # Invariants
 //!
-//! 1. **One gate for intents.** Every enqueue of every backend passes [`NewEvent::validate`] /
-//!    [`validate_batch`] (non-empty identifiers of at most [`MAX_IDENT_LEN`] bytes, version
-//!    ≥ 1, JSON payload within [`Limits`], no duplicate version or id inside a batch); on error
-//!    nothing is written. Tests: `event.rs` unit tests; `bad_inputs_are_refused_and_write_nothing`
-//!    in `crates/ferry-store/tests/conformance.rs`.
+//! 1. **One gate for intents.** Every enqueue through the Rust API, on every backend, passes
+//!    [`NewEvent::validate`] / [`validate_batch`] (non-empty identifiers of at most
+//!    [`MAX_IDENT_LEN`] bytes, version ≥ 1, JSON payload within [`Limits`], no duplicate
+//!    version or id inside a batch); on error nothing is written. (A plain SQL `INSERT` from
+//!    another language meets the schema's constraints instead: docs/schema.md §2.1.) Tests:
+//!    `event.rs` unit tests; `bad_inputs_are_refused_and_write_nothing` in
+//!    `crates/ferry-store/tests/conformance.rs`.
 //! 2. **The slot of an aggregate never changes.** [`slot_for`] is FNV-1a-64 mod 256, stored in
 //!    the row at enqueue; workers and processes own slots, never rows, so changing their number
 //!    rewrites nothing. Test: `slot_hash_is_stable` (pinned values, shared with the SQL
@@ -49,9 +51,10 @@
 //!    see committed rows only. Tests: `rollback_leaves_neither_order_nor_intent`,
 //!    `open_transactions_delay_only_their_own_rows`, `a_reader_behind_many_ticks_misses_nothing`.
 //! 7. **`SENT` means the broker acked it.** In cursor dispatch it is derived: an intent behind
-//!    its slot's cursor is SENT unless an exception row gives it another state ([`OperatorActions::record`], reconcile and
-//!    purge read it that way). Tests: `read_advance_derives_sent`,
-//!    `reconcile_and_purge_use_derived_states` (cursor conformance).
+//!    its slot's cursor is SENT unless an exception row gives it another state
+//!    ([`OperatorActions::record`], reconcile and purge read it that way). Tests:
+//!    `read_advance_derives_sent`, `reconcile_and_purge_use_derived_states` (cursor
+//!    conformance).
 //! 8. **A lost commit response is resolved by the pre-generated id**, never by re-reading the
 //!    claim version: [`RowDispatch::lookup_claim`], [`CursorStore::lookup_advance`]. Tests:
 //!    `lost_claim_commit_is_recovered_by_claim_id`, `lookup_advance_finds_a_committed_advance`.
