@@ -22,7 +22,7 @@ pub enum Outcome {
 pub struct ItemOutcome {
     /// Index of the item in its batch.
     pub index: usize,
-    /// The outcome.
+    /// What the sink reported for that item.
     pub outcome: Outcome,
 }
 
@@ -40,7 +40,7 @@ pub struct OutcomeCounts {
 }
 
 impl OutcomeCounts {
-    /// Folds outcomes.
+    /// Counts each outcome in its own class; nothing is merged or dropped.
     pub fn fold<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>) -> Self {
         let mut c = Self::default();
         for o in outcomes {

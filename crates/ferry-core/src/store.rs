@@ -62,7 +62,7 @@ pub struct EventRecord {
     pub event_id: String,
     /// State.
     pub state: EventState,
-    /// Current claim term.
+    /// Current claim term: incremented by every claim of the row (0: never claimed).
     pub claim_version: i64,
     /// Claim id of the latest claim.
     pub claim_id: Option<String>,
@@ -262,7 +262,7 @@ pub struct PurgeRequest<'a> {
     pub batch: usize,
     /// Only rows recorded in this consumer's Inbox (`ferry_inbox`, same database).
     pub consumer: Option<&'a str>,
-    /// Only count.
+    /// Count what would be deleted, delete nothing.
     pub dry_run: bool,
 }
 

@@ -406,7 +406,7 @@ impl InboxPool {
         })
     }
 
-    /// The backend.
+    /// Which database the pool is connected to.
     pub fn backend(&self) -> Backend {
         match self {
             Self::Postgres(_) => Backend::Postgres,
@@ -464,12 +464,12 @@ impl Inbox {
         Ok(inbox)
     }
 
-    /// The pool.
+    /// The pool the inbox runs on, e.g. to open a consumer transaction by hand.
     pub fn pool(&self) -> &InboxPool {
         &self.pool
     }
 
-    /// The config.
+    /// The gap policy and baseline every `apply_once` records with.
     pub fn config(&self) -> &InboxConfig {
         &self.config
     }

@@ -190,7 +190,9 @@ impl RelayConfig {
     }
 }
 
-/// The relay engine.
+/// The relay engine: a validated [`RelayConfig`] over one store and one sink. [`Relay::run`]
+/// owns slots, runs the shard workers in the configured (or the store's preferred) dispatch
+/// mode and drains on cancel.
 pub struct Relay {
     store: Arc<dyn OutboxStore>,
     sink: Arc<dyn Sink>,
@@ -223,7 +225,8 @@ impl Ctx {
 }
 
 impl Relay {
-    /// A relay over `store` and `sink`.
+    /// A relay over `store` and `sink`; refuses a configuration [`RelayConfig::validate`]
+    /// rejects.
     pub fn new(
         store: Arc<dyn OutboxStore>,
         sink: Arc<dyn Sink>,
@@ -246,7 +249,7 @@ impl Relay {
         self
     }
 
-    /// The metrics.
+    /// The registry this relay counts into (shared with the metrics endpoint).
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
     }
