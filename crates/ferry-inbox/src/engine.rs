@@ -1,7 +1,14 @@
 //! The backend-independent decision: what a delivery means given the aggregate's state.
 //!
 //! Each backend implements [`Ops`] (a handful of parameterised statements on the caller's
-//! connection); [`record`] and [`accept_gap`] are written once on top of them.
+//! connection); [`record`] and [`accept_gap`] are written once on top of them, and
+//! [`entry_points!`] gives each backend module its public `record` / `accept_gap`.
+//!
+//! The `Ops` impls themselves stay per backend although some statements read alike (MariaDB
+//! and SQLite share `?` placeholders): the SQL differs where it matters (conflict handling,
+//! locking reads, who supplies timestamps), and one generic impl would need sqlx `Executor`,
+//! `Encode`, `Decode` and `IntoArguments` bounds for every bind and column, more text than the
+//! statements it would share.
 use ferry_core::now_micros;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
