@@ -115,7 +115,7 @@ pub struct BusinessTable {
 /// What to reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReconcileRequest {
-    /// The fixed watermark.
+    /// The fixed watermark: every intent at or below it is classified, none above.
     pub watermark: Watermark,
     /// Consumer name whose Inbox (`ferry_inbox`, same database) proves consumption.
     pub consumer: Option<String>,
@@ -177,7 +177,7 @@ pub struct SlotRequest<'a> {
     pub owner: &'a str,
     /// The slots it wants.
     pub slots: &'a [SlotId],
-    /// Lease length.
+    /// Lease length: a granted slot is the owner's until now + `ttl` unless renewed.
     pub ttl: Duration,
 }
 
@@ -209,7 +209,7 @@ impl<'a> SlotRelease<'a> {
 pub struct MemberHeartbeat<'a> {
     /// The relay process.
     pub owner: &'a str,
-    /// Membership lease length.
+    /// Membership lease length: the member counts as live until now + `ttl` unless renewed.
     pub ttl: Duration,
 }
 
