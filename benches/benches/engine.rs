@@ -1,6 +1,7 @@
 //! (f) The engine alone: `Relay` + `MemoryStore` + `NullSink` draining N committed events —
 //! shard routing, slot ownership, batched claims, per-item outcomes and the batched fenced ack,
-//! with no database and no broker. Goal (issue 4): ≥ 1,000,000 events/s on 2 cores.
+//! with no database and no broker. Goal: ≥ 1,000,000 events/s on 2 cores
+//! (docs/performance.md, "Goals and where we are").
 //!
 //! `cargo bench -p ferry-benches --bench engine` (reports events/s as elements/s).
 use std::sync::atomic::Ordering;

@@ -18,7 +18,7 @@ use ferry_store::memory::MemoryStore;
 use ferry_store::testkit::{Cleanup, TestDb};
 use ferry_store::Backend;
 
-/// The payload size of the performance goals (200 bytes).
+/// The payload size of the performance goals (200 bytes, docs/performance.md).
 pub const PAYLOAD_BYTES: usize = 200;
 
 /// A criterion configuration for slow, whole-system benches: 10 samples, a short window.

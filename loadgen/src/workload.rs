@@ -3,8 +3,9 @@
 //! Aggregates are partitioned across producers (`global index % producers == producer`), so
 //! each aggregate's version counter is owned by exactly one producer task and its versions are
 //! committed in order. Event ids are `lg-<run>-p<producer>-<n>`: deterministic (a retried
-//! transaction reuses the very same intents, as the seed requires) and contiguous per producer,
-//! so "what was committed" is one counter per producer rather than millions of stored ids.
+//! transaction reuses the very same intents: a retry never mints a new id) and contiguous per
+//! producer, so "what was committed" is one counter per producer rather than millions of stored
+//! ids.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 

@@ -1,12 +1,12 @@
-//! `ferry lab`: the seed's reliability lab, executable.
+//! `ferry lab`: the reliability lab, executable: the outbox's failure cases, each checked.
 //!
 //! Every case runs on a fresh database (a temporary SQLite file by default; with
 //! `--database-url`, a new PostgreSQL schema or MariaDB database that is dropped afterwards),
-//! with the seed's business table (`orders`, order 7, event `e-7-1`), the real outbox, a real
+//! with a demo business table (`orders`, order 7, event `e-7-1`), the real outbox, a real
 //! receiver (a Kafka topic on the embedded librdkafka mock cluster, read back by a consumer) and a
 //! consumer Inbox that applies each delivery's effect (`lab_projection.effects + 1`) in the same
 //! transaction as its dedupe record. Each case prints the durable facts it observed and whether
-//! the seed's expectation held.
+//! the case's expectation held.
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,8 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{json, Value};
 
-/// Every case, in the seed's order, then the seed's two unrun experiments.
+/// Every case: the protocol's cases first, then the two that need real contention and a real
+/// broker (`two-sessions`, `kafka-duplicate`).
 pub const CASES: &[&str] = &[
     "rollback",
     "committed",
@@ -101,7 +102,7 @@ impl Lab {
         for id in [7, 8, 9] {
             db.exec(&format!("INSERT INTO lab_projection VALUES ({id}, 0)"))
                 .await
-                .map_err(err("seed projection"))?;
+                .map_err(err("fill lab_projection"))?;
         }
         let kafka = EmbeddedKafka::start(1).map_err(err("start the embedded Kafka"))?;
         let topic = "lab-orders".to_string();
@@ -391,7 +392,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
         }
         "stale-claim" => {
             lab.commit_order(7).await?;
-            // bring the claim term to 11 so A holds 12 and B takes over with 13, as in the seed
+            // bring the claim term to 11 so A holds 12 and B takes over with 13 (the documented example)
             for _ in 0..11 {
                 let c = lab.claim(1, LEASE).await?;
                 lab.db
@@ -587,7 +588,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             ))
         }
         "two-sessions" => {
-            // The seed's first unrun experiment (meant for MySQL): two sessions claim at once,
+            // Two sessions claim at once (most telling on MariaDB),
             // A's lease expires, B takes over, A's stale SENT update affects zero rows.
             for o in [7, 8] {
                 lab.commit_order(o).await?;
@@ -634,7 +635,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             ))
         }
         "kafka-duplicate" => {
-            // The seed's second unrun experiment: the same event id sent twice through a real
+            // The same event id sent twice through a real
             // Kafka topic; the consumer writes Inbox + projection in one transaction.
             lab.commit_order(7).await?;
             let c = lab.claim(1, LEASE).await?;

@@ -11,7 +11,7 @@ use crate::Micros;
 pub struct ClaimToken {
     /// Insertion sequence of the row (primary key; used to address it cheaply).
     pub seq: i64,
-    /// The event id.
+    /// The event id: the same on every claim and resend of this intent.
     pub event_id: String,
     /// The claim this item was taken by.
     pub claim_id: String,
@@ -34,7 +34,7 @@ pub struct ClaimRequest {
     pub claim_id: String,
     /// Slots to claim from. Empty means nothing.
     pub slots: Vec<SlotId>,
-    /// Maximum items.
+    /// Maximum items; a claim returns fewer when fewer are due and predecessor-free.
     pub limit: usize,
     /// Lease length: after it, another relay may take the items over.
     pub lease: Duration,
@@ -58,19 +58,19 @@ impl ClaimRequest {
 /// One claimed item, read inside the claim transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimedEvent {
-    /// The fencing token.
+    /// The fencing token every later transition of this item must present.
     pub token: ClaimToken,
-    /// Aggregate identity.
+    /// Aggregate identity: the ordering scope.
     pub aggregate_id: String,
-    /// Aggregate version.
+    /// Aggregate version (from 1).
     pub aggregate_version: i64,
-    /// Shard slot.
+    /// Shard slot, as stored at enqueue.
     pub shard_slot: SlotId,
     /// Destination topic.
     pub topic: String,
-    /// Message key.
+    /// Message key (the partitioning key; defaults to the aggregate id).
     pub key: String,
-    /// Event type.
+    /// Event type, sent as the `ferry-event-type` header.
     pub event_type: String,
     /// Stored headers (JSON object of strings).
     pub headers: String,
@@ -142,7 +142,7 @@ impl CasReport {
                 .collect(),
         }
     }
-    /// All items applied.
+    /// A report with every input applied (a backend that changed every row it was given).
     pub fn all_applied(inputs: &[ClaimToken]) -> Self {
         Self {
             items: inputs.iter().map(|t| (t.seq, CasResult::Applied)).collect(),

@@ -5,7 +5,9 @@
 //! * **No skipped commit.** Every committed row falls in exactly one read window, and a window's
 //!   rows are fixed once the window exists (PostgreSQL: the rows whose transaction is visible in
 //!   one stored snapshot and not in the previous one, as PgQ does; SQLite: one writer, so `seq`
-//!   order is commit order and a window ends at the head `seq` the read saw).
+//!   order is commit order and a window ends at the head `seq` the read saw; MariaDB: a window
+//!   ends at the horizon the commit-gate ticker published, below which every `seq` is
+//!   committed or rolled back).
 //! * **Nothing uncommitted.** Reads are plain snapshot reads: only committed rows are visible.
 //! * **Fenced advance.** [`CursorStore::advance`] changes a slot's cursor only while `owner` holds
 //!   the slot's lease with the expected `epoch` and cursor `version`; otherwise nothing of the
@@ -27,7 +29,8 @@ use crate::store::{BoxFuture, RetryItem};
 #[serde(rename_all = "lowercase")]
 pub enum DispatchMode {
     /// Per-row claims: `PENDING → CLAIMED → SENT`, three row writes per event (the classic
-    /// outbox claim protocol, kept for `ferry lab` and claim-contention benchmarks).
+    /// outbox claim protocol: `ferry lab`, claim-contention benchmarks, and MariaDB where
+    /// producers keep transactions open for seconds, which would hold back its cursor horizon).
     Row,
     /// A durable cursor per slot: one write per event (the INSERT), one cursor CAS per batch.
     Cursor,
@@ -69,7 +72,9 @@ impl FromStr for DispatchMode {
 ///   snapshot `t - 1`, read in `(xid, seq)` order. Position `(t, x, s)` means: every row
 ///   visible in snapshot `t - 1` is dispatched, and of window `t` every row up to `(x, s)`.
 ///   `xid` is the inserting top-level transaction id (`pg_current_xact_id()`).
-/// * SQLite: `tick` and `xid` are always 0; `seq` (AUTOINCREMENT) alone is commit order.
+/// * SQLite and MariaDB: `tick` and `xid` are always 0; `seq` alone is the order (SQLite: one
+///   writer, so `AUTOINCREMENT` order is commit order; MariaDB: reads stop at the commit-gate
+///   horizon).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
 pub struct CursorPos {
     /// Snapshot window (0 where the backend has none).

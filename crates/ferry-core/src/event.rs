@@ -200,9 +200,9 @@ pub fn new_event_id() -> String {
 /// An event that passed [`NewEvent::validate`]: exactly the columns an enqueue writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidatedEvent {
-    /// Stable event id.
+    /// Stable event id (the given one, or a generated UUIDv7).
     pub event_id: String,
-    /// Aggregate identity.
+    /// Aggregate identity: non-empty, at most [`MAX_IDENT_LEN`] bytes.
     pub aggregate_id: String,
     /// Aggregate version (>= 1).
     pub aggregate_version: i64,
@@ -210,13 +210,13 @@ pub struct ValidatedEvent {
     pub shard_slot: SlotId,
     /// Destination topic.
     pub topic: String,
-    /// Message key.
+    /// Message key (the aggregate id unless the producer gave one).
     pub key: String,
     /// Event type.
     pub event_type: String,
     /// Headers as a JSON object of strings.
     pub headers: String,
-    /// JSON payload.
+    /// JSON payload, checked to parse and to fit [`Limits::max_payload_bytes`].
     pub payload: String,
 }
 

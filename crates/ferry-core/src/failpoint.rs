@@ -8,8 +8,8 @@
 //! | --- | --- | --- |
 //! | `enqueue-before-commit` | store enqueue, rows inserted, before COMMIT | before the business commit |
 //! | `enqueue-after-commit` | `ferry enqueue`, after COMMIT | after commit, before a relay claims |
-//! | `relay-after-claim` | relay, claim committed, before the send | after claim, before the broker ack |
-//! | `relay-after-ack` | relay, broker acked, before the SENT CAS | after the ack, before SENT commits |
+//! | `relay-after-claim` | relay, claim committed (cursor dispatch: batch read), before the send | after claim, before the broker ack |
+//! | `relay-after-ack` | relay, broker acked, before the SENT CAS (cursor dispatch: before the advance) | after the ack, before SENT commits |
 use std::io::Write;
 use std::sync::OnceLock;
 

@@ -5,7 +5,8 @@
 pub enum Outcome {
     /// The broker acknowledged the record.
     Acked,
-    /// A transient failure: retry with backoff.
+    /// A transient failure: retry with backoff ([`crate::Backoff`]), or quarantine once the
+    /// relay's `max_attempts` is reached.
     Retry(String),
     /// A permanent failure (too large, invalid record, unknown topic): quarantine.
     Permanent(String),
@@ -21,7 +22,7 @@ pub enum Outcome {
 pub struct ItemOutcome {
     /// Index of the item in its batch.
     pub index: usize,
-    /// The outcome.
+    /// What the sink reported for that item.
     pub outcome: Outcome,
 }
 
@@ -39,7 +40,7 @@ pub struct OutcomeCounts {
 }
 
 impl OutcomeCounts {
-    /// Folds outcomes.
+    /// Counts each outcome in its own class; nothing is merged or dropped.
     pub fn fold<'a>(outcomes: impl IntoIterator<Item = &'a Outcome>) -> Self {
         let mut c = Self::default();
         for o in outcomes {

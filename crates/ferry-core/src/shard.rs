@@ -24,15 +24,15 @@ pub fn slot_for(aggregate_key: &str) -> SlotId {
     (h % u64::from(SLOT_COUNT)) as SlotId
 }
 
-/// The slots worker `worker` of `workers` owns when one process owns `owned` slots: a round-robin
-/// split, so every slot has exactly one worker.
+/// The slots of `owned` (the slots one process owns) that worker `worker` of `workers` serves:
+/// slot `s` goes to worker `s % workers`. Every slot has exactly one worker, and a slot keeps its
+/// worker whatever other slots the process gains or loses.
 pub fn slots_for_worker(owned: &[SlotId], worker: usize, workers: usize) -> Vec<SlotId> {
     let workers = workers.max(1);
     owned
         .iter()
-        .enumerate()
-        .filter(|(i, _)| i % workers == worker)
-        .map(|(_, s)| *s)
+        .copied()
+        .filter(|s| *s as usize % workers == worker)
         .collect()
 }
 
@@ -76,5 +76,8 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|c| *c == 1));
+        // a slot's worker does not depend on the other slots owned
+        assert_eq!(slots_for_worker(&[3, 4, 7], 1, 3), vec![4, 7]);
+        assert_eq!(slots_for_worker(&[7], 1, 3), vec![7]);
     }
 }

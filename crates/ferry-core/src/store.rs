@@ -62,7 +62,7 @@ pub struct EventRecord {
     pub event_id: String,
     /// State.
     pub state: EventState,
-    /// Current claim term.
+    /// Current claim term: incremented by every claim of the row (0: never claimed).
     pub claim_version: i64,
     /// Claim id of the latest claim.
     pub claim_id: Option<String>,
@@ -115,7 +115,7 @@ pub struct BusinessTable {
 /// What to reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReconcileRequest {
-    /// The fixed watermark.
+    /// The fixed watermark: every intent at or below it is classified, none above.
     pub watermark: Watermark,
     /// Consumer name whose Inbox (`ferry_inbox`, same database) proves consumption.
     pub consumer: Option<String>,
@@ -177,7 +177,7 @@ pub struct SlotRequest<'a> {
     pub owner: &'a str,
     /// The slots it wants.
     pub slots: &'a [SlotId],
-    /// Lease length.
+    /// Lease length: a granted slot is the owner's until now + `ttl` unless renewed.
     pub ttl: Duration,
 }
 
@@ -209,7 +209,7 @@ impl<'a> SlotRelease<'a> {
 pub struct MemberHeartbeat<'a> {
     /// The relay process.
     pub owner: &'a str,
-    /// Membership lease length.
+    /// Membership lease length: the member counts as live until now + `ttl` unless renewed.
     pub ttl: Duration,
 }
 
@@ -262,7 +262,7 @@ pub struct PurgeRequest<'a> {
     pub batch: usize,
     /// Only rows recorded in this consumer's Inbox (`ferry_inbox`, same database).
     pub consumer: Option<&'a str>,
-    /// Only count.
+    /// Count what would be deleted, delete nothing.
     pub dry_run: bool,
 }
 
@@ -295,7 +295,9 @@ pub trait RowDispatch: Send + Sync {
         items: &'a [(ClaimToken, String)],
     ) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
-    /// `CLAIMED → PENDING`, due now, attempts unchanged (graceful shutdown).
+    /// `CLAIMED → PENDING`, due now, attempts unchanged: an [`crate::Outcome::Unknown`] item
+    /// (resent with the same id and payload) and, at graceful shutdown, every item still in
+    /// flight.
     fn release<'a>(
         &'a self,
         tokens: &'a [ClaimToken],
@@ -399,12 +401,7 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         req: &'a PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         let _ = req;
-        Box::pin(async {
-            Err(StoreError::new(
-                crate::StoreErrorKind::InvalidInput,
-                "this store does not support purge",
-            ))
-        })
+        unsupported("purge")
     }
 
     /// Capability: reconciliation at a fixed watermark.
@@ -413,12 +410,7 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         req: &'a ReconcileRequest,
     ) -> BoxFuture<'a, Result<ReconcileReport, StoreError>> {
         let _ = req;
-        Box::pin(async {
-            Err(StoreError::new(
-                crate::StoreErrorKind::InvalidInput,
-                "this store does not support reconcile",
-            ))
-        })
+        unsupported("reconcile")
     }
 
     /// Capability: a status shared between the relays of one database. Returns counts some
@@ -449,6 +441,16 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         let _ = wake;
         Box::pin(async { Ok(false) })
     }
+}
+
+/// What an optional capability a store does not offer returns: `InvalidInput`, naming it.
+fn unsupported<'a, T: Send + 'a>(capability: &'static str) -> BoxFuture<'a, Result<T, StoreError>> {
+    Box::pin(async move {
+        Err(StoreError::new(
+            crate::StoreErrorKind::InvalidInput,
+            format!("this store does not support {capability}"),
+        ))
+    })
 }
 
 /// The store traits, for `use ferry_core::store::prelude::*` where a `dyn OutboxStore` is used.

@@ -1,10 +1,18 @@
 //! The backend-independent decision: what a delivery means given the aggregate's state.
 //!
 //! Each backend implements [`Ops`] (a handful of parameterised statements on the caller's
-//! connection); [`record`] and [`accept_gap`] are written once on top of them.
+//! connection); [`record`] and [`accept_gap`] are written once on top of them, and
+//! [`entry_points!`] gives each backend module its public `record` / `accept_gap`.
+//!
+//! The `Ops` impls themselves stay per backend although some statements read alike (MariaDB
+//! and SQLite share `?` placeholders): the SQL differs where it matters (conflict handling,
+//! locking reads, who supplies timestamps), and one generic impl would need sqlx `Executor`,
+//! `Encode`, `Decode` and `IntoArguments` bounds for every bind and column, more text than the
+//! statements it would share.
 use ferry_core::now_micros;
+use sqlx::{Database, Encode, QueryBuilder, Type};
 
-use crate::{Baseline, Delivery, GapPolicy, InboxConfig, InboxError, Verdict};
+use crate::{Baseline, Delivery, GapInfo, GapPolicy, InboxConfig, InboxError, Verdict};
 
 /// The tracked state of one `(consumer, aggregate)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +23,29 @@ pub(crate) struct AggState {
     pub(crate) max_seen: i64,
     /// Since when a gap is open (µs), `None` when `max_seen <= upto`.
     pub(crate) gap_since_us: Option<i64>,
+}
+
+impl AggState {
+    /// Moves the contiguous mark to `through`, then over the versions in `recorded_above`
+    /// (recorded above `through`, ascending) that follow it without a hole, and opens or closes
+    /// the gap to match: a gap is open while a version above the mark has been seen.
+    fn mark_through(&mut self, through: i64, recorded_above: &[i64]) {
+        let mut upto = through;
+        for &x in recorded_above {
+            if x == upto + 1 {
+                upto = x;
+            } else if x > upto + 1 {
+                break;
+            }
+        }
+        self.upto = upto;
+        self.max_seen = self.max_seen.max(upto);
+        self.gap_since_us = if self.max_seen > self.upto {
+            self.gap_since_us.or(Some(now_micros()))
+        } else {
+            None
+        };
+    }
 }
 
 /// The statements a backend provides. Every method runs on the caller's transaction.
@@ -92,24 +123,13 @@ pub(crate) async fn record<C: Ops>(
         });
     }
     if v == expected {
-        let mut upto = v;
-        if agg.max_seen > v {
-            // versions recorded ahead of the gap this delivery closes (Report)
-            for x in c.recorded_above(consumer, agg_id, v).await? {
-                if x == upto + 1 {
-                    upto = x;
-                } else if x > upto + 1 {
-                    break;
-                }
-            }
-        }
-        agg.upto = upto;
-        agg.max_seen = agg.max_seen.max(upto);
-        agg.gap_since_us = if agg.max_seen > agg.upto {
-            agg.gap_since_us.or(Some(now_micros()))
+        // versions recorded ahead of the gap this delivery closes (Report)
+        let ahead = if agg.max_seen > v {
+            c.recorded_above(consumer, agg_id, v).await?
         } else {
-            None
+            Vec::new()
         };
+        agg.mark_through(v, &ahead);
         c.store_aggregate(consumer, agg_id, &agg).await?;
         return Ok(Verdict::New);
     }
@@ -152,23 +172,71 @@ pub(crate) async fn accept_gap<C: Ops>(
     if through <= agg.upto {
         return Ok(agg.upto);
     }
-    let mut upto = through;
-    for x in c.recorded_above(consumer, aggregate_id, through).await? {
-        if x == upto + 1 {
-            upto = x;
-        } else if x > upto + 1 {
-            break;
-        }
-    }
-    tracing::warn!(consumer = %consumer, aggregate_id = %aggregate_id, from = agg.upto,
-        through, applied_upto = upto, "inbox: operator accepted a version gap");
-    agg.upto = upto;
-    agg.max_seen = agg.max_seen.max(upto);
-    agg.gap_since_us = if agg.max_seen > agg.upto {
-        agg.gap_since_us.or(Some(now_micros()))
-    } else {
-        None
-    };
+    let ahead = c.recorded_above(consumer, aggregate_id, through).await?;
+    let from = agg.upto;
+    agg.mark_through(through, &ahead);
+    tracing::warn!(consumer = %consumer, aggregate_id = %aggregate_id, from,
+        through, applied_upto = agg.upto, "inbox: operator accepted a version gap");
     c.store_aggregate(consumer, aggregate_id, &agg).await?;
-    Ok(upto)
+    Ok(agg.upto)
 }
+
+/// The `ferry_inbox_aggregate` columns `(aggregate_id, applied_upto, max_seen, gap_since_us)`
+/// of a row with an open gap, as [`GapInfo`].
+pub(crate) fn gap_info(
+    (aggregate_id, applied_upto, max_seen, since_micros): (String, i64, i64, i64),
+) -> GapInfo {
+    GapInfo {
+        aggregate_id,
+        applied_upto,
+        max_seen,
+        since_micros,
+    }
+}
+
+/// `SELECT event_id FROM ferry_inbox WHERE consumer = ? AND event_id IN (?, …)`, one bind per
+/// id: the statement of `consumed` on the backends without array binds (MariaDB, SQLite).
+pub(crate) fn consumed_in<'a, DB, S>(consumer: &'a str, ids: &'a [S]) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    S: AsRef<str>,
+{
+    let mut qb = QueryBuilder::new("SELECT event_id FROM ferry_inbox WHERE consumer = ");
+    qb.push_bind(consumer).push(" AND event_id IN (");
+    let mut list = qb.separated(", ");
+    for id in ids {
+        list.push_bind(id.as_ref());
+    }
+    qb.push(")");
+    qb
+}
+
+/// Defines a backend module's public `record` and `accept_gap` on its connection type `$conn`
+/// (which implements [`Ops`]): the same decision for every backend, with a concrete signature
+/// so that callers pass `&mut *tx` of their own sqlx transaction.
+macro_rules! entry_points {
+    ($conn:ty) => {
+        /// Records `delivery` inside the caller's transaction (`&mut *tx`) and returns what to
+        /// do; see [`Verdict`](crate::Verdict). On `Err`, roll the transaction back.
+        pub async fn record(
+            conn: &mut $conn,
+            config: &$crate::InboxConfig,
+            delivery: &$crate::Delivery,
+        ) -> Result<$crate::Verdict, $crate::InboxError> {
+            $crate::engine::record(conn, config, delivery).await
+        }
+
+        /// Operator repair inside the caller's transaction: versions up to `through` of
+        /// `aggregate_id` count as done for `consumer`. Returns the new contiguous mark.
+        pub async fn accept_gap(
+            conn: &mut $conn,
+            consumer: &str,
+            aggregate_id: &str,
+            through: i64,
+        ) -> Result<i64, $crate::InboxError> {
+            $crate::engine::accept_gap(conn, consumer, aggregate_id, through).await
+        }
+    };
+}
+pub(crate) use entry_points;

@@ -10,19 +10,28 @@
 //!   [`Verdict::New`] (apply the effect in the same transaction and commit) or
 //!   [`Verdict::Duplicate`] (skip the effect). Because the record and the effect share one
 //!   local transaction, either both commit or neither does: a rolled-back consumer transaction
-//!   leaves no inbox row, and the redelivery is `New` again.
+//!   leaves no inbox row, and the redelivery is `New` again. Tests (`tests/inbox_conformance.rs`,
+//!   every backend): `duplicate_applies_effect_once`, `rollback_leaves_no_record`,
+//!   `consumers_are_independent`.
 //! * Two transactions delivering the same event at once never both get `New`: the second one
 //!   waits on the first's uncommitted key (or, with gap detection on, on the aggregate's row
 //!   lock) and then gets `Duplicate` when the first commits, `New` when it rolled back, or — at
 //!   `REPEATABLE READ`/`SERIALIZABLE` on PostgreSQL, or on a deadlock — a retryable error
-//!   ([`InboxError::is_transient`]). After **any** error, roll the transaction back.
+//!   ([`InboxError::is_transient`]). After **any** error, roll the transaction back. Tests:
+//!   `concurrent_delivery_waits_for_the_first`, `racing_deliveries_apply_once`,
+//!   `concurrent_versions_of_one_aggregate`.
 //! * With gap detection on ([`GapPolicy::Report`] or [`GapPolicy::HoldBack`]), each delivery
 //!   also locks `ferry_inbox_aggregate (consumer, aggregate_id)`, which stores the highest
 //!   version applied contiguously (`applied_upto`). v(n+1) arriving before v(n) is
 //!   [`Verdict::Gap`] (recorded, apply it if your projection tolerates it) under `Report`, and
 //!   [`Verdict::Early`] (nothing recorded, do not apply, have it redelivered) under `HoldBack`.
 //!   [`gaps`](Inbox::gaps) lists aggregates with an open gap; [`accept_gap`](Inbox::accept_gap)
-//!   is the operator's repair when a missing version will never come.
+//!   is the operator's repair when a missing version will never come. The decision is written
+//!   once for every backend (`engine.rs`, `record` over each backend's statements). Tests:
+//!   `gap_is_reported_and_closes`, `gap_is_held_back_until_the_predecessor`,
+//!   `accept_gap_repairs_a_lost_version`, `first_seen_baseline_starts_mid_stream`.
+//! * Invalid input ([`Delivery::validate`]: empty or over-long ids, a version below 1 when gaps
+//!   are tracked) is refused before any statement runs. Test: `bad_input_writes_nothing`.
 //! * [`Inbox::apply_once`] is the whole pattern in one call on a pool: begin, record, run the
 //!   effect closure only when the verdict says so, commit.
 //!
@@ -50,7 +59,8 @@
 //! own table `ferry_inbox_migrations` (independent of the outbox's `ferry_schema_migrations`,
 //! so a consumer database needs no outbox). Migrations apply under the same kind of lock as
 //! the store's: a transaction-scoped advisory lock keyed by schema on PostgreSQL, `GET_LOCK`
-//! keyed by database on MariaDB/MySQL, `BEGIN IMMEDIATE` on SQLite. Table names are fixed;
+//! keyed by database on MariaDB/MySQL, `BEGIN IMMEDIATE` on SQLite (tests
+//! `concurrent_migrations_apply_once`, `fresh_concurrent_migrations`). Table names are fixed;
 //! every value is a bind parameter.
 //!
 //! # Backend notes
@@ -60,7 +70,8 @@
 //!   (classified retryable).
 //! * MariaDB/MySQL: correct at `READ COMMITTED` and at the default `REPEATABLE READ` (the
 //!   inbox reads its own rows only with locking reads, which see the latest committed data).
-#![warn(missing_docs, unreachable_pub)]
+#![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
@@ -395,7 +406,7 @@ impl InboxPool {
         })
     }
 
-    /// The backend.
+    /// Which database the pool is connected to.
     pub fn backend(&self) -> Backend {
         match self {
             Self::Postgres(_) => Backend::Postgres,
@@ -453,12 +464,12 @@ impl Inbox {
         Ok(inbox)
     }
 
-    /// The pool.
+    /// The pool the inbox runs on, e.g. to open a consumer transaction by hand.
     pub fn pool(&self) -> &InboxPool {
         &self.pool
     }
 
-    /// The config.
+    /// The gap policy and baseline every `apply_once` records with.
     pub fn config(&self) -> &InboxConfig {
         &self.config
     }

@@ -13,32 +13,13 @@
 //! (`LOCK IN SHARE MODE`), which sees the latest committed rows even under `REPEATABLE READ`.
 use std::collections::{BTreeMap, HashSet};
 
-use sqlx::{MySql, MySqlConnection, QueryBuilder};
+use sqlx::{MySql, MySqlConnection};
 
 use crate::engine::{self, AggState, Ops};
 use crate::error::{db_err, is_unique_violation};
-use crate::{Delivery, GapInfo, InboxConfig, InboxError, Verdict, MIGRATIONS_MYSQL};
+use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_MYSQL};
 
-/// Records `delivery` inside the caller's transaction (`&mut *tx`) and returns what to do;
-/// see [`Verdict`]. On `Err`, roll the transaction back.
-pub async fn record(
-    conn: &mut MySqlConnection,
-    config: &InboxConfig,
-    delivery: &Delivery,
-) -> Result<Verdict, InboxError> {
-    engine::record(conn, config, delivery).await
-}
-
-/// Operator repair inside the caller's transaction: versions up to `through` of
-/// `aggregate_id` count as done for `consumer`. Returns the new contiguous mark.
-pub async fn accept_gap(
-    conn: &mut MySqlConnection,
-    consumer: &str,
-    aggregate_id: &str,
-    through: i64,
-) -> Result<i64, InboxError> {
-    engine::accept_gap(conn, consumer, aggregate_id, through).await
-}
+engine::entry_points!(MySqlConnection);
 
 /// The subset of `event_ids` recorded (effect committed) for `consumer`.
 pub async fn consumed<S: AsRef<str>>(
@@ -49,15 +30,7 @@ pub async fn consumed<S: AsRef<str>>(
     let mut out = HashSet::new();
     // 1 000 placeholders per statement: well under the protocol's 65 535.
     for chunk in event_ids.chunks(1_000) {
-        let mut qb: QueryBuilder<MySql> =
-            QueryBuilder::new("SELECT event_id FROM ferry_inbox WHERE consumer = ");
-        qb.push_bind(consumer).push(" AND event_id IN (");
-        let mut ids = qb.separated(", ");
-        for id in chunk {
-            ids.push_bind(id.as_ref());
-        }
-        qb.push(")");
-        let rows: Vec<Vec<u8>> = qb
+        let rows: Vec<Vec<u8>> = engine::consumed_in::<MySql, _>(consumer, chunk)
             .build_query_scalar()
             .fetch_all(&mut *conn)
             .await
@@ -91,14 +64,7 @@ pub async fn gaps(conn: &mut MySqlConnection, consumer: &str) -> Result<Vec<GapI
     .map_err(|e| db_err("gaps", e))?;
     Ok(rows
         .into_iter()
-        .map(
-            |(aggregate_id, applied_upto, max_seen, since_micros)| GapInfo {
-                aggregate_id: text(aggregate_id),
-                applied_upto,
-                max_seen,
-                since_micros,
-            },
-        )
+        .map(|(id, upto, max_seen, since)| engine::gap_info((text(id), upto, max_seen, since)))
         .collect())
 }
 

@@ -11,28 +11,9 @@ use sqlx::PgConnection;
 
 use crate::engine::{self, AggState, Ops};
 use crate::error::db_err;
-use crate::{Delivery, GapInfo, InboxConfig, InboxError, Verdict, MIGRATIONS_POSTGRES};
+use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_POSTGRES};
 
-/// Records `delivery` inside the caller's transaction (`&mut *tx`) and returns what to do;
-/// see [`Verdict`]. On `Err`, roll the transaction back.
-pub async fn record(
-    conn: &mut PgConnection,
-    config: &InboxConfig,
-    delivery: &Delivery,
-) -> Result<Verdict, InboxError> {
-    engine::record(conn, config, delivery).await
-}
-
-/// Operator repair inside the caller's transaction: versions up to `through` of
-/// `aggregate_id` count as done for `consumer`. Returns the new contiguous mark.
-pub async fn accept_gap(
-    conn: &mut PgConnection,
-    consumer: &str,
-    aggregate_id: &str,
-    through: i64,
-) -> Result<i64, InboxError> {
-    engine::accept_gap(conn, consumer, aggregate_id, through).await
-}
+engine::entry_points!(PgConnection);
 
 /// The subset of `event_ids` recorded (effect committed) for `consumer`.
 pub async fn consumed<S: AsRef<str>>(
@@ -77,17 +58,7 @@ pub async fn gaps(conn: &mut PgConnection, consumer: &str) -> Result<Vec<GapInfo
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| db_err("gaps", e))?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(aggregate_id, applied_upto, max_seen, since_micros)| GapInfo {
-                aggregate_id,
-                applied_upto,
-                max_seen,
-                since_micros,
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(engine::gap_info).collect())
 }
 
 /// Applies pending inbox migrations in one transaction under

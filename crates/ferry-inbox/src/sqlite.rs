@@ -9,32 +9,13 @@
 use std::collections::{BTreeMap, HashSet};
 
 use ferry_core::now_micros;
-use sqlx::{QueryBuilder, Sqlite, SqliteConnection};
+use sqlx::{Sqlite, SqliteConnection};
 
 use crate::engine::{self, AggState, Ops};
 use crate::error::db_err;
-use crate::{Delivery, GapInfo, InboxConfig, InboxError, Verdict, MIGRATIONS_SQLITE};
+use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_SQLITE};
 
-/// Records `delivery` inside the caller's transaction (`&mut *tx`) and returns what to do;
-/// see [`Verdict`]. On `Err`, roll the transaction back.
-pub async fn record(
-    conn: &mut SqliteConnection,
-    config: &InboxConfig,
-    delivery: &Delivery,
-) -> Result<Verdict, InboxError> {
-    engine::record(conn, config, delivery).await
-}
-
-/// Operator repair inside the caller's transaction: versions up to `through` of
-/// `aggregate_id` count as done for `consumer`. Returns the new contiguous mark.
-pub async fn accept_gap(
-    conn: &mut SqliteConnection,
-    consumer: &str,
-    aggregate_id: &str,
-    through: i64,
-) -> Result<i64, InboxError> {
-    engine::accept_gap(conn, consumer, aggregate_id, through).await
-}
+engine::entry_points!(SqliteConnection);
 
 /// The subset of `event_ids` recorded (effect committed) for `consumer`.
 pub async fn consumed<S: AsRef<str>>(
@@ -45,15 +26,7 @@ pub async fn consumed<S: AsRef<str>>(
     let mut out = HashSet::new();
     // 1 000 placeholders per statement: under SQLite's 32 766 host-parameter limit.
     for chunk in event_ids.chunks(1_000) {
-        let mut qb: QueryBuilder<Sqlite> =
-            QueryBuilder::new("SELECT event_id FROM ferry_inbox WHERE consumer = ");
-        qb.push_bind(consumer).push(" AND event_id IN (");
-        let mut ids = qb.separated(", ");
-        for id in chunk {
-            ids.push_bind(id.as_ref());
-        }
-        qb.push(")");
-        let rows: Vec<String> = qb
+        let rows: Vec<String> = engine::consumed_in::<Sqlite, _>(consumer, chunk)
             .build_query_scalar()
             .fetch_all(&mut *conn)
             .await
@@ -85,17 +58,7 @@ pub async fn gaps(conn: &mut SqliteConnection, consumer: &str) -> Result<Vec<Gap
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| db_err("gaps", e))?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(aggregate_id, applied_upto, max_seen, since_micros)| GapInfo {
-                aggregate_id,
-                applied_upto,
-                max_seen,
-                since_micros,
-            },
-        )
-        .collect())
+    Ok(rows.into_iter().map(engine::gap_info).collect())
 }
 
 /// Applies pending inbox migrations inside one `BEGIN IMMEDIATE` transaction: the write lock

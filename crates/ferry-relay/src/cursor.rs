@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    new_event_id, now_micros, AdvanceResult, ClaimRequest, CursorAdvance, CursorEvent, CursorPos,
-    CursorRead, CursorStore, ExceptionKind, ExceptionOutcomes, NewException, Outcome, RetryItem,
-    SlotAdvance, SlotCursor, SlotFence, SlotId, StoreErrorKind, SLOT_COUNT,
+    new_event_id, now_micros, slots_for_worker, AdvanceResult, ClaimRequest, CursorAdvance,
+    CursorEvent, CursorPos, CursorRead, CursorStore, ExceptionKind, ExceptionOutcomes,
+    NewException, Outcome, RetryItem, SlotAdvance, SlotCursor, SlotFence, SlotId, StoreErrorKind,
+    SLOT_COUNT,
 };
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -198,12 +199,7 @@ pub(crate) async fn worker(
             // drain what is in flight, then (re)load the durable cursors of the new slot set
             drain(&ctx, &mut st, &done).await;
             reset(&mut st).await;
-            let want: Vec<SlotId> = slots_rx
-                .borrow_and_update()
-                .iter()
-                .copied()
-                .filter(|s| *s as usize % cfg.workers == w)
-                .collect();
+            let want = slots_for_worker(&slots_rx.borrow_and_update(), w, cfg.workers);
             match cs.load_cursors(&cfg.owner, &want).await {
                 Ok(cursors) => {
                     must_load = false;

@@ -120,7 +120,7 @@ pub struct Metrics {
     /// Claims that returned nothing.
     pub empty_claims: AtomicU64,
     /// Due rows claims passed over because another transaction held them (the store's
-    /// [`ferry_core::OutboxStore::rows_skipped_locked`]); meaningful only when
+    /// [`ferry_core::RowDispatch::rows_skipped_locked`]); meaningful only when
     /// `skipped_locked_known`.
     pub skipped_locked: AtomicU64,
     /// Whether the store reports `skipped_locked`.

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    now_micros, Backoff, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, DispatchMode,
-    OutboxStore, RetryItem, SlotFence, SlotId, StoreError,
+    now_micros, slots_for_worker, Backoff, CasReport, ClaimRequest, ClaimToken, ClaimedEvent,
+    DispatchMode, OutboxStore, RetryItem, SlotFence, SlotId, StoreError,
 };
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -44,7 +44,8 @@ pub struct RelayConfig {
     pub slot_ttl: Duration,
     /// Ownership heartbeat (default 5 s).
     pub heartbeat: Duration,
-    /// Poll delay after a partial or empty claim, doubling up to `poll_idle` (default 2 ms).
+    /// Pause after a partial claim or read, and the first poll delay after an empty one; empty
+    /// polls double it up to `poll_idle` (default 2 ms).
     pub poll_min: Duration,
     /// Longest poll delay when idle (default 500 ms; with PostgreSQL LISTEN/NOTIFY a commit
     /// wakes the workers earlier).
@@ -195,7 +196,9 @@ impl RelayConfig {
     }
 }
 
-/// The relay engine.
+/// The relay engine: a validated [`RelayConfig`] over one store and one sink. [`Relay::run`]
+/// owns slots, runs the shard workers in the configured (or the store's preferred) dispatch
+/// mode and drains on cancel.
 pub struct Relay {
     store: Arc<dyn OutboxStore>,
     sink: Arc<dyn Sink>,
@@ -228,7 +231,8 @@ impl Ctx {
 }
 
 impl Relay {
-    /// A relay over `store` and `sink`.
+    /// A relay over `store` and `sink`; refuses a configuration [`RelayConfig::validate`]
+    /// rejects.
     pub fn new(
         store: Arc<dyn OutboxStore>,
         sink: Arc<dyn Sink>,
@@ -251,7 +255,7 @@ impl Relay {
         self
     }
 
-    /// The metrics.
+    /// The registry this relay counts into (shared with the metrics endpoint).
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
     }
@@ -532,12 +536,7 @@ async fn worker(
             }
             continue;
         }
-        let slots: Vec<SlotId> = slots_rx
-            .borrow_and_update()
-            .iter()
-            .copied()
-            .filter(|s| *s as usize % cfg.workers == w)
-            .collect();
+        let slots = slots_for_worker(&slots_rx.borrow_and_update(), w, cfg.workers);
         if slots.is_empty() {
             tokio::select! {
                 _ = slots_rx.changed() => {}

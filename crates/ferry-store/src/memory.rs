@@ -47,6 +47,12 @@
 //!
 //! Memory grows with every row ever enqueued (`SENT` rows stay readable through
 //! [`OutboxStore::record`], as in a table) until [`OutboxStore::purge_sent`] drops old ones.
+//!
+//! [`OutboxStore`]: ferry_core::OutboxStore
+//! [`OutboxStore::listen_commits`]: ferry_core::OutboxStore::listen_commits
+//! [`OutboxStore::purge_sent`]: ferry_core::OutboxStore::purge_sent
+//! [`OutboxStore::reconcile`]: ferry_core::OutboxStore::reconcile
+//! [`OutboxStore::record`]: ferry_core::OperatorActions::record
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI64, Ordering};

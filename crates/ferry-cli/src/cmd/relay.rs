@@ -72,7 +72,8 @@ pub struct RelayArgs {
     /// Kafka bootstrap servers [default: {sink.brokers}] (sink.brokers).
     #[arg(long, env = "FERRY_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
-    /// Kafka message.timeout.ms as a duration [default: {sink.message_timeout}]
+    /// Kafka message.timeout.ms as a duration, in row dispatch (cursor dispatch sets no local
+    /// timeout, so that a timed-out record cannot leave a gap) [default: {sink.message_timeout}]
     /// (sink.message_timeout).
     #[arg(long, env = "FERRY_KAFKA_MESSAGE_TIMEOUT")]
     pub kafka_message_timeout: Option<String>,

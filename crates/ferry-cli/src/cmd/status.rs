@@ -40,8 +40,9 @@ pub async fn run(
         Some(cs) => (cs.dispatch_mode().await?, Some(cs.horizon().await?)),
         None => (ferry_core::DispatchMode::Row, None),
     };
-    // In cursor dispatch an open write transaction holds back every intent committed after it
-    // started (PostgreSQL's snapshot horizon).
+    // In cursor dispatch an open write transaction delays reads: on PostgreSQL its own intents
+    // wait for its commit and every read re-walks what was committed since it began; behind
+    // MariaDB's commit gate every intent committed after it began waits for it.
     let blocker = horizon
         .as_ref()
         .filter(|_| mode == ferry_core::DispatchMode::Cursor)
@@ -53,22 +54,27 @@ pub async fn run(
         let age = Duration::from_micros(age_us.max(0) as u64);
         if age >= warn {
             level = level.max(if age >= crit { 3 } else { 2 });
+            let (id, effect) = if store.backend() == "postgres" {
+                ("pid", "its own intents wait for its commit, and every cursor read re-walks what was committed since it began")
+            } else {
+                ("connection", "intents committed since it began wait for it")
+            };
             reasons.push(format!(
-                "an open write transaction (pid {pid}) has held the cursor horizon back for {:.0}s: intents committed since it began wait for it",
+                "an open write transaction ({id} {pid}) has held the cursor horizon back for {:.0}s: {effect}",
                 age.as_secs_f64()
             ));
         }
     }
     if let Some(age) = age {
         if age >= crit {
-            level = 3;
+            level = level.max(3);
             reasons.push(format!(
                 "oldest unsent intent is {:.0}s old (critical at {:.0}s)",
                 age.as_secs_f64(),
                 crit.as_secs_f64()
             ));
         } else if age >= warn {
-            level = 2;
+            level = level.max(2);
             reasons.push(format!(
                 "oldest unsent intent is {:.0}s old (warning at {:.0}s)",
                 age.as_secs_f64(),

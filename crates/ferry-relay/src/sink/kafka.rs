@@ -114,7 +114,8 @@ impl KafkaConfig {
     }
 }
 
-/// The Kafka sink.
+/// The Kafka sink: one idempotent producer (`acks=all`) whose per-record delivery reports
+/// become per-item [`Outcome`]s (table above); recreated after a fatal producer error.
 pub struct KafkaSink {
     config: KafkaConfig,
     producer: RwLock<Arc<FutureProducer>>,
