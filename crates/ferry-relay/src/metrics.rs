@@ -75,7 +75,7 @@ pub const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
 /// Their `quantile` label values.
 const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
-/// Alert thresholds (from the seed's operating targets), exposed with the metrics so alert rules
+/// Alert thresholds (defaults: 99.9 % within 30 s, warn at 5 min, critical at 1 h), exposed with the metrics so alert rules
 /// and `ferry status` share one definition.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AlertThresholds {
