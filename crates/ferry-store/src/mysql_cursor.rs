@@ -394,22 +394,7 @@ impl CursorStore for MyStore {
                     .push_bind(horizon)
                     .push(" AND o.shard_slot IN (");
                 push_list(&mut qb, from.keys().map(|s| *s as i16));
-                qb.push(")");
-                if from.values().any(|p| *p != min) {
-                    // Slots at different positions (one held back behind a busy aggregate, say):
-                    // each row must be past its own slot's position *before* the limit counts it.
-                    // Filtered after the limit, a slot far behind the others filled the limit
-                    // with rows they had passed, and every read returned few rows of its own.
-                    qb.push(" AND o.seq > CASE o.shard_slot");
-                    for (slot, pos) in &from {
-                        qb.push(" WHEN ")
-                            .push_bind(*slot as i16)
-                            .push(" THEN ")
-                            .push_bind(*pos);
-                    }
-                    qb.push(" END");
-                }
-                qb.push(" AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ")
+                qb.push(") AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ")
                     .push_bind(req.limit as i64);
                 qb.build()
                     .fetch_all(self.pool())
@@ -428,8 +413,6 @@ impl CursorStore for MyStore {
             } else {
                 CursorPos::new(0, horizon.max(min))
             };
-            // (the statement already left out rows at or below their slot's position; this
-            // filter only restates it)
             let events = rows
                 .iter()
                 .filter(|r| {
