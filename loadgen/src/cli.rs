@@ -306,6 +306,11 @@ pub struct Args {
     #[arg(long, value_parser = parse_duration)]
     pub read_linger: Option<Duration>,
 
+    /// The Kafka sink's `linger.ms` (`ferry relay --kafka-linger`; fractions such as 0.2ms are
+    /// kept) [default: the relay's].
+    #[arg(long, value_parser = parse_duration)]
+    pub kafka_linger: Option<Duration>,
+
     /// First run the same producers flat out (ignoring --rate) with no relay, and state relay
     /// throughput as a ratio of that producer-only ceiling.
     #[arg(long)]

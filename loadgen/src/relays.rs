@@ -46,6 +46,8 @@ pub struct RelaySpec {
     pub poll_min: Option<std::time::Duration>,
     /// The relay's `read_linger`, when set.
     pub read_linger: Option<std::time::Duration>,
+    /// The Kafka sink's `linger.ms`, when set.
+    pub kafka_linger: Option<std::time::Duration>,
     /// Sink kind.
     pub sink: SinkKind,
     /// The `ferry` binary (process mode).
@@ -264,7 +266,8 @@ impl Relays {
                 };
                 for k in 0..spec.relays {
                     let (store, pool_handle) = db.open_store(pool, spec.measure_contention).await?;
-                    let mut sink = make_sink(spec.sink, kafka_brokers, spec.dispatch)?;
+                    let mut sink =
+                        make_sink(spec.sink, kafka_brokers, spec.dispatch, spec.kafka_linger)?;
                     if let Some(check) = &check {
                         sink = Arc::new(CheckedSink {
                             inner: sink,
@@ -329,6 +332,9 @@ impl Relays {
                 }
                 if let Some(l) = spec.read_linger {
                     args.push(format!("--read-linger={}ms", l.as_millis()));
+                }
+                if let Some(l) = spec.kafka_linger {
+                    args.push(format!("--kafka-linger={}ms", l.as_secs_f64() * 1000.0));
                 }
                 if let Some(b) = kafka_brokers {
                     args.push("--kafka-brokers".to_string());
@@ -672,7 +678,12 @@ fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-fn make_sink(kind: SinkKind, brokers: Option<&str>, dispatch: Dispatch) -> Result<Arc<dyn Sink>> {
+fn make_sink(
+    kind: SinkKind,
+    brokers: Option<&str>,
+    dispatch: Dispatch,
+    kafka_linger: Option<std::time::Duration>,
+) -> Result<Arc<dyn Sink>> {
     Ok(match kind {
         SinkKind::Null => Arc::new(NullSink),
         SinkKind::Stdout => Arc::new(StdoutSink),
@@ -683,6 +694,7 @@ fn make_sink(kind: SinkKind, brokers: Option<&str>, dispatch: Dispatch) -> Resul
                 brokers: brokers.to_string(),
                 // cursor mode has several versions of one key in flight: no gaps allowed
                 ordered: dispatch == Dispatch::Cursor,
+                linger: kafka_linger.unwrap_or(KafkaConfig::default().linger),
                 ..KafkaConfig::default()
             })
             .map_err(|e| Error::Kafka(e.to_string()))?;

@@ -128,6 +128,7 @@ impl RunSpec {
                 in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
                 poll_min: a.poll_min,
                 read_linger: a.read_linger,
+                kafka_linger: a.kafka_linger,
                 sink: a.sink,
                 ferry_bin: a.ferry_bin.clone(),
                 extra_args: a.relay_args.clone(),

@@ -100,7 +100,11 @@ impl KafkaConfig {
                 "message.timeout.ms",
                 self.message_timeout.as_millis().to_string(),
             )
-            .set("linger.ms", self.linger.as_millis().to_string())
+            // librdkafka takes a fractional linger.ms: keep sub-millisecond settings
+            .set(
+                "linger.ms",
+                (self.linger.as_secs_f64() * 1000.0).to_string(),
+            )
             .set("queue.buffering.max.messages", "1000000")
             .set("batch.num.messages", "10000");
         if self.ordered {
