@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{now_micros, NewEvent};
-use ferry_relay::verify::COMMIT_TS_HEADER;
+use ferry_testkit::verify::COMMIT_TS_HEADER;
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

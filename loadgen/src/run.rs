@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_relay::ownership::desired_slots;
-use ferry_relay::verify::Verifier;
 use ferry_store::redact_url;
+use ferry_testkit::verify::Verifier;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use tokio::task::JoinHandle;

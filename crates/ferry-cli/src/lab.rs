@@ -14,10 +14,10 @@ use ferry_core::{
     ClaimRequest, ClaimToken, ClaimedEvent, EventState, NewEvent, OutboxStore, Outcome, RetryItem,
 };
 use ferry_inbox::{Conn, Delivery, Inbox, InboxConfig, Verdict};
-use ferry_relay::embedded::EmbeddedKafka;
 use ferry_relay::{KafkaConfig, KafkaSink, Sink};
-use ferry_store::testkit::TestDb;
 use ferry_store::{Backend, ConnectOptions};
+use ferry_testkit::embedded::EmbeddedKafka;
+use ferry_testkit::TestDb;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};

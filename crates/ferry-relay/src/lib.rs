@@ -9,13 +9,11 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod cursor;
-pub mod embedded;
 pub mod metrics;
 pub mod ownership;
 mod relay;
 pub mod route;
 pub mod sink;
-pub mod verify;
 
 pub use metrics::Metrics;
 pub use relay::{

@@ -30,7 +30,6 @@ pub mod postgres;
 mod postgres_cursor;
 pub mod sqlite;
 mod sqlite_cursor;
-pub mod testkit;
 
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 pub use ops::validate_identifier;

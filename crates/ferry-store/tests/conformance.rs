@@ -1,63 +1,17 @@
 //! The store conformance suite: every test runs against SQLite, PostgreSQL and MariaDB, and
 //! every test that does not need SQL also against the in-memory store.
 //!
-//! Each test gets its own database (see `ferry_store::testkit`), so tests run in parallel.
+//! Each test gets its own database (see `ferry_testkit::TestDb`), so tests run in parallel.
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventRecord, EventState, NewEvent,
-    OutboxStore, RetryItem, SlotFence, SLOT_COUNT,
+    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore,
+    RetryItem, SlotFence, SLOT_COUNT,
 };
-use ferry_store::memory::MemoryStore;
-use ferry_store::testkit::TestDb;
-
-/// The database of a test that runs on every store: a SQL [`TestDb`] or the in-memory store.
-/// Tests that need SQL itself (business transactions, reopening, triggers, migrations, the
-/// Inbox table) take a [`TestDb`] and run on the SQL backends only.
-struct Db {
-    store: Arc<dyn OutboxStore>,
-    sql: Option<TestDb>,
-    memory: Option<Arc<MemoryStore>>,
-}
-
-impl From<TestDb> for Db {
-    fn from(db: TestDb) -> Self {
-        Self {
-            store: db.store.clone(),
-            sql: Some(db),
-            memory: None,
-        }
-    }
-}
-
-impl Db {
-    fn memory() -> Self {
-        let m = Arc::new(MemoryStore::new());
-        Self {
-            store: m.clone(),
-            sql: None,
-            memory: Some(m),
-        }
-    }
-
-    /// The SQL database, for the parts of a test that only exist there.
-    fn sql(&self) -> Option<&TestDb> {
-        self.sql.as_ref()
-    }
-
-    /// Counts outbox rows behind the store's back: `SELECT COUNT(*) FROM {sql_from_where}` on
-    /// SQL, `keep` over every row on the in-memory store (the same filter, written twice).
-    async fn count(&self, sql_from_where: &str, keep: impl Fn(&EventRecord) -> bool) -> i64 {
-        match (&self.sql, &self.memory) {
-            (Some(db), _) => db.count(sql_from_where).await,
-            (None, Some(m)) => m.records().iter().filter(|r| keep(r)).count() as i64,
-            (None, None) => unreachable!("a Db has a store"),
-        }
-    }
-}
+use ferry_testkit::{AnyDb, TestDb};
 
 fn all_slots() -> Vec<u16> {
     (0..SLOT_COUNT).collect()
@@ -153,7 +107,7 @@ async fn committed_intent_visible_after_reconnect(db: TestDb) {
     assert_eq!(got[0].token.event_id, "e-7-1");
 }
 
-async fn stale_claim_is_fenced(db: Db) {
+async fn stale_claim_is_fenced(db: AnyDb) {
     db.store.enqueue(&[ev("order-7", 1)]).await.unwrap();
     // Bring claim_version to 11 so A's claim is term 12, as in the seed.
     for _ in 0..11 {
@@ -225,7 +179,7 @@ async fn stale_claim_is_fenced(db: Db) {
 
 /// A stale token and the live token of the same row in one outcome batch: only the live one
 /// applies; the report must not credit the stale one because its row was updated.
-async fn stale_and_live_token_of_one_row_in_one_batch(db: Db) {
+async fn stale_and_live_token_of_one_row_in_one_batch(db: AnyDb) {
     db.store.enqueue(&[ev("twice", 1)]).await.unwrap();
     let a = db
         .store
@@ -280,7 +234,7 @@ async fn stale_and_live_token_of_one_row_in_one_batch(db: Db) {
     assert_eq!(rec.state, EventState::Pending);
 }
 
-async fn batch_with_mixed_outcomes_confirms_only_acked(db: Db) {
+async fn batch_with_mixed_outcomes_confirms_only_acked(db: AnyDb) {
     let evs: Vec<NewEvent> = (0..5).map(|i| ev(&format!("agg-{i}"), 1)).collect();
     db.store.enqueue(&evs).await.unwrap();
     let c = db.store.claim(&req(10, LONG)).await.unwrap();
@@ -351,7 +305,7 @@ async fn batch_with_mixed_outcomes_confirms_only_acked(db: Db) {
 
 // ---------------------------------------------------------------- ordering
 
-async fn predecessor_blocks_successors(db: Db) {
+async fn predecessor_blocks_successors(db: AnyDb) {
     db.store
         .enqueue(&[ev("A", 1), ev("A", 2), ev("A", 3), ev("B", 1)])
         .await
@@ -439,7 +393,7 @@ async fn predecessor_blocks_successors(db: Db) {
 
 /// Many claimers race over interleaved versions; every claim of v(n) must come after v(n-1)'s
 /// ack started.
-async fn predecessor_rule_under_concurrency(db: Db) {
+async fn predecessor_rule_under_concurrency(db: AnyDb) {
     let aggs = 8;
     let versions = 40;
     let mut evs = Vec::new();
@@ -519,7 +473,7 @@ async fn predecessor_rule_under_concurrency(db: Db) {
 
 /// 8 claimers over 20,000 events on many aggregates: no event held by two live tokens, none
 /// lost, every event SENT exactly once under a valid token.
-async fn concurrent_claimers_deliver_each_event_once(db: Db) {
+async fn concurrent_claimers_deliver_each_event_once(db: AnyDb) {
     let aggs = 2000;
     let versions = 10;
     let total = aggs * versions;
@@ -649,7 +603,7 @@ async fn claims_count_rows_skipped_as_locked(db: TestDb) {
 
 // ---------------------------------------------------------------- leases and lost commits
 
-async fn lease_expiry_and_takeover(db: Db) {
+async fn lease_expiry_and_takeover(db: AnyDb) {
     db.store.enqueue(&[ev("X", 1)]).await.unwrap();
     let a = db
         .store
@@ -696,7 +650,7 @@ async fn lease_expiry_and_takeover(db: Db) {
     );
 }
 
-async fn lost_claim_commit_is_recovered_by_claim_id(db: Db) {
+async fn lost_claim_commit_is_recovered_by_claim_id(db: AnyDb) {
     db.store.enqueue(&[ev("L", 1), ev("M", 1)]).await.unwrap();
     let r = req(10, Duration::from_millis(300));
     let claim_id = r.claim_id.clone();
@@ -725,7 +679,7 @@ async fn lost_claim_commit_is_recovered_by_claim_id(db: Db) {
 
 // ---------------------------------------------------------------- bad input
 
-async fn bad_inputs_are_refused_and_write_nothing(db: Db) {
+async fn bad_inputs_are_refused_and_write_nothing(db: AnyDb) {
     db.store.enqueue(&[ev("order-1", 1)]).await.unwrap();
     let before = db.count("ferry_outbox", |_| true).await;
     // duplicate (aggregate, version), against the database, names both
@@ -972,7 +926,7 @@ async fn fresh_concurrent_migrations(db: TestDb) {
 
 // ---------------------------------------------------------------- slot leases
 
-async fn slot_leases_fence_claims(db: Db) {
+async fn slot_leases_fence_claims(db: AnyDb) {
     db.store.enqueue(&[ev("S", 1)]).await.unwrap();
     let slot = ferry_core::slot_for("S");
     let a = db
@@ -1090,7 +1044,7 @@ fn uuid_version(s: &str) -> Option<u8> {
 
 const INBOX_DDL: &str = "CREATE TABLE ferry_inbox (consumer VARCHAR(255) NOT NULL, event_id VARCHAR(255) NOT NULL, PRIMARY KEY (consumer, event_id))";
 
-async fn purge_deletes_only_old_sent_rows(db: Db) {
+async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
     let evs: Vec<NewEvent> = (0..5).map(|i| ev(&format!("p-{i}"), 1)).collect();
     db.store.enqueue(&evs).await.unwrap();
     let c = db.store.claim(&req(4, LONG)).await.unwrap();
@@ -1330,7 +1284,7 @@ async fn reconcile_classifies_every_intent_once(db: TestDb) {
 /// The relays' status poll: a store that shares its counts between relays (PostgreSQL) returns
 /// the stored count while it is fresher than `max_age`; every store counts afresh with
 /// `max_age` zero, and agrees with `status()`.
-async fn shared_status_is_counted_once_per_max_age(db: Db) {
+async fn shared_status_is_counted_once_per_max_age(db: AnyDb) {
     db.store
         .enqueue(&[ev("s-1", 1), ev("s-2", 1)])
         .await
@@ -1349,46 +1303,7 @@ async fn shared_status_is_counted_once_per_max_age(db: Db) {
     assert_eq!(db.store.shared_status(hour).await.unwrap().pending, 3);
 }
 
-macro_rules! conformance {
-    (everywhere: [$($any:ident),* $(,)?], sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
-        conformance!(@sql $($any,)* $($sql,)*);
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $any() {
-                super::$any(super::Db::memory()).await;
-            })*
-        }
-    };
-    (@sql $($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let db = ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
-                super::$name(db.into()).await;
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
-                let cleanup = db.cleanup_handle();
-                super::$name(db.into()).await;
-                cleanup.run().await;
-            })*
-        }
-        mod mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
-                let cleanup = db.cleanup_handle();
-                super::$name(db.into()).await;
-                cleanup.run().await;
-            })*
-        }
-    };
-}
-
-conformance!(
+ferry_testkit::backend_tests!(
     // Run on every store, the in-memory one included.
     everywhere: [
         stale_claim_is_fenced,

@@ -1,7 +1,7 @@
 //! The cursor-dispatch conformance suite: every test runs on each store with cursor dispatch
 //! (SQLite, PostgreSQL and MySQL/MariaDB).
 //!
-//! Each test gets its own database (see `ferry_store::testkit`), so tests run in parallel.
+//! Each test gets its own database (see `ferry_testkit::TestDb`), so tests run in parallel.
 use std::time::Duration;
 
 use ferry_core::{
@@ -9,7 +9,7 @@ use ferry_core::{
     DispatchMode, EventState, ExceptionKind, ExceptionOutcomes, NewEvent, NewException,
     OutboxStore, RetryItem, SlotAdvance, SlotCursor, SlotFence, SlotId, Watermark, SLOT_COUNT,
 };
-use ferry_store::testkit::TestDb;
+use ferry_testkit::TestDb;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -502,8 +502,8 @@ async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
 async fn open_transactions_hold_the_mysql_horizon(
     db: TestDb,
     cursors: Vec<SlotCursor>,
-    open: ferry_store::testkit::OpenTx,
-    rolled: ferry_store::testkit::OpenTx,
+    open: ferry_testkit::OpenTx,
+    rolled: ferry_testkit::OpenTx,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
     while tokio::time::Instant::now() < deadline {
@@ -843,33 +843,7 @@ async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
     db.cleanup().await;
 }
 
-macro_rules! cursor_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let db = ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.expect("SQLite");
-                super::$name(db).await;
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
-                super::$name(db).await;
-            })*
-        }
-        mod mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
-                super::$name(db).await;
-            })*
-        }
-    };
-}
-
-cursor_backends!(
+ferry_testkit::backend_tests!(
     read_advance_derives_sent,
     reads_are_cut_at_the_limit_and_resume,
     stale_owner_advance_is_fenced,

@@ -1,4 +1,4 @@
-//! Test support: a fresh, isolated database per test on every backend.
+//! A fresh, isolated database per test on every backend.
 //!
 //! * SQLite: a new file in a temporary directory (always available).
 //! * PostgreSQL: a new schema in `FERRY_TEST_POSTGRES_URL` (selected with `search_path`).
@@ -12,10 +12,17 @@ use std::sync::Arc;
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError};
 use sqlx::Executor;
 
-use crate::mysql::MyStore;
-use crate::postgres::PgStore;
-use crate::sqlite::SqliteStore;
-use crate::{db_err, Backend, ConnectOptions};
+use ferry_core::EventRecord;
+use ferry_store::memory::MemoryStore;
+use ferry_store::mysql::MyStore;
+use ferry_store::postgres::PgStore;
+use ferry_store::sqlite::SqliteStore;
+use ferry_store::{Backend, ConnectOptions};
+
+/// A sqlx error as a [`StoreError`] classified like the store's own.
+fn db_err(context: &str, e: sqlx::Error) -> StoreError {
+    StoreError::with_source(ferry_store::error_kind(&e), format!("{context}: {e}"), e)
+}
 
 /// One isolated test database with a migrated outbox and a demo business table `orders`.
 pub struct TestDb {
@@ -120,7 +127,7 @@ impl TestDb {
                 )
             }
             Backend::Postgres => {
-                let mut c = crate::postgres::connect_one(&admin_url).await?;
+                let mut c = ferry_store::postgres::connect_one(&admin_url).await?;
                 c.execute(format!("CREATE SCHEMA {name}").as_str())
                     .await
                     .map_err(|e| db_err("create schema", e))?;
@@ -257,7 +264,7 @@ impl TestDb {
                     .execute(&mut *tx)
                     .await
                     .map_err(store_err)?;
-                let ids = crate::$module::enqueue_many(&mut tx, events, &limits).await?;
+                let ids = ferry_store::$module::enqueue_many(&mut tx, events, &limits).await?;
                 if commit {
                     tx.commit().await.map_err(store_err)?;
                 } else {
@@ -317,7 +324,7 @@ impl TestDb {
                 tx.execute("SET LOCAL idle_in_transaction_session_timeout = '120s'")
                     .await
                     .expect("timeout");
-                crate::postgres::enqueue_many(&mut tx, events, &limits)
+                ferry_store::postgres::enqueue_many(&mut tx, events, &limits)
                     .await
                     .expect("enqueue in the open transaction");
                 Some(OpenTx::Pg(tx))
@@ -327,7 +334,7 @@ impl TestDb {
                 tx.execute("SET SESSION idle_transaction_timeout = 120")
                     .await
                     .expect("timeout");
-                crate::mysql::enqueue_many(&mut tx, events, &limits)
+                ferry_store::mysql::enqueue_many(&mut tx, events, &limits)
                     .await
                     .expect("enqueue in the open transaction");
                 Some(OpenTx::My(tx))
@@ -338,7 +345,7 @@ impl TestDb {
 
     /// A second, independent store on the same database (a new pool: "reopen the connection").
     pub async fn reopen(&self) -> Arc<dyn OutboxStore> {
-        crate::connect(
+        ferry_store::connect(
             &self.url,
             &ConnectOptions {
                 migrate: false,
@@ -377,7 +384,7 @@ impl Cleanup {
     pub async fn run(self) {
         match self.backend {
             Backend::Postgres => {
-                if let Ok(mut c) = crate::postgres::connect_one(&self.admin_url).await {
+                if let Ok(mut c) = ferry_store::postgres::connect_one(&self.admin_url).await {
                     let _ = c
                         .execute(format!("DROP SCHEMA {} CASCADE", self.name).as_str())
                         .await;
@@ -420,71 +427,49 @@ impl OpenTx {
     }
 }
 
-/// Like [`on_every_backend!`], for tests `async fn name(db: TestDb, mode: DispatchMode)`: one
-/// test per backend and dispatch mode (modules `row::{sqlite,postgres,mysql}` and
-/// `cursor::{sqlite,postgres,mysql}`).
-#[macro_export]
-macro_rules! on_every_backend_and_mode {
-    ($($name:ident),* $(,)?) => {
-        mod row {
-            $(async fn $name(db: $crate::testkit::TestDb) {
-                super::$name(db, ::ferry_core::DispatchMode::Row).await
-            })*
-            $crate::on_every_backend!($($name),*);
-        }
-        mod cursor {
-            mod sqlite {
-                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let db = $crate::testkit::TestDb::open($crate::Backend::Sqlite).await.expect("SQLite is always available");
-                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
-                })*
-            }
-            mod postgres {
-                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Postgres).await else { return };
-                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
-                })*
-            }
-            mod mysql {
-                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Mysql).await else { return };
-                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
-                })*
-            }
-        }
-    };
+/// The database of a test that runs on every store: a SQL [`TestDb`] or the in-memory store.
+/// Tests that need SQL itself (business transactions, reopening, triggers, migrations) take a
+/// [`TestDb`] and run on the SQL backends only.
+pub struct AnyDb {
+    /// The store under test.
+    pub store: Arc<dyn OutboxStore>,
+    sql: Option<TestDb>,
+    memory: Option<Arc<MemoryStore>>,
 }
 
-/// Generates one `#[tokio::test]` per backend (modules `sqlite`, `postgres`, `mysql`) for each
-/// named `async fn name(db: TestDb)` in the calling module. The server backends return early
-/// (skipped, with a printed reason) when their URL is unset, unless `FERRY_REQUIRE_DBS=1`.
-/// The calling crate needs `tokio` (with `macros`) as a dev-dependency.
-#[macro_export]
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let db = $crate::testkit::TestDb::open($crate::Backend::Sqlite).await.expect("SQLite is always available");
-                super::$name(db).await;
-            })*
+impl From<TestDb> for AnyDb {
+    fn from(db: TestDb) -> Self {
+        Self {
+            store: db.store.clone(),
+            sql: Some(db),
+            memory: None,
         }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Postgres).await else { return };
-                super::$name(db).await;
-            })*
+    }
+}
+
+impl AnyDb {
+    /// A fresh in-memory store.
+    pub fn memory() -> Self {
+        let m = Arc::new(MemoryStore::new());
+        Self {
+            store: m.clone(),
+            sql: None,
+            memory: Some(m),
         }
-        mod mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Mysql).await else { return };
-                super::$name(db).await;
-            })*
+    }
+
+    /// The SQL database, for the parts of a test that only exist there.
+    pub fn sql(&self) -> Option<&TestDb> {
+        self.sql.as_ref()
+    }
+
+    /// Counts outbox rows behind the store's back: `SELECT COUNT(*) FROM {sql_from_where}` on
+    /// SQL, `keep` over every row on the in-memory store (the same filter, written twice).
+    pub async fn count(&self, sql_from_where: &str, keep: impl Fn(&EventRecord) -> bool) -> i64 {
+        match (&self.sql, &self.memory) {
+            (Some(db), _) => db.count(sql_from_where).await,
+            (None, Some(m)) => m.records().iter().filter(|r| keep(r)).count() as i64,
+            (None, None) => unreachable!("an AnyDb has a store"),
         }
-    };
+    }
 }
