@@ -458,6 +458,11 @@ impl AnyDb {
         }
     }
 
+    /// The SQL database, if this is one.
+    pub fn into_sql(self) -> Option<TestDb> {
+        self.sql
+    }
+
     /// The SQL database, for the parts of a test that only exist there.
     pub fn sql(&self) -> Option<&TestDb> {
         self.sql.as_ref()

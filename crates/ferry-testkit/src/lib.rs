@@ -10,6 +10,8 @@
 //! * [`EmbeddedKafka`]: librdkafka's mock cluster on its own thread.
 //! * [`Verifier`]: a Kafka consumer that reads a topic back and checks duplicates and
 //!   per-aggregate order, with an optional per-message hook.
+//! * [`conformance`]: the store and cursor conformance suites as exported exercises, one
+//!   `pub async fn` per case ([`store_conformance!`] / [`cursor_conformance!`] instantiate them).
 //!
 //! Library crates take this crate only as a `[dev-dependency]` (their integration tests use
 //! it); the binaries `ferry` (for `ferry lab`) and `loadgen` depend on it normally, for the
@@ -21,6 +23,7 @@
 //! fails the test.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod conformance;
 mod db;
 pub mod embedded;
 mod macros;

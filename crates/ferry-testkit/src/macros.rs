@@ -22,6 +22,15 @@
 /// ```
 #[macro_export]
 macro_rules! backend_tests {
+    (in [$($p:tt)*] ; everywhere: [$($any:ident),* $(,)?], sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
+        $crate::backend_tests!(@sql [$($p)*] [] $($any,)* $($sql),*);
+        mod memory {
+            $crate::backend_tests!(@memory [$($p)*] $($any),*);
+        }
+    };
+    (in [$($p:tt)*] ; $($name:ident),* $(,)?) => {
+        $crate::backend_tests!(@sql [$($p)*] [] $($name),*);
+    };
     (in $($p:ident)::+ ; everywhere: [$($any:ident),* $(,)?], sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
         $crate::backend_tests!(@sql [$($p)::+] [] $($any,)* $($sql),*);
         mod memory {
