@@ -126,32 +126,10 @@ impl TestDb {
                     Some(dir),
                 )
             }
-            Backend::Postgres => {
-                let mut c = ferry_store::postgres::connect_one(&admin_url).await?;
-                c.execute(format!("CREATE SCHEMA {name}").as_str())
-                    .await
-                    .map_err(|e| db_err("create schema", e))?;
-                let sep = if admin_url.contains('?') { '&' } else { '?' };
-                (format!("{admin_url}{sep}options[search_path]={name}"), None)
-            }
-            Backend::Mysql => {
-                let pool = sqlx::MySqlPool::connect(&admin_url)
-                    .await
-                    .map_err(|e| db_err("connect to MySQL", e))?;
-                pool.execute(format!("CREATE DATABASE {name}").as_str())
-                    .await
-                    .map_err(|e| db_err("create database", e))?;
-                pool.close().await;
-                let (base, query) = match admin_url.split_once('?') {
-                    Some((b, q)) => (b.to_string(), format!("?{q}")),
-                    None => (admin_url.clone(), String::new()),
-                };
-                let base = base.trim_end_matches('/');
-                let host = match base.rfind('/') {
-                    Some(i) if i > base.find("://").map(|j| j + 2).unwrap_or(0) => &base[..i],
-                    _ => base,
-                };
-                (format!("{host}/{name}{query}"), None)
+            Backend::Postgres | Backend::Mysql => {
+                // TestDb::cleanup_handle makes its own handle
+                let (url, _) = create_namespace(backend, &admin_url, &name).await?;
+                (url, None)
             }
         };
         let kind = match backend {
@@ -372,7 +350,69 @@ impl TestDb {
     }
 }
 
-/// Drops a test schema/database; see [`TestDb::cleanup_handle`].
+/// Creates the isolated namespace `name` on the server at `admin_url`: a new PostgreSQL schema
+/// (selected with `search_path` in the returned URL, so child processes see the same tables)
+/// or a new MariaDB database. Returns the namespace's URL and the handle that drops it. SQLite
+/// has no server namespace (a new file is one): an error.
+pub async fn create_namespace(
+    backend: Backend,
+    admin_url: &str,
+    name: &str,
+) -> Result<(String, Cleanup), StoreError> {
+    let url = match backend {
+        Backend::Postgres => {
+            let mut c = ferry_store::postgres::connect_one(admin_url).await?;
+            c.execute(format!("CREATE SCHEMA {name}").as_str())
+                .await
+                .map_err(|e| db_err(&format!("create schema {name}"), e))?;
+            let _ = sqlx::Connection::close(c).await;
+            let sep = if admin_url.contains('?') { '&' } else { '?' };
+            format!("{admin_url}{sep}options[search_path]={name}")
+        }
+        Backend::Mysql => {
+            let mut c = <sqlx::MySqlConnection as sqlx::Connection>::connect(admin_url)
+                .await
+                .map_err(|e| db_err("connect to MySQL", e))?;
+            c.execute(format!("CREATE DATABASE {name}").as_str())
+                .await
+                .map_err(|e| db_err(&format!("create database {name}"), e))?;
+            let _ = sqlx::Connection::close(c).await;
+            mysql_url_with_db(admin_url, name)
+        }
+        Backend::Sqlite => {
+            return Err(StoreError::new(
+                ferry_core::StoreErrorKind::Other,
+                "SQLite has no server namespace: use a new file".to_string(),
+            ))
+        }
+    };
+    Ok((
+        url,
+        Cleanup {
+            backend,
+            admin_url: admin_url.to_string(),
+            name: name.to_string(),
+        },
+    ))
+}
+
+/// `mysql://u:p@h:3306/old?x` → `mysql://u:p@h:3306/<db>?x`.
+pub fn mysql_url_with_db(admin: &str, db: &str) -> String {
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (admin, String::new()),
+    };
+    let base = base.trim_end_matches('/');
+    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let host = match base[authority_start..].find('/') {
+        Some(i) => &base[..authority_start + i],
+        None => base,
+    };
+    format!("{host}/{db}{query}")
+}
+
+/// Drops a test schema/database; see [`TestDb::cleanup_handle`] and [`create_namespace`].
+#[derive(Debug, Clone)]
 pub struct Cleanup {
     backend: Backend,
     admin_url: String,
@@ -380,25 +420,36 @@ pub struct Cleanup {
 }
 
 impl Cleanup {
-    /// Drops it.
+    /// Drops it, ignoring failures (a test's database that cannot be dropped is left behind).
     pub async fn run(self) {
+        let _ = self.try_run().await;
+    }
+
+    /// Drops it (`IF EXISTS`: dropping twice is no error).
+    pub async fn try_run(self) -> Result<(), StoreError> {
+        let stmt = match self.backend {
+            Backend::Postgres => format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+            Backend::Mysql => format!("DROP DATABASE IF EXISTS {}", self.name),
+            Backend::Sqlite => return Ok(()),
+        };
+        let context = format!("drop {}", self.name);
         match self.backend {
             Backend::Postgres => {
-                if let Ok(mut c) = ferry_store::postgres::connect_one(&self.admin_url).await {
-                    let _ = c
-                        .execute(format!("DROP SCHEMA {} CASCADE", self.name).as_str())
-                        .await;
-                }
+                let mut c = ferry_store::postgres::connect_one(&self.admin_url).await?;
+                c.execute(stmt.as_str())
+                    .await
+                    .map_err(|e| db_err(&context, e))?;
             }
-            Backend::Mysql => {
-                if let Ok(pool) = sqlx::MySqlPool::connect(&self.admin_url).await {
-                    let _ = pool
-                        .execute(format!("DROP DATABASE {}", self.name).as_str())
-                        .await;
-                }
+            _ => {
+                let mut c = <sqlx::MySqlConnection as sqlx::Connection>::connect(&self.admin_url)
+                    .await
+                    .map_err(|e| db_err("connect to MySQL", e))?;
+                c.execute(stmt.as_str())
+                    .await
+                    .map_err(|e| db_err(&context, e))?;
             }
-            Backend::Sqlite => {}
         }
+        Ok(())
     }
 }
 
@@ -476,5 +527,26 @@ impl AnyDb {
             (None, Some(m)) => m.records().iter().filter(|r| keep(r)).count() as i64,
             (None, None) => unreachable!("an AnyDb has a store"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mysql_url_with_db;
+
+    #[test]
+    fn mysql_database_is_swapped() {
+        assert_eq!(
+            mysql_url_with_db("mysql://root@127.0.0.1:3306/test", "x"),
+            "mysql://root@127.0.0.1:3306/x"
+        );
+        assert_eq!(
+            mysql_url_with_db("mysql://u:p@h/test?ssl-mode=disabled", "x"),
+            "mysql://u:p@h/x?ssl-mode=disabled"
+        );
+        assert_eq!(
+            mysql_url_with_db("mysql://u@h:3306", "x"),
+            "mysql://u@h:3306/x"
+        );
     }
 }

@@ -30,7 +30,9 @@ mod macros;
 pub mod verify;
 mod wait;
 
-pub use db::{env_url, AnyDb, Cleanup, OpenTx, TempDir, TestDb};
+pub use db::{
+    create_namespace, env_url, mysql_url_with_db, AnyDb, Cleanup, OpenTx, TempDir, TestDb,
+};
 pub use embedded::{EmbeddedKafka, EmbeddedKafkaError};
 pub use ferry_core::DispatchMode;
 pub use ferry_store::Backend;
