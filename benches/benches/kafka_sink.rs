@@ -7,8 +7,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ferry_benches::{payload, quick, runtime, PAYLOAD_BYTES};
 use ferry_core::{ClaimToken, ClaimedEvent, Outcome};
-use ferry_relay::embedded::EmbeddedKafka;
 use ferry_relay::{KafkaConfig, KafkaSink, Sink};
+use ferry_testkit::embedded::EmbeddedKafka;
 
 const TOPIC: &str = "ferry-bench";
 

@@ -3,7 +3,7 @@
 //! Benches measure; they assert nothing about speed. Every bench runs on the in-memory store
 //! and SQLite (a file in a temporary directory); PostgreSQL and MariaDB join when
 //! `FERRY_TEST_POSTGRES_URL` / `FERRY_TEST_MYSQL_URL` name a server (a fresh schema/database
-//! per bench, dropped at the end, via `ferry_store::testkit`).
+//! per bench, dropped at the end, via `ferry_testkit::TestDb`).
 //!
 //! Sizes are chosen so the whole suite finishes in well under ten minutes on 2 cores: few
 //! samples, short measurement windows, setup (enqueueing) outside the timed sections.
@@ -15,8 +15,8 @@ use std::time::Duration;
 use criterion::Criterion;
 use ferry_core::{ClaimRequest, NewEvent, OutboxStore, SLOT_COUNT};
 use ferry_store::memory::MemoryStore;
-use ferry_store::testkit::{Cleanup, TestDb};
 use ferry_store::Backend;
+use ferry_testkit::{Cleanup, TestDb};
 
 /// The payload size of the performance goals (200 bytes, docs/performance.md).
 pub const PAYLOAD_BYTES: usize = 200;

@@ -52,8 +52,8 @@ enum Pool {
 enum Cleanup {
     Nothing,
     Dir(PathBuf),
-    PgSchema { admin_url: String, name: String },
-    MyDatabase { admin_url: String, name: String },
+    /// A PostgreSQL schema or MariaDB database.
+    Namespace(ferry_testkit::Cleanup),
 }
 
 /// The run's database, with a pool for the producers' business transactions.
@@ -300,47 +300,18 @@ impl Database {
                 (url, Cleanup::Dir(dir))
             }
             (StoreKind::Sqlite, Some(url)) => (url.clone(), Cleanup::Nothing),
-            (StoreKind::Postgres, Some(admin)) => {
-                let mut c = ferry_store::postgres::connect_one(admin)
+            (kind @ (StoreKind::Postgres | StoreKind::Mysql), Some(admin)) => {
+                let backend = match kind {
+                    StoreKind::Postgres => ferry_store::Backend::Postgres,
+                    _ => ferry_store::Backend::Mysql,
+                };
+                let (url, cleanup) = ferry_testkit::create_namespace(backend, admin, &name)
                     .await
                     .map_err(|source| Error::Connect {
                         url: redact_url(admin),
                         source,
                     })?;
-                c.execute(format!("CREATE SCHEMA {name}").as_str())
-                    .await
-                    .map_err(Error::sql(format!(
-                        "create schema {name} on {}",
-                        redact_url(admin)
-                    )))?;
-                let _ = c.close().await;
-                let sep = if admin.contains('?') { '&' } else { '?' };
-                (
-                    format!("{admin}{sep}options[search_path]={name}"),
-                    Cleanup::PgSchema {
-                        admin_url: admin.clone(),
-                        name: name.clone(),
-                    },
-                )
-            }
-            (StoreKind::Mysql, Some(admin)) => {
-                let mut c = sqlx::MySqlConnection::connect(admin)
-                    .await
-                    .map_err(Error::sql(format!(
-                        "connect to MySQL at {}",
-                        redact_url(admin)
-                    )))?;
-                c.execute(format!("CREATE DATABASE {name}").as_str())
-                    .await
-                    .map_err(Error::sql(format!("create database {name}")))?;
-                let _ = c.close().await;
-                (
-                    mysql_url_with_db(admin, &name),
-                    Cleanup::MyDatabase {
-                        admin_url: admin.clone(),
-                        name: name.clone(),
-                    },
-                )
+                (url, Cleanup::Namespace(cleanup))
             }
             (kind, None) => {
                 return Err(Error::Setup(format!(
@@ -852,24 +823,9 @@ impl Cleanup {
             Cleanup::Dir(d) => {
                 let _ = std::fs::remove_dir_all(d);
             }
-            Cleanup::PgSchema { admin_url, name } => {
-                if let Ok(mut c) = ferry_store::postgres::connect_one(admin_url).await {
-                    if let Err(e) = c
-                        .execute(format!("DROP SCHEMA IF EXISTS {name} CASCADE").as_str())
-                        .await
-                    {
-                        eprintln!("loadgen: could not drop schema {name}: {e}");
-                    }
-                }
-            }
-            Cleanup::MyDatabase { admin_url, name } => {
-                if let Ok(mut c) = sqlx::MySqlConnection::connect(admin_url).await {
-                    if let Err(e) = c
-                        .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
-                        .await
-                    {
-                        eprintln!("loadgen: could not drop database {name}: {e}");
-                    }
+            Cleanup::Namespace(c) => {
+                if let Err(e) = c.clone().try_run().await {
+                    eprintln!("loadgen: could not drop the run's database: {e}");
                 }
             }
         }
@@ -941,40 +897,4 @@ async fn open(
             (Arc::new(s), pool)
         }
     })
-}
-
-/// `mysql://u:p@h:3306/old?x` → `mysql://u:p@h:3306/<db>?x`.
-fn mysql_url_with_db(admin: &str, db: &str) -> String {
-    let (base, query) = match admin.split_once('?') {
-        Some((b, q)) => (b, format!("?{q}")),
-        None => (admin, String::new()),
-    };
-    let base = base.trim_end_matches('/');
-    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let host = match base[authority_start..].find('/') {
-        Some(i) => &base[..authority_start + i],
-        None => base,
-    };
-    format!("{host}/{db}{query}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mysql_database_is_swapped() {
-        assert_eq!(
-            mysql_url_with_db("mysql://root@127.0.0.1:3306/test", "x"),
-            "mysql://root@127.0.0.1:3306/x"
-        );
-        assert_eq!(
-            mysql_url_with_db("mysql://u:p@h/test?ssl-mode=disabled", "x"),
-            "mysql://u:p@h/x?ssl-mode=disabled"
-        );
-        assert_eq!(
-            mysql_url_with_db("mysql://u@h:3306", "x"),
-            "mysql://u@h:3306/x"
-        );
-    }
 }

@@ -4,10 +4,11 @@
 //!
 //! # How it consumes
 //!
-//! A Kafka consumer of its own (`assign()` on every partition from the beginning, no group,
-//! like the verifier) runs on a thread concurrently with the load, so the mock cluster's
+//! A second [`Verifier`] (`assign()` on every partition from the beginning, no group) runs on
+//! its own thread concurrently with the load, so the mock cluster's
 //! ~5 MiB-per-partition retention never overtakes it. It hands each message to one of
-//! `--inbox-workers` async tasks chosen by a hash of the aggregate id: one aggregate is always
+//! `--inbox-workers` async tasks chosen by the aggregate's slot ([`ferry_core::slot_for`], the
+//! relay's own stable hash) from its per-message hook: one aggregate is always
 //! applied by the same task, in partition order, so the Inbox's per-aggregate gap tracking
 //! sees the relay's order (a gap would be a real ordering fault, not an artefact of the
 //! consumer). Each message is one `apply_once` transaction: record `(consumer, event id)` in
@@ -42,26 +43,19 @@
 //! consumer name `loadgen-<run>` and the `run_id` column keep runs apart, and this run's rows
 //! are deleted afterwards unless `--keep-db`). SQLite has one writer: the pool has a single
 //! connection (more would only sleep in SQLite's busy handler) and the workers queue on it.
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Duration;
 
-use ferry_core::BoxFuture;
+use ferry_core::{Backoff, BoxFuture};
 use ferry_inbox::{
     Backend, BoxError, Conn, Delivery, Inbox, InboxConfig, InboxError, InboxPool, Verdict,
 };
 use ferry_store::redact_url;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
-use serde::Serialize;
+use ferry_testkit::{Received, Verifier};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::Executor;
 use tokio::sync::mpsc;
@@ -71,12 +65,18 @@ use tokio::time::Instant;
 use crate::cli::SqliteSync;
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
+use crate::report::{round3, InboxReport};
 use crate::workload::Ids;
 
 /// Messages buffered per worker between the Kafka thread and the worker.
 const QUEUE: usize = 2048;
 /// Attempts of one delivery's transaction when it fails with a retryable error.
 const MAX_ATTEMPTS: u32 = 50;
+/// Waits between attempts of a delivery: 10 ms doubling to 500 ms (with half jitter).
+const RETRY: Backoff = Backoff {
+    base: Duration::from_millis(10),
+    max: Duration::from_millis(500),
+};
 /// Examples of failures kept for the report.
 const MAX_EXAMPLES: usize = 10;
 
@@ -114,76 +114,6 @@ pub struct InboxSpec {
     pub sqlite_sync: SqliteSync,
     /// Keep the database (or this run's rows) afterwards.
     pub keep: bool,
-}
-
-/// What the Inbox consumer found; the `inbox` object of the JSON report.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct InboxReport {
-    /// `sqlite`, `postgres` or `mysql`.
-    pub backend: String,
-    /// The Inbox database (password redacted); the temporary file's URL by default.
-    pub url: String,
-    /// The Inbox consumer name (`loadgen-<run>`).
-    pub consumer: String,
-    /// Apply tasks.
-    pub workers: usize,
-    /// Connections in the Inbox pool.
-    pub connections: u32,
-    /// Messages consumed from the topic (duplicates included).
-    pub consumed: u64,
-    /// Messages without ferry headers or of another run (not applied).
-    pub foreign: u64,
-    /// `New` verdicts: first deliveries, effect applied.
-    pub new: u64,
-    /// `Duplicate` verdicts: redeliveries, effect skipped.
-    pub duplicates: u64,
-    /// `Gap` verdicts (v(n+1) before v(n)); must be 0 since the relay delivers in order.
-    pub gaps: u64,
-    /// `Early` verdicts (hold-back policy; loadgen reports gaps instead): must be 0.
-    pub early: u64,
-    /// `Stale` verdicts (a new event id at an already covered version): must be 0.
-    pub stale: u64,
-    /// Effects rejected by `loadgen_effects`' primary key: an event applied twice. Must be 0.
-    pub effect_failures: u64,
-    /// Deliveries that failed for good (non-retryable error, or retries exhausted).
-    pub errors: u64,
-    /// Transaction attempts retried after a retryable error (busy, deadlock, ...).
-    pub retries: u64,
-    /// Rows of this run in `loadgen_effects`.
-    pub effects_rows: u64,
-    /// Effect rows whose event the producers did not commit (foreign or unknown ids).
-    pub effects_unexpected: u64,
-    /// Committed events without an effect row.
-    pub effects_missing: u64,
-    /// Events recorded in `ferry_inbox` for this consumer (`consumed_counts`).
-    pub inbox_rows: u64,
-    /// Aggregates in `loadgen_projection`.
-    pub projection_aggregates: u64,
-    /// Aggregates whose application count differs from their last applied version.
-    pub projection_mismatches: u64,
-    /// Aggregates the Inbox lists with an open gap at the end.
-    pub open_gaps: u64,
-    /// Effect rows equal the committed events, none applied twice or failed, the projection
-    /// and the Inbox agree, and every message was applied.
-    pub effects_exactly_once: bool,
-    /// Whether every consumed message had gone through `apply_once` by the end.
-    pub settled: bool,
-    /// Time after the relays stopped until the last message was applied (the consumer catching
-    /// up when it applies more slowly than the relays send).
-    pub settle_secs: f64,
-    /// Messages applied per second during the load phase.
-    pub applied_per_sec: f64,
-    /// Highest once-a-second lag behind the verifying consumer (messages).
-    pub lag_peak: i64,
-    /// A few failures.
-    pub examples: Vec<String>,
-}
-
-impl InboxReport {
-    /// Every check this report makes passed.
-    pub fn ok(&self) -> bool {
-        self.effects_exactly_once && self.gaps == 0 && self.early == 0 && self.stale == 0
-    }
 }
 
 #[derive(Default)]
@@ -232,7 +162,8 @@ pub struct InboxConsumer {
     /// Next offset to poll, per partition (`-1`: nothing polled yet).
     polled: Arc<Vec<AtomicI64>>,
     stop: Arc<AtomicBool>,
-    thread: Option<thread::JoinHandle<()>>,
+    /// The consumer whose per-message hook hands messages to the apply tasks.
+    reader: Option<Verifier>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -302,26 +233,6 @@ impl InboxConsumer {
             }
         };
 
-        let kafka: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set(
-                "group.id",
-                format!("loadgen-inbox-{run}-{}", rand::random::<u32>()),
-            )
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .map_err(|e| Error::Kafka(format!("Inbox consumer: {e}")))?;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)
-                .map_err(|e| Error::Kafka(format!("Inbox consumer: {e}")))?;
-        }
-        kafka
-            .assign(&tpl)
-            .map_err(|e| Error::Kafka(format!("Inbox consumer: {e}")))?;
-
         let run: Arc<str> = Arc::from(run);
         let consumer = format!("loadgen-{run}");
         let stats = Arc::new(Stats::default());
@@ -341,18 +252,24 @@ impl InboxConsumer {
                 stop.clone(),
             )));
         }
-        let thread = {
-            let (stats, stop, polled, consumer) = (
-                stats.clone(),
-                stop.clone(),
-                polled.clone(),
-                consumer.clone(),
-            );
-            let prefix = format!("lg-{run}-");
-            thread::Builder::new()
-                .name("loadgen-inbox".into())
-                .spawn(move || poll_loop(kafka, senders, consumer, &prefix, stats, polled, stop))
-                .map_err(|e| Error::Kafka(format!("cannot start the Inbox consumer: {e}")))?
+        let reader = {
+            let (stats, polled) = (stats.clone(), polled.clone());
+            let mut dispatch = Dispatch {
+                senders,
+                consumer: consumer.clone(),
+                prefix: format!("lg-{run}-"),
+                stats,
+                polled,
+                closed: false,
+            };
+            Verifier::start_with_hook(
+                brokers,
+                topic,
+                partitions,
+                &[],
+                Some(Box::new(move |m: &Received<'_>| dispatch.message(m))),
+            )
+            .map_err(|e| Error::Kafka(format!("cannot start the Inbox consumer: {e}")))?
         };
         Ok(Self {
             inbox,
@@ -366,7 +283,7 @@ impl InboxConsumer {
             stats,
             polled,
             stop,
-            thread: Some(thread),
+            reader: Some(reader),
             tasks,
         })
     }
@@ -430,7 +347,7 @@ impl InboxConsumer {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        let settle_secs = crate::report::round3(start.elapsed().as_secs_f64());
+        let settle_secs = round3(start.elapsed().as_secs_f64());
         self.shutdown().await;
 
         let s = &self.stats;
@@ -519,8 +436,9 @@ impl InboxConsumer {
     /// Stops the Kafka thread and the apply tasks (those still retrying give up).
     async fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        if let Some(r) = self.reader.take() {
+            // dropping the verifier joins its thread
+            let _ = tokio::task::spawn_blocking(move || drop(r)).await;
         }
         for t in self.tasks.drain(..) {
             let _ = t.await;
@@ -629,11 +547,9 @@ impl InboxConsumer {
 
 impl Drop for InboxConsumer {
     fn drop(&mut self) {
-        // error paths: stop the thread; tasks end when its senders are dropped
+        // error paths: stop the reader; tasks end when its senders are dropped
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        drop(self.reader.take());
         if let Some(d) = self.dir.take() {
             if !self.keep {
                 let _ = std::fs::remove_dir_all(d);
@@ -830,8 +746,7 @@ async fn apply(inbox: &Inbox, d: &Delivery, run: &Arc<str>, stats: &Stats, stop:
         }
         if err.is_transient() && attempt < MAX_ATTEMPTS && !stop.load(Ordering::Relaxed) {
             stats.retries.fetch_add(1, Ordering::Relaxed);
-            let backoff = Duration::from_millis((5u64 << attempt.min(6)).min(500));
-            tokio::time::sleep(backoff).await;
+            tokio::time::sleep(RETRY.delay(attempt)).await;
             attempt += 1;
             continue;
         }
@@ -842,53 +757,50 @@ async fn apply(inbox: &Inbox, d: &Delivery, run: &Arc<str>, stats: &Stats, stop:
     }
 }
 
-/// The Kafka thread: polls every partition and hands each message of this run (event id
-/// `prefix…`) to the apply task of its aggregate (blocking while that task's queue is full).
-fn poll_loop(
-    kafka: BaseConsumer,
+/// The reader's per-message hook: hands each message of this run (event id `prefix…`) to the
+/// apply task of its aggregate (blocking the reader while that task's queue is full).
+struct Dispatch {
     senders: Vec<mpsc::Sender<Delivery>>,
     consumer: String,
-    prefix: &str,
+    prefix: String,
     stats: Arc<Stats>,
     polled: Arc<Vec<AtomicI64>>,
-    stop: Arc<AtomicBool>,
-) {
-    while !stop.load(Ordering::Relaxed) {
-        let Some(msg) = kafka.poll(Duration::from_millis(50)) else {
-            continue;
-        };
-        let Ok(msg) = msg else { continue };
-        stats.consumed.fetch_add(1, Ordering::Relaxed);
-        let headers: Vec<(&str, Option<&[u8]>)> = msg
-            .headers()
-            .map(|h| h.iter().map(|h| (h.key, h.value)).collect())
-            .unwrap_or_default();
-        match Delivery::from_headers(consumer.as_str(), headers) {
-            Ok(d) if d.event_id.starts_with(prefix) => {
-                let worker = shard(&d.aggregate_id, senders.len());
-                stats.dispatched.fetch_add(1, Ordering::AcqRel);
-                if senders[worker].blocking_send(d).is_err() {
-                    // the task is gone (shutdown): count it as done so nothing waits on it
-                    stats.done.fetch_add(1, Ordering::AcqRel);
+    /// An apply task is gone (shutdown): ignore the rest.
+    closed: bool,
+}
+
+impl Dispatch {
+    fn message(&mut self, m: &Received<'_>) {
+        if self.closed {
+            return;
+        }
+        self.stats.consumed.fetch_add(1, Ordering::Relaxed);
+        match Delivery::from_headers(self.consumer.as_str(), m.headers.iter().copied()) {
+            Ok(d) if d.event_id.starts_with(&self.prefix) => {
+                let worker = shard(&d.aggregate_id, self.senders.len());
+                self.stats.dispatched.fetch_add(1, Ordering::AcqRel);
+                if self.senders[worker].blocking_send(d).is_err() {
+                    // count it as done so nothing waits on it
+                    self.stats.done.fetch_add(1, Ordering::AcqRel);
+                    self.closed = true;
                     return;
                 }
             }
             // no ferry headers, or another run's event on a reused topic
             _ => {
-                stats.foreign.fetch_add(1, Ordering::Relaxed);
+                self.stats.foreign.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if let Some(o) = polled.get(msg.partition() as usize) {
-            o.fetch_max(msg.offset() + 1, Ordering::AcqRel);
+        if let Some(o) = self.polled.get(m.partition as usize) {
+            o.fetch_max(m.offset + 1, Ordering::AcqRel);
         }
     }
 }
 
-/// The apply task of an aggregate.
+/// The apply task of an aggregate: by its slot, so the choice is stable across Rust versions
+/// and processes (a `DefaultHasher` is neither).
 fn shard(aggregate_id: &str, n: usize) -> usize {
-    let mut h = DefaultHasher::new();
-    aggregate_id.hash(&mut h);
-    (h.finish() % n.max(1) as u64) as usize
+    usize::from(ferry_core::slot_for(aggregate_id)) % n.max(1)
 }
 
 /// `(producer, n)` of a loadgen event id of this run (`lg-<run>-p<producer>-<n>`).

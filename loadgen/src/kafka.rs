@@ -2,8 +2,8 @@
 //! the verifier that reads it back concurrently.
 use std::time::Duration;
 
-use ferry_relay::embedded::EmbeddedKafka;
-use ferry_relay::verify::Verifier;
+use ferry_testkit::embedded::EmbeddedKafka;
+use ferry_testkit::verify::Verifier;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;

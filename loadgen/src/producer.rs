@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{now_micros, NewEvent};
-use ferry_relay::verify::COMMIT_TS_HEADER;
+use ferry_core::{now_micros, Backoff, NewEvent};
+use ferry_testkit::verify::COMMIT_TS_HEADER;
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -25,6 +25,11 @@ use crate::workload::{self, Ids, KeyPicker, Order};
 
 /// Consecutive failed attempts of one transaction before the producer gives up.
 const MAX_ATTEMPTS: u32 = 10;
+/// Waits between attempts of a business transaction: 20 ms doubling to 1 s (with half jitter).
+const RETRY: Backoff = Backoff {
+    base: Duration::from_millis(20),
+    max: Duration::from_secs(1),
+};
 
 /// What every producer of a run shares.
 #[derive(Debug, Clone)]
@@ -296,7 +301,6 @@ async fn commit_with_retries(
     events: &[NewEvent],
     counters: &Counters,
 ) -> Result<()> {
-    let mut backoff = Duration::from_millis(20);
     let give_up = |reason: String| Error::Producer {
         producer: p,
         reason,
@@ -328,8 +332,7 @@ async fn commit_with_retries(
             )));
         }
         tracing::warn!(producer = p, attempt, error = %err, "business transaction failed; retrying the same intents");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        tokio::time::sleep(RETRY.delay(attempt)).await;
     }
 }
 

@@ -5,7 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::Ordering;
 
-use ferry_relay::verify::Verifier;
+use ferry_testkit::verify::Verifier;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 

@@ -11,7 +11,6 @@ use serde::Serialize;
 use crate::cli::{Dispatch, RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
-use crate::inbox::InboxReport;
 
 /// Latency quantiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -327,6 +326,76 @@ pub struct ConfigEcho {
     pub preload: Option<u64>,
     /// `--versions-per-aggregate` of the preload.
     pub versions_per_aggregate: Option<u64>,
+}
+
+/// What the Inbox consumer found; the `inbox` object of the JSON report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct InboxReport {
+    /// `sqlite`, `postgres` or `mysql`.
+    pub backend: String,
+    /// The Inbox database (password redacted); the temporary file's URL by default.
+    pub url: String,
+    /// The Inbox consumer name (`loadgen-<run>`).
+    pub consumer: String,
+    /// Apply tasks.
+    pub workers: usize,
+    /// Connections in the Inbox pool.
+    pub connections: u32,
+    /// Messages consumed from the topic (duplicates included).
+    pub consumed: u64,
+    /// Messages without ferry headers or of another run (not applied).
+    pub foreign: u64,
+    /// `New` verdicts: first deliveries, effect applied.
+    pub new: u64,
+    /// `Duplicate` verdicts: redeliveries, effect skipped.
+    pub duplicates: u64,
+    /// `Gap` verdicts (v(n+1) before v(n)); must be 0 since the relay delivers in order.
+    pub gaps: u64,
+    /// `Early` verdicts (hold-back policy; loadgen reports gaps instead): must be 0.
+    pub early: u64,
+    /// `Stale` verdicts (a new event id at an already covered version): must be 0.
+    pub stale: u64,
+    /// Effects rejected by `loadgen_effects`' primary key: an event applied twice. Must be 0.
+    pub effect_failures: u64,
+    /// Deliveries that failed for good (non-retryable error, or retries exhausted).
+    pub errors: u64,
+    /// Transaction attempts retried after a retryable error (busy, deadlock, ...).
+    pub retries: u64,
+    /// Rows of this run in `loadgen_effects`.
+    pub effects_rows: u64,
+    /// Effect rows whose event the producers did not commit (foreign or unknown ids).
+    pub effects_unexpected: u64,
+    /// Committed events without an effect row.
+    pub effects_missing: u64,
+    /// Events recorded in `ferry_inbox` for this consumer (`consumed_counts`).
+    pub inbox_rows: u64,
+    /// Aggregates in `loadgen_projection`.
+    pub projection_aggregates: u64,
+    /// Aggregates whose application count differs from their last applied version.
+    pub projection_mismatches: u64,
+    /// Aggregates the Inbox lists with an open gap at the end.
+    pub open_gaps: u64,
+    /// Effect rows equal the committed events, none applied twice or failed, the projection
+    /// and the Inbox agree, and every message was applied.
+    pub effects_exactly_once: bool,
+    /// Whether every consumed message had gone through `apply_once` by the end.
+    pub settled: bool,
+    /// Time after the relays stopped until the last message was applied (the consumer catching
+    /// up when it applies more slowly than the relays send).
+    pub settle_secs: f64,
+    /// Messages applied per second during the load phase.
+    pub applied_per_sec: f64,
+    /// Highest once-a-second lag behind the verifying consumer (messages).
+    pub lag_peak: i64,
+    /// A few failures.
+    pub examples: Vec<String>,
+}
+
+impl InboxReport {
+    /// Every check this report makes passed.
+    pub fn ok(&self) -> bool {
+        self.effects_exactly_once && self.gaps == 0 && self.early == 0 && self.stale == 0
+    }
 }
 
 /// Everything one run measured.

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_relay::ownership::desired_slots;
-use ferry_relay::verify::Verifier;
 use ferry_store::redact_url;
+use ferry_testkit::verify::Verifier;
 use hdrhistogram::Histogram;
 use rand::Rng;
 use tokio::task::JoinHandle;
@@ -697,6 +697,83 @@ async fn preload(
     (results, secs, totals)
 }
 
+/// The outbox's rows against what the producers committed, then [`verify`]; notes on a
+/// timed-out drain and on the mock cluster's retention. Returns `(rows, SENT rows, examples of
+/// unsent rows, the verdict)`.
+#[allow(clippy::too_many_arguments)]
+async fn check(
+    db: &Database,
+    spec: &RunSpec,
+    kafka: Option<&KafkaTarget>,
+    verifier: Option<Verifier>,
+    order_check: Option<&crate::relays::OrderCheck>,
+    missing: Option<Vec<String>>,
+    (ids, results): (&Ids, &[ProducerResult]),
+    drained: bool,
+    (notes, errors): (&mut Vec<String>, &mut Vec<String>),
+) -> Result<(i64, i64, Vec<String>, Verified)> {
+    let committed: u64 = results.iter().map(|r| r.committed).sum();
+    let rows = db.count_rows().await?;
+    let sent_rows = db.count_sent().await?;
+    let unsent_examples = if sent_rows < rows {
+        db.unsent_examples().await?
+    } else {
+        Vec::new()
+    };
+    if rows as u64 != committed {
+        let msg =
+            format!("the outbox holds {rows} rows but the producers committed {committed} intents");
+        if (rows as u64) < committed {
+            errors.push(msg);
+        } else {
+            notes.push(msg);
+        }
+    }
+    let mut verified = verify(
+        db,
+        verifier.as_ref(),
+        order_check,
+        missing,
+        ids,
+        results,
+        spec.relays.sink,
+        sent_rows,
+        &unsent_examples,
+    )
+    .await?;
+    drop(verifier);
+    let lost = verified.lost;
+    if !drained && lost > 0 {
+        notes.push(format!(
+            "the drain timed out after {:.0}s: `lost` counts intents still undelivered at that deadline ({} rows not SENT); rerun with a longer --drain-timeout to tell a slow relay from a lossy one",
+            spec.drain_timeout.as_secs_f64(),
+            rows - sent_rows
+        ));
+    }
+    if let Some(k) = kafka {
+        if lost > 0 && k.embedded {
+            let truncated = {
+                let (brokers, topic, partitions) =
+                    (k.brokers.clone(), k.topic.clone(), k.partitions);
+                tokio::task::spawn_blocking(move || {
+                    crate::kafka::truncated_partitions(&brokers, &topic, partitions)
+                })
+                .await
+                .ok()
+                .flatten()
+            };
+            verified.verification.retention_truncated_partitions = truncated;
+            if truncated.unwrap_or(0) > 0 {
+                notes.push(format!(
+                    "{} partitions of the mock cluster dropped old messages (~5 MiB retention per partition): if the consumer lagged that far, the missing ids are retention drops, not relay loss; check `store.sent_rows` and rerun with more --partitions",
+                    truncated.unwrap_or(0)
+                ));
+            }
+        }
+    }
+    Ok((rows, sent_rows, unsent_examples, verified))
+}
+
 async fn execute(
     spec: &RunSpec,
     run: &str,
@@ -914,22 +991,18 @@ async fn execute(
     };
 
     // ---- verification
-    let rows = db.count_rows().await?;
-    let sent_rows = db.count_sent().await?;
-    let unsent_examples = if sent_rows < rows {
-        db.unsent_examples().await?
-    } else {
-        Vec::new()
-    };
-    if rows as u64 != committed {
-        let msg =
-            format!("the outbox holds {rows} rows but the producers committed {committed} intents");
-        if (rows as u64) < committed {
-            errors.push(msg);
-        } else {
-            notes.push(msg);
-        }
-    }
+    let (rows, sent_rows, unsent_examples, verified) = check(
+        db,
+        spec,
+        kafka.as_ref(),
+        verifier,
+        order_check.as_deref(),
+        missing,
+        (&ids, &results),
+        drained,
+        (&mut notes, &mut errors),
+    )
+    .await?;
     let Verified {
         delivered,
         consumed,
@@ -937,79 +1010,13 @@ async fn execute(
         lost,
         ordering_violations,
         consumed_latency,
-        mut verification,
-    } = verify(
-        db,
-        verifier.as_ref(),
-        order_check.as_deref(),
-        missing,
-        &ids,
-        &results,
-        spec.relays.sink,
-        sent_rows,
-        &unsent_examples,
-    )
-    .await?;
-    drop(verifier);
-    if !drained && lost > 0 {
-        notes.push(format!(
-            "the drain timed out after {:.0}s: `lost` counts intents still undelivered at that deadline ({} rows not SENT); rerun with a longer --drain-timeout to tell a slow relay from a lossy one",
-            spec.drain_timeout.as_secs_f64(),
-            rows - sent_rows
-        ));
-    }
-    if let Some(k) = &kafka {
-        if lost > 0 && k.embedded {
-            let truncated = {
-                let (brokers, topic, partitions) =
-                    (k.brokers.clone(), k.topic.clone(), k.partitions);
-                tokio::task::spawn_blocking(move || {
-                    crate::kafka::truncated_partitions(&brokers, &topic, partitions)
-                })
-                .await
-                .ok()
-                .flatten()
-            };
-            verification.retention_truncated_partitions = truncated;
-            if truncated.unwrap_or(0) > 0 {
-                notes.push(format!(
-                    "{} partitions of the mock cluster dropped old messages (~5 MiB retention per partition): if the consumer lagged that far, the missing ids are retention drops, not relay loss; check `store.sent_rows` and rerun with more --partitions",
-                    truncated.unwrap_or(0)
-                ));
-            }
-        }
-    }
+        verification,
+    } = verified;
     drop(kafka);
 
     // ---- latencies and costs
     let in_process = spec.relays.mode == RelayMode::InProcess;
-    let commit_to_ack = if in_process {
-        relay_metrics.commit_to_ack.clone()
-    } else {
-        match db.commit_to_ack_from_rows().await? {
-            Some(h) => {
-                notes.push("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
-                h
-            }
-            None => {
-                notes.push("relays ran as processes in cursor mode: commit→ack is not reported (rows dispatched by the cursor carry no sent_at; the relays' own ferry_commit_to_ack_seconds summaries cannot be merged); claim counters are scraped from each surviving relay's /metrics".to_string());
-                new_histogram()
-            }
-        }
-    };
-    // the relays must have run in the mode asked for (a relay reports it as ferry_dispatch_cursor)
-    let (want, other) = match spec.dispatch {
-        Dispatch::Cursor => (relay_metrics.dispatch_cursor, relay_metrics.dispatch_row),
-        Dispatch::Row => (relay_metrics.dispatch_row, relay_metrics.dispatch_cursor),
-    };
-    if other > 0 {
-        errors.push(format!(
-            "{other} relay(s) reported the other dispatch mode than --dispatch {} (ferry_dispatch_cursor)",
-            spec.dispatch.as_str()
-        ));
-    } else if want == 0 && in_process {
-        errors.push("no relay reported its dispatch mode".to_string());
-    }
+    let commit_to_ack = relay_checks(db, spec, &relay_metrics, (&mut notes, &mut errors)).await?;
     let mut producer_tx = new_histogram();
     for r in &results {
         let _ = producer_tx.add(&r.tx_latency);
@@ -1036,16 +1043,7 @@ async fn execute(
         sent_rows.max(0) as u64
     };
     let sent_per_sec = at_load_end.sent as f64 / load_secs;
-    let baseline = baseline.map(|(d, n)| {
-        let per_sec = n as f64 / d.as_secs_f64();
-        Baseline {
-            duration_secs: report::round3(d.as_secs_f64()),
-            enqueued: n,
-            enqueued_per_sec: report::round3(per_sec),
-            relay_ratio: report::round3(sent_per_sec / per_sec.max(1e-9)),
-            enqueue_ratio: report::round3(committed as f64 / load_secs / per_sec.max(1e-9)),
-        }
-    });
+    let baseline = baseline.map(|b| baseline_report(b, sent_per_sec, committed, load_secs));
     // after a preload the relays ran during the drain only
     let relay_secs = if spec.preload.is_some() {
         drain_secs
@@ -1137,6 +1135,62 @@ async fn execute(
         timeline: std::mem::take(&mut sampler.timeline),
         config: echo(spec, run, &topic, &server, kafka_partitions),
     })
+}
+
+/// Commit→ack latency (the in-process relays' own histogram, else from the rows'
+/// timestamps), and an error unless the relays ran in the dispatch mode asked for.
+async fn relay_checks(
+    db: &Database,
+    spec: &RunSpec,
+    relay_metrics: &RelayMetrics,
+    (notes, errors): (&mut Vec<String>, &mut Vec<String>),
+) -> Result<Histogram<u64>> {
+    let in_process = spec.relays.mode == RelayMode::InProcess;
+    let commit_to_ack = if in_process {
+        relay_metrics.commit_to_ack.clone()
+    } else {
+        match db.commit_to_ack_from_rows().await? {
+            Some(h) => {
+                notes.push("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
+                h
+            }
+            None => {
+                notes.push("relays ran as processes in cursor mode: commit→ack is not reported (rows dispatched by the cursor carry no sent_at; the relays' own ferry_commit_to_ack_seconds summaries cannot be merged); claim counters are scraped from each surviving relay's /metrics".to_string());
+                new_histogram()
+            }
+        }
+    };
+    // the relays must have run in the mode asked for (a relay reports it as ferry_dispatch_cursor)
+    let (want, other) = match spec.dispatch {
+        Dispatch::Cursor => (relay_metrics.dispatch_cursor, relay_metrics.dispatch_row),
+        Dispatch::Row => (relay_metrics.dispatch_row, relay_metrics.dispatch_cursor),
+    };
+    if other > 0 {
+        errors.push(format!(
+            "{other} relay(s) reported the other dispatch mode than --dispatch {} (ferry_dispatch_cursor)",
+            spec.dispatch.as_str()
+        ));
+    } else if want == 0 && in_process {
+        errors.push("no relay reported its dispatch mode".to_string());
+    }
+    Ok(commit_to_ack)
+}
+
+/// The run against the producer-only baseline of `d` and `n` events.
+fn baseline_report(
+    (d, n): (Duration, u64),
+    sent_per_sec: f64,
+    committed: u64,
+    load_secs: f64,
+) -> Baseline {
+    let per_sec = n as f64 / d.as_secs_f64();
+    Baseline {
+        duration_secs: report::round3(d.as_secs_f64()),
+        enqueued: n,
+        enqueued_per_sec: report::round3(per_sec),
+        relay_ratio: report::round3(sent_per_sec / per_sec.max(1e-9)),
+        enqueue_ratio: report::round3(committed as f64 / load_secs / per_sec.max(1e-9)),
+    }
 }
 
 fn claims(m: &RelayMetrics, secs: f64) -> Claims {

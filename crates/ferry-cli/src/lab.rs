@@ -8,19 +8,17 @@
 //! transaction as its dedupe record. Each case prints the durable facts it observed and whether
 //! the case's expectation held.
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::{
     ClaimRequest, ClaimToken, ClaimedEvent, EventState, NewEvent, OutboxStore, Outcome, RetryItem,
 };
 use ferry_inbox::{Conn, Delivery, Inbox, InboxConfig, Verdict};
-use ferry_relay::embedded::EmbeddedKafka;
 use ferry_relay::{KafkaConfig, KafkaSink, Sink};
-use ferry_store::testkit::TestDb;
 use ferry_store::{Backend, ConnectOptions};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use ferry_testkit::embedded::EmbeddedKafka;
+use ferry_testkit::{poll_until, Received, TestDb, Verifier};
 use serde_json::{json, Value};
 
 /// Every case: the protocol's cases first, then the two that need real contention and a real
@@ -204,46 +202,39 @@ impl Lab {
     /// period for late duplicates), or `wait` passed; applies each delivery through the Inbox.
     /// Returns (deliveries, verdicts).
     async fn consume(&self, expect: usize, wait: Duration) -> LabResult<(usize, Vec<String>)> {
-        let brokers = self.kafka.bootstrap_servers().to_string();
-        let topic = self.topic.clone();
-        let messages = tokio::task::spawn_blocking(move || -> LabResult<Vec<RecordHeaders>> {
-            let consumer: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", &brokers)
-                .set("group.id", "ferry-lab")
-                .set("enable.auto.commit", "false")
-                .create()
-                .map_err(err("consumer"))?;
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(&topic, 0, Offset::Beginning)
-                .map_err(err("assign"))?;
-            consumer.assign(&tpl).map_err(err("assign"))?;
-            let start = Instant::now();
-            let mut reached: Option<Instant> = None;
-            let mut out = Vec::new();
-            while start.elapsed() < wait
-                && reached
-                    .map(|r| r.elapsed() < Duration::from_millis(500))
-                    .unwrap_or(true)
-            {
-                if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
-                    let headers = m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec())))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    out.push(headers);
-                }
-                if out.len() >= expect && reached.is_none() && expect > 0 {
-                    reached = Some(Instant::now());
-                }
+        let seen: Arc<Mutex<Vec<RecordHeaders>>> = Arc::default();
+        let hook = {
+            let seen = seen.clone();
+            move |m: &Received<'_>| {
+                let headers = m
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.map(<[u8]>::to_vec)))
+                    .collect();
+                seen.lock().expect("lab consumer lock").push(headers);
             }
-            Ok(out)
+        };
+        let reader = Verifier::start_with_hook(
+            self.kafka.bootstrap_servers(),
+            &self.topic,
+            1,
+            &[],
+            Some(Box::new(hook)),
+        )
+        .map_err(err("consumer"))?;
+        let count = || seen.lock().expect("lab consumer lock").len();
+        let reached = poll_until(wait, Duration::from_millis(50), || async {
+            expect > 0 && count() >= expect
         })
-        .await
-        .map_err(err("consumer thread"))??;
+        .await;
+        if reached {
+            // a short grace period for late duplicates
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        tokio::task::spawn_blocking(move || drop(reader))
+            .await
+            .map_err(err("consumer thread"))?;
+        let messages = std::mem::take(&mut *seen.lock().expect("lab consumer lock"));
         let mut verdicts = Vec::new();
         for headers in &messages {
             let d = Delivery::from_headers(

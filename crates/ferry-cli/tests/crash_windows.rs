@@ -7,9 +7,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{DispatchMode, EventState};
-use ferry_relay::embedded::EmbeddedKafka;
-use ferry_relay::verify::Verifier;
-use ferry_store::testkit::TestDb;
+use ferry_testkit::embedded::EmbeddedKafka;
+use ferry_testkit::verify::Verifier;
+use ferry_testkit::TestDb;
 
 const TOPIC: &str = "orders";
 const EVENT: &str = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{\"orderId\":7}"}"#;
@@ -377,7 +377,7 @@ async fn apply_through_inbox(db: &TestDb, brokers: &str, expect: usize) -> (usiz
     (new, dup)
 }
 
-ferry_store::on_every_backend_and_mode!(
+ferry_testkit::backend_tests!(modes:
     dies_before_commit,
     dies_after_commit_before_claim,
     dies_after_claim_before_ack,

@@ -65,7 +65,7 @@ fn lab_all_cases_hold_on_sqlite() {
 
 #[test]
 fn lab_all_cases_hold_on_postgres() {
-    let Some(url) = ferry_store::testkit::env_url(ferry_store::Backend::Postgres) else {
+    let Some(url) = ferry_testkit::env_url(ferry_store::Backend::Postgres) else {
         return;
     };
     assert_all_held(Some(&url));
@@ -74,7 +74,7 @@ fn lab_all_cases_hold_on_postgres() {
 /// MariaDB: every case, the stale cursor behind the commit gate included.
 #[test]
 fn lab_all_cases_hold_on_mysql() {
-    let Some(url) = ferry_store::testkit::env_url(ferry_store::Backend::Mysql) else {
+    let Some(url) = ferry_testkit::env_url(ferry_store::Backend::Mysql) else {
         return;
     };
     assert_all_held(Some(&url));

@@ -6,9 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_core::{DispatchMode, NewEvent};
-use ferry_relay::embedded::EmbeddedKafka;
-use ferry_relay::verify::Verifier;
-use ferry_store::testkit::TestDb;
+use ferry_testkit::embedded::EmbeddedKafka;
+use ferry_testkit::verify::Verifier;
+use ferry_testkit::{wait_until, TestDb};
 
 const TOPIC: &str = "orders";
 
@@ -134,18 +134,6 @@ async fn owners(db: &TestDb) -> BTreeMap<String, usize> {
         }
     }
     m
-}
-
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn graceful_shutdown_releases_everything(db: TestDb, mode: DispatchMode) {
@@ -285,7 +273,7 @@ async fn paused_owner_is_fenced(db: TestDb, mode: DispatchMode) {
     db.cleanup().await;
 }
 
-ferry_store::on_every_backend_and_mode!(
+ferry_testkit::backend_tests!(modes:
     graceful_shutdown_releases_everything,
     two_relays_split_slots_and_survive_sigkill
 );
@@ -296,16 +284,14 @@ ferry_store::on_every_backend_and_mode!(
 mod postgres_paused {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn paused_owner_is_fenced() {
-        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await
-        else {
+        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Postgres).await else {
             return;
         };
         super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Row).await;
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn paused_owner_is_fenced_cursor() {
-        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await
-        else {
+        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Postgres).await else {
             return;
         };
         super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Cursor).await;
@@ -314,14 +300,14 @@ mod postgres_paused {
 mod mysql_paused {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn paused_owner_is_fenced() {
-        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
+        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
             return;
         };
         super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Row).await;
     }
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn paused_owner_is_fenced_cursor() {
-        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
+        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
             return;
         };
         super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Cursor).await;
@@ -332,7 +318,7 @@ mod mysql_paused {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn stopped_ticker_is_replaced() {
         use std::time::Duration;
-        let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
+        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
             return;
         };
         let a = super::spawn_relay(

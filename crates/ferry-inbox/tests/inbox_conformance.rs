@@ -1,20 +1,20 @@
 //! The Inbox conformance suite: every test runs against SQLite, PostgreSQL and MariaDB
-//! (modules `inbox_sqlite`, `inbox_postgres`, `inbox_mysql`).
+//! (modules `sqlite`, `postgres`, `mysql`).
 //!
-//! Each test gets its own database from `ferry_store::testkit::TestDb` and connects its own
+//! Each test gets its own database from `ferry_testkit::TestDb` and connects its own
 //! inbox pool to it. The effect under test writes two things in the consumer's transaction:
 //! a row in `inbox_effects` (no keys at all, so a double application would show as two rows)
 //! and an increment of a per-aggregate projection counter in `inbox_projection`.
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferry_core::BoxFuture;
 use ferry_inbox::{
     Baseline, BoxError, Conn, Delivery, GapPolicy, Inbox, InboxConfig, InboxError, InboxPool,
     Verdict,
 };
-use ferry_store::testkit::TestDb;
 use ferry_store::Backend;
+use ferry_testkit::TestDb;
 use sqlx::{Connection, Executor};
 
 const EFFECTS: &str = "CREATE TABLE inbox_effects (consumer VARCHAR(255) NOT NULL, \
@@ -218,20 +218,6 @@ async fn rollback_leaves_no_record(db: TestDb) {
 
 // ---------------------------------------------------------------- concurrency
 
-/// Polls `cond` every `every` until true, failing after 10 s (a condition, never a fixed
-/// sleep that the test relies on).
-async fn wait_until<F, Fut>(what: &str, every: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(every).await;
-    }
-}
-
 /// How transaction B runs in [`concurrent_delivery_waits_for_the_first`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Iso {
@@ -356,17 +342,22 @@ async fn race_one(
             let waiting: Option<&str> = $waiting;
             if let Some(sql) = waiting {
                 let b_ref = &b;
-                wait_until("B waits on A's lock (or finished)", $poll_every, || {
-                    let pool = pool.clone();
-                    async move {
-                        let n: i64 = sqlx::query_scalar(sql)
-                            .bind(pid)
-                            .fetch_one(&pool)
-                            .await
-                            .unwrap();
-                        n > 0 || b_ref.is_finished()
-                    }
-                })
+                ferry_testkit::wait_until_every(
+                    "B waits on A's lock (or finished)",
+                    Duration::from_secs(10),
+                    $poll_every,
+                    || {
+                        let pool = pool.clone();
+                        async move {
+                            let n: i64 = sqlx::query_scalar(sql)
+                                .bind(pid)
+                                .fetch_one(&pool)
+                                .await
+                                .unwrap();
+                            n > 0 || b_ref.is_finished()
+                        }
+                    },
+                )
                 .await;
                 if b.is_finished() {
                     panic!(
@@ -912,37 +903,7 @@ async fn fresh_concurrent_migrations(db: TestDb) {
     assert!(e.to_string().contains("migrate"), "{e}");
 }
 
-macro_rules! inbox_conformance {
-    ($($name:ident),* $(,)?) => {
-        mod inbox_sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let db = ferry_store::testkit::TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
-                super::$name(db).await;
-            })*
-        }
-        mod inbox_postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Postgres).await else { return };
-                let cleanup = db.cleanup_handle();
-                super::$name(db).await;
-                cleanup.run().await;
-            })*
-        }
-        mod inbox_mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = ferry_store::testkit::TestDb::open(ferry_store::Backend::Mysql).await else { return };
-                let cleanup = db.cleanup_handle();
-                super::$name(db).await;
-                cleanup.run().await;
-            })*
-        }
-    };
-}
-
-inbox_conformance!(
+ferry_testkit::backend_tests!(
     duplicate_applies_effect_once,
     rollback_leaves_no_record,
     concurrent_delivery_waits_for_the_first,

@@ -52,15 +52,11 @@
 #![warn(unreachable_pub)]
 
 mod cursor;
-#[allow(missing_docs)] // moving to ferry-testkit
-pub mod embedded;
 pub mod metrics;
 pub mod ownership;
 mod relay;
 pub mod route;
 pub mod sink;
-#[allow(missing_docs)] // moving to ferry-testkit
-pub mod verify;
 
 pub use metrics::Metrics;
 pub use relay::{

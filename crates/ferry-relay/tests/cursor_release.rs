@@ -17,7 +17,7 @@ use ferry_core::{
     ReconcileReport, ReconcileRequest, RetryItem, SlotCursor, SlotId, SlotLease, StoreError,
 };
 use ferry_relay::{Relay, RelayConfig, Sink, WorkerDefaults};
-use ferry_store::testkit::TestDb;
+use ferry_testkit::TestDb;
 use tokio_util::sync::CancellationToken;
 
 /// A store whose cursor advances take `delay` longer; everything else is the inner store's.

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{DispatchMode, NewEvent};
-use ferry_relay::verify::Verifier;
 use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
-use ferry_store::testkit::TestDb;
+use ferry_testkit::verify::Verifier;
+use ferry_testkit::TestDb;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
@@ -285,7 +285,7 @@ async fn external_broker_late_commit_and_rollback(db: TestDb, mode: DispatchMode
     db.cleanup().await;
 }
 
-ferry_store::on_every_backend_and_mode!(
+ferry_testkit::backend_tests!(modes:
     external_broker_late_commit_and_rollback,
     external_broker_gets_every_event_in_order,
     external_broker_hot_aggregate_in_order,

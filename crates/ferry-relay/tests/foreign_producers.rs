@@ -11,11 +11,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_relay::embedded::EmbeddedKafka;
-use ferry_relay::verify::Verifier;
 use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
-use ferry_store::testkit::TestDb;
 use ferry_store::Backend;
+use ferry_testkit::embedded::EmbeddedKafka;
+use ferry_testkit::verify::Verifier;
+use ferry_testkit::TestDb;
 use tokio_util::sync::CancellationToken;
 
 fn example(name: &str) -> PathBuf {

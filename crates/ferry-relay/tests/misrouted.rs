@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use ferry_core::DispatchMode;
 use ferry_relay::{NullSink, Relay, RelayConfig};
-use ferry_store::testkit::TestDb;
 use ferry_store::Backend;
+use ferry_testkit::TestDb;
 use tokio_util::sync::CancellationToken;
 
 async fn misrouted_intent_is_counted(db: TestDb, mode: DispatchMode) {
@@ -51,4 +51,4 @@ async fn misrouted_intent_is_counted(db: TestDb, mode: DispatchMode) {
     db.cleanup().await;
 }
 
-ferry_store::on_every_backend_and_mode!(misrouted_intent_is_counted);
+ferry_testkit::backend_tests!(modes: misrouted_intent_is_counted);

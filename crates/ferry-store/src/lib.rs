@@ -63,9 +63,6 @@ pub mod postgres;
 mod postgres_cursor;
 pub mod sqlite;
 mod sqlite_cursor;
-// moving to ferry-testkit (its one broken doc link, to `on_every_backend!`, goes with it)
-#[allow(missing_docs, rustdoc::broken_intra_doc_links)]
-pub mod testkit;
 
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 pub use ops::validate_identifier;

@@ -46,6 +46,23 @@ struct State {
     latency: Option<Histogram<u64>>,
 }
 
+/// One consumed message, as a per-message hook sees it (after the verifier counted it).
+#[derive(Debug)]
+pub struct Received<'a> {
+    /// Partition.
+    pub partition: i32,
+    /// Offset in the partition.
+    pub offset: i64,
+    /// Every header, in order (`ferry-event-id`, `ferry-aggregate-id`, … and any others).
+    pub headers: &'a [(&'a str, Option<&'a [u8]>)],
+    /// The message value.
+    pub payload: Option<&'a [u8]>,
+}
+
+/// A per-message hook: runs on the verifier's consumer thread for every message, so a hook
+/// that blocks (a full queue) slows the read-back down.
+pub type Hook = Box<dyn FnMut(&Received<'_>) + Send>;
+
 /// A running verifier.
 pub struct Verifier {
     state: Arc<Mutex<State>>,
@@ -71,6 +88,17 @@ impl Verifier {
         topic: &str,
         partitions: i32,
         properties: &[(String, String)],
+    ) -> Result<Self, VerifyError> {
+        Self::start_with_hook(brokers, topic, partitions, properties, None)
+    }
+
+    /// [`Verifier::start_with`] calling `hook` for every consumed message.
+    pub fn start_with_hook(
+        brokers: &str,
+        topic: &str,
+        partitions: i32,
+        properties: &[(String, String)],
+        mut hook: Option<Hook>,
     ) -> Result<Self, VerifyError> {
         let mut config = ClientConfig::new();
         for (k, v) in properties {
@@ -110,26 +138,35 @@ impl Verifier {
                             continue;
                         };
                         let Ok(msg) = msg else { continue };
-                        let mut id = None;
-                        let mut agg = None;
-                        let mut ver = None;
-                        let mut ts = None;
-                        if let Some(h) = msg.headers() {
-                            for hd in h.iter() {
-                                let v = hd.value.map(|v| String::from_utf8_lossy(v).into_owned());
-                                match hd.key {
-                                    "ferry-event-id" => id = v,
-                                    "ferry-aggregate-id" => agg = v,
-                                    "ferry-aggregate-version" => {
-                                        ver = v.and_then(|v| v.parse::<i64>().ok())
-                                    }
-                                    COMMIT_TS_HEADER => ts = v.and_then(|v| v.parse::<i64>().ok()),
-                                    _ => {}
+                        let headers: Vec<(&str, Option<&[u8]>)> = msg
+                            .headers()
+                            .map(|h| h.iter().map(|h| (h.key, h.value)).collect())
+                            .unwrap_or_default();
+                        let (mut id, mut agg, mut ver, mut ts) = (None, None, None, None);
+                        for (key, value) in &headers {
+                            let v = value.map(|v| String::from_utf8_lossy(v).into_owned());
+                            match *key {
+                                "ferry-event-id" => id = v,
+                                "ferry-aggregate-id" => agg = v,
+                                "ferry-aggregate-version" => {
+                                    ver = v.and_then(|v| v.parse::<i64>().ok())
                                 }
+                                COMMIT_TS_HEADER => ts = v.and_then(|v| v.parse::<i64>().ok()),
+                                _ => {}
                             }
                         }
-                        let mut st = state.lock().expect("verifier lock");
-                        st.observe(id, agg, ver, ts);
+                        state
+                            .lock()
+                            .expect("verifier lock")
+                            .observe(id, agg, ver, ts);
+                        if let Some(hook) = hook.as_mut() {
+                            hook(&Received {
+                                partition: msg.partition(),
+                                offset: msg.offset(),
+                                headers: &headers,
+                                payload: msg.payload(),
+                            });
+                        }
                     }
                 })
                 .map_err(|e| VerifyError(e.to_string()))?
@@ -176,14 +213,11 @@ impl Verifier {
         timeout: Duration,
         pred: impl Fn(&VerifyReport) -> bool,
     ) -> VerifyReport {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let r = self.report();
-            if pred(&r) || tokio::time::Instant::now() >= deadline {
-                return r;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::poll_until(timeout, Duration::from_millis(20), || async {
+            pred(&self.report())
+        })
+        .await;
+        self.report()
     }
 }
 

@@ -1,4 +1,4 @@
-//! Test support: a fresh, isolated database per test on every backend.
+//! A fresh, isolated database per test on every backend.
 //!
 //! * SQLite: a new file in a temporary directory (always available).
 //! * PostgreSQL: a new schema in `FERRY_TEST_POSTGRES_URL` (selected with `search_path`).
@@ -12,10 +12,17 @@ use std::sync::Arc;
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError};
 use sqlx::Executor;
 
-use crate::mysql::MyStore;
-use crate::postgres::PgStore;
-use crate::sqlite::SqliteStore;
-use crate::{db_err, Backend, ConnectOptions};
+use ferry_core::EventRecord;
+use ferry_store::memory::MemoryStore;
+use ferry_store::mysql::MyStore;
+use ferry_store::postgres::PgStore;
+use ferry_store::sqlite::SqliteStore;
+use ferry_store::{Backend, ConnectOptions};
+
+/// A sqlx error as a [`StoreError`] classified like the store's own.
+fn db_err(context: &str, e: sqlx::Error) -> StoreError {
+    StoreError::with_source(ferry_store::error_kind(&e), format!("{context}: {e}"), e)
+}
 
 /// One isolated test database with a migrated outbox and a demo business table `orders`.
 pub struct TestDb {
@@ -119,32 +126,10 @@ impl TestDb {
                     Some(dir),
                 )
             }
-            Backend::Postgres => {
-                let mut c = crate::postgres::connect_one(&admin_url).await?;
-                c.execute(format!("CREATE SCHEMA {name}").as_str())
-                    .await
-                    .map_err(|e| db_err("create schema", e))?;
-                let sep = if admin_url.contains('?') { '&' } else { '?' };
-                (format!("{admin_url}{sep}options[search_path]={name}"), None)
-            }
-            Backend::Mysql => {
-                let pool = sqlx::MySqlPool::connect(&admin_url)
-                    .await
-                    .map_err(|e| db_err("connect to MySQL", e))?;
-                pool.execute(format!("CREATE DATABASE {name}").as_str())
-                    .await
-                    .map_err(|e| db_err("create database", e))?;
-                pool.close().await;
-                let (base, query) = match admin_url.split_once('?') {
-                    Some((b, q)) => (b.to_string(), format!("?{q}")),
-                    None => (admin_url.clone(), String::new()),
-                };
-                let base = base.trim_end_matches('/');
-                let host = match base.rfind('/') {
-                    Some(i) if i > base.find("://").map(|j| j + 2).unwrap_or(0) => &base[..i],
-                    _ => base,
-                };
-                (format!("{host}/{name}{query}"), None)
+            Backend::Postgres | Backend::Mysql => {
+                // TestDb::cleanup_handle makes its own handle
+                let (url, _) = create_namespace(backend, &admin_url, &name).await?;
+                (url, None)
             }
         };
         let kind = match backend {
@@ -257,7 +242,7 @@ impl TestDb {
                     .execute(&mut *tx)
                     .await
                     .map_err(store_err)?;
-                let ids = crate::$module::enqueue_many(&mut tx, events, &limits).await?;
+                let ids = ferry_store::$module::enqueue_many(&mut tx, events, &limits).await?;
                 if commit {
                     tx.commit().await.map_err(store_err)?;
                 } else {
@@ -317,7 +302,7 @@ impl TestDb {
                 tx.execute("SET LOCAL idle_in_transaction_session_timeout = '120s'")
                     .await
                     .expect("timeout");
-                crate::postgres::enqueue_many(&mut tx, events, &limits)
+                ferry_store::postgres::enqueue_many(&mut tx, events, &limits)
                     .await
                     .expect("enqueue in the open transaction");
                 Some(OpenTx::Pg(tx))
@@ -327,7 +312,7 @@ impl TestDb {
                 tx.execute("SET SESSION idle_transaction_timeout = 120")
                     .await
                     .expect("timeout");
-                crate::mysql::enqueue_many(&mut tx, events, &limits)
+                ferry_store::mysql::enqueue_many(&mut tx, events, &limits)
                     .await
                     .expect("enqueue in the open transaction");
                 Some(OpenTx::My(tx))
@@ -338,7 +323,7 @@ impl TestDb {
 
     /// A second, independent store on the same database (a new pool: "reopen the connection").
     pub async fn reopen(&self) -> Arc<dyn OutboxStore> {
-        crate::connect(
+        ferry_store::connect(
             &self.url,
             &ConnectOptions {
                 migrate: false,
@@ -365,7 +350,69 @@ impl TestDb {
     }
 }
 
-/// Drops a test schema/database; see [`TestDb::cleanup_handle`].
+/// Creates the isolated namespace `name` on the server at `admin_url`: a new PostgreSQL schema
+/// (selected with `search_path` in the returned URL, so child processes see the same tables)
+/// or a new MariaDB database. Returns the namespace's URL and the handle that drops it. SQLite
+/// has no server namespace (a new file is one): an error.
+pub async fn create_namespace(
+    backend: Backend,
+    admin_url: &str,
+    name: &str,
+) -> Result<(String, Cleanup), StoreError> {
+    let url = match backend {
+        Backend::Postgres => {
+            let mut c = ferry_store::postgres::connect_one(admin_url).await?;
+            c.execute(format!("CREATE SCHEMA {name}").as_str())
+                .await
+                .map_err(|e| db_err(&format!("create schema {name}"), e))?;
+            let _ = sqlx::Connection::close(c).await;
+            let sep = if admin_url.contains('?') { '&' } else { '?' };
+            format!("{admin_url}{sep}options[search_path]={name}")
+        }
+        Backend::Mysql => {
+            let mut c = <sqlx::MySqlConnection as sqlx::Connection>::connect(admin_url)
+                .await
+                .map_err(|e| db_err("connect to MySQL", e))?;
+            c.execute(format!("CREATE DATABASE {name}").as_str())
+                .await
+                .map_err(|e| db_err(&format!("create database {name}"), e))?;
+            let _ = sqlx::Connection::close(c).await;
+            mysql_url_with_db(admin_url, name)
+        }
+        Backend::Sqlite => {
+            return Err(StoreError::new(
+                ferry_core::StoreErrorKind::Other,
+                "SQLite has no server namespace: use a new file".to_string(),
+            ))
+        }
+    };
+    Ok((
+        url,
+        Cleanup {
+            backend,
+            admin_url: admin_url.to_string(),
+            name: name.to_string(),
+        },
+    ))
+}
+
+/// `mysql://u:p@h:3306/old?x` → `mysql://u:p@h:3306/<db>?x`.
+pub fn mysql_url_with_db(admin: &str, db: &str) -> String {
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (admin, String::new()),
+    };
+    let base = base.trim_end_matches('/');
+    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let host = match base[authority_start..].find('/') {
+        Some(i) => &base[..authority_start + i],
+        None => base,
+    };
+    format!("{host}/{db}{query}")
+}
+
+/// Drops a test schema/database; see [`TestDb::cleanup_handle`] and [`create_namespace`].
+#[derive(Debug, Clone)]
 pub struct Cleanup {
     backend: Backend,
     admin_url: String,
@@ -373,25 +420,36 @@ pub struct Cleanup {
 }
 
 impl Cleanup {
-    /// Drops it.
+    /// Drops it, ignoring failures (a test's database that cannot be dropped is left behind).
     pub async fn run(self) {
+        let _ = self.try_run().await;
+    }
+
+    /// Drops it (`IF EXISTS`: dropping twice is no error).
+    pub async fn try_run(self) -> Result<(), StoreError> {
+        let stmt = match self.backend {
+            Backend::Postgres => format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+            Backend::Mysql => format!("DROP DATABASE IF EXISTS {}", self.name),
+            Backend::Sqlite => return Ok(()),
+        };
+        let context = format!("drop {}", self.name);
         match self.backend {
             Backend::Postgres => {
-                if let Ok(mut c) = crate::postgres::connect_one(&self.admin_url).await {
-                    let _ = c
-                        .execute(format!("DROP SCHEMA {} CASCADE", self.name).as_str())
-                        .await;
-                }
+                let mut c = ferry_store::postgres::connect_one(&self.admin_url).await?;
+                c.execute(stmt.as_str())
+                    .await
+                    .map_err(|e| db_err(&context, e))?;
             }
-            Backend::Mysql => {
-                if let Ok(pool) = sqlx::MySqlPool::connect(&self.admin_url).await {
-                    let _ = pool
-                        .execute(format!("DROP DATABASE {}", self.name).as_str())
-                        .await;
-                }
+            _ => {
+                let mut c = <sqlx::MySqlConnection as sqlx::Connection>::connect(&self.admin_url)
+                    .await
+                    .map_err(|e| db_err("connect to MySQL", e))?;
+                c.execute(stmt.as_str())
+                    .await
+                    .map_err(|e| db_err(&context, e))?;
             }
-            Backend::Sqlite => {}
         }
+        Ok(())
     }
 }
 
@@ -420,71 +478,75 @@ impl OpenTx {
     }
 }
 
-/// Like [`on_every_backend!`], for tests `async fn name(db: TestDb, mode: DispatchMode)`: one
-/// test per backend and dispatch mode (modules `row::{sqlite,postgres,mysql}` and
-/// `cursor::{sqlite,postgres,mysql}`).
-#[macro_export]
-macro_rules! on_every_backend_and_mode {
-    ($($name:ident),* $(,)?) => {
-        mod row {
-            $(async fn $name(db: $crate::testkit::TestDb) {
-                super::$name(db, ::ferry_core::DispatchMode::Row).await
-            })*
-            $crate::on_every_backend!($($name),*);
-        }
-        mod cursor {
-            mod sqlite {
-                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let db = $crate::testkit::TestDb::open($crate::Backend::Sqlite).await.expect("SQLite is always available");
-                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
-                })*
-            }
-            mod postgres {
-                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Postgres).await else { return };
-                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
-                })*
-            }
-            mod mysql {
-                $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Mysql).await else { return };
-                    super::super::$name(db, ::ferry_core::DispatchMode::Cursor).await;
-                })*
-            }
-        }
-    };
+/// The database of a test that runs on every store: a SQL [`TestDb`] or the in-memory store.
+/// Tests that need SQL itself (business transactions, reopening, triggers, migrations) take a
+/// [`TestDb`] and run on the SQL backends only.
+pub struct AnyDb {
+    /// The store under test.
+    pub store: Arc<dyn OutboxStore>,
+    sql: Option<TestDb>,
+    memory: Option<Arc<MemoryStore>>,
 }
 
-/// Generates one `#[tokio::test]` per backend (modules `sqlite`, `postgres`, `mysql`) for each
-/// named `async fn name(db: TestDb)` in the calling module. The server backends return early
-/// (skipped, with a printed reason) when their URL is unset, unless `FERRY_REQUIRE_DBS=1`.
-/// The calling crate needs `tokio` (with `macros`) as a dev-dependency.
-#[macro_export]
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let db = $crate::testkit::TestDb::open($crate::Backend::Sqlite).await.expect("SQLite is always available");
-                super::$name(db).await;
-            })*
+impl From<TestDb> for AnyDb {
+    fn from(db: TestDb) -> Self {
+        Self {
+            store: db.store.clone(),
+            sql: Some(db),
+            memory: None,
         }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Postgres).await else { return };
-                super::$name(db).await;
-            })*
+    }
+}
+
+impl AnyDb {
+    /// A fresh in-memory store.
+    pub fn memory() -> Self {
+        let m = Arc::new(MemoryStore::new());
+        Self {
+            store: m.clone(),
+            sql: None,
+            memory: Some(m),
         }
-        mod mysql {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let Some(db) = $crate::testkit::TestDb::open($crate::Backend::Mysql).await else { return };
-                super::$name(db).await;
-            })*
+    }
+
+    /// The SQL database, if this is one.
+    pub fn into_sql(self) -> Option<TestDb> {
+        self.sql
+    }
+
+    /// The SQL database, for the parts of a test that only exist there.
+    pub fn sql(&self) -> Option<&TestDb> {
+        self.sql.as_ref()
+    }
+
+    /// Counts outbox rows behind the store's back: `SELECT COUNT(*) FROM {sql_from_where}` on
+    /// SQL, `keep` over every row on the in-memory store (the same filter, written twice).
+    pub async fn count(&self, sql_from_where: &str, keep: impl Fn(&EventRecord) -> bool) -> i64 {
+        match (&self.sql, &self.memory) {
+            (Some(db), _) => db.count(sql_from_where).await,
+            (None, Some(m)) => m.records().iter().filter(|r| keep(r)).count() as i64,
+            (None, None) => unreachable!("an AnyDb has a store"),
         }
-    };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mysql_url_with_db;
+
+    #[test]
+    fn mysql_database_is_swapped() {
+        assert_eq!(
+            mysql_url_with_db("mysql://root@127.0.0.1:3306/test", "x"),
+            "mysql://root@127.0.0.1:3306/x"
+        );
+        assert_eq!(
+            mysql_url_with_db("mysql://u:p@h/test?ssl-mode=disabled", "x"),
+            "mysql://u:p@h/x?ssl-mode=disabled"
+        );
+        assert_eq!(
+            mysql_url_with_db("mysql://u@h:3306", "x"),
+            "mysql://u@h:3306/x"
+        );
+    }
 }

@@ -1,0 +1,909 @@
+//! The cursor-dispatch conformance suite: every case runs on each SQL store with cursor
+//! dispatch (SQLite, PostgreSQL and MariaDB); see [`CASES`].
+use std::future::Future;
+use std::time::Duration;
+
+use ferry_core::{
+    AdvanceResult, CasResult, ClaimRequest, CursorAdvance, CursorPos, CursorRead, CursorStore,
+    DispatchMode, EventState, ExceptionKind, ExceptionOutcomes, NewEvent, NewException, RetryItem,
+    SlotAdvance, SlotCursor, SlotFence, SlotId, Watermark, SLOT_COUNT,
+};
+
+use super::Case;
+use crate::TestDb;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn all_slots() -> Vec<SlotId> {
+    (0..SLOT_COUNT).collect()
+}
+
+fn ev(agg: &str, v: i64) -> NewEvent {
+    NewEvent::new(
+        agg,
+        v,
+        "orders",
+        "OrderChanged",
+        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
+    )
+    .with_id(format!("e-{agg}-{v}"))
+}
+
+fn cs(db: &TestDb) -> &dyn CursorStore {
+    db.store.cursor().expect("cursor dispatch on this store")
+}
+
+/// Switches to cursor mode and takes every slot for `owner`.
+async fn owned(db: &TestDb, owner: &str) -> Vec<SlotCursor> {
+    let c = cs(db);
+    c.set_dispatch_mode(DispatchMode::Cursor, owner)
+        .await
+        .unwrap();
+    let leases = db
+        .store
+        .acquire_slots(&ferry_core::SlotRequest::new(owner, &all_slots(), LONG))
+        .await
+        .unwrap();
+    assert_eq!(leases.len(), SLOT_COUNT as usize);
+    let cursors = c.load_cursors(owner, &all_slots()).await.unwrap();
+    assert_eq!(cursors.len(), SLOT_COUNT as usize);
+    cursors
+}
+
+fn read_req(cursors: &[SlotCursor], limit: usize) -> CursorRead {
+    CursorRead {
+        from: cursors.iter().map(|c| (c.slot, c.pos)).collect(),
+        limit,
+    }
+}
+
+/// Advances every slot to `to`, with `exceptions`.
+fn advance_all(
+    owner: &str,
+    cursors: &[SlotCursor],
+    to: CursorPos,
+    exceptions: Vec<NewException>,
+) -> CursorAdvance {
+    CursorAdvance {
+        owner: owner.into(),
+        claim_id: ferry_core::new_event_id(),
+        slots: cursors
+            .iter()
+            .map(|c| SlotAdvance {
+                slot: c.slot,
+                epoch: c.epoch,
+                version: c.version,
+                to,
+            })
+            .collect(),
+        exceptions,
+    }
+}
+
+/// Reads until at least `want` events come back. On PostgreSQL any open write transaction in
+/// the cluster (another test's) holds the read horizon back for a while: wait it out.
+async fn read_until(db: &TestDb, req: &CursorRead, want: usize) -> ferry_core::CursorBatch {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let b = cs(db).read_batch(req).await.unwrap();
+        if b.events.len() >= want || tokio::time::Instant::now() > deadline {
+            return b;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn state(db: &TestDb, id: &str) -> Option<EventState> {
+    db.store.record(id).await.unwrap().map(|r| r.state)
+}
+
+/// Reads everything committed, in per-aggregate order, without writing a row; the advance makes
+/// it SENT (derived) and the stored mode reports cursor.
+pub async fn read_advance_derives_sent(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    assert_eq!(cs(&db).dispatch_mode().await.unwrap(), DispatchMode::Cursor);
+    let evs: Vec<NewEvent> = (1..=5).flat_map(|v| [ev("x", v), ev("y", v)]).collect();
+    db.store.enqueue(&evs).await.unwrap();
+    let b = read_until(&db, &read_req(&cursors, 100), 10).await;
+    assert_eq!(b.events.len(), 10);
+    assert!(b.events.iter().all(|e| !e.held));
+    assert!(b.events.windows(2).all(|w| w[0].pos < w[1].pos));
+    let xs: Vec<i64> = b
+        .events
+        .iter()
+        .filter(|e| e.event.aggregate_id == "x")
+        .map(|e| e.event.aggregate_version)
+        .collect();
+    assert_eq!(xs, vec![1, 2, 3, 4, 5]);
+    assert!(b.upto >= b.events.last().unwrap().pos);
+    // reading is not writing: nothing changed
+    assert_eq!(state(&db, "e-x-1").await, Some(EventState::Pending));
+    assert_eq!(db.store.status().await.unwrap().pending, 10);
+    let r = cs(&db)
+        .advance(&advance_all("a", &cursors, b.upto, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(r, AdvanceResult::Applied);
+    assert_eq!(state(&db, "e-x-1").await, Some(EventState::Sent));
+    let st = db.store.status().await.unwrap();
+    assert_eq!((st.pending, st.claimed, st.quarantined), (0, 0, 0));
+    // a new read past the cursor is empty
+    let cursors = cs(&db).load_cursors("a", &all_slots()).await.unwrap();
+    assert!(cursors.iter().all(|c| c.version == 2 && c.pos == b.upto));
+    let again = cs(&db).read_batch(&read_req(&cursors, 100)).await.unwrap();
+    assert!(again.events.is_empty());
+    db.cleanup().await;
+}
+
+/// A read returning `limit` rows stops at its last row; the next read continues from there.
+pub async fn reads_are_cut_at_the_limit_and_resume(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    let evs: Vec<NewEvent> = (1..=30).map(|v| ev("hot", v)).collect();
+    db.store.enqueue(&evs).await.unwrap();
+    let b1 = read_until(&db, &read_req(&cursors, 12), 12).await;
+    assert_eq!(b1.events.len(), 12);
+    assert_eq!(b1.upto, b1.events.last().unwrap().pos);
+    let from: Vec<(SlotId, CursorPos)> = cursors.iter().map(|c| (c.slot, b1.upto)).collect();
+    let b2 = read_until(&db, &CursorRead { from, limit: 100 }, 18).await;
+    let versions: Vec<i64> = b1
+        .events
+        .iter()
+        .chain(&b2.events)
+        .map(|e| e.event.aggregate_version)
+        .collect();
+    assert_eq!(versions, (1..=30).collect::<Vec<_>>());
+    db.cleanup().await;
+}
+
+/// The seed's stale-claim case at batch granularity: A reads, loses the slot, B takes over
+/// (epoch + 1) and reads the same events; A's advance changes nothing, B's applies.
+pub async fn stale_owner_advance_is_fenced(db: TestDb) {
+    let c = cs(&db);
+    c.set_dispatch_mode(DispatchMode::Cursor, "a")
+        .await
+        .unwrap();
+    db.store.enqueue(&[ev("order-7", 1)]).await.unwrap();
+    let slot = ferry_core::slot_for("order-7");
+    db.store
+        .acquire_slots(&ferry_core::SlotRequest::new(
+            "a",
+            &[slot],
+            Duration::from_millis(300),
+        ))
+        .await
+        .unwrap();
+    let a = c.load_cursors("a", &[slot]).await.unwrap();
+    let a_read = read_until(&db, &read_req(&a, 10), 1).await;
+    assert_eq!(a_read.events.len(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let leases = db
+        .store
+        .acquire_slots(&ferry_core::SlotRequest::new("b", &[slot], LONG))
+        .await
+        .unwrap();
+    assert_eq!(leases[0].epoch, a[0].epoch + 1);
+    let b = c.load_cursors("b", &[slot]).await.unwrap();
+    assert!(c.load_cursors("a", &[slot]).await.unwrap().is_empty());
+    let b_read = read_until(&db, &read_req(&b, 10), 1).await;
+    assert_eq!(b_read.events.len(), 1, "B reads the same event again");
+    let ra = c
+        .advance(&advance_all("a", &a, a_read.upto, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(ra, AdvanceResult::Fenced);
+    // a stale advance writes nothing, not even its exceptions
+    let ra2 = c
+        .advance(&advance_all(
+            "a",
+            &a,
+            a_read.upto,
+            vec![NewException {
+                seq: a_read.events[0].event.token.seq,
+                slot,
+                aggregate_id: "order-7".into(),
+                aggregate_version: 1,
+                attempts: 1,
+                kind: ExceptionKind::Quarantine("stale".into()),
+            }],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(ra2, AdvanceResult::Fenced);
+    assert_eq!(state(&db, "e-order-7-1").await, Some(EventState::Pending));
+    let rb = c
+        .advance(&advance_all("b", &b, b_read.upto, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(rb, AdvanceResult::Applied);
+    assert_eq!(state(&db, "e-order-7-1").await, Some(EventState::Sent));
+    // B's own token is now stale too (version moved): a replay of its advance is fenced
+    let rb2 = c
+        .advance(&advance_all("b", &b, b_read.upto, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(rb2, AdvanceResult::Fenced);
+    db.cleanup().await;
+}
+
+/// A lost commit response is resolved by the advance's pre-generated id.
+pub async fn lookup_advance_finds_a_committed_advance(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    db.store.enqueue(&[ev("l", 1)]).await.unwrap();
+    let b = read_until(&db, &read_req(&cursors, 10), 1).await;
+    let adv = advance_all("a", &cursors, b.upto, vec![]);
+    assert!(!cs(&db).lookup_advance(&adv.claim_id).await.unwrap());
+    cs(&db).advance(&adv).await.unwrap();
+    assert!(cs(&db).lookup_advance(&adv.claim_id).await.unwrap());
+    assert!(!cs(&db).lookup_advance("never-ran").await.unwrap());
+    db.cleanup().await;
+}
+
+/// Failed items get row state in the advance's transaction; later versions of their aggregate
+/// are held behind them (the read flags them, the exception claim keeps version order), and
+/// the per-row protocol applies to exceptions: fenced tokens, retry, quarantine, operator
+/// requeue and skip.
+pub async fn exceptions_hold_successors_in_order(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    db.store
+        .enqueue(&[ev("p", 1), ev("p", 2), ev("q", 1)])
+        .await
+        .unwrap();
+    let b = read_until(&db, &read_req(&cursors, 10), 3).await;
+    let find = |agg: &str, v: i64| {
+        b.events
+            .iter()
+            .find(|e| e.event.aggregate_id == agg && e.event.aggregate_version == v)
+            .unwrap()
+            .event
+            .clone()
+    };
+    let (p1, p2) = (find("p", 1), find("p", 2));
+    let exc = |e: &ferry_core::ClaimedEvent, kind: ExceptionKind| NewException {
+        seq: e.token.seq,
+        slot: e.shard_slot,
+        aggregate_id: e.aggregate_id.clone(),
+        aggregate_version: e.aggregate_version,
+        // a held item failed nothing itself
+        attempts: if kind == ExceptionKind::Held { 0 } else { 1 },
+        kind,
+    };
+    let adv = advance_all(
+        "a",
+        &cursors,
+        b.upto,
+        vec![
+            exc(&p1, ExceptionKind::Quarantine("schema".into())),
+            exc(&p2, ExceptionKind::Held),
+        ],
+    );
+    assert_eq!(cs(&db).advance(&adv).await.unwrap(), AdvanceResult::Applied);
+    assert_eq!(state(&db, "e-q-1").await, Some(EventState::Sent));
+    assert_eq!(state(&db, "e-p-1").await, Some(EventState::Quarantined));
+    assert_eq!(state(&db, "e-p-2").await, Some(EventState::Pending));
+    let st = db.store.status().await.unwrap();
+    assert_eq!(
+        (st.pending, st.quarantined, st.blocked_aggregates),
+        (1, 1, 1)
+    );
+    let q = db.store.list_quarantined(10).await.unwrap();
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].event_id, "e-p-1");
+    assert_eq!(q[0].blocked_successors, 1);
+    // a new version of p is read as held
+    db.store.enqueue(&[ev("p", 3)]).await.unwrap();
+    let cursors = cs(&db).load_cursors("a", &all_slots()).await.unwrap();
+    let b3 = read_until(&db, &read_req(&cursors, 10), 1).await;
+    assert_eq!(b3.events.len(), 1);
+    assert!(b3.events[0].held);
+    // the held successor is not claimable while p-1 is quarantined
+    let mut req = ClaimRequest::new(all_slots(), 10, LONG);
+    req.fence = Some(SlotFence { owner: "a".into() });
+    assert!(cs(&db).claim_exceptions(&req).await.unwrap().is_empty());
+    // operator requeue: p-1 first, then p-2 (one per claim: the predecessor rule)
+    db.store
+        .requeue(&ferry_core::OperatorAction::new("e-p-1", "op"))
+        .await
+        .unwrap();
+    let c1 = cs(&db).claim_exceptions(&req).await.unwrap();
+    assert_eq!(c1.len(), 1);
+    assert_eq!(c1[0].token.event_id, "e-p-1");
+    assert_eq!(c1[0].payload, r#"{"agg":"p","v":1}"#);
+    // a stale token is fenced; the live one applies
+    let mut stale = c1[0].token.clone();
+    stale.claim_version -= 1;
+    let r = cs(&db)
+        .settle_exceptions(&ExceptionOutcomes {
+            acked: vec![stale, c1[0].token.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        r.items.iter().map(|i| i.1).collect::<Vec<_>>(),
+        vec![CasResult::Fenced, CasResult::Applied]
+    );
+    assert_eq!(state(&db, "e-p-1").await, Some(EventState::Sent));
+    let c2 = cs(&db).claim_exceptions(&req).await.unwrap();
+    assert_eq!(c2.len(), 1);
+    assert_eq!(c2[0].token.event_id, "e-p-2");
+    // a retry pushes it back with attempts + 1
+    let r = cs(&db)
+        .settle_exceptions(&ExceptionOutcomes {
+            retry: vec![RetryItem {
+                token: c2[0].token.clone(),
+                delay: Duration::from_millis(200),
+                error: "broker busy".into(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.applied(), 1);
+    let rec = db.store.record("e-p-2").await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.attempts), (EventState::Pending, 1));
+    assert_eq!(rec.last_error.as_deref(), Some("broker busy"));
+    assert!(cs(&db).claim_exceptions(&req).await.unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c3 = cs(&db).claim_exceptions(&req).await.unwrap();
+    assert_eq!(c3[0].token.event_id, "e-p-2");
+    assert_eq!(c3[0].attempts, 1);
+    // quarantine it, then skip it: successors are released, the skip is recorded
+    cs(&db)
+        .settle_exceptions(&ExceptionOutcomes {
+            quarantine: vec![(c3[0].token.clone(), "too large".into())],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    db.store
+        .skip(&ferry_core::OperatorAction::new("e-p-2", "op"))
+        .await
+        .unwrap();
+    let rec = db.store.record("e-p-2").await.unwrap().unwrap();
+    assert_eq!(rec.state, EventState::Skipped);
+    assert_eq!(rec.resolved_by.as_deref(), Some("op"));
+    // skipping something that is not quarantined is a clear error
+    assert!(db
+        .store
+        .skip(&ferry_core::OperatorAction::new("e-q-1", "op"))
+        .await
+        .is_err());
+    db.cleanup().await;
+}
+
+/// Reconciliation and retention see the derived states: SENT behind the cursor, PENDING ahead,
+/// exception states as written; purge deletes only SENT rows behind the cursors.
+pub async fn reconcile_and_purge_use_derived_states(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    db.store
+        .enqueue(&[ev("r", 1), ev("r", 2), ev("s", 1)])
+        .await
+        .unwrap();
+    let b = read_until(&db, &read_req(&cursors, 10), 3).await;
+    let r2 = b
+        .events
+        .iter()
+        .find(|e| e.event.aggregate_id == "r" && e.event.aggregate_version == 2)
+        .unwrap();
+    let adv = advance_all(
+        "a",
+        &cursors,
+        b.upto,
+        vec![NewException {
+            seq: r2.event.token.seq,
+            slot: r2.event.shard_slot,
+            aggregate_id: "r".into(),
+            aggregate_version: 2,
+            attempts: 0,
+            kind: ExceptionKind::Unknown("no answer".into()),
+        }],
+    );
+    cs(&db).advance(&adv).await.unwrap();
+    db.store.enqueue(&[ev("t", 1)]).await.unwrap(); // ahead of the cursor
+    let rep = db
+        .store
+        .reconcile(&ferry_core::ReconcileRequest {
+            watermark: Watermark::Seq(i64::MAX),
+            consumer: None,
+            business: None,
+            list_limit: 10,
+        })
+        .await
+        .unwrap();
+    assert!(rep.classes_sum_to_total(), "{rep:?}");
+    assert_eq!(rep.total, 4);
+    assert_eq!(rep.published_awaiting_consumption, 2, "{rep:?}");
+    assert_eq!(rep.not_yet_published, 2, "{rep:?}");
+    let dry = db
+        .store
+        .purge_sent(&ferry_core::PurgeRequest {
+            older_than: Duration::ZERO,
+            batch: 10,
+            consumer: None,
+            dry_run: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(dry, 2);
+    let n = db
+        .store
+        .purge_sent(&ferry_core::PurgeRequest {
+            older_than: Duration::ZERO,
+            batch: 1,
+            consumer: None,
+            dry_run: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    assert!(db.store.record("e-r-1").await.unwrap().is_none());
+    assert_eq!(state(&db, "e-r-2").await, Some(EventState::Pending));
+    assert_eq!(state(&db, "e-t-1").await, Some(EventState::Pending));
+    db.cleanup().await;
+}
+
+/// A producer transaction that is still open delays only its own intents: a later commit is
+/// read meanwhile, the open one once it commits (whatever order the two commit in, nothing is
+/// skipped), and a rolled-back one never appears (PostgreSQL; on SQLite an open write
+/// transaction blocks every other writer).
+pub async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    let Some(open) = db.open_producer_tx(&[ev("late", 1)]).await else {
+        eprintln!("not applicable on SQLite: an open write transaction blocks every writer");
+        db.cleanup().await;
+        return;
+    };
+    let rolled = db.open_producer_tx(&[ev("gone", 1)]).await.unwrap();
+    db.store.enqueue(&[ev("early", 1)]).await.unwrap();
+    if db.backend == ferry_store::Backend::Mysql {
+        return open_transactions_hold_the_mysql_horizon(db, cursors, open, rolled).await;
+    }
+    let b = read_until(&db, &read_req(&cursors, 10), 1).await;
+    let ids: Vec<&str> = b
+        .events
+        .iter()
+        .map(|e| e.event.token.event_id.as_str())
+        .collect();
+    assert_eq!(ids, vec!["e-early-1"], "only the committed intent");
+    let h = cs(&db).horizon().await.unwrap();
+    assert!(
+        h.oldest_xact_pid.is_some(),
+        "the open transaction is reported: {h:?}"
+    );
+    cs(&db)
+        .advance(&advance_all("a", &cursors, b.upto, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(state(&db, "e-early-1").await, Some(EventState::Sent));
+    // the cursor is past "early", whose transaction began after "late"'s: "late" still comes
+    open.commit().await;
+    rolled.rollback().await;
+    let cursors = cs(&db).load_cursors("a", &all_slots()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut cursors = cursors;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen.is_empty() && tokio::time::Instant::now() < deadline {
+        let b = cs(&db).read_batch(&read_req(&cursors, 10)).await.unwrap();
+        seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+        cs(&db)
+            .advance(&advance_all("a", &cursors, b.upto, vec![]))
+            .await
+            .unwrap();
+        cursors = cs(&db).load_cursors("a", &all_slots()).await.unwrap();
+    }
+    assert_eq!(seen, vec!["e-late-1".to_string()]);
+    assert_eq!(state(&db, "e-late-1").await, Some(EventState::Sent));
+    assert!(db.store.record("e-gone-1").await.unwrap().is_none());
+    db.cleanup().await;
+}
+
+/// MySQL/MariaDB (the commit gate): an open producer transaction holds the horizon, so nothing
+/// committed after it began is read either; once it ends, its intents and the later ones are
+/// read in `seq` order, and a rolled-back one never appears.
+async fn open_transactions_hold_the_mysql_horizon(
+    db: TestDb,
+    cursors: Vec<SlotCursor>,
+    open: crate::OpenTx,
+    rolled: crate::OpenTx,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while tokio::time::Instant::now() < deadline {
+        let b = cs(&db).read_batch(&read_req(&cursors, 10)).await.unwrap();
+        assert!(
+            b.events.is_empty(),
+            "read past an open transaction: {:?}",
+            b.events
+        );
+        assert!(
+            b.upto.seq <= 0,
+            "the horizon passed an open transaction: {:?}",
+            b.upto
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let h = cs(&db).horizon().await.unwrap();
+    assert!(
+        h.oldest_xact_pid.is_some(),
+        "the open transaction is reported: {h:?}"
+    );
+    // Other producers do not wait for it, multi-row inserts included (the ticker is waiting for
+    // the open transaction's gate; MariaDB ignores SKIP LOCKED from a statement's second row on,
+    // which the trigger works around).
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        db.store
+            .enqueue(&[ev("multi", 1), ev("multi", 2), ev("other", 1)]),
+    )
+    .await
+    .expect("a multi-row insert waited for the open transaction")
+    .unwrap();
+    open.commit().await;
+    rolled.rollback().await;
+    let b = read_until(&db, &read_req(&cursors, 10), 5).await;
+    let ids: Vec<&str> = b
+        .events
+        .iter()
+        .map(|e| e.event.token.event_id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            "e-late-1",
+            "e-early-1",
+            "e-multi-1",
+            "e-multi-2",
+            "e-other-1"
+        ]
+    );
+    cs(&db)
+        .advance(&advance_all("a", &cursors, b.upto, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(state(&db, "e-late-1").await, Some(EventState::Sent));
+    assert_eq!(state(&db, "e-early-1").await, Some(EventState::Sent));
+    assert_eq!(state(&db, "e-other-1").await, Some(EventState::Sent));
+    assert!(db.store.record("e-gone-1").await.unwrap().is_none());
+    db.cleanup().await;
+}
+
+/// Switching modes converts delivery state both ways: row-mode work becomes exception rows,
+/// cursor-mode derived states become row states.
+pub async fn mode_switch_converts_state(db: TestDb) {
+    let c = cs(&db);
+    assert_eq!(c.dispatch_mode().await.unwrap(), DispatchMode::Row);
+    db.store
+        .enqueue(&[ev("m", 1), ev("m", 2), ev("n", 1)])
+        .await
+        .unwrap();
+    // row mode: n-1 sent, m-1 quarantined, m-2 pending
+    let claimed = db
+        .store
+        .claim(&ClaimRequest::new(all_slots(), 10, LONG))
+        .await
+        .unwrap();
+    let tok = |id: &str| {
+        claimed
+            .iter()
+            .find(|e| e.token.event_id == id)
+            .unwrap()
+            .token
+            .clone()
+    };
+    db.store.ack(&[tok("e-n-1")]).await.unwrap();
+    db.store
+        .quarantine(&[(tok("e-m-1"), "bad".into())])
+        .await
+        .unwrap();
+    // another live relay blocks the switch
+    db.store
+        .heartbeat_member(&ferry_core::MemberHeartbeat::new("other", LONG))
+        .await
+        .unwrap();
+    let err = c
+        .set_dispatch_mode(DispatchMode::Cursor, "me")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("live relay"), "{err}");
+    db.store.leave_member("other").await.unwrap();
+    assert!(c
+        .set_dispatch_mode(DispatchMode::Cursor, "me")
+        .await
+        .unwrap());
+    assert!(!c
+        .set_dispatch_mode(DispatchMode::Cursor, "me")
+        .await
+        .unwrap());
+    assert_eq!(state(&db, "e-n-1").await, Some(EventState::Sent));
+    assert_eq!(state(&db, "e-m-1").await, Some(EventState::Quarantined));
+    assert_eq!(state(&db, "e-m-2").await, Some(EventState::Pending));
+    assert_eq!(db.store.list_quarantined(10).await.unwrap().len(), 1);
+    // cursor mode: the row-mode backlog (m-2, held behind quarantined m-1) and a new event are
+    // read by the cursor; the row already SENT (n-1) is passed over
+    db.store.enqueue(&[ev("o", 1)]).await.unwrap();
+    db.store
+        .acquire_slots(&ferry_core::SlotRequest::new("me", &all_slots(), LONG))
+        .await
+        .unwrap();
+    let cursors = c.load_cursors("me", &all_slots()).await.unwrap();
+    let b = read_until(&db, &read_req(&cursors, 10), 2).await;
+    let got: Vec<(&str, bool)> = b
+        .events
+        .iter()
+        .map(|e| (e.event.token.event_id.as_str(), e.held))
+        .collect();
+    assert_eq!(got, vec![("e-m-2", true), ("e-o-1", false)]);
+    let m2 = &b.events[0].event;
+    let held = NewException {
+        seq: m2.token.seq,
+        slot: m2.shard_slot,
+        aggregate_id: "m".into(),
+        aggregate_version: 2,
+        attempts: 0,
+        kind: ExceptionKind::Held,
+    };
+    c.advance(&advance_all("me", &cursors, b.upto, vec![held]))
+        .await
+        .unwrap();
+    assert_eq!(state(&db, "e-m-2").await, Some(EventState::Pending));
+    // back to row mode: every state carries over
+    db.store
+        .release_slots(&ferry_core::SlotRelease::new("me", &all_slots()))
+        .await
+        .unwrap();
+    assert!(c.set_dispatch_mode(DispatchMode::Row, "me").await.unwrap());
+    assert_eq!(state(&db, "e-o-1").await, Some(EventState::Sent));
+    assert_eq!(state(&db, "e-n-1").await, Some(EventState::Sent));
+    assert_eq!(state(&db, "e-m-1").await, Some(EventState::Quarantined));
+    assert_eq!(state(&db, "e-m-2").await, Some(EventState::Pending));
+    // and the row protocol continues: requeue m-1, claim it (m-2 waits behind it)
+    db.store
+        .requeue(&ferry_core::OperatorAction::new("e-m-1", "op"))
+        .await
+        .unwrap();
+    let again = db
+        .store
+        .claim(&ClaimRequest::new(all_slots(), 10, LONG))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = again.iter().map(|e| e.token.event_id.as_str()).collect();
+    assert_eq!(ids, vec!["e-m-1"]);
+    db.cleanup().await;
+}
+
+/// Reads past `from` and moves every position in it to the read's `upto` (a reader that keeps
+/// its positions in memory, as a relay worker does between advances).
+async fn read_on(
+    db: &TestDb,
+    from: &mut [(SlotId, CursorPos)],
+    limit: usize,
+) -> ferry_core::CursorBatch {
+    let b = cs(db)
+        .read_batch(&CursorRead {
+            from: from.to_vec(),
+            limit,
+        })
+        .await
+        .unwrap();
+    for (_, p) in from.iter_mut() {
+        *p = (*p).max(b.upto);
+    }
+    b
+}
+
+/// Reads by several readers take many ticks (PostgreSQL: one per caught-up read); a reader
+/// behind them reads all of them, in pieces cut at a small limit or in one call, and gets every
+/// intent of its slots exactly once, in position and per-aggregate order, including one whose
+/// transaction stayed open across many ticks and committed late (and never a rolled-back one).
+pub async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    let even = |slot: SlotId| slot.is_multiple_of(2);
+    let (evens, odds): (Vec<SlotCursor>, Vec<SlotCursor>) =
+        cursors.iter().partition(|c| even(c.slot));
+    let late = db
+        .open_producer_tx(&[ev("late-even", 1), ev("late-odd", 1)])
+        .await;
+    let rolled = db
+        .open_producer_tx(&[ev("gone-even", 1), ev("gone-odd", 1)])
+        .await;
+    let mut odd_from: Vec<(SlotId, CursorPos)> = odds.iter().map(|c| (c.slot, c.pos)).collect();
+    let mut odd_seen = Vec::new();
+    let mut expected = 0;
+    let mut late = late;
+    let mut rolled = rolled;
+    for i in 0..40 {
+        let evs: Vec<NewEvent> = (0..3)
+            .map(|k| {
+                let n = i * 3 + k;
+                ev(&format!("a{}", n % 11), n + 1)
+            })
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+        expected += evs.len();
+        // the odd reader, caught up, takes a tick on every read
+        let b = read_on(&db, &mut odd_from, 1000).await;
+        odd_seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+        if i == 20 {
+            if let Some(tx) = late.take() {
+                tx.commit().await;
+                expected += 2;
+            }
+            if let Some(tx) = rolled.take() {
+                tx.rollback().await;
+            }
+        }
+    }
+    let slot_of = |e: &ferry_core::CursorEvent| e.event.shard_slot;
+    // the even reader, behind every tick, in pieces of 4
+    let mut from: Vec<(SlotId, CursorPos)> = evens.iter().map(|c| (c.slot, c.pos)).collect();
+    let mut pieces = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let b = read_on(&db, &mut from, 4).await;
+        assert!(b.events.len() <= 4);
+        assert!(b.events.iter().all(|e| even(slot_of(e))));
+        pieces.extend(b.events.iter().cloned());
+        let odd_total = odd_seen.len();
+        let have = pieces.len() + odd_total;
+        if (have >= expected && !b.more) || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        if !b.more {
+            // the odd reader keeps reading too (another test's open transaction may hold rows
+            // in a later window for a while)
+            let b = read_on(&db, &mut odd_from, 1000).await;
+            odd_seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(
+        pieces.windows(2).all(|w| w[0].pos < w[1].pos),
+        "positions ascend"
+    );
+    let ids: Vec<String> = pieces
+        .iter()
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    let mut all: Vec<String> = ids.iter().chain(&odd_seen).cloned().collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "no intent read twice");
+    assert_eq!(n, expected, "every committed intent read once");
+    assert!(
+        !all.iter().any(|id| id.starts_with("e-gone")),
+        "a rolled-back intent"
+    );
+    for agg in (0..11).map(|a| format!("a{a}")) {
+        let vs: Vec<i64> = pieces
+            .iter()
+            .filter(|e| e.event.aggregate_id == agg)
+            .map(|e| e.event.aggregate_version)
+            .collect();
+        assert!(vs.windows(2).all(|w| w[0] < w[1]), "{agg}: {vs:?}");
+    }
+    // one call from the start reads every span there is
+    let all_even = evens.iter().map(|c| (c.slot, c.pos)).collect();
+    let one = cs(&db)
+        .read_batch(&CursorRead {
+            from: all_even,
+            limit: 100_000,
+        })
+        .await
+        .unwrap();
+    let one_ids: Vec<String> = one
+        .events
+        .iter()
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    assert_eq!(
+        one_ids, ids,
+        "one call reads what the pieces read, in the same order"
+    );
+    // slots at different positions: half of them from the start, half from the middle
+    let mid = pieces[pieces.len() / 2].pos;
+    let staggered: Vec<(SlotId, CursorPos)> = evens
+        .iter()
+        .map(|c| (c.slot, if c.slot.is_multiple_of(4) { c.pos } else { mid }))
+        .collect();
+    let want: Vec<String> = pieces
+        .iter()
+        .filter(|e| slot_of(e).is_multiple_of(4) || e.pos > mid)
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    let got = cs(&db)
+        .read_batch(&CursorRead {
+            from: staggered.clone(),
+            limit: 100_000,
+        })
+        .await
+        .unwrap();
+    let got: Vec<String> = got
+        .events
+        .iter()
+        .map(|e| e.event.token.event_id.clone())
+        .collect();
+    assert_eq!(got, want, "per-slot positions");
+    // and cut at a small limit
+    let mut from = staggered;
+    let mut got = Vec::new();
+    for _ in 0..1000 {
+        let b = read_on(&db, &mut from, 3).await;
+        got.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+        if !b.more && b.events.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got, want, "per-slot positions, in pieces");
+    if db.backend == ferry_store::Backend::Postgres {
+        assert!(
+            pieces.last().unwrap().pos.tick > 20,
+            "the odd reader took many ticks: {:?}",
+            pieces.last().unwrap().pos
+        );
+    }
+    db.cleanup().await;
+}
+
+/// Every case, in order.
+pub const CASES: &[Case<TestDb>] = &[
+    Case {
+        name: "read_advance_derives_sent",
+        sql_only: true,
+        run: |db| Box::pin(read_advance_derives_sent(db)),
+    },
+    Case {
+        name: "reads_are_cut_at_the_limit_and_resume",
+        sql_only: true,
+        run: |db| Box::pin(reads_are_cut_at_the_limit_and_resume(db)),
+    },
+    Case {
+        name: "stale_owner_advance_is_fenced",
+        sql_only: true,
+        run: |db| Box::pin(stale_owner_advance_is_fenced(db)),
+    },
+    Case {
+        name: "lookup_advance_finds_a_committed_advance",
+        sql_only: true,
+        run: |db| Box::pin(lookup_advance_finds_a_committed_advance(db)),
+    },
+    Case {
+        name: "exceptions_hold_successors_in_order",
+        sql_only: true,
+        run: |db| Box::pin(exceptions_hold_successors_in_order(db)),
+    },
+    Case {
+        name: "reconcile_and_purge_use_derived_states",
+        sql_only: true,
+        run: |db| Box::pin(reconcile_and_purge_use_derived_states(db)),
+    },
+    Case {
+        name: "open_transactions_delay_only_their_own_rows",
+        sql_only: true,
+        run: |db| Box::pin(open_transactions_delay_only_their_own_rows(db)),
+    },
+    Case {
+        name: "mode_switch_converts_state",
+        sql_only: true,
+        run: |db| Box::pin(mode_switch_converts_state(db)),
+    },
+    Case {
+        name: "a_reader_behind_many_ticks_misses_nothing",
+        sql_only: true,
+        run: |db| Box::pin(a_reader_behind_many_ticks_misses_nothing(db)),
+    },
+];
+
+/// Runs every case, in order, each on a fresh database from `factory`. Panics at the first
+/// failing case.
+pub async fn exercise<F, Fut>(mut factory: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = TestDb>,
+{
+    for case in CASES {
+        let db = factory().await;
+        let cleanup = db.cleanup_handle();
+        (case.run)(db).await;
+        cleanup.run().await;
+    }
+}
