@@ -1,13 +1,38 @@
 //! Backend-neutral helpers shared by the SQL backends (PostgreSQL, MySQL/MariaDB, SQLite) and
 //! the in-memory store: operator errors, record decoding, cursor-dispatch exception rows.
+use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use ferry_core::{EventRecord, EventState, ExceptionKind, StoreError, StoreErrorKind};
+use ferry_core::{
+    EnqueueError, EventRecord, EventState, ExceptionKind, StoreError, StoreErrorKind,
+    ValidatedEvent,
+};
+
+use crate::db_err;
 
 /// A duration in whole microseconds, saturating.
 pub(crate) fn micros(d: Duration) -> i64 {
     d.as_micros().min(i64::MAX as u128) as i64
+}
+
+/// The error of an operator enqueue whose own transaction could not begin.
+pub(crate) fn begin_err(e: sqlx::Error) -> EnqueueError {
+    EnqueueError::Store(db_err("begin", e).to_string())
+}
+
+/// Runs `commit` (an operator enqueue's own transaction's `commit()`, not yet polled, after
+/// `rows` were inserted in it) past the `enqueue-before-commit` failpoint and returns the rows'
+/// event ids, in order.
+pub(crate) async fn commit_enqueue(
+    commit: impl Future<Output = Result<(), sqlx::Error>>,
+    rows: Vec<ValidatedEvent>,
+) -> Result<Vec<String>, EnqueueError> {
+    ferry_core::failpoint::hit("enqueue-before-commit");
+    commit
+        .await
+        .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
+    Ok(rows.into_iter().map(|r| r.event_id).collect())
 }
 
 /// The row an exception starts as: its state, how long from now until it is due (µs), and its

@@ -3,7 +3,6 @@
 //! The statements differ only in placeholders, clocks and string concatenation, so they are
 //! written once against a small [`Dialect`]; [`Pools`] runs them on the right pool.
 use std::collections::HashMap;
-use std::time::Duration;
 
 use ferry_core::{
     now_micros, BusinessTable, DispatchMode, PurgeRequest, ReconcileReport, ReconcileRequest,
@@ -11,6 +10,7 @@ use ferry_core::{
 };
 use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 
+use crate::common::micros;
 use crate::db_err;
 
 /// A borrowed pool of one backend.
@@ -187,10 +187,6 @@ pub fn validate_identifier(what: &str, name: &str) -> Result<(), StoreError> {
             format!("invalid {what} {name:?}: use letters, digits and underscores (not starting with a digit), at most 63 characters"),
         ))
     }
-}
-
-fn micros(d: Duration) -> i64 {
-    d.as_micros().min(i64::MAX as u128) as i64
 }
 
 /// "recorded in the consumer's Inbox", for outbox rows qualified as `q`.

@@ -13,13 +13,13 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
-    StoreErrorKind, ValidatedEvent,
+    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row};
 
-use crate::common::{not_quarantined, record_from};
+use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
 
 const INSERT: &str = "INSERT INTO ferry_outbox \
@@ -108,10 +108,6 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
         attempts: r.get(12),
         created_at: r.get(13),
     }
-}
-
-fn micros(d: Duration) -> i64 {
-    d.as_micros().min(i64::MAX as u128) as i64
 }
 
 impl PgStore {
@@ -570,34 +566,18 @@ impl ferry_core::OperatorActions for PgStore {
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            let mut tx = self.pool.begin().await.map_err(begin_err)?;
             insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
+            commit_enqueue(tx.commit(), rows).await
         })
     }
 
-    fn requeue<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
     }
 
-    fn skip<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
     }
 
     fn list_quarantined(

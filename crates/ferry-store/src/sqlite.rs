@@ -22,14 +22,14 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem,
+    SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::common::{not_quarantined, record_from};
+use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
 
 /// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
@@ -235,10 +235,6 @@ pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
         attempts: r.get(12),
         created_at: r.get(13),
     }
-}
-
-fn micros(d: Duration) -> i64 {
-    d.as_micros().min(i64::MAX as u128) as i64
 }
 
 fn json_slots(slots: &[SlotId]) -> String {
@@ -675,33 +671,18 @@ impl ferry_core::OperatorActions for SqliteStore {
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            let mut tx = self.begin_write().await.map_err(begin_err)?;
             insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
+            commit_enqueue(tx.commit(), rows).await
         })
     }
 
-    fn requeue<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
     }
 
-    fn skip<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
     }
 
     fn list_quarantined(
