@@ -31,6 +31,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 
 use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
+use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
 
 /// Rows per multi-row statement (11 placeholders per row stays far below MySQL's 65,535).
@@ -118,6 +119,16 @@ pub(crate) fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
         payload: txt(r, 11),
         attempts: r.get(12),
         created_at: r.get(13),
+    }
+}
+
+/// A `ferry_slot_lease` row read as `slot, owner, epoch, lease_until` (µs).
+fn lease_from_row(r: &sqlx::mysql::MySqlRow) -> SlotLease {
+    SlotLease {
+        slot: r.get::<i16, _>(0) as SlotId,
+        owner: txt(r, 1),
+        epoch: r.get(2),
+        lease_until: r.get(3),
     }
 }
 
@@ -723,15 +734,7 @@ impl ferry_core::SlotOwnership for MyStore {
             tx.commit()
                 .await
                 .map_err(|e| db_err("acquire slots: commit", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: txt(r, 1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            Ok(rows.iter().map(lease_from_row).collect())
         })
     }
 
@@ -805,15 +808,7 @@ impl ferry_core::SlotOwnership for MyStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: txt(r, 1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            Ok(rows.iter().map(lease_from_row).collect())
         })
     }
 }
@@ -960,12 +955,7 @@ impl ferry_core::OutboxStore for MyStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            crate::ops::purge_sent(
-                crate::ops::Pools::My(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::purge_sent(Pools::My(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
@@ -974,12 +964,7 @@ impl ferry_core::OutboxStore for MyStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            crate::ops::reconcile(
-                crate::ops::Pools::My(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::reconcile(Pools::My(&self.pool), self.stored_mode().await?, req).await
         })
     }
 

@@ -20,6 +20,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row};
 
 use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
+use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
 
 const INSERT: &str = "INSERT INTO ferry_outbox \
@@ -107,6 +108,16 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
         payload: r.get(11),
         attempts: r.get(12),
         created_at: r.get(13),
+    }
+}
+
+/// A `ferry_slot_lease` row read as `slot, owner, epoch, lease_until` (µs).
+fn lease_from_row(r: &sqlx::postgres::PgRow) -> SlotLease {
+    SlotLease {
+        slot: r.get::<i16, _>(0) as SlotId,
+        owner: r.get(1),
+        epoch: r.get(2),
+        lease_until: r.get(3),
     }
 }
 
@@ -470,15 +481,7 @@ impl ferry_core::SlotOwnership for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
-            let mut leases: Vec<SlotLease> = rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect();
+            let mut leases: Vec<SlotLease> = rows.iter().map(lease_from_row).collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
@@ -546,15 +549,7 @@ impl ferry_core::SlotOwnership for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            Ok(rows.iter().map(lease_from_row).collect())
         })
     }
 }
@@ -824,12 +819,7 @@ impl ferry_core::OutboxStore for PgStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            crate::ops::purge_sent(
-                crate::ops::Pools::Pg(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::purge_sent(Pools::Pg(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
@@ -838,12 +828,7 @@ impl ferry_core::OutboxStore for PgStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            crate::ops::reconcile(
-                crate::ops::Pools::Pg(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::reconcile(Pools::Pg(&self.pool), self.stored_mode().await?, req).await
         })
     }
 

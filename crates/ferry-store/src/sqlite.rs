@@ -30,6 +30,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction}
 use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
+use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
 
 /// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
@@ -234,6 +235,16 @@ pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
         payload: r.get(11),
         attempts: r.get(12),
         created_at: r.get(13),
+    }
+}
+
+/// A `ferry_slot_lease` row read as `slot, owner, epoch, lease_until` (µs).
+fn lease_from_row(r: &sqlx::sqlite::SqliteRow) -> SlotLease {
+    SlotLease {
+        slot: r.get::<i64, _>(0) as SlotId,
+        owner: r.get(1),
+        epoch: r.get(2),
+        lease_until: r.get(3),
     }
 }
 
@@ -568,15 +579,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
             tx.commit()
                 .await
                 .map_err(|e| db_err("acquire slots: commit", e))?;
-            let mut leases: Vec<SlotLease> = rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i64, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect();
+            let mut leases: Vec<SlotLease> = rows.iter().map(lease_from_row).collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
@@ -651,15 +654,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i64, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            Ok(rows.iter().map(lease_from_row).collect())
         })
     }
 }
@@ -809,12 +804,7 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            crate::ops::purge_sent(
-                crate::ops::Pools::Lite(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::purge_sent(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
@@ -823,12 +813,7 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            crate::ops::reconcile(
-                crate::ops::Pools::Lite(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::reconcile(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
