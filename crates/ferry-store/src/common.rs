@@ -5,8 +5,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{
-    EnqueueError, EventRecord, EventState, ExceptionKind, StoreError, StoreErrorKind,
-    ValidatedEvent,
+    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, QuarantinedEvent,
+    StoreError, StoreErrorKind, ValidatedEvent,
 };
 
 use crate::db_err;
@@ -61,17 +61,31 @@ pub(crate) fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> Store
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn record_from(
-    event_id: String,
-    state: String,
-    claim_version: i64,
-    claim_id: Option<String>,
-    attempts: i32,
-    last_error: Option<String>,
-    resolved_by: Option<String>,
-    payload: String,
-) -> Result<EventRecord, StoreError> {
+/// An event's delivery-state row: `event_id, state, claim_version, claim_id, attempts,
+/// last_error, resolved_by, payload`.
+pub(crate) type RecordRow = (
+    String,
+    String,
+    i64,
+    Option<String>,
+    i32,
+    Option<String>,
+    Option<String>,
+    String,
+);
+
+/// The relation whose `state` is an intent's effective state: the outbox in row dispatch; in
+/// cursor dispatch the view (the exception row's state, else SENT behind the slot's cursor).
+pub(crate) fn state_table(mode: DispatchMode) -> &'static str {
+    match mode {
+        DispatchMode::Row => "ferry_outbox",
+        DispatchMode::Cursor => "ferry_outbox_cursor_view",
+    }
+}
+
+pub(crate) fn record_from(row: RecordRow) -> Result<EventRecord, StoreError> {
+    let (event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload) =
+        row;
     let state =
         EventState::from_str(&state).map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
     Ok(EventRecord {
@@ -84,4 +98,20 @@ pub(crate) fn record_from(
         resolved_by,
         payload,
     })
+}
+
+/// A quarantined event's row: `event_id, aggregate_id, aggregate_version, last_error,
+/// attempts, blocked_successors`.
+pub(crate) type QuarantinedRow = (String, String, i64, Option<String>, i32, i64);
+
+pub(crate) fn quarantined_from(row: QuarantinedRow) -> QuarantinedEvent {
+    let (event_id, aggregate_id, aggregate_version, last_error, attempts, blocked_successors) = row;
+    QuarantinedEvent {
+        event_id,
+        aggregate_id,
+        aggregate_version,
+        last_error,
+        attempts,
+        blocked_successors,
+    }
 }

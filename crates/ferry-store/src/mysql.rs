@@ -30,7 +30,7 @@ use ferry_core::{
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
+use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from, state_table};
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
 
@@ -916,10 +916,7 @@ impl ferry_core::OperatorActions for MyStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => "ferry_outbox",
-                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
-            };
+            let table = state_table(self.stored_mode().await?);
             let r = sqlx::query(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
                  FROM {table} WHERE event_id = ?"
@@ -929,7 +926,7 @@ impl ferry_core::OperatorActions for MyStore {
             .await
             .map_err(|e| db_err("record", e))?;
             r.map(|r| {
-                record_from(
+                record_from((
                     txt(&r, 0),
                     txt(&r, 1),
                     r.get(2),
@@ -938,7 +935,7 @@ impl ferry_core::OperatorActions for MyStore {
                     otxt(&r, 5),
                     otxt(&r, 6),
                     txt(&r, 7),
-                )
+                ))
             })
             .transpose()
         })

@@ -10,7 +10,7 @@ use ferry_core::{
 };
 use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 
-use crate::common::micros;
+use crate::common::{micros, state_table};
 use crate::db_err;
 
 /// A borrowed pool of one backend.
@@ -324,10 +324,7 @@ pub(crate) async fn reconcile(
         None => "1 = 0".to_string(),
     };
     // cursor mode: the effective state (exception row, else SENT behind the slot's cursor)
-    let table = match mode {
-        DispatchMode::Row => "ferry_outbox",
-        DispatchMode::Cursor => "ferry_outbox_cursor_view",
-    };
+    let table = state_table(mode);
     let class = format!(
         "CASE WHEN {consumed} THEN 'consumed' WHEN o.state = 'QUARANTINED' THEN 'quarantined' \
          WHEN o.state = 'SKIPPED' THEN 'skipped' WHEN o.state = 'SENT' THEN 'published' \

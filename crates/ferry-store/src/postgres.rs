@@ -19,7 +19,10 @@ use ferry_core::{
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row};
 
-use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
+use crate::common::{
+    begin_err, commit_enqueue, micros, not_quarantined, quarantined_from, record_from, state_table,
+    QuarantinedRow, RecordRow,
+};
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
 
@@ -598,22 +601,12 @@ impl ferry_core::OperatorActions for PgStore {
                      WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT $1"
                 }
             };
-            let rows = sqlx::query(sql)
+            let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
                 .bind(limit as i64)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| QuarantinedEvent {
-                    event_id: r.get(0),
-                    aggregate_id: r.get(1),
-                    aggregate_version: r.get(2),
-                    last_error: r.get(3),
-                    attempts: r.get(4),
-                    blocked_successors: r.get(5),
-                })
-                .collect())
+            Ok(rows.into_iter().map(quarantined_from).collect())
         })
     }
 
@@ -677,12 +670,8 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            // cursor mode: the effective state (exception row, else SENT behind the slot's cursor)
-            let table = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => "ferry_outbox",
-                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
-            };
-            let r = sqlx::query(&format!(
+            let table = state_table(self.stored_mode().await?);
+            let r: Option<RecordRow> = sqlx::query_as(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
                  FROM {table} WHERE event_id = $1"
             ))
@@ -690,19 +679,7 @@ impl ferry_core::OperatorActions for PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| {
-                record_from(
-                    r.get(0),
-                    r.get(1),
-                    r.get(2),
-                    r.get(3),
-                    r.get(4),
-                    r.get(5),
-                    r.get(6),
-                    r.get(7),
-                )
-            })
-            .transpose()
+            r.map(record_from).transpose()
         })
     }
 }

@@ -29,7 +29,10 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from};
+use crate::common::{
+    begin_err, commit_enqueue, micros, not_quarantined, quarantined_from, record_from, state_table,
+    QuarantinedRow, RecordRow,
+};
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
 
@@ -703,22 +706,12 @@ impl ferry_core::OperatorActions for SqliteStore {
                  WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
                 }
             };
-            let rows = sqlx::query(sql)
+            let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
                 .bind(limit as i64)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| QuarantinedEvent {
-                    event_id: r.get(0),
-                    aggregate_id: r.get(1),
-                    aggregate_version: r.get(2),
-                    last_error: r.get(3),
-                    attempts: r.get(4),
-                    blocked_successors: r.get(5),
-                })
-                .collect())
+            Ok(rows.into_iter().map(quarantined_from).collect())
         })
     }
 
@@ -765,11 +758,8 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => "ferry_outbox",
-                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
-            };
-            let r = sqlx::query(&format!(
+            let table = state_table(self.stored_mode().await?);
+            let r: Option<RecordRow> = sqlx::query_as(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
                  FROM {table} WHERE event_id = ?"
             ))
@@ -777,19 +767,7 @@ impl ferry_core::OperatorActions for SqliteStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| {
-                record_from(
-                    r.get(0),
-                    r.get(1),
-                    r.get(2),
-                    r.get(3),
-                    r.get(4),
-                    r.get(5),
-                    r.get(6),
-                    r.get(7),
-                )
-            })
-            .transpose()
+            r.map(record_from).transpose()
         })
     }
 }
