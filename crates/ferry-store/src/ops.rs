@@ -8,6 +8,7 @@ use ferry_core::{
     now_micros, BusinessTable, DispatchMode, PurgeRequest, ReconcileReport, ReconcileRequest,
     StoreError, StoreErrorKind, Watermark,
 };
+use sqlx::query::Query;
 use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 
 use crate::common::{micros, state_table};
@@ -37,14 +38,7 @@ impl Pools<'_> {
     ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
         macro_rules! run {
             ($pool:expr, $sql:expr) => {{
-                let mut q = sqlx::query($sql);
-                for b in binds {
-                    q = match b {
-                        Bind::I64(v) => q.bind(*v),
-                        Bind::Str(s) => q.bind(s.clone()),
-                    };
-                }
-                let rows = q
+                let rows = bound($sql, binds)
                     .fetch_all($pool)
                     .await
                     .map_err(|e| db_err("operator query", e))?;
@@ -80,14 +74,8 @@ impl Pools<'_> {
     async fn exec(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
         macro_rules! run {
             ($pool:expr, $sql:expr) => {{
-                let mut q = sqlx::query($sql);
-                for b in binds {
-                    q = match b {
-                        Bind::I64(v) => q.bind(*v),
-                        Bind::Str(s) => q.bind(s.clone()),
-                    };
-                }
-                q.execute($pool)
+                bound($sql, binds)
+                    .execute($pool)
                     .await
                     .map_err(|e| db_err("operator statement", e))?
                     .rows_affected()
@@ -110,6 +98,18 @@ impl Pools<'_> {
             Pools::Lite(_) => Dialect::Lite,
         }
     }
+}
+
+/// `sql` with `binds` bound in order.
+fn bound<'q, DB: sqlx::Database>(sql: &'q str, binds: &[Bind]) -> Query<'q, DB, DB::Arguments<'q>>
+where
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    binds.iter().fold(sqlx::query(sql), |q, b| match b {
+        Bind::I64(v) => q.bind(*v),
+        Bind::Str(s) => q.bind(s.clone()),
+    })
 }
 
 fn pg_placeholders(sql: &str) -> String {
