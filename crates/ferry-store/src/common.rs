@@ -16,6 +16,17 @@ pub(crate) fn micros(d: Duration) -> i64 {
     d.as_micros().min(i64::MAX as u128) as i64
 }
 
+/// `.ctx("what")` on a sqlx result: the error mapped by [`db_err`] with `what` as context.
+pub(crate) trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, StoreError>;
+}
+
+impl<T> Ctx<T> for Result<T, sqlx::Error> {
+    fn ctx(self, what: &str) -> Result<T, StoreError> {
+        self.map_err(|e| db_err(what, e))
+    }
+}
+
 /// The error of an operator enqueue whose own transaction could not begin.
 pub(crate) fn begin_err(e: sqlx::Error) -> EnqueueError {
     EnqueueError::Store(db_err("begin", e).to_string())

@@ -30,7 +30,9 @@ use ferry_core::{
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::common::{begin_err, commit_enqueue, micros, not_quarantined, record_from, state_table};
+use crate::common::{
+    begin_err, commit_enqueue, micros, not_quarantined, record_from, state_table, Ctx,
+};
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
 
@@ -333,11 +335,7 @@ impl MyStore {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| db_err("outcome: begin", e))?;
+        let mut tx = self.pool.begin().await.ctx("outcome: begin")?;
         let report = if let Some(values) = per_item {
             let mut applied = HashMap::new();
             for (t, (delay, text)) in tokens.iter().zip(values) {
@@ -415,9 +413,7 @@ impl MyStore {
                 CasReport::from_applied(tokens, &applied)
             }
         };
-        tx.commit()
-            .await
-            .map_err(|e| db_err("outcome: commit", e))?;
+        tx.commit().await.ctx("outcome: commit")?;
         Ok(report)
     }
 
@@ -502,11 +498,7 @@ impl ferry_core::RowDispatch for MyStore {
             if req.slots.is_empty() || req.limit == 0 {
                 return Ok(Vec::new());
             }
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             let slots = fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
                 return Ok(Vec::new());
@@ -697,11 +689,7 @@ impl ferry_core::SlotOwnership for MyStore {
             if slots.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| db_err("acquire slots: begin", e))?;
+            let mut tx = self.pool.begin().await.ctx("acquire slots: begin")?;
             // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
             let mut qb =
                 QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
@@ -731,9 +719,7 @@ impl ferry_core::SlotOwnership for MyStore {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err("acquire slots: read", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("acquire slots: commit", e))?;
+            tx.commit().await.ctx("acquire slots: commit")?;
             Ok(rows.iter().map(lease_from_row).collect())
         })
     }

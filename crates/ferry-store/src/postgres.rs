@@ -21,7 +21,7 @@ use sqlx::{Connection, PgPool, Row};
 
 use crate::common::{
     begin_err, commit_enqueue, micros, not_quarantined, quarantined_from, record_from, state_table,
-    QuarantinedRow, RecordRow,
+    Ctx, QuarantinedRow, RecordRow,
 };
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
@@ -334,11 +334,7 @@ impl ferry_core::RowDispatch for PgStore {
                 format!("{head} {update} RETURNING {CLAIM_COLUMNS}, 0::int8")
             };
             let slots: Vec<i16> = req.slots.iter().map(|s| *s as i16).collect();
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
             // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
             // slots first (stats from a small backlog, generic plans), which grows with the backlog.

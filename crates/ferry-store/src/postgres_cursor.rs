@@ -22,7 +22,7 @@ use ferry_core::{
 use sqlx::postgres::{PgRow, Postgres};
 use sqlx::{Row, Transaction};
 
-use crate::common::{exception_row, micros};
+use crate::common::{exception_row, micros, Ctx};
 use crate::db_err;
 use crate::postgres::PgStore;
 
@@ -371,11 +371,7 @@ impl CursorStore for PgStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("dispatch mode: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
             // A conversion takes ferry_outbox's table lock, which waits for every open
             // transaction that wrote to it: give up with a clear error rather than stall
             // producers behind it.
@@ -517,9 +513,7 @@ impl CursorStore for PgStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err("dispatch mode: set", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("dispatch mode: commit", e))?;
+            tx.commit().await.ctx("dispatch mode: commit")?;
             Ok(true)
         })
     }
@@ -712,11 +706,7 @@ impl CursorStore for PgStore {
             // and re-locked, for every slot: 67k buffer hits for 256 slots, 2.2k as a CTE).
             let mut slots = req.slots.clone();
             slots.sort_by_key(|s| s.slot);
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("advance: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("advance: begin")?;
             let moved: Vec<i16> = sqlx::query_scalar(
                 "WITH k AS (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($1) ORDER BY slot FOR UPDATE) \
                  UPDATE ferry_slot_lease l SET cursor_tick = t.tick, cursor_xid = t.xid, cursor_seq = t.seq, \
@@ -782,9 +772,7 @@ impl CursorStore for PgStore {
                 .await
                 .map_err(|e| db_err("advance: exceptions", e))?;
             }
-            tx.commit()
-                .await
-                .map_err(|e| db_err("advance: commit", e))?;
+            tx.commit().await.ctx("advance: commit")?;
             Ok(AdvanceResult::Applied)
         })
     }
@@ -866,11 +854,7 @@ impl CursorStore for PgStore {
         out: &'a ExceptionOutcomes,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("settle exceptions: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("settle exceptions: begin")?;
             let mut report = exception_cas(
                 &mut tx,
                 &out.acked,
@@ -914,9 +898,7 @@ impl CursorStore for PgStore {
                 .await?
                 .items,
             );
-            tx.commit()
-                .await
-                .map_err(|e| db_err("settle exceptions: commit", e))?;
+            tx.commit().await.ctx("settle exceptions: commit")?;
             Ok(report)
         })
     }

@@ -31,7 +31,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{
     begin_err, commit_enqueue, micros, not_quarantined, quarantined_from, record_from, state_table,
-    QuarantinedRow, RecordRow,
+    Ctx, QuarantinedRow, RecordRow,
 };
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
@@ -334,14 +334,9 @@ impl SqliteStore {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
-        let mut tx = self
-            .begin_write()
-            .await
-            .map_err(|e| db_err("outcome: begin", e))?;
+        let mut tx = self.begin_write().await.ctx("outcome: begin")?;
         let report = cas_in(&mut tx, "ferry_outbox", tokens, set, extra, now_micros()).await?;
-        tx.commit()
-            .await
-            .map_err(|e| db_err("outcome: commit", e))?;
+        tx.commit().await.ctx("outcome: commit")?;
         Ok(report)
     }
 
@@ -448,10 +443,7 @@ impl ferry_core::RowDispatch for SqliteStore {
                    ORDER BY o.seq LIMIT ?6) \
                  RETURNING {COLUMNS}"
             );
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self.begin_write().await.ctx("claim: begin")?;
             let rows = sqlx::query(&sql)
                 .bind(json_slots(&req.slots))
                 .bind(now_micros())
@@ -562,10 +554,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
         let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
         Box::pin(async move {
             let now = now_micros();
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("acquire slots: begin", e))?;
+            let mut tx = self.begin_write().await.ctx("acquire slots: begin")?;
             let rows = sqlx::query(
                 "UPDATE ferry_slot_lease SET \
                    epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
@@ -579,9 +568,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("acquire slots: commit", e))?;
+            tx.commit().await.ctx("acquire slots: commit")?;
             let mut leases: Vec<SlotLease> = rows.iter().map(lease_from_row).collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
