@@ -5,8 +5,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{
-    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, QuarantinedEvent,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, QuarantinedEvent, SlotId,
+    SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 
 use crate::db_err;
@@ -69,6 +69,19 @@ pub(crate) fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> Store
             StoreErrorKind::InvalidInput,
             format!("event {event_id:?} is {}, not QUARANTINED; only quarantined events can be requeued or skipped", r.state),
         ),
+    }
+}
+
+/// A `ferry_slot_lease` row: `slot, owner, epoch, lease_until` (µs). The slot column is `int2`
+/// on PostgreSQL, `INTEGER` on SQLite.
+pub(crate) fn lease_from<S: Into<i64>>(
+    (slot, owner, epoch, lease_until): (S, String, i64, i64),
+) -> SlotLease {
+    SlotLease {
+        slot: slot.into() as SlotId,
+        owner,
+        epoch,
+        lease_until,
     }
 }
 

@@ -20,8 +20,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row};
 
 use crate::common::{
-    begin_err, commit_enqueue, micros, not_quarantined, quarantined_from, record_from, state_table,
-    Ctx, QuarantinedRow, RecordRow,
+    begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
+    state_table, Ctx, QuarantinedRow, RecordRow,
 };
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
@@ -111,16 +111,6 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
         payload: r.get(11),
         attempts: r.get(12),
         created_at: r.get(13),
-    }
-}
-
-/// A `ferry_slot_lease` row read as `slot, owner, epoch, lease_until` (µs).
-fn lease_from_row(r: &sqlx::postgres::PgRow) -> SlotLease {
-    SlotLease {
-        slot: r.get::<i16, _>(0) as SlotId,
-        owner: r.get(1),
-        epoch: r.get(2),
-        lease_until: r.get(3),
     }
 }
 
@@ -464,7 +454,7 @@ impl ferry_core::SlotOwnership for PgStore {
     ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
         let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
         Box::pin(async move {
-            let rows = sqlx::query(
+            let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(
                 // Rows are locked in slot order first (the cursor advance does the same), so a
                 // renewal and an advance over overlapping slots cannot deadlock.
                 "UPDATE ferry_slot_lease l SET \
@@ -480,7 +470,7 @@ impl ferry_core::SlotOwnership for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
-            let mut leases: Vec<SlotLease> = rows.iter().map(lease_from_row).collect();
+            let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
@@ -541,14 +531,14 @@ impl ferry_core::SlotOwnership for PgStore {
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
+            let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(
                 "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
                  WHERE owner IS NOT NULL ORDER BY slot",
             )
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows.iter().map(lease_from_row).collect())
+            Ok(rows.into_iter().map(lease_from).collect())
         })
     }
 }

@@ -30,8 +30,8 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction}
 use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{
-    begin_err, commit_enqueue, micros, not_quarantined, quarantined_from, record_from, state_table,
-    Ctx, QuarantinedRow, RecordRow,
+    begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
+    state_table, Ctx, QuarantinedRow, RecordRow,
 };
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
@@ -238,16 +238,6 @@ pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
         payload: r.get(11),
         attempts: r.get(12),
         created_at: r.get(13),
-    }
-}
-
-/// A `ferry_slot_lease` row read as `slot, owner, epoch, lease_until` (µs).
-fn lease_from_row(r: &sqlx::sqlite::SqliteRow) -> SlotLease {
-    SlotLease {
-        slot: r.get::<i64, _>(0) as SlotId,
-        owner: r.get(1),
-        epoch: r.get(2),
-        lease_until: r.get(3),
     }
 }
 
@@ -555,7 +545,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let mut tx = self.begin_write().await.ctx("acquire slots: begin")?;
-            let rows = sqlx::query(
+            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
                 "UPDATE ferry_slot_lease SET \
                    epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
                  WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
@@ -569,7 +559,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
             .await
             .map_err(|e| db_err("acquire slots", e))?;
             tx.commit().await.ctx("acquire slots: commit")?;
-            let mut leases: Vec<SlotLease> = rows.iter().map(lease_from_row).collect();
+            let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
@@ -638,13 +628,13 @@ impl ferry_core::SlotOwnership for SqliteStore {
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
+            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
                 "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot",
             )
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows.iter().map(lease_from_row).collect())
+            Ok(rows.into_iter().map(lease_from).collect())
         })
     }
 }
