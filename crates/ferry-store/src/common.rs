@@ -5,8 +5,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{
-    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, QuarantinedEvent, SlotId,
-    SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, OutboxStatus,
+    QuarantinedEvent, SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 
 use crate::db_err;
@@ -82,6 +82,32 @@ pub(crate) fn lease_from<S: Into<i64>>(
         owner,
         epoch,
         lease_until,
+    }
+}
+
+/// Why a dispatch-mode switch to `mode` is refused while `others` live relays dispatch in
+/// `current` mode.
+pub(crate) fn mode_in_use(current: &str, others: i64, mode: DispatchMode) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::InvalidInput,
+        format!(
+            "the outbox is dispatched in {current} mode by {others} live relay(s); \
+             stop them (or start this relay with --dispatch {current}) before switching to {mode}"
+        ),
+    )
+}
+
+/// A status row: `pending, claimed, quarantined, oldest_unfinished_age_us, blocked_aggregates`.
+pub(crate) type StatusRow = (i64, i64, i64, Option<i64>, i64);
+
+pub(crate) fn status_from(row: StatusRow) -> OutboxStatus {
+    let (pending, claimed, quarantined, oldest_unfinished_age_us, blocked_aggregates) = row;
+    OutboxStatus {
+        pending,
+        claimed,
+        quarantined,
+        oldest_unfinished_age_us,
+        blocked_aggregates,
     }
 }
 

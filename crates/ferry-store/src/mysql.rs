@@ -31,7 +31,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 
 use crate::common::{
-    begin_err, commit_enqueue, micros, not_quarantined, record_from, state_table, Ctx,
+    begin_err, commit_enqueue, micros, not_quarantined, record_from, state_table, status_from, Ctx,
+    StatusRow,
 };
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
@@ -426,7 +427,7 @@ impl MyStore {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| db_err("status: cursors", e))?;
-        let r = sqlx::query(
+        let r: StatusRow = sqlx::query_as(
             "SELECT CAST(coalesce(sum(u.state = 'PENDING'), 0) AS SIGNED), \
                CAST(coalesce(sum(u.state = 'CLAIMED'), 0) AS SIGNED), \
                CAST(coalesce(sum(u.state = 'QUARANTINED'), 0) AS SIGNED), \
@@ -445,13 +446,7 @@ impl MyStore {
         .fetch_one(&self.pool)
         .await
         .map_err(|e| db_err("status", e))?;
-        Ok(OutboxStatus {
-            pending: r.get(0),
-            claimed: r.get(1),
-            quarantined: r.get(2),
-            oldest_unfinished_age_us: r.get(3),
-            blocked_aggregates: r.get(4),
-        })
+        Ok(status_from(r))
     }
 
     async fn operator_update(

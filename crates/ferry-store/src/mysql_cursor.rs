@@ -32,7 +32,7 @@ use ferry_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::common::{exception_row, micros, Ctx};
+use crate::common::{exception_row, micros, mode_in_use, Ctx};
 use crate::db_err;
 use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
 
@@ -257,13 +257,7 @@ impl CursorStore for MyStore {
             .await
             .map_err(|e| db_err("dispatch mode: members", e))?;
             if others > 0 {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    format!(
-                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
-                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
-                    ),
-                ));
+                return Err(mode_in_use(&current, others, mode));
             }
             let stmts: &[&str] = match mode {
                 DispatchMode::Cursor => &[

@@ -21,7 +21,7 @@ use sqlx::{Connection, PgPool, Row};
 
 use crate::common::{
     begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
-    state_table, Ctx, QuarantinedRow, RecordRow,
+    state_table, status_from, Ctx, QuarantinedRow, RecordRow, StatusRow,
 };
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
@@ -602,8 +602,8 @@ impl ferry_core::OperatorActions for PgStore {
                 count(*) FILTER (WHERE state = 'CLAIMED'), count(*) FILTER (WHERE state = 'QUARANTINED'), \
                 (extract(epoch from (now() - min(created_at))) * 1000000)::int8, \
                 count(DISTINCT aggregate_id) FILTER (WHERE state = 'QUARANTINED')";
-            let r = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sqlx::query(&format!(
+            let r: StatusRow = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => sqlx::query_as(&format!(
                     "SELECT {COUNTS} FROM ferry_outbox WHERE phase < 2"
                 ))
                 .fetch_one(&self.pool)
@@ -622,7 +622,7 @@ impl ferry_core::OperatorActions for PgStore {
                     .await
                     .map_err(|e| db_err("status: cursors", e))?;
                     let low = (low, 0i64);
-                    sqlx::query(&format!(
+                    sqlx::query_as(&format!(
                         "SELECT {COUNTS} FROM ( \
                            SELECT 'PENDING'::varchar AS state, v.created_at, v.aggregate_id \
                            FROM ferry_outbox_cursor_view v \
@@ -641,13 +641,7 @@ impl ferry_core::OperatorActions for PgStore {
                     .map_err(|e| db_err("status", e))?
                 }
             };
-            Ok(OutboxStatus {
-                pending: r.get(0),
-                claimed: r.get(1),
-                quarantined: r.get(2),
-                oldest_unfinished_age_us: r.get(3),
-                blocked_aggregates: r.get(4),
-            })
+            Ok(status_from(r))
         })
     }
 
@@ -698,7 +692,7 @@ impl ferry_core::OutboxStore for PgStore {
             .rows_affected()
                 == 1;
             if !won {
-                let stored = sqlx::query(
+                let stored: Option<StatusRow> = sqlx::query_as(
                     "SELECT pending, claimed, quarantined, \
                        oldest_age_us + (extract(epoch from (now() - computed_at)) * 1000000)::int8, blocked \
                      FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
@@ -707,13 +701,7 @@ impl ferry_core::OutboxStore for PgStore {
                 .await
                 .map_err(|e| db_err("status: stored", e))?;
                 if let Some(r) = stored {
-                    return Ok(OutboxStatus {
-                        pending: r.get(0),
-                        claimed: r.get(1),
-                        quarantined: r.get(2),
-                        oldest_unfinished_age_us: r.get(3),
-                        blocked_aggregates: r.get(4),
-                    });
+                    return Ok(status_from(r));
                 }
                 // nothing stored yet (another relay is counting for the first time)
                 return self.status().await;

@@ -22,7 +22,7 @@ use ferry_core::{
 use sqlx::postgres::{PgRow, Postgres};
 use sqlx::{Row, Transaction};
 
-use crate::common::{exception_row, micros, Ctx};
+use crate::common::{exception_row, micros, mode_in_use, Ctx};
 use crate::db_err;
 use crate::postgres::PgStore;
 
@@ -393,13 +393,7 @@ impl CursorStore for PgStore {
             .await
             .map_err(|e| db_err("dispatch mode: members", e))?;
             if others > 0 {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    format!(
-                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
-                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
-                    ),
-                ));
+                return Err(mode_in_use(&current, others, mode));
             }
             let exec = |sql: &'static str| sqlx::query(sql);
             match mode {

@@ -31,7 +31,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{
     begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
-    state_table, Ctx, QuarantinedRow, RecordRow,
+    state_table, status_from, Ctx, QuarantinedRow, RecordRow, StatusRow,
 };
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
@@ -715,18 +715,12 @@ impl ferry_core::OperatorActions for SqliteStore {
                        WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))"
                 }
             };
-            let r = sqlx::query(sql)
+            let r: StatusRow = sqlx::query_as(sql)
                 .bind(now_micros())
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| db_err("status", e))?;
-            Ok(OutboxStatus {
-                pending: r.get(0),
-                claimed: r.get(1),
-                quarantined: r.get(2),
-                oldest_unfinished_age_us: r.get(3),
-                blocked_aggregates: r.get(4),
-            })
+            Ok(status_from(r))
         })
     }
 

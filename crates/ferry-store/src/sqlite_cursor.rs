@@ -13,7 +13,7 @@ use ferry_core::{
 };
 use sqlx::Row;
 
-use crate::common::{exception_row, micros, Ctx};
+use crate::common::{exception_row, micros, mode_in_use, Ctx};
 use crate::db_err;
 use crate::sqlite::SqliteStore;
 
@@ -68,13 +68,7 @@ impl CursorStore for SqliteStore {
             .await
             .map_err(|e| db_err("dispatch mode: members", e))?;
             if others > 0 {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    format!(
-                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
-                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
-                    ),
-                ));
+                return Err(mode_in_use(&current, others, mode));
             }
             let stmts: &[&str] = match mode {
                 DispatchMode::Cursor => &[
