@@ -1,5 +1,6 @@
 //! Backend-neutral helpers shared by the SQL backends (PostgreSQL, MySQL/MariaDB, SQLite) and
-//! the in-memory store: operator errors, record decoding, cursor-dispatch exception rows.
+//! the in-memory store: operator errors, sqlx error context, row decoding, cursor-dispatch
+//! exception rows.
 use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
