@@ -57,7 +57,6 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDequ
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -68,7 +67,7 @@ use ferry_core::{
     StoreErrorKind, ValidatedEvent, Watermark, SLOT_COUNT,
 };
 
-use crate::common::not_quarantined;
+use crate::common::{micros, not_quarantined};
 
 /// Bits of `seq` that hold the slot (`SLOT_COUNT` = 256).
 const SLOT_BITS: u32 = 8;
@@ -293,10 +292,6 @@ fn key_of(seq: i64) -> u64 {
 
 fn slot_of(seq: i64) -> usize {
     (seq & ((1 << SLOT_BITS) - 1)) as usize
-}
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// The error for operations that need the SQL backends' tables (Inbox, business tables).
@@ -1338,6 +1333,7 @@ impl ferry_core::OutboxStore for MemoryStore {
 mod tests {
     use ferry_core::store::prelude::*;
     use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
 
     use super::*;
 

@@ -99,6 +99,7 @@ use std::collections::HashSet;
 use ferry_core::{StoreError, StoreErrorKind};
 use sqlx::{Connection, Executor, MySqlConnection, PgConnection, SqliteConnection};
 
+use crate::common::Ctx;
 use crate::db_err;
 
 fn check_table(table: &str) -> Result<(), StoreError> {
@@ -167,9 +168,7 @@ pub async fn apply_postgres(
         migrations,
         format!("INSERT INTO {table} (version, name) VALUES ($1, $2)")
     );
-    tx.commit()
-        .await
-        .map_err(|e| db_err("migrate: commit", e))?;
+    tx.commit().await.ctx("migrate: commit")?;
     Ok(applied)
 }
 
@@ -247,8 +246,6 @@ pub async fn apply_sqlite(
         format!("INSERT INTO {table} (version, name, applied_at) VALUES (?, ?, ?)"),
         ferry_core::now_micros()
     );
-    tx.commit()
-        .await
-        .map_err(|e| db_err("migrate: commit", e))?;
+    tx.commit().await.ctx("migrate: commit")?;
     Ok(applied)
 }

@@ -20,18 +20,21 @@ use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
-    StoreErrorKind, ValidatedEvent,
+    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::common::{not_quarantined, record_from};
+use crate::common::{
+    begin_err, commit_enqueue, micros, not_quarantined, record_from, state_table, status_from, Ctx,
+    StatusRow,
+};
+use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
 
 /// Rows per multi-row statement (11 placeholders per row stays far below MySQL's 65,535).
@@ -122,6 +125,16 @@ pub(crate) fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
     }
 }
 
+/// A `ferry_slot_lease` row read as `slot, owner, epoch, lease_until` (µs).
+fn lease_from_row(r: &sqlx::mysql::MySqlRow) -> SlotLease {
+    SlotLease {
+        slot: r.get::<i16, _>(0) as SlotId,
+        owner: txt(r, 1),
+        epoch: r.get(2),
+        lease_until: r.get(3),
+    }
+}
+
 /// Reads a text column. The schema uses `utf8mb4_bin` (byte-exact keys), which the server
 /// reports with the BINARY flag, so sqlx decodes it as bytes; the bytes are UTF-8 we wrote.
 fn txt(r: &sqlx::mysql::MySqlRow, i: usize) -> String {
@@ -132,10 +145,6 @@ fn otxt(r: &sqlx::mysql::MySqlRow, i: usize) -> Option<String> {
     r.get::<Option<Vec<u8>>, _>(i).map(|b| {
         String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     })
-}
-
-fn micros(d: Duration) -> i64 {
-    d.as_micros().min(i64::MAX as u128) as i64
 }
 
 pub(crate) fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, items: impl IntoIterator<Item = T>)
@@ -327,11 +336,7 @@ impl MyStore {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| db_err("outcome: begin", e))?;
+        let mut tx = self.pool.begin().await.ctx("outcome: begin")?;
         let report = if let Some(values) = per_item {
             let mut applied = HashMap::new();
             for (t, (delay, text)) in tokens.iter().zip(values) {
@@ -409,9 +414,7 @@ impl MyStore {
                 CasReport::from_applied(tokens, &applied)
             }
         };
-        tx.commit()
-            .await
-            .map_err(|e| db_err("outcome: commit", e))?;
+        tx.commit().await.ctx("outcome: commit")?;
         Ok(report)
     }
 
@@ -424,7 +427,7 @@ impl MyStore {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| db_err("status: cursors", e))?;
-        let r = sqlx::query(
+        let r: StatusRow = sqlx::query_as(
             "SELECT CAST(coalesce(sum(u.state = 'PENDING'), 0) AS SIGNED), \
                CAST(coalesce(sum(u.state = 'CLAIMED'), 0) AS SIGNED), \
                CAST(coalesce(sum(u.state = 'QUARANTINED'), 0) AS SIGNED), \
@@ -443,13 +446,7 @@ impl MyStore {
         .fetch_one(&self.pool)
         .await
         .map_err(|e| db_err("status", e))?;
-        Ok(OutboxStatus {
-            pending: r.get(0),
-            claimed: r.get(1),
-            quarantined: r.get(2),
-            oldest_unfinished_age_us: r.get(3),
-            blocked_aggregates: r.get(4),
-        })
+        Ok(status_from(r))
     }
 
     async fn operator_update(
@@ -496,11 +493,7 @@ impl ferry_core::RowDispatch for MyStore {
             if req.slots.is_empty() || req.limit == 0 {
                 return Ok(Vec::new());
             }
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             let slots = fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
                 return Ok(Vec::new());
@@ -691,11 +684,7 @@ impl ferry_core::SlotOwnership for MyStore {
             if slots.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| db_err("acquire slots: begin", e))?;
+            let mut tx = self.pool.begin().await.ctx("acquire slots: begin")?;
             // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
             let mut qb =
                 QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
@@ -725,18 +714,8 @@ impl ferry_core::SlotOwnership for MyStore {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err("acquire slots: read", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("acquire slots: commit", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: txt(r, 1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            tx.commit().await.ctx("acquire slots: commit")?;
+            Ok(rows.iter().map(lease_from_row).collect())
         })
     }
 
@@ -810,15 +789,7 @@ impl ferry_core::SlotOwnership for MyStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: txt(r, 1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            Ok(rows.iter().map(lease_from_row).collect())
         })
     }
 }
@@ -830,34 +801,18 @@ impl ferry_core::OperatorActions for MyStore {
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            let mut tx = self.pool.begin().await.map_err(begin_err)?;
             insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
+            commit_enqueue(tx.commit(), rows).await
         })
     }
 
-    fn requeue<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
     }
 
-    fn skip<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
     }
 
     fn list_quarantined(
@@ -942,10 +897,7 @@ impl ferry_core::OperatorActions for MyStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => "ferry_outbox",
-                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
-            };
+            let table = state_table(self.stored_mode().await?);
             let r = sqlx::query(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
                  FROM {table} WHERE event_id = ?"
@@ -955,7 +907,7 @@ impl ferry_core::OperatorActions for MyStore {
             .await
             .map_err(|e| db_err("record", e))?;
             r.map(|r| {
-                record_from(
+                record_from((
                     txt(&r, 0),
                     txt(&r, 1),
                     r.get(2),
@@ -964,7 +916,7 @@ impl ferry_core::OperatorActions for MyStore {
                     otxt(&r, 5),
                     otxt(&r, 6),
                     txt(&r, 7),
-                )
+                ))
             })
             .transpose()
         })
@@ -981,12 +933,7 @@ impl ferry_core::OutboxStore for MyStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            crate::ops::purge_sent(
-                crate::ops::Pools::My(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::purge_sent(Pools::My(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
@@ -995,12 +942,7 @@ impl ferry_core::OutboxStore for MyStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            crate::ops::reconcile(
-                crate::ops::Pools::My(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::reconcile(Pools::My(&self.pool), self.stored_mode().await?, req).await
         })
     }
 

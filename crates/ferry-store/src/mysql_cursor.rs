@@ -32,7 +32,7 @@ use ferry_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::common::{exception_row, micros};
+use crate::common::{exception_row, micros, mode_in_use, Ctx};
 use crate::db_err;
 use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
 
@@ -239,11 +239,7 @@ impl CursorStore for MyStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("dispatch mode: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
             let current: Vec<u8> =
                 sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE")
                     .fetch_one(&mut *tx)
@@ -261,13 +257,7 @@ impl CursorStore for MyStore {
             .await
             .map_err(|e| db_err("dispatch mode: members", e))?;
             if others > 0 {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    format!(
-                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
-                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
-                    ),
-                ));
+                return Err(mode_in_use(&current, others, mode));
             }
             let stmts: &[&str] = match mode {
                 DispatchMode::Cursor => &[
@@ -325,9 +315,7 @@ impl CursorStore for MyStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| db_err("dispatch mode: set", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("dispatch mode: commit", e))?;
+            tx.commit().await.ctx("dispatch mode: commit")?;
             Ok(true)
         })
     }
@@ -449,11 +437,7 @@ impl CursorStore for MyStore {
                 ));
             }
             let distinct: HashSet<SlotId> = req.slots.iter().map(|s| s.slot).collect();
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("advance: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("advance: begin")?;
             let mut qb =
                 QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET cursor_seq = CASE slot");
             for s in &req.slots {
@@ -517,9 +501,7 @@ impl CursorStore for MyStore {
                     .await
                     .map_err(|e| db_err("advance: exceptions", e))?;
             }
-            tx.commit()
-                .await
-                .map_err(|e| db_err("advance: commit", e))?;
+            tx.commit().await.ctx("advance: commit")?;
             Ok(AdvanceResult::Applied)
         })
     }
@@ -545,11 +527,7 @@ impl CursorStore for MyStore {
             if req.slots.is_empty() || req.limit == 0 {
                 return Ok(Vec::new());
             }
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("claim exceptions: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("claim exceptions: begin")?;
             let slots = crate::mysql::fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
                 return Ok(Vec::new());
@@ -619,9 +597,7 @@ impl CursorStore for MyStore {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err("claim exceptions: read", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("claim exceptions: commit", e))?;
+            tx.commit().await.ctx("claim exceptions: commit")?;
             let by_seq: HashMap<i64, (i64, i32)> = locked
                 .iter()
                 .map(|(s, cv, a)| (*s, (*cv + 1, *a)))

@@ -3,14 +3,15 @@
 //! The statements differ only in placeholders, clocks and string concatenation, so they are
 //! written once against a small [`Dialect`]; [`Pools`] runs them on the right pool.
 use std::collections::HashMap;
-use std::time::Duration;
 
 use ferry_core::{
     now_micros, BusinessTable, DispatchMode, PurgeRequest, ReconcileReport, ReconcileRequest,
     StoreError, StoreErrorKind, Watermark,
 };
+use sqlx::query::Query;
 use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 
+use crate::common::{micros, state_table};
 use crate::db_err;
 
 /// A borrowed pool of one backend.
@@ -37,14 +38,7 @@ impl Pools<'_> {
     ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
         macro_rules! run {
             ($pool:expr, $sql:expr) => {{
-                let mut q = sqlx::query($sql);
-                for b in binds {
-                    q = match b {
-                        Bind::I64(v) => q.bind(*v),
-                        Bind::Str(s) => q.bind(s.clone()),
-                    };
-                }
-                let rows = q
+                let rows = bound($sql, binds)
                     .fetch_all($pool)
                     .await
                     .map_err(|e| db_err("operator query", e))?;
@@ -80,14 +74,8 @@ impl Pools<'_> {
     async fn exec(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
         macro_rules! run {
             ($pool:expr, $sql:expr) => {{
-                let mut q = sqlx::query($sql);
-                for b in binds {
-                    q = match b {
-                        Bind::I64(v) => q.bind(*v),
-                        Bind::Str(s) => q.bind(s.clone()),
-                    };
-                }
-                q.execute($pool)
+                bound($sql, binds)
+                    .execute($pool)
                     .await
                     .map_err(|e| db_err("operator statement", e))?
                     .rows_affected()
@@ -110,6 +98,18 @@ impl Pools<'_> {
             Pools::Lite(_) => Dialect::Lite,
         }
     }
+}
+
+/// `sql` with `binds` bound in order.
+fn bound<'q, DB: sqlx::Database>(sql: &'q str, binds: &[Bind]) -> Query<'q, DB, DB::Arguments<'q>>
+where
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    binds.iter().fold(sqlx::query(sql), |q, b| match b {
+        Bind::I64(v) => q.bind(*v),
+        Bind::Str(s) => q.bind(s.clone()),
+    })
 }
 
 fn pg_placeholders(sql: &str) -> String {
@@ -187,10 +187,6 @@ pub fn validate_identifier(what: &str, name: &str) -> Result<(), StoreError> {
             format!("invalid {what} {name:?}: use letters, digits and underscores (not starting with a digit), at most 63 characters"),
         ))
     }
-}
-
-fn micros(d: Duration) -> i64 {
-    d.as_micros().min(i64::MAX as u128) as i64
 }
 
 /// "recorded in the consumer's Inbox", for outbox rows qualified as `q`.
@@ -328,10 +324,7 @@ pub(crate) async fn reconcile(
         None => "1 = 0".to_string(),
     };
     // cursor mode: the effective state (exception row, else SENT behind the slot's cursor)
-    let table = match mode {
-        DispatchMode::Row => "ferry_outbox",
-        DispatchMode::Cursor => "ferry_outbox_cursor_view",
-    };
+    let table = state_table(mode);
     let class = format!(
         "CASE WHEN {consumed} THEN 'consumed' WHEN o.state = 'QUARANTINED' THEN 'quarantined' \
          WHEN o.state = 'SKIPPED' THEN 'skipped' WHEN o.state = 'SENT' THEN 'published' \

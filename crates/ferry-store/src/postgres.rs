@@ -13,13 +13,17 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease, StoreError,
-    StoreErrorKind, ValidatedEvent,
+    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row};
 
-use crate::common::{not_quarantined, record_from};
+use crate::common::{
+    begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
+    state_table, status_from, Ctx, QuarantinedRow, RecordRow, StatusRow,
+};
+use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
 
 const INSERT: &str = "INSERT INTO ferry_outbox \
@@ -108,10 +112,6 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
         attempts: r.get(12),
         created_at: r.get(13),
     }
-}
-
-fn micros(d: Duration) -> i64 {
-    d.as_micros().min(i64::MAX as u128) as i64
 }
 
 impl PgStore {
@@ -324,11 +324,7 @@ impl ferry_core::RowDispatch for PgStore {
                 format!("{head} {update} RETURNING {CLAIM_COLUMNS}, 0::int8")
             };
             let slots: Vec<i16> = req.slots.iter().map(|s| *s as i16).collect();
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
             // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
             // slots first (stats from a small backlog, generic plans), which grows with the backlog.
@@ -458,7 +454,7 @@ impl ferry_core::SlotOwnership for PgStore {
     ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
         let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
         Box::pin(async move {
-            let rows = sqlx::query(
+            let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(
                 // Rows are locked in slot order first (the cursor advance does the same), so a
                 // renewal and an advance over overlapping slots cannot deadlock.
                 "UPDATE ferry_slot_lease l SET \
@@ -474,15 +470,7 @@ impl ferry_core::SlotOwnership for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
-            let mut leases: Vec<SlotLease> = rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect();
+            let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
@@ -543,22 +531,14 @@ impl ferry_core::SlotOwnership for PgStore {
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
+            let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(
                 "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
                  WHERE owner IS NOT NULL ORDER BY slot",
             )
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            Ok(rows.into_iter().map(lease_from).collect())
         })
     }
 }
@@ -570,34 +550,18 @@ impl ferry_core::OperatorActions for PgStore {
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .pool
-                .begin()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            let mut tx = self.pool.begin().await.map_err(begin_err)?;
             insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
+            commit_enqueue(tx.commit(), rows).await
         })
     }
 
-    fn requeue<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
     }
 
-    fn skip<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
     }
 
     fn list_quarantined(
@@ -623,22 +587,12 @@ impl ferry_core::OperatorActions for PgStore {
                      WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT $1"
                 }
             };
-            let rows = sqlx::query(sql)
+            let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
                 .bind(limit as i64)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| QuarantinedEvent {
-                    event_id: r.get(0),
-                    aggregate_id: r.get(1),
-                    aggregate_version: r.get(2),
-                    last_error: r.get(3),
-                    attempts: r.get(4),
-                    blocked_successors: r.get(5),
-                })
-                .collect())
+            Ok(rows.into_iter().map(quarantined_from).collect())
         })
     }
 
@@ -648,8 +602,8 @@ impl ferry_core::OperatorActions for PgStore {
                 count(*) FILTER (WHERE state = 'CLAIMED'), count(*) FILTER (WHERE state = 'QUARANTINED'), \
                 (extract(epoch from (now() - min(created_at))) * 1000000)::int8, \
                 count(DISTINCT aggregate_id) FILTER (WHERE state = 'QUARANTINED')";
-            let r = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sqlx::query(&format!(
+            let r: StatusRow = match self.stored_mode().await? {
+                ferry_core::DispatchMode::Row => sqlx::query_as(&format!(
                     "SELECT {COUNTS} FROM ferry_outbox WHERE phase < 2"
                 ))
                 .fetch_one(&self.pool)
@@ -668,7 +622,7 @@ impl ferry_core::OperatorActions for PgStore {
                     .await
                     .map_err(|e| db_err("status: cursors", e))?;
                     let low = (low, 0i64);
-                    sqlx::query(&format!(
+                    sqlx::query_as(&format!(
                         "SELECT {COUNTS} FROM ( \
                            SELECT 'PENDING'::varchar AS state, v.created_at, v.aggregate_id \
                            FROM ferry_outbox_cursor_view v \
@@ -687,13 +641,7 @@ impl ferry_core::OperatorActions for PgStore {
                     .map_err(|e| db_err("status", e))?
                 }
             };
-            Ok(OutboxStatus {
-                pending: r.get(0),
-                claimed: r.get(1),
-                quarantined: r.get(2),
-                oldest_unfinished_age_us: r.get(3),
-                blocked_aggregates: r.get(4),
-            })
+            Ok(status_from(r))
         })
     }
 
@@ -702,12 +650,8 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            // cursor mode: the effective state (exception row, else SENT behind the slot's cursor)
-            let table = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => "ferry_outbox",
-                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
-            };
-            let r = sqlx::query(&format!(
+            let table = state_table(self.stored_mode().await?);
+            let r: Option<RecordRow> = sqlx::query_as(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
                  FROM {table} WHERE event_id = $1"
             ))
@@ -715,19 +659,7 @@ impl ferry_core::OperatorActions for PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| {
-                record_from(
-                    r.get(0),
-                    r.get(1),
-                    r.get(2),
-                    r.get(3),
-                    r.get(4),
-                    r.get(5),
-                    r.get(6),
-                    r.get(7),
-                )
-            })
-            .transpose()
+            r.map(record_from).transpose()
         })
     }
 }
@@ -760,7 +692,7 @@ impl ferry_core::OutboxStore for PgStore {
             .rows_affected()
                 == 1;
             if !won {
-                let stored = sqlx::query(
+                let stored: Option<StatusRow> = sqlx::query_as(
                     "SELECT pending, claimed, quarantined, \
                        oldest_age_us + (extract(epoch from (now() - computed_at)) * 1000000)::int8, blocked \
                      FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
@@ -769,13 +701,7 @@ impl ferry_core::OutboxStore for PgStore {
                 .await
                 .map_err(|e| db_err("status: stored", e))?;
                 if let Some(r) = stored {
-                    return Ok(OutboxStatus {
-                        pending: r.get(0),
-                        claimed: r.get(1),
-                        quarantined: r.get(2),
-                        oldest_unfinished_age_us: r.get(3),
-                        blocked_aggregates: r.get(4),
-                    });
+                    return Ok(status_from(r));
                 }
                 // nothing stored yet (another relay is counting for the first time)
                 return self.status().await;
@@ -844,12 +770,7 @@ impl ferry_core::OutboxStore for PgStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            crate::ops::purge_sent(
-                crate::ops::Pools::Pg(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::purge_sent(Pools::Pg(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
@@ -858,12 +779,7 @@ impl ferry_core::OutboxStore for PgStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            crate::ops::reconcile(
-                crate::ops::Pools::Pg(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::reconcile(Pools::Pg(&self.pool), self.stored_mode().await?, req).await
         })
     }
 

@@ -22,7 +22,7 @@ use ferry_core::{
 use sqlx::postgres::{PgRow, Postgres};
 use sqlx::{Row, Transaction};
 
-use crate::common::{exception_row, micros};
+use crate::common::{exception_row, micros, mode_in_use, Ctx};
 use crate::db_err;
 use crate::postgres::PgStore;
 
@@ -371,11 +371,7 @@ impl CursorStore for PgStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("dispatch mode: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
             // A conversion takes ferry_outbox's table lock, which waits for every open
             // transaction that wrote to it: give up with a clear error rather than stall
             // producers behind it.
@@ -397,13 +393,7 @@ impl CursorStore for PgStore {
             .await
             .map_err(|e| db_err("dispatch mode: members", e))?;
             if others > 0 {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    format!(
-                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
-                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
-                    ),
-                ));
+                return Err(mode_in_use(&current, others, mode));
             }
             let exec = |sql: &'static str| sqlx::query(sql);
             match mode {
@@ -517,9 +507,7 @@ impl CursorStore for PgStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err("dispatch mode: set", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("dispatch mode: commit", e))?;
+            tx.commit().await.ctx("dispatch mode: commit")?;
             Ok(true)
         })
     }
@@ -712,11 +700,7 @@ impl CursorStore for PgStore {
             // and re-locked, for every slot: 67k buffer hits for 256 slots, 2.2k as a CTE).
             let mut slots = req.slots.clone();
             slots.sort_by_key(|s| s.slot);
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("advance: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("advance: begin")?;
             let moved: Vec<i16> = sqlx::query_scalar(
                 "WITH k AS (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($1) ORDER BY slot FOR UPDATE) \
                  UPDATE ferry_slot_lease l SET cursor_tick = t.tick, cursor_xid = t.xid, cursor_seq = t.seq, \
@@ -782,9 +766,7 @@ impl CursorStore for PgStore {
                 .await
                 .map_err(|e| db_err("advance: exceptions", e))?;
             }
-            tx.commit()
-                .await
-                .map_err(|e| db_err("advance: commit", e))?;
+            tx.commit().await.ctx("advance: commit")?;
             Ok(AdvanceResult::Applied)
         })
     }
@@ -866,11 +848,7 @@ impl CursorStore for PgStore {
         out: &'a ExceptionOutcomes,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("settle exceptions: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("settle exceptions: begin")?;
             let mut report = exception_cas(
                 &mut tx,
                 &out.acked,
@@ -914,9 +892,7 @@ impl CursorStore for PgStore {
                 .await?
                 .items,
             );
-            tx.commit()
-                .await
-                .map_err(|e| db_err("settle exceptions: commit", e))?;
+            tx.commit().await.ctx("settle exceptions: commit")?;
             Ok(report)
         })
     }

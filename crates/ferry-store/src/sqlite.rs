@@ -22,14 +22,18 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, NewEvent, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem,
+    SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
-use crate::common::{not_quarantined, record_from};
+use crate::common::{
+    begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
+    state_table, status_from, Ctx, QuarantinedRow, RecordRow, StatusRow,
+};
+use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
 
 /// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
@@ -237,10 +241,6 @@ pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
     }
 }
 
-fn micros(d: Duration) -> i64 {
-    d.as_micros().min(i64::MAX as u128) as i64
-}
-
 fn json_slots(slots: &[SlotId]) -> String {
     serde_json::to_string(slots).expect("slots serialize")
 }
@@ -324,14 +324,9 @@ impl SqliteStore {
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
-        let mut tx = self
-            .begin_write()
-            .await
-            .map_err(|e| db_err("outcome: begin", e))?;
+        let mut tx = self.begin_write().await.ctx("outcome: begin")?;
         let report = cas_in(&mut tx, "ferry_outbox", tokens, set, extra, now_micros()).await?;
-        tx.commit()
-            .await
-            .map_err(|e| db_err("outcome: commit", e))?;
+        tx.commit().await.ctx("outcome: commit")?;
         Ok(report)
     }
 
@@ -438,10 +433,7 @@ impl ferry_core::RowDispatch for SqliteStore {
                    ORDER BY o.seq LIMIT ?6) \
                  RETURNING {COLUMNS}"
             );
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("claim: begin", e))?;
+            let mut tx = self.begin_write().await.ctx("claim: begin")?;
             let rows = sqlx::query(&sql)
                 .bind(json_slots(&req.slots))
                 .bind(now_micros())
@@ -552,11 +544,8 @@ impl ferry_core::SlotOwnership for SqliteStore {
         let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
         Box::pin(async move {
             let now = now_micros();
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("acquire slots: begin", e))?;
-            let rows = sqlx::query(
+            let mut tx = self.begin_write().await.ctx("acquire slots: begin")?;
+            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
                 "UPDATE ferry_slot_lease SET \
                    epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
                  WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
@@ -569,18 +558,8 @@ impl ferry_core::SlotOwnership for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("acquire slots: commit", e))?;
-            let mut leases: Vec<SlotLease> = rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i64, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect();
+            tx.commit().await.ctx("acquire slots: commit")?;
+            let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
             leases.sort_by_key(|l| l.slot);
             Ok(leases)
         })
@@ -649,21 +628,13 @@ impl ferry_core::SlotOwnership for SqliteStore {
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
+            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
                 "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot",
             )
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotLease {
-                    slot: r.get::<i64, _>(0) as SlotId,
-                    owner: r.get(1),
-                    epoch: r.get(2),
-                    lease_until: r.get(3),
-                })
-                .collect())
+            Ok(rows.into_iter().map(lease_from).collect())
         })
     }
 }
@@ -675,33 +646,18 @@ impl ferry_core::OperatorActions for SqliteStore {
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
         Box::pin(async move {
             let rows = validate(events, &self.limits)?;
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+            let mut tx = self.begin_write().await.map_err(begin_err)?;
             insert_validated(&mut tx, &rows).await?;
-            ferry_core::failpoint::hit("enqueue-before-commit");
-            tx.commit()
-                .await
-                .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
-            Ok(rows.into_iter().map(|r| r.event_id).collect())
+            commit_enqueue(tx.commit(), rows).await
         })
     }
 
-    fn requeue<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "PENDING"))
+    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
     }
 
-    fn skip<'a>(
-        &'a self,
-        req: &'a ferry_core::OperatorAction<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(self.operator_update(event_id, operator, "SKIPPED"))
+    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
     }
 
     fn list_quarantined(
@@ -727,22 +683,12 @@ impl ferry_core::OperatorActions for SqliteStore {
                  WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
                 }
             };
-            let rows = sqlx::query(sql)
+            let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
                 .bind(limit as i64)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| QuarantinedEvent {
-                    event_id: r.get(0),
-                    aggregate_id: r.get(1),
-                    aggregate_version: r.get(2),
-                    last_error: r.get(3),
-                    attempts: r.get(4),
-                    blocked_successors: r.get(5),
-                })
-                .collect())
+            Ok(rows.into_iter().map(quarantined_from).collect())
         })
     }
 
@@ -769,18 +715,12 @@ impl ferry_core::OperatorActions for SqliteStore {
                        WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))"
                 }
             };
-            let r = sqlx::query(sql)
+            let r: StatusRow = sqlx::query_as(sql)
                 .bind(now_micros())
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| db_err("status", e))?;
-            Ok(OutboxStatus {
-                pending: r.get(0),
-                claimed: r.get(1),
-                quarantined: r.get(2),
-                oldest_unfinished_age_us: r.get(3),
-                blocked_aggregates: r.get(4),
-            })
+            Ok(status_from(r))
         })
     }
 
@@ -789,11 +729,8 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => "ferry_outbox",
-                ferry_core::DispatchMode::Cursor => "ferry_outbox_cursor_view",
-            };
-            let r = sqlx::query(&format!(
+            let table = state_table(self.stored_mode().await?);
+            let r: Option<RecordRow> = sqlx::query_as(&format!(
                 "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
                  FROM {table} WHERE event_id = ?"
             ))
@@ -801,19 +738,7 @@ impl ferry_core::OperatorActions for SqliteStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| {
-                record_from(
-                    r.get(0),
-                    r.get(1),
-                    r.get(2),
-                    r.get(3),
-                    r.get(4),
-                    r.get(5),
-                    r.get(6),
-                    r.get(7),
-                )
-            })
-            .transpose()
+            r.map(record_from).transpose()
         })
     }
 }
@@ -828,12 +753,7 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            crate::ops::purge_sent(
-                crate::ops::Pools::Lite(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::purge_sent(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
@@ -842,12 +762,7 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            crate::ops::reconcile(
-                crate::ops::Pools::Lite(&self.pool),
-                self.stored_mode().await?,
-                req,
-            )
-            .await
+            ops::reconcile(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
         })
     }
 

@@ -13,7 +13,7 @@ use ferry_core::{
 };
 use sqlx::Row;
 
-use crate::common::{exception_row, micros};
+use crate::common::{exception_row, micros, mode_in_use, Ctx};
 use crate::db_err;
 use crate::sqlite::SqliteStore;
 
@@ -50,10 +50,7 @@ impl CursorStore for SqliteStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let now = now_micros();
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("dispatch mode: begin", e))?;
+            let mut tx = self.begin_write().await.ctx("dispatch mode: begin")?;
             let current: String =
                 sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
                     .fetch_one(&mut *tx)
@@ -71,13 +68,7 @@ impl CursorStore for SqliteStore {
             .await
             .map_err(|e| db_err("dispatch mode: members", e))?;
             if others > 0 {
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    format!(
-                        "the outbox is dispatched in {current} mode by {others} live relay(s); \
-                         stop them (or start this relay with --dispatch {current}) before switching to {mode}"
-                    ),
-                ));
+                return Err(mode_in_use(&current, others, mode));
             }
             let stmts: &[&str] = match mode {
                 DispatchMode::Cursor => &[
@@ -131,9 +122,7 @@ impl CursorStore for SqliteStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err("dispatch mode: set", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("dispatch mode: commit", e))?;
+            tx.commit().await.ctx("dispatch mode: commit")?;
             Ok(true)
         })
     }
@@ -178,11 +167,7 @@ impl CursorStore for SqliteStore {
             let from: HashMap<SlotId, i64> = req.from.iter().map(|(s, p)| (*s, p.seq)).collect();
             let slots: Vec<SlotId> = from.keys().copied().collect();
             // One read transaction: the head and the rows come from the same snapshot.
-            let mut tx = self
-                .pool()
-                .begin()
-                .await
-                .map_err(|e| db_err("cursor read: begin", e))?;
+            let mut tx = self.pool().begin().await.ctx("cursor read: begin")?;
             let head: i64 = sqlx::query_scalar(
                 "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'ferry_outbox'), 0)",
             )
@@ -203,9 +188,7 @@ impl CursorStore for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err("cursor read", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("cursor read: end", e))?;
+            tx.commit().await.ctx("cursor read: end")?;
             let full = rows.len() >= req.limit;
             let upto = if full {
                 CursorPos::new(0, rows.last().map(|r| r.get::<i64, _>(0)).unwrap_or(min))
@@ -253,10 +236,7 @@ impl CursorStore for SqliteStore {
                 .iter()
                 .map(|s| serde_json::json!([s.slot, s.epoch, s.version, s.to.xid, s.to.seq]))
                 .collect();
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("advance: begin", e))?;
+            let mut tx = self.begin_write().await.ctx("advance: begin")?;
             let moved: Vec<i64> = sqlx::query_scalar(
                 "UPDATE ferry_slot_lease SET cursor_xid = t.xid, cursor_seq = t.seq, \
                    cursor_version = cursor_version + 1, cursor_claim_id = ?2 \
@@ -310,9 +290,7 @@ impl CursorStore for SqliteStore {
                 .await
                 .map_err(|e| db_err("advance: exceptions", e))?;
             }
-            tx.commit()
-                .await
-                .map_err(|e| db_err("advance: commit", e))?;
+            tx.commit().await.ctx("advance: commit")?;
             Ok(AdvanceResult::Applied)
         })
     }
@@ -344,10 +322,7 @@ impl CursorStore for SqliteStore {
             } else {
                 ""
             };
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("claim exceptions: begin", e))?;
+            let mut tx = self.begin_write().await.ctx("claim exceptions: begin")?;
             let claimed: Vec<(i64, i64, i32)> = sqlx::query_as(&format!(
                 "UPDATE ferry_outbox_exception SET state = 'CLAIMED', claim_version = claim_version + 1, \
                    claim_id = ?3, lease_until = ?2 + ?4 \
@@ -381,9 +356,7 @@ impl CursorStore for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err("claim exceptions: read", e))?;
-            tx.commit()
-                .await
-                .map_err(|e| db_err("claim exceptions: commit", e))?;
+            tx.commit().await.ctx("claim exceptions: commit")?;
             let by_seq: HashMap<i64, (i64, i32)> =
                 claimed.iter().map(|(s, cv, a)| (*s, (*cv, *a))).collect();
             Ok(rows
@@ -406,10 +379,7 @@ impl CursorStore for SqliteStore {
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let now = now_micros();
-            let mut tx = self
-                .begin_write()
-                .await
-                .map_err(|e| db_err("settle exceptions: begin", e))?;
+            let mut tx = self.begin_write().await.ctx("settle exceptions: begin")?;
             let mut report = crate::sqlite::cas_in(
                 &mut tx,
                 "ferry_outbox_exception",
@@ -464,9 +434,7 @@ impl CursorStore for SqliteStore {
                 .await?
                 .items,
             );
-            tx.commit()
-                .await
-                .map_err(|e| db_err("settle exceptions: commit", e))?;
+            tx.commit().await.ctx("settle exceptions: commit")?;
             Ok(report)
         })
     }
