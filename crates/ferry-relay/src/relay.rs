@@ -52,7 +52,7 @@ pub struct RelayConfig {
     pub poll_idle: Duration,
     /// Cursor dispatch: after a read of at least 16 events short of a full batch, a worker waits
     /// this long for each other reader of the database (the workers and relays that split the
-    /// slots with it) before it reads again, at most `poll_idle` (default 15 ms; 0 turns it off).
+    /// slots with it) before it reads again, at most `poll_idle` (default 25 ms; 0 turns it off).
     /// One reader never waits. docs/tuning.md has the measurements.
     pub read_linger: Duration,
     /// Retry backoff (default 200 ms doubling to 60 s, with jitter).
@@ -119,7 +119,7 @@ impl Default for RelayConfig {
             heartbeat: Duration::from_secs(5),
             poll_min: Duration::from_millis(2),
             poll_idle: Duration::from_millis(500),
-            read_linger: Duration::from_millis(15),
+            read_linger: Duration::from_millis(25),
             backoff: Backoff::default(),
             max_attempts: 10,
             shutdown_timeout: Duration::from_secs(10),
