@@ -13,14 +13,7 @@ use ferry_testkit::{wait_until, TestDb};
 const TOPIC: &str = "orders";
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(
-        agg,
-        v,
-        TOPIC,
-        "OrderChanged",
-        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
-    )
-    .with_id(format!("e-{agg}-{v}"))
+    ferry_testkit::intent(TOPIC, agg, v)
 }
 
 fn free_port() -> u16 {

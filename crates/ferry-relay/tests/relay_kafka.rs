@@ -14,14 +14,7 @@ use tokio_util::sync::CancellationToken;
 const TOPIC: &str = "orders";
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(
-        agg,
-        v,
-        TOPIC,
-        "OrderChanged",
-        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
-    )
-    .with_id(format!("e-{agg}-{v}"))
+    ferry_testkit::intent(TOPIC, agg, v)
 }
 
 fn fast_config(mode: DispatchMode) -> RelayConfig {

@@ -38,3 +38,16 @@ pub use ferry_core::DispatchMode;
 pub use ferry_store::Backend;
 pub use verify::{Hook, Received, Verifier, VerifyError, VerifyReport, COMMIT_TS_HEADER};
 pub use wait::{poll_until, wait_until, wait_until_every};
+
+/// A test intent of aggregate `agg`, version `v`, on `topic`: its id is `e-{agg}-{v}` (so a test
+/// can name it) and its payload `{"agg":…,"v":…}` (so a reader can tell what it got).
+pub fn intent(topic: &str, agg: &str, v: i64) -> ferry_core::NewEvent {
+    ferry_core::NewEvent::new(
+        agg,
+        v,
+        topic,
+        "OrderChanged",
+        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
+    )
+    .with_id(format!("e-{agg}-{v}"))
+}

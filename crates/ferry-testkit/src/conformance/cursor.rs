@@ -14,19 +14,10 @@ use crate::TestDb;
 
 const LONG: Duration = Duration::from_secs(60);
 
-fn all_slots() -> Vec<SlotId> {
-    (0..SLOT_COUNT).collect()
-}
+use super::all_slots;
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(
-        agg,
-        v,
-        "orders",
-        "OrderChanged",
-        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
-    )
-    .with_id(format!("e-{agg}-{v}"))
+    crate::intent("orders", agg, v)
 }
 
 fn cs(db: &TestDb) -> &dyn CursorStore {

@@ -19,6 +19,11 @@ use std::pin::Pin;
 pub mod cursor;
 pub mod store;
 
+/// Every slot.
+fn all_slots() -> Vec<ferry_core::SlotId> {
+    (0..ferry_core::SLOT_COUNT).collect()
+}
+
 /// A case's future.
 pub type CaseFuture = Pin<Box<dyn Future<Output = ()>>>;
 

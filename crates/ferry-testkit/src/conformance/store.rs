@@ -9,25 +9,16 @@ use std::time::{Duration, Instant};
 
 use ferry_core::{
     CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore,
-    RetryItem, SlotFence, SLOT_COUNT,
+    RetryItem, SlotFence,
 };
 
 use super::Case;
 use crate::{AnyDb, TestDb};
 
-fn all_slots() -> Vec<u16> {
-    (0..SLOT_COUNT).collect()
-}
+use super::all_slots;
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(
-        agg,
-        v,
-        "orders",
-        "OrderChanged",
-        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
-    )
-    .with_id(format!("e-{agg}-{v}"))
+    crate::intent("orders", agg, v)
 }
 
 fn req(limit: usize, lease: Duration) -> ClaimRequest {
