@@ -56,20 +56,25 @@ async fn claim_eventually(
     }
 }
 
-// ---------------------------------------------------------------- the seed's cases
+// ---------------------------------------------------------------- the basic contract
 
-/// A business transaction rolled back after its enqueue leaves neither the order nor the intent.
-pub async fn rollback_leaves_neither_order_nor_intent(db: TestDb) {
+/// Order 7 and its one intent `e-7-1`, committed or rolled back.
+async fn place_order_7(db: &TestDb, commit: bool) {
     db.place_order(
         7,
         &[
             NewEvent::new("order-7", 1, "orders", "OrderCreated", r#"{"orderId":7}"#)
                 .with_id("e-7-1"),
         ],
-        false,
+        commit,
     )
     .await
     .unwrap();
+}
+
+/// A business transaction rolled back after its enqueue leaves neither the order nor the intent.
+pub async fn rollback_leaves_neither_order_nor_intent(db: TestDb) {
+    place_order_7(&db, false).await;
     assert_eq!(db.count("orders").await, 0);
     assert_eq!(db.count("ferry_outbox").await, 0);
     assert!(db.store.record("e-7-1").await.unwrap().is_none());
@@ -78,16 +83,7 @@ pub async fn rollback_leaves_neither_order_nor_intent(db: TestDb) {
 
 /// A committed intent is visible, and claimable, through a new connection pool.
 pub async fn committed_intent_visible_after_reconnect(db: TestDb) {
-    db.place_order(
-        7,
-        &[
-            NewEvent::new("order-7", 1, "orders", "OrderCreated", r#"{"orderId":7}"#)
-                .with_id("e-7-1"),
-        ],
-        true,
-    )
-    .await
-    .unwrap();
+    place_order_7(&db, true).await;
     let fresh = db.reopen().await;
     let rec = fresh
         .record("e-7-1")
