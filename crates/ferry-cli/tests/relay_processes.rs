@@ -335,7 +335,10 @@ mod mysql_paused {
             .enqueue(&[super::ev("t", 1), super::ev("t", 2)])
             .await
             .unwrap();
-        super::wait_until("delivered by B", Duration::from_secs(90), || async {
+        // B needs A's slot leases to expire (15 s) and the ticker to stay silent for 30 s before
+        // it replaces it; alone this takes ~31 s, but in CI beside every other suite one run
+        // took longer than 90 s, so the bound leaves room for a loaded machine.
+        super::wait_until("delivered by B", Duration::from_secs(180), || async {
             db.store.status().await.unwrap().pending == 0
         })
         .await;
