@@ -30,6 +30,15 @@ impl StoreKind {
         }
     }
 
+    /// The store's backend.
+    pub fn backend(self) -> ferry_store::Backend {
+        match self {
+            Self::Sqlite => ferry_store::Backend::Sqlite,
+            Self::Postgres => ferry_store::Backend::Postgres,
+            Self::Mysql => ferry_store::Backend::Mysql,
+        }
+    }
+
     /// The flag value.
     pub fn as_str(self) -> &'static str {
         match self {

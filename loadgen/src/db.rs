@@ -1,30 +1,53 @@
 //! The run's database: an isolated namespace per run, the business transaction, and the
 //! store-side checks and costs.
 //!
-//! Isolation: PostgreSQL gets a fresh schema (selected with `search_path` in the URL, so child
-//! `ferry relay` processes see the same tables), MySQL a fresh database, SQLite a fresh file in
-//! a temporary directory. They are dropped after the run unless `--keep-db`. An explicit
-//! SQLite file is emptied first, but only if it holds loadgen's own table (or nothing).
-use std::path::PathBuf;
+//! Isolation (ferry-testkit's): PostgreSQL gets a fresh schema (selected with `search_path` in
+//! the URL, so child `ferry relay` processes see the same tables), MySQL a fresh database,
+//! SQLite a fresh file in a temporary directory. They are dropped after the run unless
+//! `--keep-db`. An explicit SQLite file is emptied first, but only if it holds loadgen's own
+//! table (or nothing).
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{now_micros, Limits, NewEvent, OutboxStore};
+use ferry_inbox::InboxPool as Pool;
 use ferry_store::mysql::MyStore;
 use ferry_store::postgres::PgStore;
 use ferry_store::sqlite::SqliteStore;
 use ferry_store::{redact_url, ConnectOptions};
+use ferry_testkit::{Cleanup, TempDir};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
-use sqlx::{Connection, Executor, MySql, MySqlPool, PgPool, QueryBuilder, Sqlite, SqlitePool};
+use sqlx::{Connection, Executor, MySql, QueryBuilder, Sqlite};
 
 use crate::cli::{Dispatch, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
 use crate::workload::Order;
 
-/// Rows per multi-row business insert (5 placeholders per row, far below SQLite's 32,766).
+/// Runs `$body` with `$p` bound to the sqlx pool of whichever backend `$pool` holds (the same
+/// statement on every backend).
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            ferry_inbox::InboxPool::Postgres($p) => $body,
+            ferry_inbox::InboxPool::Mysql($p) => $body,
+            ferry_inbox::InboxPool::Sqlite($p) => $body,
+        }
+    };
+}
+pub(crate) use on_pool;
+
+/// The first bind parameter in `pool`'s dialect.
+pub fn param(pool: &Pool) -> &'static str {
+    match pool {
+        Pool::Postgres(_) => "$1",
+        _ => "?",
+    }
+}
+
+/// Rows per multi-row business insert (6 placeholders per row, far below SQLite's 32,766).
 const CHUNK: usize = 1000;
 
 /// How to get the run's database.
@@ -42,20 +65,6 @@ pub struct DbSpec {
     pub dispatch: Dispatch,
 }
 
-#[derive(Clone)]
-enum Pool {
-    Pg(PgPool),
-    My(MySqlPool),
-    Lite(SqlitePool),
-}
-
-enum Cleanup {
-    Nothing,
-    Dir(PathBuf),
-    /// A PostgreSQL schema or MariaDB database.
-    Namespace(ferry_testkit::Cleanup),
-}
-
 /// The run's database, with a pool for the producers' business transactions.
 pub struct Database {
     /// Backend.
@@ -70,7 +79,10 @@ pub struct Database {
     /// The outbox's dispatch mode (set at creation).
     pub dispatch: Dispatch,
     sqlite_sync: SqliteSync,
-    cleanup: Cleanup,
+    /// The PostgreSQL schema or MariaDB database of the run.
+    namespace: Option<Cleanup>,
+    /// The temporary directory of the default SQLite file.
+    dir: Option<TempDir>,
     keep: bool,
 }
 
@@ -87,23 +99,16 @@ impl PoolHandle {
     /// keeps closing until the pool is empty or has been quiet for 150 ms with at most the
     /// LISTEN connection left (at most ~1 s).
     pub async fn close_idle(&self) {
-        macro_rules! close_all {
-            ($p:expr) => {{
+        let mut quiet = 0;
+        for _ in 0..20 {
+            let (closed, left) = on_pool!(&self.0, p => {
                 let mut n = 0u32;
-                while let Some(c) = $p.try_acquire() {
+                while let Some(c) = p.try_acquire() {
                     let _ = c.close().await;
                     n += 1;
                 }
-                (n, $p.size())
-            }};
-        }
-        let mut quiet = 0;
-        for _ in 0..20 {
-            let (closed, left) = match &self.0 {
-                Pool::Pg(p) => close_all!(p),
-                Pool::My(p) => close_all!(p),
-                Pool::Lite(p) => close_all!(p),
-            };
+                (n, p.size())
+            });
             quiet = if closed == 0 { quiet + 1 } else { 0 };
             if left == 0 || (left <= 1 && quiet >= 3) {
                 return;
@@ -122,71 +127,15 @@ pub enum TxError {
     Unknown(String),
 }
 
-/// Everything loadgen's own statements need: backend-specific SQL in one place.
-struct Sql {
-    orders_ddl: &'static str,
-    order_exists: &'static str,
-    count_sent: &'static str,
-    count_rows: &'static str,
-    unsent_examples: &'static str,
-    commit_to_ack_us: &'static str,
-    /// Cursor mode: outbox rows are never updated; their effective state comes from
-    /// `ferry_outbox_cursor_view` (an exception row's state, else SENT behind the slot's cursor).
-    count_sent_cursor: &'static str,
-    unsent_examples_cursor: &'static str,
-}
-
-const SQL_PG: Sql = Sql {
-    orders_ddl: "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id BIGINT PRIMARY KEY, \
-        aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, \
-        amount_cents BIGINT NOT NULL, status VARCHAR(16) NOT NULL, created_at_us BIGINT NOT NULL)",
-    order_exists: "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = $1",
-    count_sent: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
-    count_rows: "SELECT COUNT(*) FROM ferry_outbox",
-    unsent_examples: "SELECT event_id || ' (' || state || ')' FROM ferry_outbox \
-        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
-    commit_to_ack_us: "SELECT (extract(epoch from (sent_at - created_at)) * 1000000)::int8 \
-        FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL",
-    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox_cursor_view WHERE state = 'SENT'",
-    unsent_examples_cursor:
-        "SELECT event_id || ' (' || state || ')' FROM ferry_outbox_cursor_view \
-        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
-};
-
-const SQL_MY: Sql = Sql {
-    orders_ddl: "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id BIGINT PRIMARY KEY, \
-        aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, \
-        amount_cents BIGINT NOT NULL, status VARCHAR(16) NOT NULL, created_at_us BIGINT NOT NULL) \
-        ENGINE = InnoDB",
-    order_exists: "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = ?",
-    count_sent: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
-    count_rows: "SELECT COUNT(*) FROM ferry_outbox",
-    unsent_examples: "SELECT CAST(CONCAT(event_id, ' (', state, ')') AS CHAR) FROM ferry_outbox \
-        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
-    commit_to_ack_us: "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) AS SIGNED) \
-        FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL",
-    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox_cursor_view WHERE state = 'SENT'",
-    unsent_examples_cursor:
-        "SELECT CAST(CONCAT(event_id, ' (', state, ')') AS CHAR) FROM ferry_outbox_cursor_view \
-        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
-};
-
-const SQL_LITE: Sql = Sql {
-    orders_ddl: "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id INTEGER PRIMARY KEY, \
-        aggregate_id TEXT NOT NULL, aggregate_version INTEGER NOT NULL, \
-        amount_cents INTEGER NOT NULL, status TEXT NOT NULL, created_at_us INTEGER NOT NULL)",
-    order_exists: "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = ?",
-    count_sent: "SELECT COUNT(*) FROM ferry_outbox WHERE state = 'SENT'",
-    count_rows: "SELECT COUNT(*) FROM ferry_outbox",
-    unsent_examples: "SELECT event_id || ' (' || state || ')' FROM ferry_outbox \
-        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
-    commit_to_ack_us: "SELECT sent_at - created_at FROM ferry_outbox \
-        WHERE state = 'SENT' AND sent_at IS NOT NULL",
-    count_sent_cursor: "SELECT COUNT(*) FROM ferry_outbox_cursor_view WHERE state = 'SENT'",
-    unsent_examples_cursor:
-        "SELECT event_id || ' (' || state || ')' FROM ferry_outbox_cursor_view \
-        WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
-};
+const ORDERS_DDL: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id BIGINT PRIMARY KEY, \
+    aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, \
+    amount_cents BIGINT NOT NULL, status VARCHAR(16) NOT NULL, created_at_us BIGINT NOT NULL)";
+/// SQLite: `INTEGER PRIMARY KEY` makes the order id the rowid.
+const ORDERS_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders (order_id INTEGER \
+    PRIMARY KEY, aggregate_id TEXT NOT NULL, aggregate_version INTEGER NOT NULL, \
+    amount_cents INTEGER NOT NULL, status TEXT NOT NULL, created_at_us INTEGER NOT NULL)";
+const INSERT_ORDERS: &str = "INSERT INTO loadgen_orders (order_id, aggregate_id, \
+    aggregate_version, amount_cents, status, created_at_us) ";
 
 /// Successive versions of an aggregate both SENT, the later one marked SENT first. The relay
 /// claims v(n+1) only after v(n) is SENT, so this must be zero; it is the ordering check when
@@ -216,6 +165,20 @@ pub struct TableStats {
     pub n_dead_tup: i64,
 }
 
+impl TableStats {
+    /// The counters written since `before` (dead tuples: now).
+    pub fn since(&self, before: TableStats) -> TableStats {
+        TableStats {
+            table: self.table.clone(),
+            n_tup_ins: self.n_tup_ins - before.n_tup_ins,
+            n_tup_upd: self.n_tup_upd - before.n_tup_upd,
+            n_tup_del: self.n_tup_del - before.n_tup_del,
+            n_tup_hot_upd: self.n_tup_hot_upd - before.n_tup_hot_upd,
+            n_dead_tup: self.n_dead_tup,
+        }
+    }
+}
+
 /// What SQLite can tell cheaply about the writes of a run (it keeps no per-table counters).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SqliteWrites {
@@ -229,6 +192,19 @@ pub struct SqliteWrites {
     pub exception_claims: i64,
     /// Sum of `ferry_slot_lease.cursor_version`: cursor advances (one UPDATE per slot moved).
     pub cursor_versions: i64,
+}
+
+impl SqliteWrites {
+    /// The writes since `before`.
+    pub fn since(&self, before: &SqliteWrites) -> SqliteWrites {
+        SqliteWrites {
+            outbox_rows: self.outbox_rows - before.outbox_rows,
+            outbox_claims: self.outbox_claims - before.outbox_claims,
+            exception_rows: self.exception_rows - before.exception_rows,
+            exception_claims: self.exception_claims - before.exception_claims,
+            cursor_versions: self.cursor_versions - before.cursor_versions,
+        }
+    }
 }
 
 /// PostgreSQL table statistics and sizes of the outbox.
@@ -264,9 +240,7 @@ macro_rules! insert_orders {
     ($db:ty, $conn:expr, $orders:expr, $now:expr) => {
         async {
             for chunk in $orders.chunks(CHUNK) {
-                let mut qb: QueryBuilder<$db> = QueryBuilder::new(
-                    "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) ",
-                );
+                let mut qb: QueryBuilder<$db> = QueryBuilder::new(INSERT_ORDERS);
                 qb.push_values(chunk, |mut b, o| {
                     b.push_bind(o.order_id)
                         .push_bind(&o.aggregate_id)
@@ -287,31 +261,29 @@ impl Database {
     /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
     /// business table.
     pub async fn create(spec: &DbSpec, run: &str, pool_size: u32) -> Result<Self> {
-        let name = format!("loadgen_{run}");
-        let (url, cleanup) = match (spec.store, &spec.url) {
+        let (mut dir, mut namespace) = (None, None);
+        let url = match (spec.store, &spec.url) {
             (StoreKind::Sqlite, None) => {
-                let dir = std::env::temp_dir().join(format!("loadgen-{run}"));
-                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-                    what: "create the temporary directory",
-                    path: dir.clone(),
+                let d = TempDir::new(&format!("loadgen-{run}")).map_err(|source| Error::Io {
+                    what: "create a temporary directory in",
+                    path: std::env::temp_dir(),
                     source,
                 })?;
-                let url = format!("sqlite://{}", dir.join("outbox.db").display());
-                (url, Cleanup::Dir(dir))
+                let url = format!("sqlite://{}", d.path().join("outbox.db").display());
+                dir = Some(d);
+                url
             }
-            (StoreKind::Sqlite, Some(url)) => (url.clone(), Cleanup::Nothing),
-            (kind @ (StoreKind::Postgres | StoreKind::Mysql), Some(admin)) => {
-                let backend = match kind {
-                    StoreKind::Postgres => ferry_store::Backend::Postgres,
-                    _ => ferry_store::Backend::Mysql,
-                };
-                let (url, cleanup) = ferry_testkit::create_namespace(backend, admin, &name)
+            (StoreKind::Sqlite, Some(url)) => url.clone(),
+            (kind, Some(admin)) => {
+                let name = format!("loadgen_{run}");
+                let (url, cleanup) = ferry_testkit::create_namespace(kind.backend(), admin, &name)
                     .await
                     .map_err(|source| Error::Connect {
                         url: redact_url(admin),
                         source,
                     })?;
-                (url, Cleanup::Namespace(cleanup))
+                namespace = Some(cleanup);
+                url
             }
             (kind, None) => {
                 return Err(Error::Setup(format!(
@@ -323,14 +295,12 @@ impl Database {
         let opts = ConnectOptions {
             max_connections: pool_size,
             acquire_timeout: Duration::from_secs(30),
-            migrate: true,
-            limits: Limits::default(),
-            measure_contention: false,
+            ..ConnectOptions::default()
         };
         let (store, pool) = match open(spec.store, &url, spec.sqlite_sync, &opts).await {
             Ok(v) => v,
             Err(e) => {
-                cleanup.run().await;
+                drop_namespace(namespace).await;
                 return Err(e);
             }
         };
@@ -342,84 +312,33 @@ impl Database {
             pool_size,
             dispatch: spec.dispatch,
             sqlite_sync: spec.sqlite_sync,
-            cleanup,
+            namespace,
+            dir,
             keep: spec.keep,
         };
-        if let Err(e) = db.prepare(spec.url.is_some()).await {
-            db.cleanup.run().await;
+        if let Err(e) = db.prepare(spec.url.is_some(), run, opts).await {
+            drop_namespace(db.namespace.take()).await;
             return Err(e);
-        }
-        if let Err(e) = db.set_dispatch(run).await {
-            db.cleanup.run().await;
-            return Err(e);
-        }
-        if spec.store == StoreKind::Postgres {
-            // A backend reports its table statistics at most once a second and, when idle,
-            // up to 10 s later; at exit at once. Reconnecting makes the setup's writes
-            // (migrations, the dispatch switch) reach pg_stat_user_tables before the run's
-            // "before" snapshot instead of being counted as the run's.
-            db.close_pool().await;
-            let opts = ConnectOptions {
-                migrate: false,
-                ..opts
-            };
-            match open(spec.store, &db.url, spec.sqlite_sync, &opts).await {
-                Ok((store, pool)) => {
-                    db.store = store;
-                    db.pool = pool;
-                }
-                Err(e) => {
-                    db.cleanup.run().await;
-                    return Err(e);
-                }
-            }
         }
         Ok(db)
     }
 
-    /// Puts the outbox in the run's dispatch mode before anything is produced. A relay started
-    /// in the other mode would convert the outbox itself, but converting to cursor mode turns
-    /// every unsent row into an exception row: a preloaded queue would then be drained through
-    /// the exception path, not the cursor.
-    async fn set_dispatch(&self, run: &str) -> Result<()> {
-        let mode = self.dispatch.mode();
-        match self.store.cursor() {
-            Some(cs) => {
-                cs.set_dispatch_mode(mode, &format!("loadgen-{run}-setup"))
-                    .await?;
-                let now = cs.dispatch_mode().await?;
-                if now != mode {
-                    return Err(Error::Setup(format!(
-                        "the outbox stayed in {now} dispatch after switching it to {mode}"
-                    )));
-                }
-                Ok(())
-            }
-            None if mode == ferry_core::DispatchMode::Row => Ok(()),
-            None => Err(Error::Setup(format!(
-                "the {} store has no cursor dispatch: use --dispatch row",
-                self.kind.as_str()
-            ))),
-        }
-    }
-
-    /// Creates the business table; empties an explicit SQLite file that loadgen created.
-    async fn prepare(&self, explicit_sqlite: bool) -> Result<()> {
-        let sql = self.sql();
-        if self.kind == StoreKind::Sqlite && explicit_sqlite {
-            let Pool::Lite(p) = &self.pool else {
-                unreachable!("sqlite kind has a sqlite pool")
-            };
+    /// Creates the business table (emptying an explicit SQLite file that loadgen created) and
+    /// puts the outbox in the run's dispatch mode; on PostgreSQL then reconnects.
+    async fn prepare(
+        &mut self,
+        explicit_sqlite: bool,
+        run: &str,
+        opts: ConnectOptions,
+    ) -> Result<()> {
+        if let (Pool::Sqlite(p), true) = (&self.pool, explicit_sqlite) {
             let ours: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'loadgen_orders'",
             )
             .fetch_one(p)
             .await
             .map_err(Error::sql("inspect the SQLite file"))?;
-            let rows: i64 = sqlx::query_scalar(sql.count_rows)
-                .fetch_one(p)
-                .await
-                .map_err(Error::sql("count outbox rows"))?;
+            let rows = self.count_rows().await?;
             if ours == 0 && rows > 0 {
                 return Err(Error::Setup(format!(
                     "{} already holds {rows} outbox rows that loadgen did not create; \
@@ -435,33 +354,58 @@ impl Database {
             .await
             .map_err(Error::sql("empty the SQLite file"))?;
         }
-        self.exec(sql.orders_ddl, "create loadgen_orders").await
+        let ddl = match self.kind {
+            StoreKind::Sqlite => ORDERS_DDL_SQLITE.to_string(),
+            StoreKind::Mysql => format!("{ORDERS_DDL} ENGINE = InnoDB"),
+            StoreKind::Postgres => ORDERS_DDL.to_string(),
+        };
+        on_pool!(&self.pool, p => p.execute(ddl.as_str()).await.map(drop))
+            .map_err(Error::sql("create loadgen_orders"))?;
+        self.set_dispatch(run).await?;
+        if self.kind == StoreKind::Postgres {
+            // A backend reports its table statistics at most once a second and, when idle,
+            // up to 10 s later; at exit at once. Reconnecting makes the setup's writes
+            // (migrations, the dispatch switch) reach pg_stat_user_tables before the run's
+            // "before" snapshot instead of being counted as the run's.
+            self.close_pool().await;
+            let opts = ConnectOptions {
+                migrate: false,
+                ..opts
+            };
+            (self.store, self.pool) = open(self.kind, &self.url, self.sqlite_sync, &opts).await?;
+        }
+        Ok(())
     }
 
-    fn sql(&self) -> &'static Sql {
-        match self.kind {
-            StoreKind::Postgres => &SQL_PG,
-            StoreKind::Mysql => &SQL_MY,
-            StoreKind::Sqlite => &SQL_LITE,
+    /// Puts the outbox in the run's dispatch mode before anything is produced. A relay started
+    /// in the other mode would convert the outbox itself, but converting to cursor mode turns
+    /// every unsent row into an exception row: a preloaded queue would then be drained through
+    /// the exception path, not the cursor.
+    async fn set_dispatch(&self, run: &str) -> Result<()> {
+        let mode = self.dispatch.mode();
+        let Some(cs) = self.store.cursor() else {
+            if mode == ferry_core::DispatchMode::Row {
+                return Ok(());
+            }
+            return Err(Error::Setup(format!(
+                "the {} store has no cursor dispatch: use --dispatch row",
+                self.kind.as_str()
+            )));
+        };
+        cs.set_dispatch_mode(mode, &format!("loadgen-{run}-setup"))
+            .await?;
+        let now = cs.dispatch_mode().await?;
+        if now != mode {
+            return Err(Error::Setup(format!(
+                "the outbox stayed in {now} dispatch after switching it to {mode}"
+            )));
         }
-    }
-
-    async fn exec(&self, stmt: &str, what: &str) -> Result<()> {
-        match &self.pool {
-            Pool::Pg(p) => p.execute(stmt).await.map(|_| ()),
-            Pool::My(p) => p.execute(stmt).await.map(|_| ()),
-            Pool::Lite(p) => p.execute(stmt).await.map(|_| ()),
-        }
-        .map_err(Error::sql(what))
+        Ok(())
     }
 
     async fn scalar(&self, stmt: &str, what: &str) -> Result<i64> {
-        match &self.pool {
-            Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_one(p).await,
-            Pool::My(p) => sqlx::query_scalar(stmt).fetch_one(p).await,
-            Pool::Lite(p) => sqlx::query_scalar(stmt).fetch_one(p).await,
-        }
-        .map_err(Error::sql(what))
+        on_pool!(&self.pool, p => sqlx::query_scalar(stmt).fetch_one(p).await)
+            .map_err(Error::sql(what))
     }
 
     /// Server connections still free for relay pools: `max_connections` less the superuser
@@ -469,26 +413,20 @@ impl Database {
     /// (verifier, Inbox, ANALYZE). PostgreSQL and MySQL; `None` on SQLite or when the server
     /// will not say.
     pub async fn free_connections(&self) -> Option<u32> {
-        let reserve = self.pool_size + 6;
-        let free: Option<i64> = match &self.pool {
-            Pool::Pg(p) => sqlx::query_scalar(
+        let stmt = match self.kind {
+            StoreKind::Postgres => {
                 "SELECT current_setting('max_connections')::int8 \
                    - current_setting('superuser_reserved_connections')::int8 \
-                   - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
-            )
-            .fetch_one(p)
-            .await
-            .ok(),
-            Pool::My(p) => sqlx::query_scalar(
+                   - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
+            }
+            StoreKind::Mysql => {
                 "SELECT CAST(@@max_connections AS SIGNED) \
-                   - (SELECT COUNT(*) FROM information_schema.PROCESSLIST)",
-            )
-            .fetch_one(p)
-            .await
-            .ok(),
-            Pool::Lite(_) => None,
+                   - (SELECT COUNT(*) FROM information_schema.PROCESSLIST)"
+            }
+            StoreKind::Sqlite => return None,
         };
-        free.map(|f| (f - i64::from(reserve)).max(0) as u32)
+        let free = self.scalar(stmt, "count free connections").await.ok()?;
+        Some((free - i64::from(self.pool_size + 6)).max(0) as u32)
     }
 
     /// Opens another store on the same namespace with its own pool (one per in-process relay,
@@ -516,100 +454,94 @@ impl Database {
         orders: &[Order],
         events: &[NewEvent],
     ) -> Result<(), TxError> {
-        let limits = Limits::default();
-        let now = now_micros();
+        let (limits, now) = (Limits::default(), now_micros());
         let rb = |e: &dyn std::fmt::Display| TxError::RolledBack(e.to_string());
+        macro_rules! business_tx {
+            ($begin:expr, $store:ident, $tx:ident => $insert:expr) => {{
+                let mut $tx = $begin.await.map_err(|e| rb(&e))?;
+                $insert.map_err(|e| rb(&e))?;
+                ferry_store::$store::enqueue_many(&mut $tx, events, &limits)
+                    .await
+                    .map_err(|e| rb(&e))?;
+                $tx.commit()
+                    .await
+                    .map_err(|e| TxError::Unknown(e.to_string()))
+            }};
+        }
         match &self.pool {
-            Pool::Pg(p) => {
-                let mut tx = p.begin().await.map_err(|e| rb(&e))?;
-                sqlx::query(
-                    "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) \
-                     SELECT o.*, $6::int8 FROM UNNEST($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::text[]) AS o",
-                )
-                .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
-                .bind(orders.iter().map(|o| o.aggregate_id.clone()).collect::<Vec<_>>())
-                .bind(orders.iter().map(|o| o.version).collect::<Vec<_>>())
-                .bind(orders.iter().map(|o| o.amount_cents).collect::<Vec<_>>())
-                .bind(orders.iter().map(|o| o.status()).collect::<Vec<_>>())
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| rb(&e))?;
-                ferry_store::postgres::enqueue_many(&mut tx, events, &limits)
-                    .await
-                    .map_err(|e| rb(&e))?;
-                tx.commit()
-                    .await
-                    .map_err(|e| TxError::Unknown(e.to_string()))
+            Pool::Postgres(p) => business_tx!(p.begin(), postgres, tx => sqlx::query(
+                "INSERT INTO loadgen_orders (order_id, aggregate_id, aggregate_version, amount_cents, status, created_at_us) \
+                 SELECT o.*, $6::int8 FROM UNNEST($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::text[]) AS o",
+            )
+            .bind(orders.iter().map(|o| o.order_id).collect::<Vec<_>>())
+            .bind(orders.iter().map(|o| o.aggregate_id.clone()).collect::<Vec<_>>())
+            .bind(orders.iter().map(|o| o.version).collect::<Vec<_>>())
+            .bind(orders.iter().map(|o| o.amount_cents).collect::<Vec<_>>())
+            .bind(orders.iter().map(|o| o.status()).collect::<Vec<_>>())
+            .bind(now)
+            .execute(&mut *tx)
+            .await),
+            Pool::Mysql(p) => {
+                business_tx!(p.begin(), mysql, tx => insert_orders!(MySql, &mut *tx, orders, now))
             }
-            Pool::My(p) => {
-                let mut tx = p.begin().await.map_err(|e| rb(&e))?;
-                insert_orders!(MySql, &mut *tx, orders, now).map_err(|e| rb(&e))?;
-                ferry_store::mysql::enqueue_many(&mut tx, events, &limits)
-                    .await
-                    .map_err(|e| rb(&e))?;
-                tx.commit()
-                    .await
-                    .map_err(|e| TxError::Unknown(e.to_string()))
-            }
-            Pool::Lite(p) => {
-                // IMMEDIATE (taken up front, so no deferred read→write upgrade fails with
-                // SQLITE_BUSY) behind the in-process write gate the relay's claims and acks
-                // queue on too.
-                let mut tx = ferry_store::sqlite::begin_write(p)
-                    .await
-                    .map_err(|e| rb(&e))?;
-                insert_orders!(Sqlite, &mut *tx, orders, now).map_err(|e| rb(&e))?;
-                ferry_store::sqlite::enqueue_many(&mut tx, events, &limits)
-                    .await
-                    .map_err(|e| rb(&e))?;
-                tx.commit()
-                    .await
-                    .map_err(|e| TxError::Unknown(e.to_string()))
-            }
+            // IMMEDIATE (taken up front, so no deferred read→write upgrade fails with
+            // SQLITE_BUSY) behind the in-process write gate the relay's claims and acks queue
+            // on too.
+            Pool::Sqlite(p) => business_tx!(ferry_store::sqlite::begin_write(p), sqlite, tx =>
+                insert_orders!(Sqlite, &mut *tx, orders, now)),
         }
     }
 
     /// Whether order `order_id` exists: resolves a transaction whose COMMIT outcome was lost
     /// (the order row and its intents commit together).
     pub async fn order_exists(&self, order_id: i64) -> Result<bool> {
-        let stmt = self.sql().order_exists;
-        let n: i64 = match &self.pool {
-            Pool::Pg(p) => sqlx::query_scalar(stmt).bind(order_id).fetch_one(p).await,
-            Pool::My(p) => sqlx::query_scalar(stmt).bind(order_id).fetch_one(p).await,
-            Pool::Lite(p) => sqlx::query_scalar(stmt).bind(order_id).fetch_one(p).await,
-        }
-        .map_err(Error::sql("look up an order"))?;
+        let stmt = format!(
+            "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = {}",
+            param(&self.pool)
+        );
+        let n: i64 =
+            on_pool!(&self.pool, p => sqlx::query_scalar(&stmt).bind(order_id).fetch_one(p).await)
+                .map_err(Error::sql("look up an order"))?;
         Ok(n > 0)
+    }
+
+    /// The relation whose `state` is an intent's effective state: the outbox in row mode, the
+    /// cursor view (an exception row's state, else SENT behind the slot's cursor) in cursor mode.
+    fn state_table(&self) -> &'static str {
+        match self.dispatch {
+            Dispatch::Row => "ferry_outbox",
+            Dispatch::Cursor => "ferry_outbox_cursor_view",
+        }
     }
 
     /// Outbox rows in `SENT` (cursor mode: effectively SENT, see `ferry_outbox_cursor_view`).
     pub async fn count_sent(&self) -> Result<i64> {
-        let stmt = match self.dispatch {
-            Dispatch::Row => self.sql().count_sent,
-            Dispatch::Cursor => self.sql().count_sent_cursor,
-        };
-        self.scalar(stmt, "count SENT rows").await
+        let stmt = format!(
+            "SELECT COUNT(*) FROM {} WHERE state = 'SENT'",
+            self.state_table()
+        );
+        self.scalar(&stmt, "count SENT rows").await
     }
 
     /// All outbox rows.
     pub async fn count_rows(&self) -> Result<i64> {
-        self.scalar(self.sql().count_rows, "count outbox rows")
+        self.scalar("SELECT COUNT(*) FROM ferry_outbox", "count outbox rows")
             .await
     }
 
     /// Up to ten unsent rows, `event_id (STATE)`.
     pub async fn unsent_examples(&self) -> Result<Vec<String>> {
-        let stmt = match self.dispatch {
-            Dispatch::Row => self.sql().unsent_examples,
-            Dispatch::Cursor => self.sql().unsent_examples_cursor,
-        };
-        match &self.pool {
-            Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
-            Pool::My(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
-            Pool::Lite(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
-        }
-        .map_err(Error::sql("list unsent rows"))
+        let stmt = format!(
+            "SELECT event_id, state FROM {} WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
+            self.state_table()
+        );
+        let rows: Vec<(String, String)> =
+            on_pool!(&self.pool, p => sqlx::query_as(&stmt).fetch_all(p).await)
+                .map_err(Error::sql("list unsent rows"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, s)| format!("{id} ({s})"))
+            .collect())
     }
 
     /// Pairs of successive versions marked SENT out of order (see [`SENT_ORDER_VIOLATIONS`]);
@@ -618,10 +550,10 @@ impl Database {
         if self.dispatch == Dispatch::Cursor {
             return Ok(None);
         }
-        Ok(Some(
-            self.scalar(SENT_ORDER_VIOLATIONS, "check SENT order")
-                .await?,
-        ))
+        let n = self
+            .scalar(SENT_ORDER_VIOLATIONS, "check SENT order")
+            .await?;
+        Ok(Some(n))
     }
 
     /// Commit→SENT latency of every SENT row, from `created_at`/`sent_at` (used when relays
@@ -631,13 +563,16 @@ impl Database {
         if self.dispatch == Dispatch::Cursor {
             return Ok(None);
         }
-        let stmt = self.sql().commit_to_ack_us;
-        let values: Vec<i64> = match &self.pool {
-            Pool::Pg(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
-            Pool::My(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
-            Pool::Lite(p) => sqlx::query_scalar(stmt).fetch_all(p).await,
-        }
-        .map_err(Error::sql("read commit→SENT latencies"))?;
+        let us = match self.kind {
+            StoreKind::Postgres => "(extract(epoch from (sent_at - created_at)) * 1000000)::int8",
+            StoreKind::Mysql => "CAST(TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) AS SIGNED)",
+            StoreKind::Sqlite => "sent_at - created_at",
+        };
+        let stmt =
+            format!("SELECT {us} FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL");
+        let values: Vec<i64> =
+            on_pool!(&self.pool, p => sqlx::query_scalar(&stmt).fetch_all(p).await)
+                .map_err(Error::sql("read commit→SENT latencies"))?;
         let mut h = new_histogram();
         for v in values {
             let _ = h.record(v.clamp(1, 3_600_000_000) as u64);
@@ -664,7 +599,27 @@ impl Database {
         .fetch_one(&mut conn)
         .await
         .map_err(Error::sql("read pg_stat_user_tables"))?;
-        let tables = pg_table_stats(&mut conn).await?;
+        let mut tables = Vec::with_capacity(COST_TABLES.len());
+        for t in COST_TABLES {
+            let s: (i64, i64, i64, i64, i64) = sqlx::query_as(
+                "SELECT COALESCE(s.n_tup_ins, 0), COALESCE(s.n_tup_upd, 0), COALESCE(s.n_tup_del, 0), \
+                   COALESCE(s.n_tup_hot_upd, 0), COALESCE(s.n_dead_tup, 0) \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN pg_stat_user_tables s ON s.relid = to_regclass($1)",
+            )
+            .bind(t)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(Error::sql(format!("read pg_stat_user_tables for {t}")))?;
+            tables.push(TableStats {
+                table: t.to_string(),
+                n_tup_ins: s.0,
+                n_tup_upd: s.1,
+                n_tup_del: s.2,
+                n_tup_hot_upd: s.3,
+                n_dead_tup: s.4,
+            });
+        }
         let _ = conn.close().await;
         Ok(Some(PgCosts {
             outbox_total_bytes: r.0,
@@ -707,7 +662,7 @@ impl Database {
 
     /// SQLite's cheap write counts (see [`SqliteWrites`]); `None` on other backends.
     pub async fn sqlite_writes(&self) -> Result<Option<SqliteWrites>> {
-        let Pool::Lite(p) = &self.pool else {
+        let Pool::Sqlite(p) = &self.pool else {
             return Ok(None);
         };
         let r: (i64, i64, i64, i64, i64) = sqlx::query_as(
@@ -731,14 +686,14 @@ impl Database {
 
     /// `n_dead_tup` of the outbox right now (PostgreSQL; sampled once a second).
     pub async fn pg_dead_tuples(&self) -> Option<i64> {
-        let Pool::Pg(p) = &self.pool else {
+        if self.kind != StoreKind::Postgres {
             return None;
-        };
-        sqlx::query_scalar(
+        }
+        self.scalar(
             "SELECT COALESCE((SELECT n_dead_tup FROM pg_stat_user_tables \
                WHERE relid = 'ferry_outbox'::regclass), 0)",
+            "sample n_dead_tup",
         )
-        .fetch_one(p)
         .await
         .ok()
     }
@@ -746,7 +701,7 @@ impl Database {
     /// `ANALYZE` the outbox and the business table (PostgreSQL; a no-op elsewhere). Returns
     /// whether it ran.
     pub async fn pg_analyze(&self) -> Result<bool> {
-        let Pool::Pg(p) = &self.pool else {
+        let Pool::Postgres(p) = &self.pool else {
             return Ok(false);
         };
         p.execute("ANALYZE ferry_outbox, ferry_slot_lease, loadgen_orders")
@@ -757,111 +712,63 @@ impl Database {
 
     /// Closes the producers' pool (its backends exit and flush their statistics).
     pub async fn close_pool(&self) {
-        match &self.pool {
-            Pool::Pg(p) => p.close().await,
-            Pool::My(p) => p.close().await,
-            Pool::Lite(p) => p.close().await,
-        }
+        on_pool!(&self.pool, p => p.close().await)
     }
 
     /// Server version and durability settings worth echoing in the report.
     pub async fn server_info(&self) -> Vec<(String, String)> {
+        let queries: &[(&str, &str)] = match self.kind {
+            StoreKind::Postgres => &[
+                ("server_version", "SHOW server_version"),
+                ("synchronous_commit", "SHOW synchronous_commit"),
+                ("fsync", "SHOW fsync"),
+            ],
+            StoreKind::Mysql => &[(
+                "server",
+                "SELECT CAST(CONCAT(VERSION(), ' flush_log_at_trx_commit=', \
+                 @@innodb_flush_log_at_trx_commit) AS CHAR)",
+            )],
+            StoreKind::Sqlite => &[("sqlite_version", "SELECT sqlite_version()")],
+        };
         let mut out = Vec::new();
-        match &self.pool {
-            Pool::Pg(p) => {
-                for key in ["server_version", "synchronous_commit", "fsync"] {
-                    if let Ok(v) = sqlx::query_scalar::<_, String>(&format!("SHOW {key}"))
-                        .fetch_one(p)
-                        .await
-                    {
-                        out.push((key.to_string(), v));
-                    }
-                }
+        for (key, stmt) in queries {
+            let v: std::result::Result<String, _> =
+                on_pool!(&self.pool, p => sqlx::query_scalar(stmt).fetch_one(p).await);
+            if let Ok(v) = v {
+                out.push((key.to_string(), v));
             }
-            Pool::My(p) => {
-                if let Ok(v) = sqlx::query_scalar::<_, String>(
-                    "SELECT CAST(CONCAT(VERSION(), ' flush_log_at_trx_commit=', @@innodb_flush_log_at_trx_commit) AS CHAR)",
-                )
-                .fetch_one(p)
-                .await
-                {
-                    out.push(("server".to_string(), v));
-                }
-            }
-            Pool::Lite(p) => {
-                if let Ok(v) = sqlx::query_scalar::<_, String>("SELECT sqlite_version()")
-                    .fetch_one(p)
-                    .await
-                {
-                    out.push(("sqlite_version".to_string(), v));
-                }
-                out.push((
-                    "synchronous".to_string(),
-                    format!("{:?}", self.sqlite_sync).to_lowercase(),
-                ));
-            }
+        }
+        if self.kind == StoreKind::Sqlite {
+            let sync = format!("{:?}", self.sqlite_sync).to_lowercase();
+            out.push(("synchronous".to_string(), sync));
         }
         out
     }
 
     /// Drops the namespace (unless `--keep-db`, then says where it is).
-    pub async fn finish(self) {
+    pub async fn finish(mut self) {
         if self.keep {
             eprintln!("loadgen: kept the database: {}", redact_url(&self.url));
+            std::mem::forget(self.dir.take());
             return;
         }
         self.close_pool().await;
-        self.cleanup.run().await;
+        drop_namespace(self.namespace.take()).await;
     }
 }
 
-impl Cleanup {
-    /// Drops what [`Database::create`] made.
-    async fn run(&self) {
-        match self {
-            Cleanup::Nothing => {}
-            Cleanup::Dir(d) => {
-                let _ = std::fs::remove_dir_all(d);
-            }
-            Cleanup::Namespace(c) => {
-                if let Err(e) = c.clone().try_run().await {
-                    eprintln!("loadgen: could not drop the run's database: {e}");
-                }
-            }
+/// Drops what [`Database::create`] made on a server.
+async fn drop_namespace(namespace: Option<Cleanup>) {
+    if let Some(c) = namespace {
+        if let Err(e) = c.try_run().await {
+            eprintln!("loadgen: could not drop the run's database: {e}");
         }
     }
 }
 
-/// `pg_stat_user_tables` counters of [`COST_TABLES`] in the connection's schema (zeros for a
-/// table without statistics yet).
-async fn pg_table_stats(conn: &mut sqlx::PgConnection) -> Result<Vec<TableStats>> {
-    let mut out = Vec::with_capacity(COST_TABLES.len());
-    for t in COST_TABLES {
-        let r: (i64, i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT COALESCE(s.n_tup_ins, 0), COALESCE(s.n_tup_upd, 0), COALESCE(s.n_tup_del, 0), \
-               COALESCE(s.n_tup_hot_upd, 0), COALESCE(s.n_dead_tup, 0) \
-             FROM (SELECT 1) AS one \
-             LEFT JOIN pg_stat_user_tables s ON s.relid = to_regclass($1)",
-        )
-        .bind(t)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(Error::sql(format!("read pg_stat_user_tables for {t}")))?;
-        out.push(TableStats {
-            table: t.to_string(),
-            n_tup_ins: r.0,
-            n_tup_upd: r.1,
-            n_tup_del: r.2,
-            n_tup_hot_upd: r.3,
-            n_dead_tup: r.4,
-        });
-    }
-    Ok(out)
-}
-
-/// A new latency histogram: 1 µs .. 1 h, 3 significant digits (as the relay's).
+/// A new latency histogram, bounded as the relay's ([`ferry_relay::metrics::Latency`]).
 pub fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant bounds are valid")
+    ferry_relay::metrics::Latency::default().snapshot()
 }
 
 async fn open(
@@ -873,12 +780,12 @@ async fn open(
     Ok(match kind {
         StoreKind::Postgres => {
             let s = PgStore::connect(url, opts).await?;
-            let pool = Pool::Pg(s.pool().clone());
+            let pool = Pool::Postgres(s.pool().clone());
             (Arc::new(s), pool)
         }
         StoreKind::Mysql => {
             let s = MyStore::connect(url, opts).await?;
-            let pool = Pool::My(s.pool().clone());
+            let pool = Pool::Mysql(s.pool().clone());
             (Arc::new(s), pool)
         }
         StoreKind::Sqlite => {
@@ -888,13 +795,18 @@ async fn open(
                     redact_url(url)
                 ))
             })?;
-            let conn = conn.synchronous(match sync {
-                SqliteSync::Full => SqliteSynchronous::Full,
-                SqliteSync::Normal => SqliteSynchronous::Normal,
-            });
-            let s = SqliteStore::connect_with(conn, opts).await?;
-            let pool = Pool::Lite(s.pool().clone());
+            let s = SqliteStore::connect_with(conn.synchronous(sync.into()), opts).await?;
+            let pool = Pool::Sqlite(s.pool().clone());
             (Arc::new(s), pool)
         }
     })
+}
+
+impl From<SqliteSync> for SqliteSynchronous {
+    fn from(s: SqliteSync) -> Self {
+        match s {
+            SqliteSync::Full => SqliteSynchronous::Full,
+            SqliteSync::Normal => SqliteSynchronous::Normal,
+        }
+    }
 }

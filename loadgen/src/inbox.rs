@@ -44,7 +44,6 @@
 //! are deleted afterwards unless `--keep-db`). SQLite has one writer: the pool has a single
 //! connection (more would only sleep in SQLite's busy handler) and the workers queue on it.
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,14 +54,15 @@ use ferry_inbox::{
     Backend, BoxError, Conn, Delivery, Inbox, InboxConfig, InboxError, InboxPool, Verdict,
 };
 use ferry_store::redact_url;
-use ferry_testkit::{Received, Verifier};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use ferry_testkit::{Received, TempDir, Verifier};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::Executor;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cli::SqliteSync;
+use crate::db::{on_pool, param};
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
@@ -79,29 +79,6 @@ const RETRY: Backoff = Backoff {
 };
 /// Examples of failures kept for the report.
 const MAX_EXAMPLES: usize = 10;
-
-/// Deletes this run's effect rows and its consumer's Inbox rows from `$pool`, with `$ph` the
-/// backend's placeholder.
-macro_rules! delete_rows {
-    ($pool:expr, $ph:literal, $run:expr, $consumer:expr) => {{
-        let mut res = Ok(());
-        for (table, col, v) in [
-            ("loadgen_effects", "run_id", $run),
-            ("loadgen_projection", "run_id", $run),
-            ("ferry_inbox", "consumer", $consumer),
-            ("ferry_inbox_aggregate", "consumer", $consumer),
-        ] {
-            let stmt = format!("DELETE FROM {table} WHERE {col} = {}", $ph);
-            if let Err(e) = sqlx::query(&stmt).bind(v).execute($pool).await {
-                res = Err(Error::sql(format!("delete this run's rows from {table}"))(
-                    e,
-                ));
-                break;
-            }
-        }
-        res
-    }};
-}
 
 /// How the Inbox consumer of a run is set up.
 #[derive(Debug, Clone)]
@@ -156,7 +133,7 @@ pub struct InboxConsumer {
     workers: usize,
     connections: u32,
     /// Temporary directory of the default SQLite file.
-    dir: Option<PathBuf>,
+    dir: Option<TempDir>,
     keep: bool,
     stats: Arc<Stats>,
     /// Next offset to poll, per partition (`-1`: nothing polled yet).
@@ -180,16 +157,14 @@ impl InboxConsumer {
         let (url, dir) = match &spec.url {
             Some(u) => (u.clone(), None),
             None => {
-                let dir = std::env::temp_dir().join(format!("loadgen-{run}-inbox"));
-                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-                    what: "create the Inbox directory",
-                    path: dir.clone(),
-                    source,
-                })?;
-                (
-                    format!("sqlite://{}", dir.join("inbox.db").display()),
-                    Some(dir),
-                )
+                let dir =
+                    TempDir::new(&format!("loadgen-{run}-inbox")).map_err(|source| Error::Io {
+                        what: "create the Inbox directory in",
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+                (url, Some(dir))
             }
         };
         let workers = spec.workers.max(1);
@@ -223,15 +198,7 @@ impl InboxConsumer {
             create_effect_tables(inbox.pool()).await?;
             Ok::<_, Error>((inbox, connections))
         };
-        let (inbox, connections) = match setup.await {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(d) = &dir {
-                    let _ = std::fs::remove_dir_all(d);
-                }
-                return Err(e);
-            }
-        };
+        let (inbox, connections) = setup.await?;
 
         let run: Arc<str> = Arc::from(run);
         let consumer = format!("loadgen-{run}");
@@ -447,101 +414,65 @@ impl InboxConsumer {
 
     /// Event ids of this run's effect rows.
     async fn effect_ids(&self) -> Result<Vec<String>> {
-        let what = Error::sql("read loadgen_effects back");
+        let pool = self.inbox.pool();
+        let stmt = format!(
+            "SELECT event_id FROM loadgen_effects WHERE run_id = {}",
+            param(pool)
+        );
         let run: &str = &self.run;
-        match self.inbox.pool() {
-            InboxPool::Sqlite(p) => {
-                sqlx::query_scalar("SELECT event_id FROM loadgen_effects WHERE run_id = ?")
-                    .bind(run)
-                    .fetch_all(p)
-                    .await
-            }
-            InboxPool::Postgres(p) => {
-                sqlx::query_scalar("SELECT event_id FROM loadgen_effects WHERE run_id = $1")
-                    .bind(run)
-                    .fetch_all(p)
-                    .await
-            }
-            InboxPool::Mysql(p) => {
-                sqlx::query_scalar("SELECT event_id FROM loadgen_effects WHERE run_id = ?")
-                    .bind(run)
-                    .fetch_all(p)
-                    .await
-            }
-        }
-        .map_err(what)
+        on_pool!(pool, p => sqlx::query_scalar(&stmt).bind(run).fetch_all(p).await)
+            .map_err(Error::sql("read loadgen_effects back"))
     }
 
     /// (aggregates, aggregates whose application count differs from their last version).
     async fn projection(&self) -> Result<(u64, u64)> {
-        let what = Error::sql("read loadgen_projection back");
-        let run: &str = &self.run;
+        let pool = self.inbox.pool();
         // COUNT and a CASE count (not SUM: NUMERIC/DECIMAL on the servers)
-        let (n, bad): (i64, i64) = match self.inbox.pool() {
-            InboxPool::Sqlite(p) => {
-                sqlx::query_as(
-                    "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
-                     FROM loadgen_projection WHERE run_id = ?",
-                )
-                .bind(run)
-                .fetch_one(p)
-                .await
-            }
-            InboxPool::Postgres(p) => {
-                sqlx::query_as(
-                    "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
-                     FROM loadgen_projection WHERE run_id = $1",
-                )
-                .bind(run)
-                .fetch_one(p)
-                .await
-            }
-            InboxPool::Mysql(p) => {
-                sqlx::query_as(
-                    "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
-                     FROM loadgen_projection WHERE run_id = ?",
-                )
-                .bind(run)
-                .fetch_one(p)
-                .await
-            }
-        }
-        .map_err(what)?;
+        let stmt = format!(
+            "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
+             FROM loadgen_projection WHERE run_id = {}",
+            param(pool)
+        );
+        let run: &str = &self.run;
+        let (n, bad): (i64, i64) =
+            on_pool!(pool, p => sqlx::query_as(&stmt).bind(run).fetch_one(p).await)
+                .map_err(Error::sql("read loadgen_projection back"))?;
         Ok((n.max(0) as u64, bad.max(0) as u64))
     }
 
     /// Removes the temporary database, or this run's rows from `--inbox-url` (not with
     /// `--keep-db`, which says where they are).
     async fn cleanup(&mut self) {
+        let pool = self.inbox.pool();
         if self.keep {
             eprintln!(
                 "loadgen: kept the Inbox database: {} (consumer {})",
                 redact_url(&self.url),
                 self.consumer
             );
-            self.dir = None;
+            std::mem::forget(self.dir.take());
             return;
         }
         if self.dir.is_none() {
-            let run: &str = &self.run;
-            let c = self.consumer.as_str();
-            let res: Result<()> = match self.inbox.pool() {
-                InboxPool::Sqlite(p) => delete_rows!(p, "?", run, c),
-                InboxPool::Postgres(p) => delete_rows!(p, "$1", run, c),
-                InboxPool::Mysql(p) => delete_rows!(p, "?", run, c),
-            };
-            if let Err(e) = res {
-                eprintln!("loadgen: could not delete this run's Inbox rows: {e}");
+            let (run, consumer): (&str, &str) = (&self.run, &self.consumer);
+            for (table, col, v) in [
+                ("loadgen_effects", "run_id", run),
+                ("loadgen_projection", "run_id", run),
+                ("ferry_inbox", "consumer", consumer),
+                ("ferry_inbox_aggregate", "consumer", consumer),
+            ] {
+                let stmt = format!("DELETE FROM {table} WHERE {col} = {}", param(pool));
+                if let Err(e) =
+                    on_pool!(pool, p => sqlx::query(&stmt).bind(v).execute(p).await.map(drop))
+                {
+                    let e = Error::sql(format!("delete this run's rows from {table}"))(e);
+                    eprintln!("loadgen: could not delete this run's Inbox rows: {e}");
+                    break;
+                }
             }
         }
-        match self.inbox.pool() {
-            InboxPool::Sqlite(p) => p.close().await,
-            InboxPool::Postgres(p) => p.close().await,
-            InboxPool::Mysql(p) => p.close().await,
-        }
-        if let Some(d) = self.dir.take() {
-            let _ = std::fs::remove_dir_all(d);
-        }
+        on_pool!(pool, p => p.close().await);
+        drop(self.dir.take());
     }
 }
 
@@ -550,10 +481,8 @@ impl Drop for InboxConsumer {
         // error paths: stop the reader; tasks end when its senders are dropped
         self.stop.store(true, Ordering::Relaxed);
         drop(self.reader.take());
-        if let Some(d) = self.dir.take() {
-            if !self.keep {
-                let _ = std::fs::remove_dir_all(d);
-            }
+        if self.keep {
+            std::mem::forget(self.dir.take());
         }
     }
 }
@@ -565,10 +494,7 @@ async fn sqlite_pool(url: &str, sync: SqliteSync) -> Result<InboxPool> {
         .map_err(|e| Error::Setup(format!("--inbox-url {}: {e}", redact_url(url))))?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(match sync {
-            SqliteSync::Full => SqliteSynchronous::Full,
-            SqliteSync::Normal => SqliteSynchronous::Normal,
-        })
+        .synchronous(sync.into())
         .busy_timeout(Duration::from_secs(10));
     let pool = SqlitePoolOptions::new()
         .max_connections(1)
@@ -582,40 +508,35 @@ async fn sqlite_pool(url: &str, sync: SqliteSync) -> Result<InboxPool> {
     Ok(InboxPool::Sqlite(pool))
 }
 
-const EFFECTS_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_effects (\
-    event_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, aggregate_id TEXT NOT NULL, \
-    aggregate_version INTEGER NOT NULL, applied INTEGER NOT NULL) WITHOUT ROWID; \
-    CREATE TABLE IF NOT EXISTS loadgen_projection (\
-    aggregate_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, version INTEGER NOT NULL, \
-    applied INTEGER NOT NULL) WITHOUT ROWID;";
-const EFFECTS_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_effects (\
-    event_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, \
-    aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, applied INT NOT NULL); \
-    CREATE TABLE IF NOT EXISTS loadgen_projection (\
-    aggregate_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, version BIGINT NOT NULL, \
-    applied BIGINT NOT NULL);";
-const EFFECTS_MY: [&str; 2] = [
-    "CREATE TABLE IF NOT EXISTS loadgen_effects (\
-    event_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, \
-    aggregate_id VARCHAR(255) NOT NULL, aggregate_version BIGINT NOT NULL, applied INT NOT NULL) \
-    ENGINE = InnoDB",
-    "CREATE TABLE IF NOT EXISTS loadgen_projection (\
-    aggregate_id VARCHAR(255) PRIMARY KEY, run_id VARCHAR(32) NOT NULL, version BIGINT NOT NULL, \
-    applied BIGINT NOT NULL) ENGINE = InnoDB",
+/// `loadgen_effects` and `loadgen_projection` on a server (MySQL adds its engine).
+const EFFECTS: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS loadgen_effects (event_id VARCHAR(255) PRIMARY KEY, \
+     run_id VARCHAR(32) NOT NULL, aggregate_id VARCHAR(255) NOT NULL, \
+     aggregate_version BIGINT NOT NULL, applied INT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS loadgen_projection (aggregate_id VARCHAR(255) PRIMARY KEY, \
+     run_id VARCHAR(32) NOT NULL, version BIGINT NOT NULL, applied BIGINT NOT NULL)",
+];
+const EFFECTS_SQLITE: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS loadgen_effects (event_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, \
+     aggregate_id TEXT NOT NULL, aggregate_version INTEGER NOT NULL, applied INTEGER NOT NULL) \
+     WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS loadgen_projection (aggregate_id TEXT PRIMARY KEY, \
+     run_id TEXT NOT NULL, version INTEGER NOT NULL, applied INTEGER NOT NULL) WITHOUT ROWID",
 ];
 
 async fn create_effect_tables(pool: &InboxPool) -> Result<()> {
-    let what = || Error::sql("create the effect tables loadgen_effects and loadgen_projection");
-    match pool {
-        InboxPool::Sqlite(p) => p.execute(EFFECTS_SQLITE).await.map(|_| ()).map_err(what()),
-        InboxPool::Postgres(p) => p.execute(EFFECTS_PG).await.map(|_| ()).map_err(what()),
-        InboxPool::Mysql(p) => {
-            for stmt in EFFECTS_MY {
-                p.execute(stmt).await.map_err(what())?;
-            }
-            Ok(())
-        }
+    let (ddl, suffix) = match pool {
+        InboxPool::Sqlite(_) => (EFFECTS_SQLITE, ""),
+        InboxPool::Postgres(_) => (EFFECTS, ""),
+        InboxPool::Mysql(_) => (EFFECTS, " ENGINE = InnoDB"),
+    };
+    for stmt in ddl {
+        let stmt = format!("{stmt}{suffix}");
+        on_pool!(pool, p => p.execute(stmt.as_str()).await.map(drop)).map_err(Error::sql(
+            "create the effect tables loadgen_effects and loadgen_projection",
+        ))?;
     }
+    Ok(())
 }
 
 /// The business effect, on the Inbox's transaction: the event's effect row (a second
@@ -655,15 +576,13 @@ fn effect<'c>(
                     .await?;
             }};
         }
+        const EFFECT: &str = "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+            aggregate_version, applied) VALUES (?, ?, ?, ?, 1)";
+        const PROJECTION: &str = "INSERT INTO loadgen_projection (aggregate_id, run_id, version, \
+            applied) VALUES (?, ?, ?, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
+            version = excluded.version, applied = loadgen_projection.applied + 1";
         match conn {
-            Conn::Sqlite(c) => apply!(
-                c,
-                "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
-                 aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
-                "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
-                 VALUES (?, ?, ?, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
-                 version = excluded.version, applied = loadgen_projection.applied + 1"
-            ),
+            Conn::Sqlite(c) => apply!(c, EFFECT, PROJECTION),
             Conn::Postgres(c) => apply!(
                 c,
                 "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
@@ -674,8 +593,7 @@ fn effect<'c>(
             ),
             Conn::Mysql(c) => apply!(
                 c,
-                "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
-                 aggregate_version, applied) VALUES (?, ?, ?, ?, 1)",
+                EFFECT,
                 "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
                  VALUES (?, ?, ?, 1) ON DUPLICATE KEY UPDATE \
                  version = VALUES(version), applied = applied + 1"

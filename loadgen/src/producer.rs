@@ -31,13 +31,9 @@ const RETRY: Backoff = Backoff {
     max: Duration::from_secs(1),
 };
 
-/// What every producer of a run shares.
+/// The workload of a run's producers (`--aggregates`, `--skew`, `--rate`, ...).
 #[derive(Debug, Clone)]
-pub struct ProducerPlan {
-    /// Identities of the run.
-    pub ids: Ids,
-    /// Number of producers.
-    pub producers: usize,
+pub struct Workload {
     /// Total aggregates.
     pub aggregates: u64,
     /// Key popularity.
@@ -50,12 +46,23 @@ pub struct ProducerPlan {
     pub rate: u64,
     /// Payload size.
     pub payload_bytes: usize,
-    /// Destination topic of every intent.
-    pub topic: String,
     /// Workload seed; producer `p` uses `seed + p`.
     pub seed: u64,
     /// A fixed queue to commit (`--preload`) instead of random picks until stopped.
     pub preload: Option<Preload>,
+}
+
+/// What every producer of a run shares.
+#[derive(Debug, Clone)]
+pub struct ProducerPlan {
+    /// Identities of the run.
+    pub ids: Ids,
+    /// Number of producers.
+    pub producers: usize,
+    /// Destination topic of every intent.
+    pub topic: String,
+    /// What they produce.
+    pub work: Workload,
 }
 
 /// The shape of a preloaded queue: `total` intents over `ceil(total / per_aggregate)`
@@ -192,11 +199,11 @@ pub async fn run(
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) -> Result<ProducerResult> {
-    let mut keys = match plan.preload {
+    let mut keys = match plan.work.preload {
         None => {
-            let local = workload::local_aggregates(plan.aggregates, plan.producers, p);
+            let local = workload::local_aggregates(plan.work.aggregates, plan.producers, p);
             Keys::Random {
-                picker: KeyPicker::new(local, plan.skew, plan.zipf_s),
+                picker: KeyPicker::new(local, plan.work.skew, plan.work.zipf_s),
                 versions: vec![0i64; local],
                 agg_ids: vec![None; local],
             }
@@ -208,16 +215,16 @@ pub async fn run(
             agg_id: plan.ids.aggregate(p),
         },
     };
-    let mut rng = StdRng::seed_from_u64(plan.seed.wrapping_add(p as u64));
+    let mut rng = StdRng::seed_from_u64(plan.work.seed.wrapping_add(p as u64));
     let mut next: u64 = 0;
     let mut exhausted = false;
     let mut tx_latency = new_histogram();
     // Pacing: transaction t is due at start + t * interval; a producer that fell more than a
     // second behind forgets the debt instead of bursting to catch up. Producer p starts p/P of
     // an interval late, so the producers' transactions arrive evenly spaced, not all at once.
-    let interval = (plan.rate > 0).then(|| {
+    let interval = (plan.work.rate > 0).then(|| {
         Duration::from_secs_f64(
-            plan.orders_per_tx as f64 * plan.producers as f64 / plan.rate as f64,
+            plan.work.orders_per_tx as f64 * plan.producers as f64 / plan.work.rate as f64,
         )
     });
     let mut due = Instant::now()
@@ -237,9 +244,9 @@ pub async fn run(
             }
             due += interval;
         }
-        let mut orders = Vec::with_capacity(plan.orders_per_tx);
-        let mut events: Vec<NewEvent> = Vec::with_capacity(plan.orders_per_tx);
-        for i in 0..plan.orders_per_tx {
+        let mut orders = Vec::with_capacity(plan.work.orders_per_tx);
+        let mut events: Vec<NewEvent> = Vec::with_capacity(plan.work.orders_per_tx);
+        for i in 0..plan.work.orders_per_tx {
             let Some((aggregate_id, version)) = keys.next(&plan, p, &mut rng) else {
                 exhausted = true;
                 break;
@@ -257,7 +264,7 @@ pub async fn run(
                 n,
                 &order,
                 &plan.topic,
-                plan.payload_bytes,
+                plan.work.payload_bytes,
             ));
             orders.push(order);
         }
@@ -359,21 +366,23 @@ mod tests {
         ProducerPlan {
             ids: Ids { run: "t".into() },
             producers,
-            aggregates: 1,
-            skew: Skew::Uniform,
-            zipf_s: 1.0,
-            orders_per_tx: 7,
-            rate: 0,
-            payload_bytes: 128,
             topic: "t".into(),
-            seed: 1,
-            preload: Some(shape),
+            work: Workload {
+                aggregates: 1,
+                skew: Skew::Uniform,
+                zipf_s: 1.0,
+                orders_per_tx: 7,
+                rate: 0,
+                payload_bytes: 128,
+                seed: 1,
+                preload: Some(shape),
+            },
         }
     }
 
     /// Every producer's share, as the producer would hand it out.
     fn drain(plan: &ProducerPlan, p: usize) -> Vec<(String, i64)> {
-        let shape = plan.preload.unwrap();
+        let shape = plan.work.preload.unwrap();
         let mut keys = Keys::Fixed {
             shape,
             agg: p as u64,

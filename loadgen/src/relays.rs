@@ -28,6 +28,7 @@ use crate::cli::{Dispatch, RelayMode, SinkKind};
 use crate::clock::{CommitClock, TimedSink};
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
+use crate::report::Claims;
 
 /// How the relays of a run are set up.
 #[derive(Debug, Clone)]
@@ -163,31 +164,14 @@ pub enum Relays {
     Processes(Arc<tokio::sync::Mutex<Processes>>),
 }
 
-/// Relay-side numbers merged over all in-process relays.
+/// Relay-side numbers merged over all relays: counters from each relay's metrics exposition
+/// (the in-process relays' rendered, the processes' scraped), histograms from the in-process
+/// relays' registries (processes have none to merge).
 pub struct RelayMetrics {
+    /// The claim counters summed (the run fills in the rates).
+    pub claims: Claims,
     /// Acked and marked SENT.
     pub sent: u64,
-    /// Claim transactions.
-    pub claims: u64,
-    /// Claims that found nothing.
-    pub empty_claims: u64,
-    /// Items claimed.
-    pub claimed_items: u64,
-    /// Fenced CAS outcomes and lease renewals.
-    pub fenced: u64,
-    /// Retried items.
-    pub retried: u64,
-    /// Unknown outcomes.
-    pub unknown: u64,
-    /// Quarantined items.
-    pub quarantined: u64,
-    /// Store errors.
-    pub store_errors: u64,
-    /// Slot leases lost to another relay.
-    pub slot_fenced: u64,
-    /// Due rows claims passed over because another transaction held them; `None` when no
-    /// relay's store reports it.
-    pub skipped_locked: Option<u64>,
     /// Sent per relay.
     pub per_relay_sent: Vec<u64>,
     /// Commit→SENT latency, µs.
@@ -198,28 +182,17 @@ pub struct RelayMetrics {
     pub claim_latency: Histogram<u64>,
     /// Outcome CAS latency per batch, µs.
     pub ack_latency: Histogram<u64>,
-    /// Relays that reported cursor dispatch (`ferry_dispatch_cursor` = 1) and row dispatch.
+    /// Relays that reported cursor dispatch (`ferry_dispatch_cursor` = 1).
     pub dispatch_cursor: u64,
     /// Relays that reported row dispatch.
     pub dispatch_row: u64,
-    /// Cursor mode: items acked after an earlier version of their aggregate was not.
-    pub acked_after_failed_predecessor: u64,
 }
 
 impl RelayMetrics {
     fn empty() -> Self {
         Self {
+            claims: Claims::default(),
             sent: 0,
-            claims: 0,
-            empty_claims: 0,
-            claimed_items: 0,
-            fenced: 0,
-            retried: 0,
-            unknown: 0,
-            quarantined: 0,
-            store_errors: 0,
-            slot_fenced: 0,
-            skipped_locked: None,
             per_relay_sent: Vec::new(),
             commit_to_ack: new_histogram(),
             batch_size: new_histogram(),
@@ -227,7 +200,36 @@ impl RelayMetrics {
             ack_latency: new_histogram(),
             dispatch_cursor: 0,
             dispatch_row: 0,
-            acked_after_failed_predecessor: 0,
+        }
+    }
+
+    /// Adds one relay's exposition to the sums (`None`: it did not answer).
+    fn add(&mut self, text: Option<&str>) {
+        let Some(text) = text else {
+            self.per_relay_sent.push(0);
+            return;
+        };
+        let v = |name: &str| prom_opt(text, name).unwrap_or(0);
+        let c = &mut self.claims;
+        c.claims += v("ferry_claims_total");
+        c.empty_claims += v("ferry_empty_claims_total");
+        c.claimed_items += v("ferry_claimed_events_total");
+        c.fenced += v("ferry_fenced_total");
+        c.retried += v("ferry_retried_total");
+        c.unknown += v("ferry_unknown_total");
+        c.quarantined += v("ferry_quarantined_total");
+        c.store_errors += v("ferry_store_errors_total");
+        c.slot_fenced += v("ferry_slot_fenced_total");
+        c.acked_after_failed_predecessor += v("ferry_acked_after_failed_predecessor_total");
+        if let Some(n) = prom_opt(text, "ferry_claim_rows_skipped_locked_total") {
+            *c.rows_skipped_locked.get_or_insert(0) += n;
+        }
+        self.sent += v("ferry_sent_total");
+        self.per_relay_sent.push(v("ferry_sent_total"));
+        match prom_opt(text, "ferry_dispatch_cursor") {
+            Some(1) => self.dispatch_cursor += 1,
+            Some(_) => self.dispatch_row += 1,
+            None => {}
         }
     }
 }
@@ -366,52 +368,15 @@ impl Relays {
             Relays::InProcess(relays, _) => relays,
             Relays::Processes(p) => return p.lock().await.scrape().await,
         };
-        let l = |f: fn(&Metrics) -> &std::sync::atomic::AtomicU64| {
-            relays
-                .iter()
-                .map(|r| f(&r.metrics).load(Ordering::Relaxed))
-                .sum::<u64>()
-        };
-        let merge = |f: fn(&Metrics) -> &ferry_relay::metrics::Latency| {
-            let mut h = new_histogram();
-            for r in relays {
-                let _ = h.add(f(&r.metrics).snapshot());
-            }
-            h
-        };
-        RelayMetrics {
-            sent: l(|m| &m.sent),
-            claims: l(|m| &m.claims),
-            empty_claims: l(|m| &m.empty_claims),
-            claimed_items: l(|m| &m.claimed_items),
-            fenced: l(|m| &m.fenced),
-            retried: l(|m| &m.retried),
-            unknown: l(|m| &m.unknown),
-            quarantined: l(|m| &m.quarantined),
-            store_errors: l(|m| &m.store_errors),
-            slot_fenced: l(|m| &m.slot_fenced),
-            skipped_locked: relays
-                .iter()
-                .any(|r| r.metrics.skipped_locked_known.load(Ordering::Relaxed))
-                .then(|| l(|m| &m.skipped_locked)),
-            per_relay_sent: relays
-                .iter()
-                .map(|r| r.metrics.sent.load(Ordering::Relaxed))
-                .collect(),
-            commit_to_ack: merge(|m| &m.commit_to_ack),
-            batch_size: merge(|m| &m.batch_size),
-            claim_latency: merge(|m| &m.claim_latency),
-            ack_latency: merge(|m| &m.ack_latency),
-            dispatch_cursor: relays
-                .iter()
-                .filter(|r| r.metrics.dispatch_cursor.load(Ordering::Relaxed) == 1)
-                .count() as u64,
-            dispatch_row: relays
-                .iter()
-                .filter(|r| r.metrics.dispatch_cursor.load(Ordering::Relaxed) == 0)
-                .count() as u64,
-            acked_after_failed_predecessor: l(|m| &m.acked_after_failed_predecessor),
+        let mut m = RelayMetrics::empty();
+        for r in relays {
+            m.add(Some(&r.metrics.render()));
+            let _ = m.commit_to_ack.add(r.metrics.commit_to_ack.snapshot());
+            let _ = m.batch_size.add(r.metrics.batch_size.snapshot());
+            let _ = m.claim_latency.add(r.metrics.claim_latency.snapshot());
+            let _ = m.ack_latency.add(r.metrics.ack_latency.snapshot());
         }
+        m
     }
 
     /// The send-order check of in-process relays without a consumer.
@@ -579,10 +544,7 @@ impl Processes {
     async fn scrape(&self) -> RelayMetrics {
         let mut m = RelayMetrics::empty();
         for port in &self.ports {
-            match get_metrics(*port).await {
-                Some(text) => add_scrape(&mut m, &text),
-                None => m.per_relay_sent.push(0),
-            }
+            m.add(get_metrics(*port).await.as_deref());
         }
         m
     }
@@ -623,31 +585,6 @@ impl Processes {
     }
 }
 
-/// Adds one relay's scrape to the sums.
-fn add_scrape(m: &mut RelayMetrics, text: &str) {
-    let v = |name: &str| prom_value(text, name);
-    m.sent += v("ferry_sent_total");
-    m.claims += v("ferry_claims_total");
-    m.empty_claims += v("ferry_empty_claims_total");
-    m.claimed_items += v("ferry_claimed_events_total");
-    m.fenced += v("ferry_fenced_total");
-    m.retried += v("ferry_retried_total");
-    m.unknown += v("ferry_unknown_total");
-    m.quarantined += v("ferry_quarantined_total");
-    m.store_errors += v("ferry_store_errors_total");
-    m.slot_fenced += v("ferry_slot_fenced_total");
-    if let Some(n) = prom_opt(text, "ferry_claim_rows_skipped_locked_total") {
-        *m.skipped_locked.get_or_insert(0) += n;
-    }
-    m.per_relay_sent.push(v("ferry_sent_total"));
-    m.acked_after_failed_predecessor += v("ferry_acked_after_failed_predecessor_total");
-    match prom_opt(text, "ferry_dispatch_cursor") {
-        Some(1) => m.dispatch_cursor += 1,
-        Some(_) => m.dispatch_row += 1,
-        None => {}
-    }
-}
-
 /// `GET /metrics` from a relay on this machine (the relay's own HTTP client, hyper). `None`
 /// when it does not answer in 2 s.
 async fn get_metrics(port: u16) -> Option<String> {
@@ -659,11 +596,6 @@ async fn get_metrics(port: u16) -> Option<String> {
             None
         }
     }
-}
-
-/// The value of an unlabelled sample `name` in a Prometheus text exposition (0 if absent).
-fn prom_value(text: &str, name: &str) -> u64 {
-    prom_opt(text, name).unwrap_or(0)
 }
 
 /// A sample's value as a count, `None` when the exposition does not carry it.
@@ -738,9 +670,9 @@ mod tests {
         let text =
             "# HELP ferry_sent_total x\n# TYPE ferry_sent_total counter\nferry_sent_total 1234\n\
                     ferry_claims_total 7\nferry_batch_size_events{quantile=\"0.5\"} 3\n";
-        assert_eq!(prom_value(text, "ferry_sent_total"), 1234);
-        assert_eq!(prom_value(text, "ferry_claims_total"), 7);
-        assert_eq!(prom_value(text, "ferry_fenced_total"), 0);
+        assert_eq!(prom_opt(text, "ferry_sent_total"), Some(1234));
+        assert_eq!(prom_opt(text, "ferry_claims_total"), Some(7));
+        assert_eq!(prom_opt(text, "ferry_fenced_total"), None);
     }
 
     /// loadgen reads a relay's endpoint as it serves it: over HTTP, with the shared client.
@@ -760,14 +692,13 @@ mod tests {
             cancel.clone(),
         ));
         let mut m = RelayMetrics::empty();
-        add_scrape(
-            &mut m,
+        m.add(Some(
             &get_metrics(port).await.expect("the endpoint answers"),
-        );
+        ));
         assert_eq!((m.sent, m.per_relay_sent.clone()), (41, vec![41]));
         assert_eq!((m.dispatch_cursor, m.dispatch_row), (1, 0));
         // no store told these metrics it reports SKIP LOCKED: not exported, not summed
-        assert_eq!(m.skipped_locked, None);
+        assert_eq!(m.claims.rows_skipped_locked, None);
         cancel.cancel();
     }
 

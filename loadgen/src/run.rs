@@ -9,7 +9,7 @@
 //! saw, never from the store's own bookkeeping.
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_relay::ownership::desired_slots;
@@ -22,16 +22,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, StoreKind};
-use crate::db::{new_histogram, Database, DbSpec};
+use crate::db::{new_histogram, Database, DbSpec, PgCosts, SqliteWrites};
 use crate::error::{Error, Result};
 use crate::inbox::{InboxConsumer, InboxSpec};
 use crate::kafka::KafkaTarget;
-use crate::producer::{self, Counters, Preload, ProducerPlan, ProducerResult};
-use crate::progress::{Live, Sampler};
-use crate::relays::{RelayMetrics, RelaySpec, Relays};
+use crate::producer::{self, Counters, Preload, ProducerPlan, ProducerResult, Workload};
+use crate::progress::{Live, Sampler, Totals};
+use crate::relays::{OrderCheck, RelayMetrics, RelaySpec, Relays};
 use crate::report::{
-    self, Baseline, BatchStats, Claims, ConfigEcho, DbCosts, Latencies, PreloadReport, Quantiles,
-    RowWrites, RunReport, StoreCheck, Verification,
+    self, round3, Baseline, BatchStats, Claims, ConfigEcho, DbCosts, InboxReport, Latencies,
+    PreloadReport, Quantiles, RowWrites, RunReport, StoreCheck, Verification,
 };
 use crate::workload::Ids;
 
@@ -44,7 +44,7 @@ pub struct RunSpec {
     pub duration: Duration,
     /// Drain limit.
     pub drain_timeout: Duration,
-    /// Database.
+    /// Database (and the dispatch mode of the outbox and the relays).
     pub db: DbSpec,
     /// Relays.
     pub relays: RelaySpec,
@@ -52,18 +52,8 @@ pub struct RunSpec {
     pub chaos: Option<Duration>,
     /// Producer tasks.
     pub producers: usize,
-    /// Orders per transaction.
-    pub orders_per_tx: usize,
-    /// Target events/s (0 = flat out).
-    pub rate: u64,
-    /// Aggregates.
-    pub aggregates: u64,
-    /// Key popularity.
-    pub skew: Skew,
-    /// Zipf exponent.
-    pub zipf_s: f64,
-    /// Payload size.
-    pub payload_bytes: usize,
+    /// What the producers commit.
+    pub work: Workload,
     /// External Kafka brokers.
     pub kafka_brokers: Option<String>,
     /// Fixed topic name.
@@ -78,12 +68,6 @@ pub struct RunSpec {
     pub inbox: Option<InboxSpec>,
     /// Live progress line.
     pub progress: bool,
-    /// Workload seed.
-    pub seed: u64,
-    /// Dispatch mode of the relays and the outbox.
-    pub dispatch: Dispatch,
-    /// Queue burn-down instead of a load phase (`--preload`, `--versions-per-aggregate`).
-    pub preload: Option<Preload>,
 }
 
 impl RunSpec {
@@ -142,12 +126,19 @@ impl RunSpec {
             },
             chaos: a.chaos.then_some(a.chaos_interval),
             producers,
-            orders_per_tx: a.orders_per_tx as usize,
-            rate: a.rate,
-            aggregates: a.aggregates,
-            skew: a.skew,
-            zipf_s: a.zipf_s,
-            payload_bytes: a.payload_bytes as usize,
+            work: Workload {
+                aggregates: a.aggregates,
+                skew: a.skew,
+                zipf_s: a.zipf_s,
+                orders_per_tx: a.orders_per_tx as usize,
+                rate: a.rate,
+                payload_bytes: a.payload_bytes as usize,
+                seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
+                preload: a.preload.map(|total| Preload {
+                    total,
+                    per_aggregate: a.versions_per_aggregate.unwrap_or(1),
+                }),
+            },
             kafka_brokers: a.kafka_brokers.clone(),
             topic: a.topic.clone(),
             partitions: a.partitions as i32,
@@ -163,44 +154,45 @@ impl RunSpec {
                 keep: a.keep_db,
             }),
             progress: !a.no_progress,
-            seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
-            dispatch,
-            preload: a.preload.map(|total| Preload {
-                total,
-                per_aggregate: a.versions_per_aggregate.unwrap_or(1),
-            }),
         }
     }
 
     /// Producer tasks that get work (a preload gives every producer whole aggregates).
     fn producer_tasks(&self) -> usize {
-        match &self.preload {
+        match &self.work.preload {
             Some(p) => p.producers(self.producers),
             None => self.producers,
         }
     }
 
-    fn plan(&self, run: &str, topic: &str) -> ProducerPlan {
+    /// The producers' plan; `flat_out` ignores `--rate` (the baseline, a preload).
+    fn plan(&self, run: &str, topic: &str, flat_out: bool) -> ProducerPlan {
+        let mut work = self.work.clone();
+        if flat_out {
+            work.rate = 0;
+        }
         ProducerPlan {
             ids: Ids {
                 run: run.to_string(),
             },
             producers: self.producer_tasks(),
-            aggregates: self.aggregates,
-            skew: self.skew,
-            zipf_s: self.zipf_s,
-            orders_per_tx: self.orders_per_tx,
-            rate: self.rate,
-            payload_bytes: self.payload_bytes,
             topic: topic.to_string(),
-            seed: self.seed,
-            preload: self.preload,
+            work,
         }
+    }
+
+    /// ANALYZE stands in for autovacuum (PostgreSQL, unless `--pg-analyze-every 0`).
+    fn analyze(&self) -> bool {
+        self.db.store == StoreKind::Postgres && !self.pg_analyze_every.is_zero()
     }
 }
 
 fn new_run_id() -> String {
     format!("{:06x}", rand::thread_rng().gen::<u32>() & 0x00ff_ffff)
+}
+
+fn committed(results: &[ProducerResult]) -> u64 {
+    results.iter().map(|r| r.committed).sum()
 }
 
 /// Runs producers against `db` until `stop`, returning their handles.
@@ -213,13 +205,8 @@ fn start_producers(
     let plan = Arc::new(plan);
     (0..plan.producers)
         .map(|p| {
-            tokio::spawn(producer::run(
-                db.clone(),
-                plan.clone(),
-                p,
-                counters.clone(),
-                stop.clone(),
-            ))
+            let (db, plan, counters) = (db.clone(), plan.clone(), counters.clone());
+            tokio::spawn(producer::run(db, plan, p, counters, stop.clone()))
         })
         .collect()
 }
@@ -240,16 +227,21 @@ async fn join_producers(
     (ok, errors)
 }
 
-/// The producer-only ceiling: the same producers, flat out, no relay, in a namespace of their
-/// own (so their rows do not become a backlog for the measured run).
-async fn run_baseline(
+/// The producer-only baseline `spec` asks for (`--baseline`), as (length, intents committed):
+/// the same producers, flat out, no relay, in a namespace of their own (so their rows do not
+/// become a backlog for the measured run).
+pub async fn baseline(
     spec: &RunSpec,
-    length: Duration,
     interrupt: &CancellationToken,
-) -> Result<(Duration, u64)> {
+) -> Result<Option<(Duration, u64)>> {
+    let Some(length) = spec.baseline else {
+        return Ok(None);
+    };
     let run = new_run_id();
-    let mut db_spec = spec.db.clone();
-    db_spec.keep = false;
+    let db_spec = DbSpec {
+        keep: false,
+        ..spec.db.clone()
+    };
     if spec.progress {
         eprintln!(
             "loadgen: baseline: {} producers, no relay, {:.0}s",
@@ -262,8 +254,7 @@ async fn run_baseline(
     let stop = CancellationToken::new();
     let t0 = Instant::now();
     // Flat out whatever --rate says: the baseline is the database's own insert ceiling.
-    let mut plan = spec.plan(&run, "loadgen-baseline");
-    plan.rate = 0;
+    let plan = spec.plan(&run, "loadgen-baseline", true);
     let handles = start_producers(&db, plan, &counters, &stop);
     tokio::select! {
         _ = tokio::time::sleep(length) => {}
@@ -272,8 +263,8 @@ async fn run_baseline(
     stop.cancel();
     let (results, errors) = join_producers(handles).await;
     let elapsed = t0.elapsed();
+    let n = committed(&results);
     if spec.progress {
-        let n: u64 = results.iter().map(|r| r.committed).sum();
         eprintln!(
             "loadgen: baseline: {n} intents in {:.1}s = {} ev/s",
             elapsed.as_secs_f64(),
@@ -289,18 +280,7 @@ async fn run_baseline(
             reason: format!("baseline phase: {e}"),
         });
     }
-    Ok((elapsed, results.iter().map(|r| r.committed).sum()))
-}
-
-/// The producer-only baseline `spec` asks for (`--baseline`), as (length, intents committed).
-pub async fn baseline(
-    spec: &RunSpec,
-    interrupt: &CancellationToken,
-) -> Result<Option<(Duration, u64)>> {
-    match spec.baseline {
-        Some(d) => Ok(Some(run_baseline(spec, d, interrupt).await?)),
-        None => Ok(None),
-    }
+    Ok(Some((elapsed, n)))
 }
 
 /// Carries out one run and reports it, relating its throughput to `baseline` if given.
@@ -312,7 +292,7 @@ pub async fn run(
 ) -> Result<RunReport> {
     let run = new_run_id();
     let db = Arc::new(Database::create(&spec.db, &run, spec.producers as u32 + 4).await?);
-    let result = execute(spec, &run, &db, baseline, interrupt).await;
+    let result = Run::new(spec, &run, &db, interrupt).execute(baseline).await;
     match Arc::try_unwrap(db) {
         Ok(db) => db.finish().await,
         Err(_) => eprintln!("loadgen: the database is still in use; not dropping it"),
@@ -378,8 +358,17 @@ async fn wait_for_slots(
     Ok(false)
 }
 
-/// Ids committed by the producers that the verifier has not seen.
-fn missing_ids(v: &Verifier, ids: &Ids, results: &[ProducerResult]) -> Vec<String> {
+/// Ids committed by the producers that the verifier has not seen: all of them, or of those
+/// still missing at the last check.
+fn missing_ids(
+    v: &Verifier,
+    ids: &Ids,
+    results: &[ProducerResult],
+    last: Option<Vec<String>>,
+) -> Vec<String> {
+    if let Some(m) = last {
+        return m.into_iter().filter(|id| !v.was_delivered(id)).collect();
+    }
     let mut out = Vec::new();
     for r in results {
         for n in 0..r.committed {
@@ -392,79 +381,21 @@ fn missing_ids(v: &Verifier, ids: &Ids, results: &[ProducerResult]) -> Vec<Strin
     out
 }
 
-/// Waits until every committed intent is SENT and, with a consumer, delivered. Returns whether
-/// that happened before `timeout`, and the ids still missing at the last exact check. (The
-/// Inbox consumer catches up afterwards, once the relays have stopped: see `inbox::finish`.)
-async fn drain(
-    live: &Live<'_>,
-    sampler: &mut Sampler,
-    ids: &Ids,
-    results: &[ProducerResult],
-    timeout: Duration,
-    errors: &mut Vec<String>,
-) -> (bool, Option<Vec<String>>) {
-    let committed: u64 = results.iter().map(|r| r.committed).sum();
-    let start = Instant::now();
-    let deadline = start + timeout;
-    let mut missing: Option<Vec<String>> = None;
-    let mut store_drained_at: Option<Instant> = None;
-    let mut next_tick = start + Duration::from_secs(1);
-    let mut last_store_check = start;
-    let drained = loop {
-        if Instant::now() >= next_tick {
-            sampler.tick(live, "drain").await;
-            next_tick += Duration::from_secs(1);
-            if let Some(relays) = live.relays {
-                if let Err(e) = relays.check_alive().await {
-                    errors.push(e.to_string());
-                    break false;
-                }
-            }
-        }
-        // The store's count is the arbiter, but in cursor dispatch it walks the backlog (seconds
-        // with 100k behind): while in-process relays' own counters say events are left, ask
-        // the store only every 5 s, so the drain does not measure its own polling.
-        let counters_done = live
-            .relays
-            .and_then(Relays::sent)
-            .is_none_or(|sent| sent >= committed);
-        let open = if counters_done || last_store_check.elapsed() >= Duration::from_secs(5) {
-            last_store_check = Instant::now();
-            match live.db.store.status().await {
-                Ok(s) => s.pending + s.claimed,
-                Err(_) => 1,
-            }
-        } else {
-            1
-        };
-        if open == 0 {
-            let since = *store_drained_at.get_or_insert_with(Instant::now);
-            match live.verifier {
-                None => break true,
-                Some(v) => {
-                    // A cheap count first; the exact per-id check once it looks complete (or
-                    // once the consumer has had 3 s to catch up), then only the stragglers.
-                    if v.report().delivered >= committed || since.elapsed() > Duration::from_secs(3)
-                    {
-                        let still = match missing.take() {
-                            None => missing_ids(v, ids, results),
-                            Some(m) => m.into_iter().filter(|id| !v.was_delivered(id)).collect(),
-                        };
-                        let done = still.is_empty();
-                        missing = Some(still);
-                        if done {
-                            break true;
-                        }
-                    }
-                }
-            }
-        }
-        if Instant::now() >= deadline {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    (drained, missing)
+/// Whether the relays of `live`, if any, are still running.
+async fn check_alive(live: &Live<'_>) -> Option<Result<()>> {
+    Some(live.relays?.check_alive().await)
+}
+
+/// Runs a blocking Kafka metadata call off the runtime's workers.
+async fn kafka_blocking<T: Send + 'static>(
+    k: &KafkaTarget,
+    f: fn(&str, &str, i32) -> Option<T>,
+) -> Option<T> {
+    let (brokers, topic, partitions) = (k.brokers.clone(), k.topic.clone(), k.partitions);
+    tokio::task::spawn_blocking(move || f(&brokers, &topic, partitions))
+        .await
+        .ok()
+        .flatten()
 }
 
 /// What the verification found.
@@ -476,704 +407,766 @@ struct Verified {
     ordering_violations: u64,
     consumed_latency: Option<Histogram<u64>>,
     verification: Verification,
+    store: StoreCheck,
 }
 
-/// Loss and order: against the consumer's deliveries when there is one, else against the
-/// store (every committed intent SENT; row mode: successive versions SENT in order) and, for
-/// in-process relays, the order in which versions were handed to the sink.
-#[allow(clippy::too_many_arguments)]
-async fn verify(
-    db: &Database,
-    verifier: Option<&Verifier>,
-    order_check: Option<&crate::relays::OrderCheck>,
-    missing: Option<Vec<String>>,
-    ids: &Ids,
-    results: &[ProducerResult],
-    sink: SinkKind,
-    sent_rows: i64,
-    unsent_examples: &[String],
-) -> Result<Verified> {
-    let committed: u64 = results.iter().map(|r| r.committed).sum();
-    let mut verification = Verification::default();
-    Ok(match verifier {
-        Some(v) => {
-            let rep = v.report();
-            let still: Vec<String> = match missing {
-                Some(m) => m.into_iter().filter(|id| !v.was_delivered(id)).collect(),
-                None => missing_ids(v, ids, results),
-            };
-            verification.method = "kafka-consumer".to_string();
-            verification.ordering_check = "kafka-consumer".to_string();
-            verification.foreign = rep.foreign;
-            verification.lost_examples = still.iter().take(10).cloned().collect();
-            verification.ordering_examples = rep.examples.clone();
-            Verified {
-                delivered: rep.delivered,
-                consumed: rep.consumed,
-                duplicates: rep.duplicates,
-                lost: still.len() as u64,
-                ordering_violations: rep.ordering_violations,
-                consumed_latency: Some(v.latency()),
-                verification,
-            }
-        }
-        None => {
-            verification.method = "store".to_string();
-            let store_order = db.sent_order_violations().await?.map(|n| n.max(0) as u64);
-            let sink_order = order_check.map(crate::relays::OrderCheck::result);
-            let (ordering_violations, how) = match (store_order, &sink_order) {
-                (Some(s), Some((k, _, _))) => (s.max(*k), "store+sink"),
-                (Some(s), None) => (s, "store"),
-                (None, Some((k, _, _))) => (*k, "sink"),
-                (None, None) => (0, "not checked"),
-            };
-            verification.ordering_check = how.to_string();
-            if let Some((_, _, examples)) = sink_order {
-                verification.ordering_examples = examples;
-            }
-            let order = match how {
-                "store+sink" => "that successive versions were marked SENT in order and handed to the sink in order",
-                "store" => "that successive versions were marked SENT in order",
-                "sink" => "that each aggregate's versions were handed to the sink in order (rows dispatched by the cursor carry no sent_at)",
-                _ => "NOT the order: rows dispatched by the cursor carry no sent_at and relay processes' sinks are out of reach (use --sink kafka or in-process relays)",
-            };
-            let sent = match db.dispatch {
-                Dispatch::Row => "SENT",
-                Dispatch::Cursor => "SENT (behind its slot's cursor or by its exception row: ferry_outbox_cursor_view)",
-            };
-            verification.consumer_skipped = Some(format!(
-                "--sink {} has no consumer; checked instead that every committed intent is {sent}, and {order}",
-                sink.as_str()
-            ));
-            verification.lost_examples = unsent_examples.to_vec();
-            Verified {
-                delivered: 0,
-                consumed: 0,
-                duplicates: 0,
-                lost: committed.saturating_sub(sent_rows.max(0) as u64),
-                ordering_violations,
-                consumed_latency: None,
-                verification,
-            }
-        }
-    })
+/// The outbox's database costs at one point of the run.
+struct CostSnapshot {
+    pg: Option<PgCosts>,
+    sqlite: Option<SqliteWrites>,
 }
 
-/// The load phase: producers for `--duration` with the relays running. Returns what the
-/// producers committed and the phase's length.
-#[allow(clippy::too_many_arguments)]
-async fn load_phase(
-    spec: &RunSpec,
-    db: &Arc<Database>,
-    run: &str,
-    topic: &str,
-    counters: &Arc<Counters>,
-    live: &Live<'_>,
-    sampler: &mut Sampler,
-    interrupt: &CancellationToken,
-    notes: &mut Vec<String>,
-    errors: &mut Vec<String>,
-) -> (Vec<ProducerResult>, f64) {
-    let stop = CancellationToken::new();
-    let handles = start_producers(db, spec.plan(run, topic), counters, &stop);
-    let analyzer = (spec.db.store == StoreKind::Postgres && !spec.pg_analyze_every.is_zero())
-        .then(|| start_analyzer(db.clone(), spec.pg_analyze_every, stop.clone()));
-    let t0 = sampler.t0;
-    let load_end = t0 + spec.duration;
-    let mut tick = 1u32;
-    loop {
-        let next = (t0 + Duration::from_secs(u64::from(tick))).min(load_end);
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = interrupt.cancelled() => {
-                notes.push(format!("interrupted after {:.1}s of load", t0.elapsed().as_secs_f64()));
-                break;
-            }
-        }
-        tick += 1;
-        sampler.tick(live, "load").await;
-        if let Some(relays) = live.relays {
-            if let Err(e) = relays.check_alive().await {
-                errors.push(e.to_string());
-                break;
-            }
-        }
-        if handles.iter().any(JoinHandle::is_finished) {
-            errors.push("a producer stopped early (see below)".to_string());
-            break;
-        }
-        if Instant::now() >= load_end {
-            break;
+/// One run in progress: what its phases share, and the notes and errors they report.
+struct Run<'a> {
+    spec: &'a RunSpec,
+    run: &'a str,
+    db: &'a Arc<Database>,
+    ids: Ids,
+    topic: String,
+    counters: Arc<Counters>,
+    interrupt: &'a CancellationToken,
+    notes: Mutex<Vec<String>>,
+    errors: Mutex<Vec<String>>,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        spec: &'a RunSpec,
+        run: &'a str,
+        db: &'a Arc<Database>,
+        interrupt: &'a CancellationToken,
+    ) -> Self {
+        Self {
+            spec,
+            run,
+            db,
+            ids: Ids {
+                run: run.to_string(),
+            },
+            topic: spec
+                .topic
+                .clone()
+                .unwrap_or_else(|| format!("loadgen-{run}")),
+            counters: Arc::new(Counters::default()),
+            interrupt,
+            notes: Mutex::default(),
+            errors: Mutex::default(),
         }
     }
-    stop.cancel();
-    let (results, producer_errors) = join_producers(handles).await;
-    errors.extend(producer_errors);
-    if let Some(a) = analyzer {
-        let n = a.await.unwrap_or(0);
-        notes.push(format!(
-            "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
-            spec.pg_analyze_every.as_secs_f64()
-        ));
-    }
-    (results, t0.elapsed().as_secs_f64())
-}
 
-/// The preload of a burn-down: the producers commit their whole share of the queue as fast as
-/// they can, with no relay running. Returns what they committed, how long it took, and the
-/// totals at its end (everything is backlog).
-#[allow(clippy::too_many_arguments)]
-async fn preload(
-    spec: &RunSpec,
-    db: &Arc<Database>,
-    run: &str,
-    topic: &str,
-    shape: Preload,
-    counters: &Arc<Counters>,
-    sampler: &mut Sampler,
-    verifier: Option<&Verifier>,
-    inbox: Option<&InboxConsumer>,
-    interrupt: &CancellationToken,
-    notes: &mut Vec<String>,
-    errors: &mut Vec<String>,
-) -> (Vec<ProducerResult>, f64, crate::progress::Totals) {
-    let live = Live {
-        db,
-        counters,
-        relays: None,
-        verifier,
-        inbox,
-    };
-    if spec.progress {
-        eprintln!(
-            "loadgen: preload: {} intents ({} aggregates × {} versions) with {} producers, no relay running",
-            shape.total,
-            shape.aggregates(),
-            shape.per_aggregate,
-            spec.producer_tasks()
+    fn note(&self, n: String) {
+        self.notes.lock().expect("notes lock").push(n);
+    }
+
+    fn error(&self, e: String) {
+        self.errors.lock().expect("errors lock").push(e);
+    }
+
+    fn has_errors(&self) -> bool {
+        !self.errors.lock().expect("errors lock").is_empty()
+    }
+
+    /// The run from the database's "before" snapshot to the report.
+    async fn execute(self, baseline: Option<(Duration, u64)>) -> Result<RunReport> {
+        let (spec, db) = (self.spec, self.db);
+        // the setup's statistics (migrations, the dispatch switch) were reported when its
+        // connections closed (Database::create reconnects): wait until they show
+        let before = CostSnapshot {
+            pg: db
+                .pg_costs_settled(Duration::from_millis(200))
+                .await?
+                .map(|(c, _)| c),
+            sqlite: db.sqlite_writes().await?,
+        };
+        let server = db.server_info().await;
+        let kafka = self.kafka().await?;
+        let kafka_partitions = kafka.as_ref().map(|k| k.partitions);
+        let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
+        let inbox = match (&spec.inbox, &kafka) {
+            (Some(s), Some(k)) => {
+                Some(InboxConsumer::start(s, self.run, &k.brokers, &k.topic, k.partitions).await?)
+            }
+            _ => None,
+        };
+        let log_dir = std::env::temp_dir().join(format!("loadgen-{}-relay-logs", self.run));
+        if spec.relays.mode == RelayMode::Process {
+            std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
+                what: "create the relay log directory",
+                path: log_dir.clone(),
+                source,
+            })?;
+        }
+        let mut sampler = Sampler::new(spec.progress);
+        let preloaded = match spec.work.preload {
+            Some(shape) => {
+                let live = self.live(None, verifier.as_ref(), inbox.as_ref());
+                Some(self.preload(shape, &live, &mut sampler).await)
+            }
+            None => None,
+        };
+        let relays_started = Instant::now();
+        let relays = self
+            .start_relays(&kafka, &log_dir, preloaded.is_none())
+            .await?;
+        let chaos_stop = CancellationToken::new();
+        let chaos = match (spec.chaos, relays.processes()) {
+            (Some(every), Some(p)) => Some(crate::chaos::start(p, every, chaos_stop.clone())),
+            _ => None,
+        };
+        let live = self.live(Some(&relays), verifier.as_ref(), inbox.as_ref());
+        let (results, load_secs, at_load_end) = match preloaded {
+            Some(preloaded) => preloaded,
+            None => {
+                // the load phase (and the timeline) start now, after the slots settled
+                sampler = Sampler::new(spec.progress);
+                self.load_phase(&live, &mut sampler).await
+            }
+        };
+        // after a preload the drain is timed from starting the relays
+        let drain_start = match spec.work.preload {
+            Some(_) => relays_started,
+            None => Instant::now(),
+        };
+        let timeout = spec.drain_timeout.saturating_sub(drain_start.elapsed());
+        let (drained, missing) = self.drain(&live, &mut sampler, &results, timeout).await;
+        let drain_secs = drain_start.elapsed().as_secs_f64();
+        sampler.tick(&live, "drain").await;
+        sampler.finish_line();
+        chaos_stop.cancel();
+        let chaos_kills = match chaos {
+            Some(h) => h.await.ok(),
+            None => None,
+        };
+        let relay_metrics = relays.metrics().await;
+        let order_check = relays.order_check();
+        if let Err(e) = relays.stop().await {
+            self.error(e.to_string());
+        }
+        let inbox = match (inbox, &kafka) {
+            (Some(ib), Some(k)) => {
+                let applied = at_load_end.inbox as f64 / load_secs;
+                Some(
+                    self.finish_inbox(ib, k, applied, &sampler, &results)
+                        .await?,
+                )
+            }
+            _ => None,
+        };
+        let verified = self
+            .check(
+                kafka.as_ref(),
+                verifier,
+                order_check.as_deref(),
+                missing,
+                &results,
+                drained,
+            )
+            .await?;
+        drop(kafka);
+        let commit_to_ack = self.relay_checks(&relay_metrics).await?;
+        let sqlite_after = db.sqlite_writes().await?;
+        // relays are stopped (their pools closed, processes exited); closing the producers'
+        // pool makes its backends exit, which reports their last statistics
+        db.close_pool().await;
+        let pg_after = db.pg_costs_settled(Duration::ZERO).await?;
+        let db_costs = costs(
+            db.kind,
+            committed(&results),
+            before,
+            sqlite_after,
+            pg_after,
+            sampler.dead_peak,
         );
+        let measured = Measured {
+            results,
+            load_secs,
+            drain_secs,
+            drained,
+            at_load_end,
+            relay_metrics,
+            commit_to_ack,
+            chaos_kills,
+            verified,
+            inbox,
+            db_costs,
+            server,
+            partitions: kafka_partitions,
+            timeline: std::mem::take(&mut sampler.timeline),
+        };
+        Ok(self.report(measured, baseline, &log_dir))
     }
-    let stop = CancellationToken::new();
-    let mut plan = spec.plan(run, topic);
-    plan.rate = 0;
-    let handles = start_producers(db, plan, counters, &stop);
-    let t0 = Instant::now();
-    let join = join_producers(handles);
-    tokio::pin!(join);
-    let mut next = t0 + Duration::from_secs(1);
-    let (results, producer_errors) = loop {
-        tokio::select! {
-            r = &mut join => break r,
-            _ = tokio::time::sleep_until(next) => {
-                next += Duration::from_secs(1);
-                sampler.tick(&live, "preload").await;
-            }
-            _ = interrupt.cancelled(), if !stop.is_cancelled() => {
-                notes.push(format!("interrupted after {:.1}s of preload: the relays drain what was committed", t0.elapsed().as_secs_f64()));
-                stop.cancel();
-            }
+
+    fn live<'b>(
+        &'b self,
+        relays: Option<&'b Relays>,
+        verifier: Option<&'b Verifier>,
+        inbox: Option<&'b InboxConsumer>,
+    ) -> Live<'b> {
+        Live {
+            db: self.db,
+            counters: &self.counters,
+            relays,
+            verifier,
+            inbox,
         }
-    };
-    let secs = t0.elapsed().as_secs_f64();
-    errors.extend(producer_errors);
-    sampler.tick(&live, "preload").await;
-    let committed: u64 = results.iter().map(|r| r.committed).sum();
-    if spec.progress {
-        eprintln!(
-            "loadgen: preload: {committed} intents committed in {secs:.2}s ({} ev/s); starting the relays",
-            report::rate(committed as f64 / secs.max(1e-9))
+    }
+
+    /// The embedded mock cluster or the external broker, with the run's topic.
+    async fn kafka(&self) -> Result<Option<KafkaTarget>> {
+        if self.spec.relays.sink != SinkKind::Kafka {
+            return Ok(None);
+        }
+        let (brokers, topic, partitions) = (
+            self.spec.kafka_brokers.clone(),
+            self.topic.clone(),
+            self.spec.partitions,
         );
-    }
-    if spec.db.store == StoreKind::Postgres && !spec.pg_analyze_every.is_zero() {
-        // the planner should see the queue it drains (autovacuum would have analyzed it)
-        match db.pg_analyze().await {
-            Ok(_) => notes.push(
-                "ANALYZE ran once after the preload, before the relays started (standing in for autovacuum on the fresh schema)".to_string(),
-            ),
-            Err(e) => tracing::warn!(error = %e, "ANALYZE failed"),
-        }
-    }
-    let totals = live.totals().await;
-    (results, secs, totals)
-}
-
-/// The outbox's rows against what the producers committed, then [`verify`]; notes on a
-/// timed-out drain and on the mock cluster's retention. Returns `(rows, SENT rows, examples of
-/// unsent rows, the verdict)`.
-#[allow(clippy::too_many_arguments)]
-async fn check(
-    db: &Database,
-    spec: &RunSpec,
-    kafka: Option<&KafkaTarget>,
-    verifier: Option<Verifier>,
-    order_check: Option<&crate::relays::OrderCheck>,
-    missing: Option<Vec<String>>,
-    (ids, results): (&Ids, &[ProducerResult]),
-    drained: bool,
-    (notes, errors): (&mut Vec<String>, &mut Vec<String>),
-) -> Result<(i64, i64, Vec<String>, Verified)> {
-    let committed: u64 = results.iter().map(|r| r.committed).sum();
-    let rows = db.count_rows().await?;
-    let sent_rows = db.count_sent().await?;
-    let unsent_examples = if sent_rows < rows {
-        db.unsent_examples().await?
-    } else {
-        Vec::new()
-    };
-    if rows as u64 != committed {
-        let msg =
-            format!("the outbox holds {rows} rows but the producers committed {committed} intents");
-        if (rows as u64) < committed {
-            errors.push(msg);
-        } else {
-            notes.push(msg);
-        }
-    }
-    let mut verified = verify(
-        db,
-        verifier.as_ref(),
-        order_check,
-        missing,
-        ids,
-        results,
-        spec.relays.sink,
-        sent_rows,
-        &unsent_examples,
-    )
-    .await?;
-    drop(verifier);
-    let lost = verified.lost;
-    if !drained && lost > 0 {
-        notes.push(format!(
-            "the drain timed out after {:.0}s: `lost` counts intents still undelivered at that deadline ({} rows not SENT); rerun with a longer --drain-timeout to tell a slow relay from a lossy one",
-            spec.drain_timeout.as_secs_f64(),
-            rows - sent_rows
-        ));
-    }
-    if let Some(k) = kafka {
-        if lost > 0 && k.embedded {
-            let truncated = {
-                let (brokers, topic, partitions) =
-                    (k.brokers.clone(), k.topic.clone(), k.partitions);
-                tokio::task::spawn_blocking(move || {
-                    crate::kafka::truncated_partitions(&brokers, &topic, partitions)
-                })
-                .await
-                .ok()
-                .flatten()
-            };
-            verified.verification.retention_truncated_partitions = truncated;
-            if truncated.unwrap_or(0) > 0 {
-                notes.push(format!(
-                    "{} partitions of the mock cluster dropped old messages (~5 MiB retention per partition): if the consumer lagged that far, the missing ids are retention drops, not relay loss; check `store.sent_rows` and rerun with more --partitions",
-                    truncated.unwrap_or(0)
-                ));
-            }
-        }
-    }
-    Ok((rows, sent_rows, unsent_examples, verified))
-}
-
-async fn execute(
-    spec: &RunSpec,
-    run: &str,
-    db: &Arc<Database>,
-    baseline: Option<(Duration, u64)>,
-    interrupt: &CancellationToken,
-) -> Result<RunReport> {
-    let mut notes = Vec::new();
-    let mut errors = Vec::new();
-    // the setup's statistics (migrations, the dispatch switch) were reported when its
-    // connections closed (Database::create reconnects): wait until they show
-    let pg_before = db
-        .pg_costs_settled(Duration::from_millis(200))
-        .await?
-        .map(|(c, _)| c);
-    let sqlite_before = db.sqlite_writes().await?;
-    let server = db.server_info().await;
-    let topic = spec
-        .topic
-        .clone()
-        .unwrap_or_else(|| format!("loadgen-{run}"));
-    let kafka = if spec.relays.sink == SinkKind::Kafka {
-        let (brokers, topic, partitions) =
-            (spec.kafka_brokers.clone(), topic.clone(), spec.partitions);
         let target = tokio::task::spawn_blocking(move || match brokers {
             Some(b) => KafkaTarget::external(&b, &topic, partitions),
             None => KafkaTarget::embedded(&topic, partitions),
         })
         .await
         .map_err(|e| Error::Kafka(format!("setup task failed: {e}")))??;
-        Some(target)
-    } else {
-        None
-    };
-    let kafka_partitions = kafka.as_ref().map(|k| k.partitions);
-    let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
-    let inbox = match (&spec.inbox, &kafka) {
-        (Some(s), Some(k)) => {
-            Some(InboxConsumer::start(s, run, &k.brokers, &k.topic, k.partitions).await?)
-        }
-        _ => None,
-    };
-    let log_dir = std::env::temp_dir().join(format!("loadgen-{run}-relay-logs"));
-    if spec.relays.mode == RelayMode::Process {
-        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
-            what: "create the relay log directory",
-            path: log_dir.clone(),
-            source,
-        })?;
+        Ok(Some(target))
     }
-    let ids = Ids {
-        run: run.to_string(),
-    };
-    let counters = Arc::new(Counters::default());
-    let mut sampler = Sampler::new(spec.progress);
 
-    // ---- preload (a queue burn-down): commit everything with no relay running
-    let preloaded = match spec.preload {
-        Some(shape) => Some(
-            preload(
-                spec,
-                db,
-                run,
-                &topic,
-                shape,
-                &counters,
-                &mut sampler,
-                verifier.as_ref(),
-                inbox.as_ref(),
-                interrupt,
-                &mut notes,
-                &mut errors,
-            )
-            .await,
-        ),
-        None => None,
-    };
-    let relays_started = Instant::now();
-
-    let relay_spec = RelaySpec {
-        clock: Some(counters.clock.clone()),
-        ..spec.relays.clone()
-    };
-    let relays = Relays::start(
-        &relay_spec,
-        db,
-        run,
-        kafka.as_ref().map(|k| k.brokers.as_str()),
-        &log_dir,
-    )
-    .await?;
-    if preloaded.is_none() {
+    /// Starts the relays; before a load phase, waits until they split the slots.
+    async fn start_relays(
+        &self,
+        kafka: &Option<KafkaTarget>,
+        log_dir: &std::path::Path,
+        settle_first: bool,
+    ) -> Result<Relays> {
+        let spec = self.spec;
+        let relay_spec = RelaySpec {
+            clock: Some(self.counters.clock.clone()),
+            ..spec.relays.clone()
+        };
+        let brokers = kafka.as_ref().map(|k| k.brokers.as_str());
+        let relays = Relays::start(&relay_spec, self.db, self.run, brokers, log_dir).await?;
+        if !settle_first {
+            if spec.relays.relays > 1 {
+                self.note(format!(
+                    "the {} relays started on the preloaded queue together: the slot rebalance between them is part of the drain time",
+                    spec.relays.relays
+                ));
+            }
+            return Ok(relays);
+        }
         let settle = match spec.relays.mode {
             // relays heartbeat every 5 s by default: a rebalance takes two or three rounds
             RelayMode::InProcess => Duration::from_secs(30),
             RelayMode::Process => Duration::from_secs(40),
         };
-        let settled = match wait_for_slots(db, &relays, spec.relays.relays, settle).await {
-            Ok(settled) => settled,
+        match wait_for_slots(self.db, &relays, spec.relays.relays, settle).await {
+            Ok(true) => {}
+            Ok(false) => self.note(format!(
+                "slot ownership had not settled after {:.0}s; the load started anyway",
+                settle.as_secs_f64()
+            )),
             Err(e) => {
                 let _ = relays.stop().await;
                 return Err(e);
             }
-        };
-        if !settled {
-            notes.push(format!(
-                "slot ownership had not settled after {:.0}s; the load started anyway",
-                settle.as_secs_f64()
-            ));
         }
-    } else if spec.relays.relays > 1 {
-        notes.push(format!(
-            "the {} relays started on the preloaded queue together: the slot rebalance between them is part of the drain time",
-            spec.relays.relays
-        ));
-    }
-    let chaos_stop = CancellationToken::new();
-    let chaos = match (spec.chaos, relays.processes()) {
-        (Some(every), Some(p)) => Some(crate::chaos::start(p, every, chaos_stop.clone())),
-        _ => None,
-    };
-
-    let live = Live {
-        db,
-        counters: &counters,
-        relays: Some(&relays),
-        verifier: verifier.as_ref(),
-        inbox: inbox.as_ref(),
-    };
-    let (results, load_secs, at_load_end) = match preloaded {
-        Some((results, secs, at_end)) => (results, secs, at_end),
-        None => {
-            // the load phase (and the timeline) start now, after the slots settled
-            sampler = Sampler::new(spec.progress);
-            let (results, secs) = load_phase(
-                spec,
-                db,
-                run,
-                &topic,
-                &counters,
-                &live,
-                &mut sampler,
-                interrupt,
-                &mut notes,
-                &mut errors,
-            )
-            .await;
-            (results, secs, live.totals().await)
-        }
-    };
-    let committed: u64 = results.iter().map(|r| r.committed).sum();
-
-    // ---- drain: until every committed intent is SENT and (with a consumer) delivered; after a
-    // preload, timed from starting the relays
-    let drain_start = if spec.preload.is_some() {
-        relays_started
-    } else {
-        Instant::now()
-    };
-    let (drained, missing) = drain(
-        &live,
-        &mut sampler,
-        &ids,
-        &results,
-        spec.drain_timeout.saturating_sub(drain_start.elapsed()),
-        &mut errors,
-    )
-    .await;
-    let drain_secs = drain_start.elapsed().as_secs_f64();
-    sampler.tick(&live, "drain").await;
-    sampler.finish_line();
-    chaos_stop.cancel();
-    let chaos_kills = match chaos {
-        Some(h) => h.await.ok(),
-        None => None,
-    };
-    let relay_metrics = relays.metrics().await;
-    let order_check = relays.order_check();
-    if let Err(e) = relays.stop().await {
-        errors.push(e.to_string());
+        Ok(relays)
     }
 
-    // ---- Inbox: every message up to the final high watermarks applied, effects read back
-    let inbox = match (inbox, &kafka) {
-        (Some(ib), Some(k)) => {
-            let high = {
-                let (brokers, topic, partitions) =
-                    (k.brokers.clone(), k.topic.clone(), k.partitions);
-                tokio::task::spawn_blocking(move || {
-                    crate::kafka::high_watermarks(&brokers, &topic, partitions)
-                })
-                .await
-                .ok()
-                .flatten()
-            };
-            let mut r = ib
-                .finish(high, spec.drain_timeout, &ids, &results, spec.progress)
-                .await?;
-            r.applied_per_sec = report::round3(at_load_end.inbox as f64 / load_secs);
-            r.lag_peak = sampler
-                .timeline
-                .iter()
-                .filter_map(|s| s.inbox_lag)
-                .max()
-                .unwrap_or(0);
-            if !r.settled {
-                errors.push(format!(
-                    "the Inbox consumer stopped applying messages for {:.0}s (--drain-timeout) before it had applied every message of the topic",
-                    spec.drain_timeout.as_secs_f64()
-                ));
+    /// The load phase: producers for `--duration` with the relays running. Returns what the
+    /// producers committed, the phase's length and the totals at its end.
+    async fn load_phase(
+        &self,
+        live: &Live<'_>,
+        sampler: &mut Sampler,
+    ) -> (Vec<ProducerResult>, f64, Totals) {
+        let spec = self.spec;
+        let stop = CancellationToken::new();
+        let plan = spec.plan(self.run, &self.topic, false);
+        let handles = start_producers(self.db, plan, &self.counters, &stop);
+        let analyzer = spec
+            .analyze()
+            .then(|| start_analyzer(self.db.clone(), spec.pg_analyze_every, stop.clone()));
+        let t0 = sampler.t0;
+        let load_end = t0 + spec.duration;
+        let mut tick = 1u32;
+        loop {
+            let next = (t0 + Duration::from_secs(u64::from(tick))).min(load_end);
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                _ = self.interrupt.cancelled() => {
+                    self.note(format!("interrupted after {:.1}s of load", t0.elapsed().as_secs_f64()));
+                    break;
+                }
             }
-            Some(r)
+            tick += 1;
+            sampler.tick(live, "load").await;
+            if let Some(Err(e)) = check_alive(live).await {
+                self.error(e.to_string());
+                break;
+            }
+            if handles.iter().any(JoinHandle::is_finished) {
+                self.error("a producer stopped early (see below)".to_string());
+                break;
+            }
+            if Instant::now() >= load_end {
+                break;
+            }
         }
-        _ => None,
-    };
-
-    // ---- verification
-    let (rows, sent_rows, unsent_examples, verified) = check(
-        db,
-        spec,
-        kafka.as_ref(),
-        verifier,
-        order_check.as_deref(),
-        missing,
-        (&ids, &results),
-        drained,
-        (&mut notes, &mut errors),
-    )
-    .await?;
-    let Verified {
-        delivered,
-        consumed,
-        duplicates,
-        lost,
-        ordering_violations,
-        consumed_latency,
-        verification,
-    } = verified;
-    drop(kafka);
-
-    // ---- latencies and costs
-    let in_process = spec.relays.mode == RelayMode::InProcess;
-    let commit_to_ack = relay_checks(db, spec, &relay_metrics, (&mut notes, &mut errors)).await?;
-    let mut producer_tx = new_histogram();
-    for r in &results {
-        let _ = producer_tx.add(&r.tx_latency);
-    }
-    let sqlite_after = db.sqlite_writes().await?;
-    // relays are stopped (their pools closed, processes exited); closing the producers' pool
-    // makes its backends exit, which reports their last statistics
-    db.close_pool().await;
-    let pg_after = db.pg_costs_settled(Duration::ZERO).await?;
-    let db_costs = costs(
-        db.kind,
-        committed,
-        pg_before,
-        pg_after,
-        sqlite_before,
-        sqlite_after,
-        sampler.dead_peak,
-    );
-
-    let total_secs = load_secs + drain_secs;
-    let sent = if in_process {
-        relay_metrics.sent
-    } else {
-        sent_rows.max(0) as u64
-    };
-    let sent_per_sec = at_load_end.sent as f64 / load_secs;
-    let baseline = baseline.map(|b| baseline_report(b, sent_per_sec, committed, load_secs));
-    // after a preload the relays ran during the drain only
-    let relay_secs = if spec.preload.is_some() {
-        drain_secs
-    } else {
-        total_secs
-    };
-    let claims = claims(&relay_metrics, relay_secs);
-    let batch_size = BatchStats::from_hist(&relay_metrics.batch_size);
-    if claims.quarantined > 0 {
-        errors.push(format!(
-            "{} events were quarantined (see the relay warnings)",
-            claims.quarantined
-        ));
-    }
-    let ok = lost == 0
-        && ordering_violations == 0
-        && errors.is_empty()
-        && match &inbox {
-            Some(r) => r.ok(),
-            None => true,
-        };
-    if spec.relays.mode == RelayMode::Process {
-        if ok {
-            let _ = std::fs::remove_dir_all(&log_dir);
-        } else {
-            notes.push(format!(
-                "relay process logs are kept in {}",
-                log_dir.display()
+        stop.cancel();
+        let (results, producer_errors) = join_producers(handles).await;
+        self.errors
+            .lock()
+            .expect("errors lock")
+            .extend(producer_errors);
+        if let Some(a) = analyzer {
+            let n = a.await.unwrap_or(0);
+            self.note(format!(
+                "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
+                spec.pg_analyze_every.as_secs_f64()
             ));
         }
+        (results, t0.elapsed().as_secs_f64(), live.totals().await)
     }
-    let preload = spec.preload.map(|shape| PreloadReport {
-        intents: committed,
-        versions_per_aggregate: shape.per_aggregate,
-        aggregates: shape.aggregates(),
-        producers: spec.producer_tasks(),
-        commit_secs: report::round3(load_secs),
-        commit_per_sec: report::round3(committed as f64 / load_secs.max(1e-9)),
-        drain_secs: report::round3(drain_secs),
-        drain_per_sec: report::round3(committed as f64 / drain_secs.max(1e-9)),
-        drained,
-    });
-    Ok(RunReport {
-        label: spec.label.clone(),
-        ok,
-        dispatch: spec.dispatch,
-        preload,
-        enqueued: committed,
-        sent,
-        consumed,
-        delivered,
-        duplicates,
-        lost,
-        ordering_violations,
-        enqueued_per_sec: report::round3(committed as f64 / load_secs),
-        sent_per_sec: report::round3(sent_per_sec),
-        consumed_per_sec: report::round3(at_load_end.consumed as f64 / load_secs),
-        sent_per_sec_overall: report::round3(sent as f64 / total_secs),
-        duration_secs: report::round3(load_secs),
-        drain_secs: report::round3(drain_secs),
-        drained,
-        backlog_at_end_of_load: at_load_end.backlog,
-        latency_ms: Latencies {
-            commit_to_ack: Quantiles::from_us(&commit_to_ack),
-            committed_to_broker_ack: Quantiles::from_us(&counters.clock.histogram()),
-            commit_to_consumed: consumed_latency.as_ref().and_then(Quantiles::from_us),
-            producer_tx: Quantiles::from_us(&producer_tx),
-            claim: Quantiles::from_us(&relay_metrics.claim_latency),
-            ack_cas: Quantiles::from_us(&relay_metrics.ack_latency),
-        },
-        claims: Some(claims),
-        batch_size,
-        per_relay_sent: relay_metrics.per_relay_sent.clone(),
-        chaos_kills,
-        producer_txs: counters.txs.load(Ordering::Relaxed),
-        producer_retries: counters.retries.load(Ordering::Relaxed),
-        store: StoreCheck {
+
+    /// The preload of a burn-down: the producers commit their whole share of the queue as
+    /// fast as they can, with no relay running. Returns what they committed, how long it took,
+    /// and the totals at its end (everything is backlog).
+    async fn preload(
+        &self,
+        shape: Preload,
+        live: &Live<'_>,
+        sampler: &mut Sampler,
+    ) -> (Vec<ProducerResult>, f64, Totals) {
+        let spec = self.spec;
+        if spec.progress {
+            eprintln!(
+                "loadgen: preload: {} intents ({} aggregates × {} versions) with {} producers, no relay running",
+                shape.total,
+                shape.aggregates(),
+                shape.per_aggregate,
+                spec.producer_tasks()
+            );
+        }
+        let stop = CancellationToken::new();
+        let plan = spec.plan(self.run, &self.topic, true);
+        let handles = start_producers(self.db, plan, &self.counters, &stop);
+        let t0 = Instant::now();
+        let join = join_producers(handles);
+        tokio::pin!(join);
+        let mut next = t0 + Duration::from_secs(1);
+        let (results, producer_errors) = loop {
+            tokio::select! {
+                r = &mut join => break r,
+                _ = tokio::time::sleep_until(next) => {
+                    next += Duration::from_secs(1);
+                    sampler.tick(live, "preload").await;
+                }
+                _ = self.interrupt.cancelled(), if !stop.is_cancelled() => {
+                    self.note(format!("interrupted after {:.1}s of preload: the relays drain what was committed", t0.elapsed().as_secs_f64()));
+                    stop.cancel();
+                }
+            }
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        self.errors
+            .lock()
+            .expect("errors lock")
+            .extend(producer_errors);
+        sampler.tick(live, "preload").await;
+        if spec.progress {
+            let n = committed(&results);
+            eprintln!(
+                "loadgen: preload: {n} intents committed in {secs:.2}s ({} ev/s); starting the relays",
+                report::rate(n as f64 / secs.max(1e-9))
+            );
+        }
+        if spec.analyze() {
+            // the planner should see the queue it drains (autovacuum would have analyzed it)
+            match self.db.pg_analyze().await {
+                Ok(_) => self.note(
+                    "ANALYZE ran once after the preload, before the relays started (standing in for autovacuum on the fresh schema)".to_string(),
+                ),
+                Err(e) => tracing::warn!(error = %e, "ANALYZE failed"),
+            }
+        }
+        (results, secs, live.totals().await)
+    }
+
+    /// Waits until every committed intent is SENT and, with a consumer, delivered. Returns
+    /// whether that happened before `timeout`, and the ids still missing at the last exact
+    /// check. (The Inbox consumer catches up afterwards, once the relays have stopped: see
+    /// `inbox::finish`.)
+    async fn drain(
+        &self,
+        live: &Live<'_>,
+        sampler: &mut Sampler,
+        results: &[ProducerResult],
+        timeout: Duration,
+    ) -> (bool, Option<Vec<String>>) {
+        let committed = committed(results);
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut missing: Option<Vec<String>> = None;
+        let mut store_drained_at: Option<Instant> = None;
+        let mut next_tick = start + Duration::from_secs(1);
+        let mut last_store_check = start;
+        let drained = loop {
+            if Instant::now() >= next_tick {
+                sampler.tick(live, "drain").await;
+                next_tick += Duration::from_secs(1);
+                if let Some(Err(e)) = check_alive(live).await {
+                    self.error(e.to_string());
+                    break false;
+                }
+            }
+            // The store's count is the arbiter, but in cursor dispatch it walks the backlog
+            // (seconds with 100k behind): while in-process relays' own counters say events are
+            // left, ask the store only every 5 s, so the drain does not measure its own polling.
+            let counters_done = live
+                .relays
+                .and_then(Relays::sent)
+                .is_none_or(|sent| sent >= committed);
+            let open = if counters_done || last_store_check.elapsed() >= Duration::from_secs(5) {
+                last_store_check = Instant::now();
+                match live.db.store.status().await {
+                    Ok(s) => s.pending + s.claimed,
+                    Err(_) => 1,
+                }
+            } else {
+                1
+            };
+            if open == 0 {
+                let since = *store_drained_at.get_or_insert_with(Instant::now);
+                let Some(v) = live.verifier else {
+                    break true;
+                };
+                // A cheap count first; the exact per-id check once it looks complete (or once
+                // the consumer has had 3 s to catch up), then only the stragglers.
+                if v.report().delivered >= committed || since.elapsed() > Duration::from_secs(3) {
+                    let still = missing_ids(v, &self.ids, results, missing.take());
+                    let done = still.is_empty();
+                    missing = Some(still);
+                    if done {
+                        break true;
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        (drained, missing)
+    }
+
+    /// The Inbox consumer catches up to the topic's final high watermarks; its effects are
+    /// read back.
+    async fn finish_inbox(
+        &self,
+        ib: InboxConsumer,
+        k: &KafkaTarget,
+        applied_per_sec: f64,
+        sampler: &Sampler,
+        results: &[ProducerResult],
+    ) -> Result<InboxReport> {
+        let spec = self.spec;
+        let high = kafka_blocking(k, crate::kafka::high_watermarks).await;
+        let mut r = ib
+            .finish(high, spec.drain_timeout, &self.ids, results, spec.progress)
+            .await?;
+        r.applied_per_sec = round3(applied_per_sec);
+        r.lag_peak = sampler
+            .timeline
+            .iter()
+            .filter_map(|s| s.inbox_lag)
+            .max()
+            .unwrap_or(0);
+        if !r.settled {
+            self.error(format!(
+                "the Inbox consumer stopped applying messages for {:.0}s (--drain-timeout) before it had applied every message of the topic",
+                spec.drain_timeout.as_secs_f64()
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Loss and order: the outbox's rows against what the producers committed; then against
+    /// the consumer's deliveries when there is one, else against the store (every committed
+    /// intent SENT; row mode: successive versions SENT in order) and, for in-process relays,
+    /// the order in which versions were handed to the sink. Notes on a timed-out drain and on
+    /// the mock cluster's retention.
+    async fn check(
+        &self,
+        kafka: Option<&KafkaTarget>,
+        verifier: Option<Verifier>,
+        order_check: Option<&OrderCheck>,
+        missing: Option<Vec<String>>,
+        results: &[ProducerResult],
+        drained: bool,
+    ) -> Result<Verified> {
+        let (spec, db) = (self.spec, self.db);
+        let committed = committed(results);
+        let rows = db.count_rows().await?;
+        let sent_rows = db.count_sent().await?;
+        let unsent_examples = if sent_rows < rows {
+            db.unsent_examples().await?
+        } else {
+            Vec::new()
+        };
+        if rows as u64 != committed {
+            let msg = format!(
+                "the outbox holds {rows} rows but the producers committed {committed} intents"
+            );
+            if (rows as u64) < committed {
+                self.error(msg);
+            } else {
+                self.note(msg);
+            }
+        }
+        let mut verification = Verification::default();
+        let mut verified = match &verifier {
+            Some(v) => {
+                let rep = v.report();
+                let still = missing_ids(v, &self.ids, results, missing);
+                verification.method = "kafka-consumer".to_string();
+                verification.ordering_check = "kafka-consumer".to_string();
+                verification.foreign = rep.foreign;
+                verification.lost_examples = still.iter().take(10).cloned().collect();
+                verification.ordering_examples = rep.examples.clone();
+                Verified {
+                    delivered: rep.delivered,
+                    consumed: rep.consumed,
+                    duplicates: rep.duplicates,
+                    lost: still.len() as u64,
+                    ordering_violations: rep.ordering_violations,
+                    consumed_latency: Some(v.latency()),
+                    verification,
+                    store: StoreCheck::default(),
+                }
+            }
+            None => {
+                verification.method = "store".to_string();
+                let store_order = db.sent_order_violations().await?.map(|n| n.max(0) as u64);
+                let sink_order = order_check.map(OrderCheck::result);
+                let (ordering_violations, how) = match (store_order, &sink_order) {
+                    (Some(s), Some((k, _, _))) => (s.max(*k), "store+sink"),
+                    (Some(s), None) => (s, "store"),
+                    (None, Some((k, _, _))) => (*k, "sink"),
+                    (None, None) => (0, "not checked"),
+                };
+                verification.ordering_check = how.to_string();
+                if let Some((_, _, examples)) = sink_order {
+                    verification.ordering_examples = examples;
+                }
+                let order = match how {
+                    "store+sink" => "that successive versions were marked SENT in order and handed to the sink in order",
+                    "store" => "that successive versions were marked SENT in order",
+                    "sink" => "that each aggregate's versions were handed to the sink in order (rows dispatched by the cursor carry no sent_at)",
+                    _ => "NOT the order: rows dispatched by the cursor carry no sent_at and relay processes' sinks are out of reach (use --sink kafka or in-process relays)",
+                };
+                let sent = match db.dispatch {
+                    Dispatch::Row => "SENT",
+                    Dispatch::Cursor => "SENT (behind its slot's cursor or by its exception row: ferry_outbox_cursor_view)",
+                };
+                verification.consumer_skipped = Some(format!(
+                    "--sink {} has no consumer; checked instead that every committed intent is {sent}, and {order}",
+                    spec.relays.sink.as_str()
+                ));
+                verification.lost_examples = unsent_examples.clone();
+                Verified {
+                    delivered: 0,
+                    consumed: 0,
+                    duplicates: 0,
+                    lost: committed.saturating_sub(sent_rows.max(0) as u64),
+                    ordering_violations,
+                    consumed_latency: None,
+                    verification,
+                    store: StoreCheck::default(),
+                }
+            }
+        };
+        drop(verifier);
+        verified.store = StoreCheck {
             rows,
             sent_rows,
             unsent_examples,
-        },
-        verification,
-        inbox,
-        baseline,
-        db_costs,
-        peak_rss_mb: report::peak_rss_mb(),
-        errors,
-        notes,
-        timeline: std::mem::take(&mut sampler.timeline),
-        config: echo(spec, run, &topic, &server, kafka_partitions),
-    })
-}
-
-/// Commit→ack latency (the in-process relays' own histogram, else from the rows'
-/// timestamps), and an error unless the relays ran in the dispatch mode asked for.
-async fn relay_checks(
-    db: &Database,
-    spec: &RunSpec,
-    relay_metrics: &RelayMetrics,
-    (notes, errors): (&mut Vec<String>, &mut Vec<String>),
-) -> Result<Histogram<u64>> {
-    let in_process = spec.relays.mode == RelayMode::InProcess;
-    let commit_to_ack = if in_process {
-        relay_metrics.commit_to_ack.clone()
-    } else {
-        match db.commit_to_ack_from_rows().await? {
-            Some(h) => {
-                notes.push("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
-                h
-            }
-            None => {
-                notes.push("relays ran as processes in cursor mode: commit→ack is not reported (rows dispatched by the cursor carry no sent_at; the relays' own ferry_commit_to_ack_seconds summaries cannot be merged); claim counters are scraped from each surviving relay's /metrics".to_string());
-                new_histogram()
+        };
+        if !drained && verified.lost > 0 {
+            self.note(format!(
+                "the drain timed out after {:.0}s: `lost` counts intents still undelivered at that deadline ({} rows not SENT); rerun with a longer --drain-timeout to tell a slow relay from a lossy one",
+                spec.drain_timeout.as_secs_f64(),
+                rows - sent_rows
+            ));
+        }
+        if let Some(k) = kafka.filter(|k| k.embedded && verified.lost > 0) {
+            let truncated = kafka_blocking(k, crate::kafka::truncated_partitions).await;
+            verified.verification.retention_truncated_partitions = truncated;
+            if truncated.unwrap_or(0) > 0 {
+                self.note(format!(
+                    "{} partitions of the mock cluster dropped old messages (~5 MiB retention per partition): if the consumer lagged that far, the missing ids are retention drops, not relay loss; check `store.sent_rows` and rerun with more --partitions",
+                    truncated.unwrap_or(0)
+                ));
             }
         }
-    };
-    // the relays must have run in the mode asked for (a relay reports it as ferry_dispatch_cursor)
-    let (want, other) = match spec.dispatch {
-        Dispatch::Cursor => (relay_metrics.dispatch_cursor, relay_metrics.dispatch_row),
-        Dispatch::Row => (relay_metrics.dispatch_row, relay_metrics.dispatch_cursor),
-    };
-    if other > 0 {
-        errors.push(format!(
-            "{other} relay(s) reported the other dispatch mode than --dispatch {} (ferry_dispatch_cursor)",
-            spec.dispatch.as_str()
-        ));
-    } else if want == 0 && in_process {
-        errors.push("no relay reported its dispatch mode".to_string());
+        Ok(verified)
     }
-    Ok(commit_to_ack)
+
+    /// Commit→ack latency (the in-process relays' own histogram, else from the rows'
+    /// timestamps), and an error unless the relays ran in the dispatch mode asked for.
+    async fn relay_checks(&self, m: &RelayMetrics) -> Result<Histogram<u64>> {
+        let (spec, dispatch) = (self.spec, self.spec.db.dispatch);
+        let in_process = spec.relays.mode == RelayMode::InProcess;
+        let commit_to_ack = if in_process {
+            m.commit_to_ack.clone()
+        } else if let Some(h) = self.db.commit_to_ack_from_rows().await? {
+            self.note("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
+            h
+        } else {
+            self.note("relays ran as processes in cursor mode: commit→ack is not reported (rows dispatched by the cursor carry no sent_at; the relays' own ferry_commit_to_ack_seconds summaries cannot be merged); claim counters are scraped from each surviving relay's /metrics".to_string());
+            new_histogram()
+        };
+        // the relays must have run in the mode asked for (a relay reports it as
+        // ferry_dispatch_cursor)
+        let (want, other) = match dispatch {
+            Dispatch::Cursor => (m.dispatch_cursor, m.dispatch_row),
+            Dispatch::Row => (m.dispatch_row, m.dispatch_cursor),
+        };
+        if other > 0 {
+            self.error(format!(
+                "{other} relay(s) reported the other dispatch mode than --dispatch {} (ferry_dispatch_cursor)",
+                dispatch.as_str()
+            ));
+        } else if want == 0 && in_process {
+            self.error("no relay reported its dispatch mode".to_string());
+        }
+        Ok(commit_to_ack)
+    }
+
+    /// The report of what the phases measured.
+    fn report(
+        self,
+        m: Measured,
+        baseline: Option<(Duration, u64)>,
+        log_dir: &std::path::Path,
+    ) -> RunReport {
+        let spec = self.spec;
+        let committed = committed(&m.results);
+        let (load_secs, drain_secs) = (m.load_secs, m.drain_secs);
+        let total_secs = load_secs + drain_secs;
+        let rm = &m.relay_metrics;
+        let sent = match spec.relays.mode {
+            RelayMode::InProcess => rm.sent,
+            RelayMode::Process => m.verified.store.sent_rows.max(0) as u64,
+        };
+        let sent_per_sec = m.at_load_end.sent as f64 / load_secs;
+        // after a preload the relays ran during the drain only
+        let relay_secs = match spec.work.preload {
+            Some(_) => drain_secs,
+            None => total_secs,
+        };
+        let claims = claims(rm, relay_secs);
+        if claims.quarantined > 0 {
+            self.error(format!(
+                "{} events were quarantined (see the relay warnings)",
+                claims.quarantined
+            ));
+        }
+        let v = m.verified;
+        let ok = v.lost == 0
+            && v.ordering_violations == 0
+            && !self.has_errors()
+            && m.inbox.as_ref().is_none_or(InboxReport::ok);
+        if spec.relays.mode == RelayMode::Process {
+            if ok {
+                let _ = std::fs::remove_dir_all(log_dir);
+            } else {
+                self.note(format!(
+                    "relay process logs are kept in {}",
+                    log_dir.display()
+                ));
+            }
+        }
+        let mut producer_tx = new_histogram();
+        for r in &m.results {
+            let _ = producer_tx.add(&r.tx_latency);
+        }
+        let per_sec = |n: u64, secs: f64| round3(n as f64 / secs);
+        let preload = spec.work.preload.map(|shape| PreloadReport {
+            intents: committed,
+            versions_per_aggregate: shape.per_aggregate,
+            aggregates: shape.aggregates(),
+            producers: spec.producer_tasks(),
+            commit_secs: round3(load_secs),
+            commit_per_sec: per_sec(committed, load_secs.max(1e-9)),
+            drain_secs: round3(drain_secs),
+            drain_per_sec: per_sec(committed, drain_secs.max(1e-9)),
+            drained: m.drained,
+        });
+        RunReport {
+            label: spec.label.clone(),
+            ok,
+            dispatch: spec.db.dispatch,
+            preload,
+            enqueued: committed,
+            sent,
+            consumed: v.consumed,
+            delivered: v.delivered,
+            duplicates: v.duplicates,
+            lost: v.lost,
+            ordering_violations: v.ordering_violations,
+            enqueued_per_sec: per_sec(committed, load_secs),
+            sent_per_sec: round3(sent_per_sec),
+            consumed_per_sec: per_sec(m.at_load_end.consumed, load_secs),
+            sent_per_sec_overall: per_sec(sent, total_secs),
+            duration_secs: round3(load_secs),
+            drain_secs: round3(drain_secs),
+            drained: m.drained,
+            backlog_at_end_of_load: m.at_load_end.backlog,
+            latency_ms: Latencies {
+                commit_to_ack: Quantiles::from_us(&m.commit_to_ack),
+                committed_to_broker_ack: Quantiles::from_us(&self.counters.clock.histogram()),
+                commit_to_consumed: v.consumed_latency.as_ref().and_then(Quantiles::from_us),
+                producer_tx: Quantiles::from_us(&producer_tx),
+                claim: Quantiles::from_us(&rm.claim_latency),
+                ack_cas: Quantiles::from_us(&rm.ack_latency),
+            },
+            claims: Some(claims),
+            batch_size: BatchStats::from_hist(&rm.batch_size),
+            per_relay_sent: rm.per_relay_sent.clone(),
+            chaos_kills: m.chaos_kills,
+            producer_txs: self.counters.txs.load(Ordering::Relaxed),
+            producer_retries: self.counters.retries.load(Ordering::Relaxed),
+            store: v.store,
+            verification: v.verification,
+            inbox: m.inbox,
+            baseline: baseline.map(|b| baseline_report(b, sent_per_sec, committed, load_secs)),
+            db_costs: m.db_costs,
+            peak_rss_mb: report::peak_rss_mb(),
+            config: echo(spec, self.run, &self.topic, &m.server, m.partitions),
+            timeline: m.timeline,
+            errors: self.errors.into_inner().expect("errors lock"),
+            notes: self.notes.into_inner().expect("notes lock"),
+        }
+    }
+}
+
+/// What the phases of a run measured, for its report.
+struct Measured {
+    results: Vec<ProducerResult>,
+    load_secs: f64,
+    drain_secs: f64,
+    drained: bool,
+    at_load_end: Totals,
+    relay_metrics: RelayMetrics,
+    commit_to_ack: Histogram<u64>,
+    chaos_kills: Option<u64>,
+    verified: Verified,
+    inbox: Option<InboxReport>,
+    db_costs: Option<DbCosts>,
+    server: Vec<(String, String)>,
+    /// The topic's own partition count (an external broker's existing topic keeps its own).
+    partitions: Option<i32>,
+    timeline: Vec<report::Sample>,
 }
 
 /// The run against the producer-only baseline of `d` and `n` events.
@@ -1185,29 +1178,20 @@ fn baseline_report(
 ) -> Baseline {
     let per_sec = n as f64 / d.as_secs_f64();
     Baseline {
-        duration_secs: report::round3(d.as_secs_f64()),
+        duration_secs: round3(d.as_secs_f64()),
         enqueued: n,
-        enqueued_per_sec: report::round3(per_sec),
-        relay_ratio: report::round3(sent_per_sec / per_sec.max(1e-9)),
-        enqueue_ratio: report::round3(committed as f64 / load_secs / per_sec.max(1e-9)),
+        enqueued_per_sec: round3(per_sec),
+        relay_ratio: round3(sent_per_sec / per_sec.max(1e-9)),
+        enqueue_ratio: round3(committed as f64 / load_secs / per_sec.max(1e-9)),
     }
 }
 
+/// The relays' claim counters with their rates over `secs`.
 fn claims(m: &RelayMetrics, secs: f64) -> Claims {
     Claims {
-        claims: m.claims,
-        claims_per_sec: report::round3(m.claims as f64 / secs.max(1e-9)),
-        empty_claims: m.empty_claims,
-        empty_ratio: report::round3(m.empty_claims as f64 / m.claims.max(1) as f64),
-        claimed_items: m.claimed_items,
-        fenced: m.fenced,
-        slot_fenced: m.slot_fenced,
-        retried: m.retried,
-        unknown: m.unknown,
-        quarantined: m.quarantined,
-        store_errors: m.store_errors,
-        rows_skipped_locked: m.skipped_locked,
-        acked_after_failed_predecessor: m.acked_after_failed_predecessor,
+        claims_per_sec: round3(m.claims.claims as f64 / secs.max(1e-9)),
+        empty_ratio: round3(m.claims.empty_claims as f64 / m.claims.claims.max(1) as f64),
+        ..m.claims.clone()
     }
 }
 
@@ -1216,46 +1200,29 @@ fn claims(m: &RelayMetrics, secs: f64) -> Claims {
 fn costs(
     kind: StoreKind,
     events: u64,
-    pg_before: Option<crate::db::PgCosts>,
-    pg_after: Option<(crate::db::PgCosts, bool)>,
-    sqlite_before: Option<crate::db::SqliteWrites>,
-    sqlite_after: Option<crate::db::SqliteWrites>,
+    before: CostSnapshot,
+    sqlite_after: Option<SqliteWrites>,
+    pg_after: Option<(PgCosts, bool)>,
     dead_peak: i64,
 ) -> Option<DbCosts> {
-    let per = |n: i64| Some(report::round3(n as f64 / events.max(1) as f64));
+    let per = |n: i64| Some(round3(n as f64 / events.max(1) as f64));
     match kind {
         StoreKind::Postgres => {
-            let (before, (after, settled)) = (pg_before?, pg_after?);
+            let (before, (after, settled)) = (before.pg?, pg_after?);
             let growth = after.outbox_total_bytes - before.outbox_total_bytes;
-            let tables: Vec<crate::db::TableStats> = after
+            let tables: Vec<_> = after
                 .tables
                 .iter()
                 .map(|a| {
-                    let b = before
-                        .tables
-                        .iter()
-                        .find(|b| b.table == a.table)
-                        .cloned()
-                        .unwrap_or_default();
-                    crate::db::TableStats {
-                        table: a.table.clone(),
-                        n_tup_ins: a.n_tup_ins - b.n_tup_ins,
-                        n_tup_upd: a.n_tup_upd - b.n_tup_upd,
-                        n_tup_del: a.n_tup_del - b.n_tup_del,
-                        n_tup_hot_upd: a.n_tup_hot_upd - b.n_tup_hot_upd,
-                        n_dead_tup: a.n_dead_tup,
-                    }
+                    let b = before.tables.iter().find(|b| b.table == a.table);
+                    a.since(b.cloned().unwrap_or_default())
                 })
                 .collect();
-            let outbox: Vec<_> = tables
-                .iter()
-                .filter(|t| t.table != "ferry_slot_lease")
-                .collect();
-            let writes: i64 = outbox
-                .iter()
+            let outbox = || tables.iter().filter(|t| t.table != "ferry_slot_lease");
+            let writes: i64 = outbox()
                 .map(|t| t.n_tup_ins + t.n_tup_upd + t.n_tup_del)
                 .sum();
-            let dead: i64 = outbox.iter().map(|t| t.n_dead_tup).sum();
+            let dead: i64 = outbox().map(|t| t.n_dead_tup).sum();
             let lease_upd: i64 = tables
                 .iter()
                 .filter(|t| t.table == "ferry_slot_lease")
@@ -1264,7 +1231,7 @@ fn costs(
             Some(DbCosts {
                 n_dead_tup_peak: Some(dead_peak.max(after.n_dead_tup)),
                 outbox_growth_bytes: Some(growth),
-                outbox_bytes_per_event: Some(report::round3(growth as f64 / events.max(1) as f64)),
+                outbox_bytes_per_event: Some(round3(growth as f64 / events.max(1) as f64)),
                 row_writes: RowWrites {
                     source: "pg_stat_user_tables".to_string(),
                     events,
@@ -1280,14 +1247,7 @@ fn costs(
             })
         }
         StoreKind::Sqlite => {
-            let (b, a) = (sqlite_before?, sqlite_after?);
-            let d = crate::db::SqliteWrites {
-                outbox_rows: a.outbox_rows - b.outbox_rows,
-                outbox_claims: a.outbox_claims - b.outbox_claims,
-                exception_rows: a.exception_rows - b.exception_rows,
-                exception_claims: a.exception_claims - b.exception_claims,
-                cursor_versions: a.cursor_versions - b.cursor_versions,
-            };
+            let d = sqlite_after?.since(&before.sqlite?);
             // INSERTs exact; every claim is one UPDATE and its outcome (SENT, retry, release)
             // another; cursor advances move cursor_version (one UPDATE per slot moved)
             let writes =
@@ -1319,44 +1279,43 @@ fn echo(
     server: &[(String, String)],
     partitions: Option<i32>,
 ) -> ConfigEcho {
-    let kafka = spec.relays.sink == SinkKind::Kafka;
+    let (r, w) = (&spec.relays, &spec.work);
+    let kafka = r.sink == SinkKind::Kafka;
     ConfigEcho {
         run_id: run.to_string(),
         store: spec.db.store,
         database_url: spec.db.url.as_deref().map(redact_url),
         server: server.to_vec(),
-        sink: spec.relays.sink,
+        sink: r.sink,
         kafka: kafka.then(|| {
             spec.kafka_brokers
                 .clone()
                 .unwrap_or_else(|| "embedded mock cluster".to_string())
         }),
         topic: kafka.then(|| topic.to_string()),
-        // the topic's own count (an external broker's existing topic keeps its own)
         partitions,
-        relays: spec.relays.relays,
-        relay_mode: spec.relays.mode,
-        workers: spec.relays.workers,
-        batch_size: spec.relays.batch_size,
-        in_flight: spec.relays.in_flight,
-        read_linger_ms: spec
-            .relays
+        relays: r.relays,
+        relay_mode: r.mode,
+        workers: r.workers,
+        batch_size: r.batch_size,
+        in_flight: r.in_flight,
+        read_linger_ms: r
             .read_linger
             .unwrap_or(ferry_relay::RelayConfig::default().read_linger)
             .as_millis() as u64,
         producers: spec.producer_tasks(),
-        orders_per_tx: spec.orders_per_tx,
-        rate: spec.rate,
-        aggregates: spec.aggregates,
-        skew: spec.skew,
-        zipf_s: (spec.skew == Skew::Zipf).then_some(spec.zipf_s),
-        payload_bytes: spec.payload_bytes,
+        orders_per_tx: w.orders_per_tx,
+        rate: w.rate,
+        aggregates: w.aggregates,
+        skew: w.skew,
+        zipf_s: (w.skew == Skew::Zipf).then_some(w.zipf_s),
+        payload_bytes: w.payload_bytes,
         duration_secs: spec.duration.as_secs_f64(),
         drain_timeout_secs: spec.drain_timeout.as_secs_f64(),
         chaos_interval_secs: spec.chaos.map(|d| d.as_secs_f64()),
-        seed: spec.seed,
-        dispatch: spec.dispatch,
-        preload: spec.preload.map(|p| p.total),
-        versions_per_aggregate: spec.preload.map(|p| p.per_aggregate),
+        seed: w.seed,
+        dispatch: spec.db.dispatch,
+        preload: w.preload.map(|p| p.total),
+        versions_per_aggregate: w.preload.map(|p| p.per_aggregate),
     }
 }
