@@ -3,14 +3,13 @@
 //! The relay can only measure from an intent's `created_at`, which the database sets when the
 //! producer's transaction *starts* (PostgreSQL `now()`); that over-states the latency by the
 //! business transaction itself. Here the producers note the instant their COMMIT returned, per
-//! event id, and a wrapper around the in-process relays' sink notes the instant the sink reported
-//! each event acked by the broker. Both are `Instant`s of this process: no clock skew.
-use std::sync::{Arc, Mutex};
+//! event id, and a wrapper around the in-process relays' sink (`relays::ObservedSink`) notes
+//! the instant the sink reported each event acked by the broker. Both are `Instant`s of this
+//! process: no clock skew.
+use std::sync::Mutex;
 use std::time::Instant;
 
 use dashmap::DashMap;
-use ferry_core::{BoxFuture, ClaimedEvent, Outcome};
-use ferry_relay::Sink;
 use hdrhistogram::Histogram;
 
 use crate::db::new_histogram;
@@ -69,35 +68,6 @@ impl CommitClock {
     /// COMMIT → broker ack so far, µs.
     pub fn histogram(&self) -> Histogram<u64> {
         self.acked.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-/// A sink that notes, per acked item, when the inner sink reported the broker's ack.
-pub struct TimedSink {
-    /// The sink doing the work.
-    pub inner: Arc<dyn Sink>,
-    /// Where the ack instants go.
-    pub clock: Arc<CommitClock>,
-}
-
-impl Sink for TimedSink {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
-        Box::pin(async move {
-            let out = self.inner.send_batch(items).await;
-            let at = Instant::now();
-            self.clock.acked(
-                items
-                    .iter()
-                    .zip(&out)
-                    .filter(|(_, o)| matches!(o, Outcome::Acked))
-                    .map(|(e, _)| e.token.event_id.as_str()),
-                at,
-            );
-            out
-        })
     }
 }
 

@@ -531,8 +531,13 @@ impl Database {
 
     /// Up to ten unsent rows, `event_id (STATE)`.
     pub async fn unsent_examples(&self) -> Result<Vec<String>> {
+        // MySQL: event ids are binary strings
+        let cols = match self.kind {
+            StoreKind::Mysql => "CAST(event_id AS CHAR), CAST(state AS CHAR)",
+            _ => "event_id, state",
+        };
         let stmt = format!(
-            "SELECT event_id, state FROM {} WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
+            "SELECT {cols} FROM {} WHERE state <> 'SENT' ORDER BY seq LIMIT 10",
             self.state_table()
         );
         let rows: Vec<(String, String)> =

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Dispatch, RelayMode, SinkKind};
-use crate::clock::{CommitClock, TimedSink};
+use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
 use crate::report::Claims;
@@ -118,20 +118,37 @@ impl OrderCheck {
     }
 }
 
-/// A sink that records the send order in an [`OrderCheck`] and passes the batch on.
-struct CheckedSink {
+/// A sink that records the send order in an [`OrderCheck`], passes the batch on, and notes
+/// in a [`CommitClock`] when each item was acked.
+struct ObservedSink {
     inner: Arc<dyn Sink>,
-    check: Arc<OrderCheck>,
+    check: Option<Arc<OrderCheck>>,
+    clock: Option<Arc<CommitClock>>,
 }
 
-impl Sink for CheckedSink {
+impl Sink for ObservedSink {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
     fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
-        // recorded when the relay hands the batch over, as a Kafka producer would enqueue it
-        self.check.observe(items);
-        self.inner.send_batch(items)
+        Box::pin(async move {
+            // recorded when the relay hands the batch over, as a Kafka producer would enqueue it
+            if let Some(check) = &self.check {
+                check.observe(items);
+            }
+            let out = self.inner.send_batch(items).await;
+            if let Some(clock) = &self.clock {
+                clock.acked(
+                    items
+                        .iter()
+                        .zip(&out)
+                        .filter(|(_, o)| matches!(o, Outcome::Acked))
+                        .map(|(e, _)| e.token.event_id.as_str()),
+                    std::time::Instant::now(),
+                );
+            }
+            out
+        })
     }
 }
 
@@ -268,20 +285,16 @@ impl Relays {
                 };
                 for k in 0..spec.relays {
                     let (store, pool_handle) = db.open_store(pool, spec.measure_contention).await?;
-                    let mut sink =
-                        make_sink(spec.sink, kafka_brokers, spec.dispatch, spec.kafka_linger)?;
-                    if let Some(check) = &check {
-                        sink = Arc::new(CheckedSink {
-                            inner: sink,
-                            check: check.clone(),
-                        });
-                    }
-                    if let Some(clock) = &spec.clock {
-                        sink = Arc::new(TimedSink {
-                            inner: sink,
-                            clock: clock.clone(),
-                        });
-                    }
+                    let sink = Arc::new(ObservedSink {
+                        inner: make_sink(
+                            spec.sink,
+                            kafka_brokers,
+                            spec.dispatch,
+                            spec.kafka_linger,
+                        )?,
+                        check: check.clone(),
+                        clock: spec.clock.clone(),
+                    });
                     let config = RelayConfig {
                         owner: format!("loadgen-{run}-r{k}"),
                         workers: spec.workers,
@@ -313,36 +326,29 @@ impl Relays {
                 // The URL travels in the environment (`ferry` reads FERRY_DATABASE_URL like
                 // --database-url): a password on a command line is visible to every local
                 // user through `ps`.
-                let mut args = vec![
-                    "relay".to_string(),
-                    "--sink".to_string(),
-                    spec.sink.as_str().to_string(),
-                    "--workers".to_string(),
-                    spec.workers.to_string(),
-                    "--batch-size".to_string(),
-                    spec.batch_size.to_string(),
-                    "--in-flight".to_string(),
-                    spec.in_flight.to_string(),
-                    "--dispatch".to_string(),
-                    spec.dispatch.as_str().to_string(),
+                let optional = [
+                    spec.measure_contention
+                        .then(|| "--measure-contention".to_string()),
+                    spec.poll_min
+                        .map(|p| format!("--poll-min={}ms", p.as_millis().max(1))),
+                    spec.read_linger
+                        .map(|l| format!("--read-linger={}ms", l.as_millis())),
+                    spec.kafka_linger
+                        .map(|l| format!("--kafka-linger={}ms", l.as_secs_f64() * 1000.0)),
+                    kafka_brokers.map(|b| format!("--kafka-brokers={b}")),
                 ];
-                if spec.measure_contention {
-                    args.push("--measure-contention".to_string());
-                }
-                if let Some(p) = spec.poll_min {
-                    args.push(format!("--poll-min={}ms", p.as_millis().max(1)));
-                }
-                if let Some(l) = spec.read_linger {
-                    args.push(format!("--read-linger={}ms", l.as_millis()));
-                }
-                if let Some(l) = spec.kafka_linger {
-                    args.push(format!("--kafka-linger={}ms", l.as_secs_f64() * 1000.0));
-                }
-                if let Some(b) = kafka_brokers {
-                    args.push("--kafka-brokers".to_string());
-                    args.push(b.to_string());
-                }
-                args.extend(spec.extra_args.iter().cloned());
+                let args = [
+                    "relay".to_string(),
+                    format!("--sink={}", spec.sink.as_str()),
+                    format!("--workers={}", spec.workers),
+                    format!("--batch-size={}", spec.batch_size),
+                    format!("--in-flight={}", spec.in_flight),
+                    format!("--dispatch={}", spec.dispatch.as_str()),
+                ]
+                .into_iter()
+                .chain(optional.into_iter().flatten())
+                .chain(spec.extra_args.iter().cloned())
+                .collect();
                 let mut procs = Processes {
                     bin,
                     args,
