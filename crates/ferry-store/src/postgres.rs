@@ -26,6 +26,10 @@ use crate::common::{
 use crate::ops::{self, Pools};
 use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
 
+/// The `application_name` a ferry store's connections report when the URL sets none
+/// (`?application_name=…` in the URL overrides it).
+pub const APPLICATION_NAME: &str = "ferry";
+
 const INSERT: &str = "INSERT INTO ferry_outbox \
     (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type, headers, payload) \
     SELECT * FROM UNNEST($1::varchar[], $2::varchar[], $3::int8[], $4::int2[], $5::varchar[], \
@@ -135,6 +139,12 @@ impl PgStore {
         // pause, SIGSTOP, lost network) would hold its row locks — and block the takeover of its
         // slots — forever; the server aborts such a session after 10 s idle in a transaction.
         let conn = conn.options([("idle_in_transaction_session_timeout", "10s")]);
+        // Named in pg_stat_activity (and so in the logs' %a), unless the URL names it already.
+        let conn = if conn.get_application_name().is_none() {
+            conn.application_name(APPLICATION_NAME)
+        } else {
+            conn
+        };
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections)
             .acquire_timeout(opts.acquire_timeout)
