@@ -311,9 +311,15 @@ pub struct Args {
 
     /// Cursor dispatch: a relay worker's wait after a partial read of 16+ events, per other
     /// reader of the database (`ferry relay --read-linger`; 0ms turns it off) [default: the
-    /// relay's, 15ms].
+    /// relay's, 25ms].
     #[arg(long, value_parser = parse_duration)]
     pub read_linger: Option<Duration>,
+
+    /// Cursor dispatch: after a partial read of 16+ events, a relay worker's next read starts
+    /// no sooner than this after that read started (`ferry relay --read-interval`) [default:
+    /// the relay's, 25ms on SQLite, 0ms on PostgreSQL and MariaDB].
+    #[arg(long, value_parser = parse_duration)]
+    pub read_interval: Option<Duration>,
 
     /// The Kafka sink's `linger.ms` (`ferry relay --kafka-linger`; fractions such as 0.2ms are
     /// kept) [default: the relay's].

@@ -47,6 +47,8 @@ pub struct RelaySpec {
     pub poll_min: Option<std::time::Duration>,
     /// The relay's `read_linger`, when set.
     pub read_linger: Option<std::time::Duration>,
+    /// The relay's `read_interval` (the store's default unless set).
+    pub read_interval: std::time::Duration,
     /// The Kafka sink's `linger.ms`, when set.
     pub kafka_linger: Option<std::time::Duration>,
     /// Sink kind.
@@ -305,6 +307,7 @@ impl Relays {
                         read_linger: spec
                             .read_linger
                             .unwrap_or(RelayConfig::default().read_linger),
+                        read_interval: spec.read_interval,
                         ..RelayConfig::default()
                     };
                     let relay =
@@ -333,6 +336,10 @@ impl Relays {
                         .map(|p| format!("--poll-min={}ms", p.as_millis().max(1))),
                     spec.read_linger
                         .map(|l| format!("--read-linger={}ms", l.as_millis())),
+                    Some(format!(
+                        "--read-interval={}ms",
+                        spec.read_interval.as_millis()
+                    )),
                     spec.kafka_linger
                         .map(|l| format!("--kafka-linger={}ms", l.as_secs_f64() * 1000.0)),
                     kafka_brokers.map(|b| format!("--kafka-brokers={b}")),

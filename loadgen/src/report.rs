@@ -298,6 +298,8 @@ pub struct ConfigEcho {
     pub in_flight: usize,
     /// The relays' read linger per other reader in ms (cursor dispatch).
     pub read_linger_ms: u64,
+    /// Least time between the starts of a worker's reads under load, ms (cursor dispatch).
+    pub read_interval_ms: u64,
     /// Producer tasks.
     pub producers: usize,
     /// Orders per transaction.
@@ -595,7 +597,10 @@ impl RunReport {
             c.relay_mode,
             c.dispatch.as_str(),
             if c.dispatch.as_str() == "cursor" {
-                format!(", read linger {} ms", c.read_linger_ms)
+                format!(
+                    ", read linger {} ms, read interval {} ms",
+                    c.read_linger_ms, c.read_interval_ms
+                )
             } else {
                 String::new()
             }

@@ -91,8 +91,7 @@ impl RunSpec {
         });
         let dispatch = a.dispatch();
         // the relay's worker settings for this dispatch mode, where the flags leave them unset
-        let defaults =
-            ferry_relay::WorkerDefaults::for_mode(dispatch.mode(), store == StoreKind::Sqlite);
+        let defaults = ferry_relay::WorkerDefaults::for_mode(dispatch.mode(), store.backend());
         Self {
             label: "run".to_string(),
             duration: a.duration,
@@ -112,6 +111,7 @@ impl RunSpec {
                 in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
                 poll_min: a.poll_min,
                 read_linger: a.read_linger,
+                read_interval: a.read_interval.unwrap_or(defaults.read_interval),
                 kafka_linger: a.kafka_linger,
                 sink: a.sink,
                 ferry_bin: a.ferry_bin.clone(),
@@ -1303,6 +1303,7 @@ fn echo(
             .read_linger
             .unwrap_or(ferry_relay::RelayConfig::default().read_linger)
             .as_millis() as u64,
+        read_interval_ms: r.read_interval.as_millis() as u64,
         producers: spec.producer_tasks(),
         orders_per_tx: w.orders_per_tx,
         rate: w.rate,

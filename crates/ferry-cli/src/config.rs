@@ -118,6 +118,7 @@ pub struct RelaySection {
     pub poll_min: Option<String>,
     pub poll_idle: Option<String>,
     pub read_linger: Option<String>,
+    pub read_interval: Option<String>,
     pub backoff_base: Option<String>,
     pub backoff_max: Option<String>,
     pub max_attempts: Option<u32>,
@@ -269,6 +270,12 @@ pub fn relay(
     if pick(&a.in_flight, &f.relay.in_flight).is_none() {
         config.max_in_flight = d.max_in_flight;
     }
+    config.read_interval = duration(
+        "relay.read_interval (--read-interval)",
+        &a.read_interval,
+        &f.relay.read_interval,
+        d.read_interval,
+    )?;
     let alerts = alerts(
         &a.slo_target,
         &a.slo_ratio,
@@ -297,7 +304,7 @@ fn default_dispatch(backend: Backend) -> DispatchMode {
 /// The worker settings of `dispatch` (else the default mode) on `backend`.
 fn worker_defaults(dispatch: Option<DispatchMode>, backend: Backend) -> WorkerDefaults {
     let mode = dispatch.unwrap_or(default_dispatch(backend));
-    WorkerDefaults::for_mode(mode, backend == Backend::Sqlite)
+    WorkerDefaults::for_mode(mode, backend)
 }
 
 fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpec), ConfigError> {
@@ -504,9 +511,10 @@ fn help_defaults() -> Vec<(&'static str, String)> {
     let r = RelayConfig::default();
     let k = KafkaConfig::default();
     let a = AlertThresholds::default();
-    let cursor = WorkerDefaults::for_mode(DispatchMode::Cursor, false);
-    let row = WorkerDefaults::for_mode(DispatchMode::Row, false);
-    let row_sqlite = WorkerDefaults::for_mode(DispatchMode::Row, true);
+    let cursor = WorkerDefaults::for_mode(DispatchMode::Cursor, Backend::Postgres);
+    let cursor_sqlite = WorkerDefaults::for_mode(DispatchMode::Cursor, Backend::Sqlite);
+    let row = WorkerDefaults::for_mode(DispatchMode::Row, Backend::Postgres);
+    let row_sqlite = WorkerDefaults::for_mode(DispatchMode::Row, Backend::Sqlite);
     let d = format_duration;
     vec![
         ("relay.workers.cursor", cursor.workers.to_string()),
@@ -522,6 +530,8 @@ fn help_defaults() -> Vec<(&'static str, String)> {
         ("relay.poll_min", d(r.poll_min)),
         ("relay.poll_idle", d(r.poll_idle)),
         ("relay.read_linger", d(r.read_linger)),
+        ("relay.read_interval.sqlite", d(cursor_sqlite.read_interval)),
+        ("relay.read_interval.postgres", d(cursor.read_interval)),
         ("relay.backoff_base", d(r.backoff.base)),
         ("relay.backoff_max", d(r.backoff.max)),
         ("relay.max_attempts", r.max_attempts.to_string()),

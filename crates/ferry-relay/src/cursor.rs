@@ -59,6 +59,21 @@ fn linger(read_linger: Duration, poll_idle: Duration, own: usize) -> Duration {
         .min(poll_idle)
 }
 
+/// When a worker that reads `own` slots may read again after a partial read (of at least
+/// [`LINGER_MIN_EVENTS`]) that started at `started` and returned at `now`: [`linger`] after
+/// it returned, and no sooner than `read_interval` after it started (both at most
+/// `poll_idle`). `None`: at once.
+fn next_read(
+    cfg: &crate::RelayConfig,
+    own: usize,
+    started: Instant,
+    now: Instant,
+) -> Option<Instant> {
+    let linger = linger(cfg.read_linger, cfg.poll_idle, own);
+    let at = (now + linger).max(started + cfg.read_interval.min(cfg.poll_idle));
+    (at > now).then_some(at)
+}
+
 struct Batch {
     gen: u64,
     events: Vec<CursorEvent>,
@@ -406,9 +421,11 @@ pub(crate) async fn worker(
             send,
             released: None,
         });
-        let linger = linger(cfg.read_linger, cfg.poll_idle, st.slots.len());
-        if !full && cut.is_empty() && !linger.is_zero() && accepted_len >= LINGER_MIN_EVENTS {
-            st.read_not_before = Some(Instant::now() + linger);
+        let not_before = (!full && cut.is_empty() && accepted_len >= LINGER_MIN_EVENTS)
+            .then(|| next_read(cfg, st.slots.len(), t0, Instant::now()))
+            .flatten();
+        if not_before.is_some() {
+            st.read_not_before = not_before;
         } else if !full && cut.is_empty() {
             // drained for now: give producers a moment so the next read is fuller
             tokio::select! {
@@ -930,5 +947,40 @@ mod tests {
         assert_eq!(linger(Duration::ZERO, idle, 32), Duration::ZERO);
         // a worker without slots (never reads) does not divide by zero
         assert_eq!(linger(ms(15), idle, 0), idle);
+    }
+
+    #[test]
+    fn next_read_waits_out_the_linger_and_the_interval_since_the_read_began() {
+        let ms = Duration::from_millis;
+        let cfg = |linger, interval| crate::RelayConfig {
+            read_linger: ms(linger),
+            read_interval: ms(interval),
+            poll_idle: ms(500),
+            ..crate::RelayConfig::default()
+        };
+        let started = Instant::now();
+        let now = started + ms(5);
+        // one reader, no interval: at once
+        assert_eq!(next_read(&cfg(25, 0), 256, started, now), None);
+        // one reader, 25 ms interval, a 5 ms read: 20 ms more
+        assert_eq!(
+            next_read(&cfg(25, 25), 256, started, now),
+            Some(started + ms(25))
+        );
+        // a read slower than the interval: at once
+        assert_eq!(
+            next_read(&cfg(25, 25), 256, started, started + ms(30)),
+            None
+        );
+        // two readers: the linger after the read (25 ms) outlasts the interval
+        assert_eq!(
+            next_read(&cfg(25, 25), 128, started, now),
+            Some(now + ms(25))
+        );
+        // the interval is capped at poll_idle too
+        assert_eq!(
+            next_read(&cfg(0, 10_000), 256, started, now),
+            Some(started + ms(500))
+        );
     }
 }

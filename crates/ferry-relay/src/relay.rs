@@ -15,6 +15,7 @@ use ferry_core::{
     now_micros, slots_for_worker, Backoff, CasReport, ClaimRequest, ClaimToken, ClaimedEvent,
     DispatchMode, OutboxStore, RetryItem, SlotFence, SlotId, StoreError,
 };
+use ferry_store::Backend;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +56,12 @@ pub struct RelayConfig {
     /// slots with it) before it reads again, at most `poll_idle` (default 25 ms; 0 turns it off).
     /// One reader never waits. docs/tuning.md has the measurements.
     pub read_linger: Duration,
+    /// Cursor dispatch: after a read of at least 16 events short of a full batch, a worker's
+    /// next read starts no sooner than this after that read started, however many readers
+    /// there are (default 0; tools take the store's default from [`WorkerDefaults`]: 25 ms on
+    /// SQLite, where every advance queues for the one writer with the producers' transactions,
+    /// 0 on PostgreSQL and MariaDB). docs/tuning.md has the measurements.
+    pub read_interval: Duration,
     /// Retry backoff (default 200 ms doubling to 60 s, with jitter).
     pub backoff: Backoff,
     /// Attempts before a retried event is quarantined (default 10).
@@ -83,25 +90,34 @@ pub struct WorkerDefaults {
     pub batch_size: usize,
     /// [`RelayConfig::max_in_flight`].
     pub max_in_flight: usize,
+    /// [`RelayConfig::read_interval`].
+    pub read_interval: Duration,
 }
 
 impl WorkerDefaults {
     /// Cursor dispatch: one worker, batches of up to 2,000, 4 in flight. Every cursor worker
     /// reads the whole window of new intents and keeps its own slots, so each extra worker
     /// repeats the read; one worker with more batches in flight sends as much with one read.
+    /// Cursor reads at most every 25 ms under load on SQLite ([`RelayConfig::read_interval`]),
+    /// as fast as they return on PostgreSQL and MariaDB.
     /// Row dispatch: 4 workers (1 on SQLite, whose single writer more workers only queue
     /// on), batches of up to 500, 2 in flight.
-    pub fn for_mode(mode: DispatchMode, sqlite: bool) -> Self {
+    pub fn for_mode(mode: DispatchMode, backend: Backend) -> Self {
         match mode {
             DispatchMode::Cursor => Self {
                 workers: 1,
                 batch_size: 2000,
                 max_in_flight: 4,
+                read_interval: match backend {
+                    Backend::Sqlite => Duration::from_millis(25),
+                    Backend::Postgres | Backend::Mysql => Duration::ZERO,
+                },
             },
             DispatchMode::Row => Self {
-                workers: if sqlite { 1 } else { 4 },
+                workers: if backend == Backend::Sqlite { 1 } else { 4 },
                 batch_size: 500,
                 max_in_flight: 2,
+                read_interval: Duration::ZERO,
             },
         }
     }
@@ -120,6 +136,7 @@ impl Default for RelayConfig {
             poll_min: Duration::from_millis(2),
             poll_idle: Duration::from_millis(500),
             read_linger: Duration::from_millis(25),
+            read_interval: Duration::ZERO,
             backoff: Backoff::default(),
             max_attempts: 10,
             shutdown_timeout: Duration::from_secs(10),

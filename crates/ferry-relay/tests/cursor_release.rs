@@ -284,7 +284,7 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
         slow: Duration::from_millis(400),
         ..Default::default()
     });
-    let d = WorkerDefaults::for_mode(DispatchMode::Cursor, false);
+    let d = WorkerDefaults::for_mode(DispatchMode::Cursor, ferry_store::Backend::Postgres);
     let cfg = RelayConfig {
         dispatch: Some(DispatchMode::Cursor),
         workers: d.workers,

@@ -404,7 +404,7 @@ async fn mid_batch_faults_keep_first_delivery_order(db: TestDb, mode: DispatchMo
     if mode == DispatchMode::Cursor {
         // the cursor defaults: one worker with four batches in flight, so later batches are
         // read, sent and advanced while earlier ones fail
-        let d = ferry_relay::WorkerDefaults::for_mode(mode, false);
+        let d = ferry_relay::WorkerDefaults::for_mode(mode, ferry_store::Backend::Postgres);
         cfg.workers = d.workers;
         cfg.max_in_flight = d.max_in_flight;
     }

@@ -46,6 +46,11 @@ pub struct RelayArgs {
     /// (relay.read_linger).
     #[arg(long, env = "FERRY_READ_LINGER")]
     pub read_linger: Option<String>,
+    /// Cursor dispatch: after a partial read of 16+ events, start the next read no sooner than
+    /// this after that read started [default: {relay.read_interval.sqlite} on SQLite,
+    /// {relay.read_interval.postgres} on PostgreSQL and MariaDB] (relay.read_interval).
+    #[arg(long, env = "FERRY_READ_INTERVAL")]
+    pub read_interval: Option<String>,
     /// First retry delay [default: {relay.backoff_base}] (relay.backoff_base).
     #[arg(long, env = "FERRY_BACKOFF_BASE")]
     pub backoff_base: Option<String>,
