@@ -701,6 +701,14 @@ impl CursorStore for PgStore {
             let mut slots = req.slots.clone();
             slots.sort_by_key(|s| s.slot);
             let mut tx = self.pool().begin().await.ctx("advance: begin")?;
+            // Committed asynchronously, like the ticks: an advance lost in a server crash only
+            // moves the cursor back, and its events are read and sent again (docs/architecture.md,
+            // "Asynchronous advances"). Every later synchronous commit (a producer's, an
+            // exception's SENT) flushes it first: the WAL is written in order.
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("advance", e))?;
             let moved: Vec<i16> = sqlx::query_scalar(
                 "WITH k AS (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($1) ORDER BY slot FOR UPDATE) \
                  UPDATE ferry_slot_lease l SET cursor_tick = t.tick, cursor_xid = t.xid, cursor_seq = t.seq, \
