@@ -357,7 +357,11 @@ async fn alert_level_follows_the_oldest_intent() {
     let db = TestDb::open(ferry_store::Backend::Sqlite)
         .await
         .expect("SQLite");
-    let dead_broker = format!("127.0.0.1:{}", free_port());
+    // Port 1: nothing listens there and no test's mock cluster can take it (they bind ephemeral
+    // ports). A free port found now could be taken by another test's mock cluster while this
+    // relay still retries it: the "stuck" event was then delivered there, so this test never
+    // saw its warning and the other test saw one event too many.
+    let dead_broker = "127.0.0.1:1".to_string();
     let a = spawn_relay(
         &db.url,
         &[
