@@ -703,7 +703,7 @@ impl CursorStore for PgStore {
             let mut tx = self.pool().begin().await.ctx("advance: begin")?;
             // Committed asynchronously, like the ticks: an advance lost in a server crash only
             // moves the cursor back, and its events are read and sent again (docs/architecture.md,
-            // "Asynchronous advances"). Every later synchronous commit (a producer's, an
+            // "The four crash windows"). Every later synchronous commit (a producer's, an
             // exception's SENT) flushes it first: the WAL is written in order.
             sqlx::query("SET LOCAL synchronous_commit = off")
                 .execute(&mut *tx)
