@@ -620,6 +620,7 @@ impl ferry_core::OperatorActions for PgStore {
                 .await
                 .map_err(|e| db_err("status", e))?,
                 ferry_core::DispatchMode::Cursor => {
+                    self.check_xids(ferry_core::DispatchMode::Cursor).await?;
                     // Unfinished = not yet behind the slot's cursor, or an open exception. No row
                     // below the lowest window's lower snapshot xmin can be unfinished without an
                     // exception row: that bound (read first and bound as a value, so the planner
@@ -780,7 +781,9 @@ impl ferry_core::OutboxStore for PgStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            ops::purge_sent(Pools::Pg(&self.pool), self.stored_mode().await?, req).await
+            let mode = self.stored_mode().await?;
+            self.check_xids(mode).await?;
+            ops::purge_sent(Pools::Pg(&self.pool), mode, req).await
         })
     }
 
@@ -789,7 +792,9 @@ impl ferry_core::OutboxStore for PgStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            ops::reconcile(Pools::Pg(&self.pool), self.stored_mode().await?, req).await
+            let mode = self.stored_mode().await?;
+            self.check_xids(mode).await?;
+            ops::reconcile(Pools::Pg(&self.pool), mode, req).await
         })
     }
 

@@ -273,18 +273,29 @@ impl PgStore {
     /// `synchronous_commit = off` (`set_config(…, true)` lasts until this statement's implicit
     /// commit): losing it in a crash is harmless (the next read takes another), and any advance
     /// that refers to it flushes it first.
+    ///
+    /// A tick is only taken if the server's snapshot is not behind tick `t - 1`'s (its xmax,
+    /// the next transaction id, never decreases on one server). It is behind only when the
+    /// database now lives on a server whose transaction ids are lower (a logical dump restored
+    /// elsewhere, a logical-replication switchover): a window cut from such a snapshot would
+    /// treat every new intent as dispatched. The read then fails ([`xids_went_backwards`])
+    /// until a starting relay re-bases the cursors ([`CursorStore::set_dispatch_mode`]).
     async fn span(&self, t: i64) -> Result<Span, StoreError> {
         for _ in 0..3 {
-            // (tick, snapshot, newest tick, inserted by this statement)
-            let rows: Vec<(i64, String, Option<i64>, bool)> = sqlx::query_as(
+            // (tick, snapshot, newest tick, inserted by this statement, the server's xmax)
+            let rows: Vec<(i64, String, Option<i64>, bool, i64)> = sqlx::query_as(
                 "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v), \
                  top AS (SELECT max(tick_id) AS m FROM ferry_tick), \
+                 cur AS (SELECT pg_current_snapshot() AS snap), \
                  ins AS (INSERT INTO ferry_tick (tick_id, snap) \
-                         SELECT $1, pg_current_snapshot() FROM cfg, top WHERE top.m = $1 - 1 \
+                         SELECT $1, cur.snap FROM cfg, top, cur WHERE top.m = $1 - 1 \
+                           AND pg_snapshot_xmax(cur.snap) >= \
+                               (SELECT pg_snapshot_xmax(k.snap) FROM ferry_tick k WHERE k.tick_id = $1 - 1) \
                          ON CONFLICT (tick_id) DO NOTHING RETURNING tick_id, snap::text) \
-                 SELECT k.tick_id, k.snap::text, top.m, false FROM ferry_tick k, top \
+                 SELECT k.tick_id, k.snap::text, top.m, false, pg_snapshot_xmax(cur.snap)::text::int8 \
+                   FROM ferry_tick k, top, cur \
                    WHERE k.tick_id = $1 - 1 OR k.tick_id = least(top.m, $1 + $2 - 1) \
-                 UNION ALL SELECT tick_id, snap, tick_id, true FROM ins",
+                 UNION ALL SELECT tick_id, snap, tick_id, true, 0::int8 FROM ins",
             )
             .bind(t)
             .bind(MAX_SPAN)
@@ -306,6 +317,9 @@ impl PgStore {
                 });
             }
             let newest = lo.2.unwrap_or(t - 1);
+            if newest < t && lo.4 < snapshot_bound(&lo.1, 1)? {
+                return Err(xids_went_backwards(snapshot_bound(&lo.1, 1)?, lo.4));
+            }
             if newest < t {
                 // another reader took tick t while this statement ran: read it next time
                 continue;
@@ -382,7 +396,13 @@ impl CursorStore for PgStore {
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(|e| db_err("dispatch mode", e))?;
-            if current == mode.as_str() {
+            // Already in cursor mode, but on a server whose transaction ids are behind the
+            // stored ticks (see `span`): re-base the cursors (docs/architecture.md, "After a
+            // restore").
+            let rebase = current == mode.as_str()
+                && mode == DispatchMode::Cursor
+                && xid_regression(&mut tx).await?.is_some();
+            if current == mode.as_str() && !rebase {
                 return Ok(false);
             }
             let others: i64 = sqlx::query_scalar(
@@ -392,11 +412,62 @@ impl CursorStore for PgStore {
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| db_err("dispatch mode: members", e))?;
+            if others > 0 && rebase {
+                return Err(StoreError::new(
+                    StoreErrorKind::InvalidInput,
+                    format!(
+                        "this server's transaction ids are behind the outbox's snapshot ticks (restored \
+                         from a logical dump, or moved to another server?) and the cursors must be \
+                         re-based, but {others} other relay(s) of this database are live: stop them first"
+                    ),
+                ));
+            }
             if others > 0 {
                 return Err(mode_in_use(&current, others, mode));
             }
             let exec = |sql: &'static str| sqlx::query(sql);
             match mode {
+                DispatchMode::Cursor if rebase => {
+                    exec("LOCK TABLE ferry_outbox IN ACCESS EXCLUSIVE MODE")
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("re-base cursors: lock the outbox (waits at most 10 s for transactions that wrote to it)", e))?;
+                    // Rows at or below `old` were written on the server the ticks come from
+                    // (a row whose xid this server has not reached yet is one of them, and every
+                    // row written here has a higher seq than every restored row): their states
+                    // follow from the old ticks and cursors. Rows above it may have been
+                    // written here, so they count as not yet dispatched (sent again if they
+                    // were: duplicates, never a loss). Exception rows keep their states.
+                    let old: i64 = sqlx::query_scalar(
+                        "SELECT coalesce(max(seq), 0) FROM ferry_outbox \
+                         WHERE xid >= pg_snapshot_xmax(pg_current_snapshot())::text::int8",
+                    )
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("re-base cursors: restored rows", e))?;
+                    let n = sqlx::query(MATERIALIZE_STATES)
+                        .bind(old)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("re-base cursors: states", e))?
+                        .rows_affected();
+                    exec("DELETE FROM ferry_outbox_exception")
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("re-base cursors: exceptions", e))?;
+                    // every unfinished row goes to the first window, in seq order
+                    exec("UPDATE ferry_outbox SET xid = 3 WHERE state IN ('PENDING', 'CLAIMED')")
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("re-base cursors: xids", e))?;
+                    tracing::warn!(
+                        restored_up_to_seq = old,
+                        states_written = n,
+                        "this server's transaction ids are behind the outbox's snapshot ticks: re-based the cursors; \
+                         intents above the restored seq are sent again if they had been sent"
+                    );
+                    start_cursors(&mut tx).await?;
+                }
                 DispatchMode::Cursor => {
                     // First, so that the ACCESS EXCLUSIVE lock on ferry_outbox is the first lock
                     // this transaction takes on it (no lock upgrade): in-flight inserts finish,
@@ -416,63 +487,16 @@ impl CursorStore for PgStore {
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| db_err("dispatch mode: xids of old rows", e))?;
-                    // Tick 0 sees exactly the transactions below the first unfinished row's xid
-                    // (and below every open transaction): everything it sees is finished.
-                    let x: i64 = sqlx::query_scalar(
-                        "SELECT least(pg_snapshot_xmin(pg_current_snapshot())::text::int8, \
-                           coalesce((SELECT min(xid) FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED')), \
-                                    9223372036854775807))",
-                    )
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode: first window", e))?;
-                    exec("DELETE FROM ferry_tick")
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| db_err("dispatch mode: ticks", e))?;
-                    sqlx::query(
-                        "INSERT INTO ferry_tick (tick_id, snap) VALUES (0, $1::text::pg_snapshot)",
-                    )
-                    .bind(format!("{x}:{x}:"))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode: tick 0", e))?;
-                    // Quarantined rows stay parked as exception rows (they hold their successors).
-                    exec(
-                        "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, \
-                           state, available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
-                         SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
-                           last_error, resolved_by, resolved_at, now() \
-                         FROM ferry_outbox WHERE state = 'QUARANTINED'",
-                    )
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode: exceptions", e))?;
-                    // Every slot starts at window 1; its read passes over rows row mode already
-                    // finished (their state is not PENDING or CLAIMED).
-                    exec(
-                        "UPDATE ferry_slot_lease SET cursor_tick = 1, cursor_xid = 0, cursor_seq = 0, \
-                           cursor_version = cursor_version + 1, cursor_claim_id = NULL, \
-                           epoch = epoch + 1, owner = NULL, lease_until = NULL",
-                    )
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode: cursors", e))?;
+                    start_cursors(&mut tx).await?;
                 }
                 DispatchMode::Row => {
                     // Rows behind their slot's cursor take the state the cursor gave them.
-                    let stmts: [(&'static str, &str); 6] = [
-                        (
-                            "UPDATE ferry_outbox o SET state = v.state, \
-                               sent_at = CASE WHEN v.state = 'SENT' THEN coalesce(o.sent_at, v.sent_at, now()) END, \
-                               attempts = v.attempts, last_error = v.last_error, resolved_by = v.resolved_by, \
-                               available_at = coalesce(v.available_at, o.available_at), lease_until = NULL \
-                             FROM (SELECT seq, CASE state WHEN 'CLAIMED' THEN 'PENDING' ELSE state END AS state, \
-                                     sent_at, attempts, last_error, resolved_by, available_at \
-                                   FROM ferry_outbox_cursor_view) v \
-                             WHERE o.seq = v.seq AND (v.state <> o.state OR v.attempts <> o.attempts)",
-                            "dispatch mode: row states",
-                        ),
+                    sqlx::query(MATERIALIZE_STATES)
+                        .bind(i64::MAX)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("dispatch mode: row states", e))?;
+                    let stmts: [(&'static str, &str); 5] = [
                         (
                             "DELETE FROM ferry_outbox_exception",
                             "dispatch mode: exceptions",
@@ -930,6 +954,112 @@ impl CursorStore for PgStore {
                 None => HorizonInfo::default(),
             })
         })
+    }
+}
+
+/// Writes each row's cursor-mode state (`ferry_outbox_cursor_view`, a claimed exception as
+/// PENDING) into the row itself, for rows with `seq <= $1` or an exception row.
+const MATERIALIZE_STATES: &str = "UPDATE ferry_outbox o SET state = v.state, \
+       sent_at = CASE WHEN v.state = 'SENT' THEN coalesce(o.sent_at, v.sent_at, now()) END, \
+       attempts = v.attempts, last_error = v.last_error, resolved_by = v.resolved_by, \
+       available_at = coalesce(v.available_at, o.available_at), lease_until = NULL \
+     FROM (SELECT seq, CASE state WHEN 'CLAIMED' THEN 'PENDING' ELSE state END AS state, \
+             sent_at, attempts, last_error, resolved_by, available_at \
+           FROM ferry_outbox_cursor_view) v \
+     WHERE o.seq = v.seq AND (v.state <> o.state OR v.attempts <> o.attempts) \
+       AND (o.seq <= $1 OR EXISTS (SELECT 1 FROM ferry_outbox_exception e WHERE e.seq = o.seq))";
+
+/// The cursor side of a switch to cursor dispatch (and of a re-base), inside the switch's
+/// transaction once every unfinished row has an xid: tick 0, quarantined rows as exception
+/// rows, every slot at the start of window 1.
+async fn start_cursors(tx: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    let exec = |sql: &'static str| sqlx::query(sql);
+    // Tick 0 sees exactly the transactions below the first unfinished row's xid (and below
+    // every open transaction): everything it sees is finished.
+    let x: i64 = sqlx::query_scalar(
+        "SELECT least(pg_snapshot_xmin(pg_current_snapshot())::text::int8, \
+               coalesce((SELECT min(xid) FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED')), \
+                        9223372036854775807))",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(|e| db_err("dispatch mode: first window", e))?;
+    exec("DELETE FROM ferry_tick")
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("dispatch mode: ticks", e))?;
+    sqlx::query("INSERT INTO ferry_tick (tick_id, snap) VALUES (0, $1::text::pg_snapshot)")
+        .bind(format!("{x}:{x}:"))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("dispatch mode: tick 0", e))?;
+    // Quarantined rows stay parked as exception rows (they hold their successors).
+    exec(
+        "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, \
+           state, available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
+         SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
+           last_error, resolved_by, resolved_at, now() \
+         FROM ferry_outbox WHERE state = 'QUARANTINED'",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| db_err("dispatch mode: exceptions", e))?;
+    // Every slot starts at window 1; its read passes over rows already finished (their state
+    // is not PENDING or CLAIMED).
+    exec(
+        "UPDATE ferry_slot_lease SET cursor_tick = 1, cursor_xid = 0, cursor_seq = 0, \
+               cursor_version = cursor_version + 1, cursor_claim_id = NULL, \
+               epoch = epoch + 1, owner = NULL, lease_until = NULL",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| db_err("dispatch mode: cursors", e))?;
+    Ok(())
+}
+
+/// The read's refusal when the server's transaction ids are behind the stored ticks'.
+fn xids_went_backwards(tick_xmax: i64, server_xmax: i64) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Other,
+        format!(
+            "transaction ids went backwards: the newest snapshot tick has xmax {tick_xmax}, this \
+             server's snapshot {server_xmax} (was the database restored from a logical dump or moved \
+             to another server?); nothing is dispatched until the cursors are re-based: stop every \
+             relay of this database, then start one (docs/operations.md, \"After a restore\")"
+        ),
+    )
+}
+
+/// `Some((newest tick's xmax, this server's xmax))` when this server's transaction ids are
+/// behind the stored ticks' (see [`PgStore::span`]).
+async fn xid_regression(c: &mut sqlx::PgConnection) -> Result<Option<(i64, i64)>, StoreError> {
+    let (tick, server): (Option<i64>, i64) = sqlx::query_as(
+        "SELECT (SELECT max(pg_snapshot_xmax(snap)::text::int8) FROM ferry_tick), \
+                pg_snapshot_xmax(pg_current_snapshot())::text::int8",
+    )
+    .fetch_one(c)
+    .await
+    .map_err(|e| db_err("transaction id check", e))?;
+    Ok(tick.filter(|&t| server < t).map(|t| (t, server)))
+}
+
+impl PgStore {
+    /// Refuses, in cursor dispatch, what derives states from the ticks (status, reconcile,
+    /// purge) while this server's transaction ids are behind them: every intent written here
+    /// would look dispatched, and purge would delete it.
+    pub(crate) async fn check_xids(&self, mode: DispatchMode) -> Result<(), StoreError> {
+        if mode != DispatchMode::Cursor {
+            return Ok(());
+        }
+        let mut c = self
+            .pool()
+            .acquire()
+            .await
+            .ctx("transaction id check: connect")?;
+        match xid_regression(&mut c).await? {
+            Some((tick, server)) => Err(xids_went_backwards(tick, server)),
+            None => Ok(()),
+        }
     }
 }
 

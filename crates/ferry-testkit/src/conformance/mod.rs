@@ -133,6 +133,7 @@ macro_rules! cursor_conformance {
             open_transactions_delay_only_their_own_rows,
             mode_switch_converts_state,
             a_reader_behind_many_ticks_misses_nothing,
+            restored_elsewhere_rebases_cursors,
         );
 
         #[test]
@@ -147,6 +148,7 @@ macro_rules! cursor_conformance {
                 stringify!(open_transactions_delay_only_their_own_rows),
                 stringify!(mode_switch_converts_state),
                 stringify!(a_reader_behind_many_ticks_misses_nothing),
+                stringify!(restored_elsewhere_rebases_cursors),
             ];
             let cases: ::std::vec::Vec<&str> =
                 $crate::conformance::cursor::CASES.iter().map(|c| c.name).collect();
