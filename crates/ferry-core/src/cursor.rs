@@ -246,7 +246,10 @@ pub trait CursorStore: Send + Sync {
 
     /// Switches the outbox to `mode` if it is not there yet, converting delivery state (see
     /// docs/architecture.md). Refuses while relays of another mode are alive. Returns whether
-    /// it converted.
+    /// it converted. A store whose cursors can outlive their meaning re-bases them here when
+    /// asked for the mode it is already in (PostgreSQL after a restore on a server with lower
+    /// transaction ids: docs/architecture.md, "After a restore on another server"), refusing
+    /// while another relay is alive, and returns `true` then too.
     fn set_dispatch_mode<'a>(
         &'a self,
         mode: DispatchMode,

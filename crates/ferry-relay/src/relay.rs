@@ -440,8 +440,10 @@ async fn resolve_dispatch(
     };
     match cursor {
         Some(cs) => {
-            let converted = cs.set_dispatch_mode(mode, &config.owner).await?;
-            if converted {
+            let before = cs.dispatch_mode().await?;
+            // true without a change of mode: the store re-based the cursors (and said so)
+            let changed = cs.set_dispatch_mode(mode, &config.owner).await?;
+            if changed && before != mode {
                 tracing::warn!(dispatch = %mode, "converted the outbox to {mode} dispatch");
             }
         }
