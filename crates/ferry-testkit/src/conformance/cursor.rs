@@ -88,6 +88,26 @@ async fn state(db: &TestDb, id: &str) -> Option<EventState> {
     db.store.record(id).await.unwrap().map(|r| r.state)
 }
 
+/// The event of `agg` at version `v` in a read.
+fn find<'b>(b: &'b ferry_core::CursorBatch, agg: &str, v: i64) -> &'b ferry_core::CursorEvent {
+    b.events
+        .iter()
+        .find(|e| e.event.aggregate_id == agg && e.event.aggregate_version == v)
+        .unwrap_or_else(|| panic!("{agg} v{v} in the read"))
+}
+
+/// An exception row for a read event.
+fn exception(e: &ferry_core::CursorEvent, kind: ExceptionKind) -> NewException {
+    NewException {
+        seq: e.event.token.seq,
+        slot: e.event.shard_slot,
+        aggregate_id: e.event.aggregate_id.clone(),
+        aggregate_version: e.event.aggregate_version,
+        attempts: 0,
+        kind,
+    }
+}
+
 /// Reads everything committed, in per-aggregate order, without writing a row; the advance makes
 /// it SENT (derived) and the stored mode reports cursor.
 pub async fn read_advance_derives_sent(db: TestDb) {
@@ -371,23 +391,14 @@ pub async fn reconcile_and_purge_use_derived_states(db: TestDb) {
         .await
         .unwrap();
     let b = read_until(&db, &read_req(&cursors, 10), 3).await;
-    let r2 = b
-        .events
-        .iter()
-        .find(|e| e.event.aggregate_id == "r" && e.event.aggregate_version == 2)
-        .unwrap();
     let adv = advance_all(
         "a",
         &cursors,
         b.upto,
-        vec![NewException {
-            seq: r2.event.token.seq,
-            slot: r2.event.shard_slot,
-            aggregate_id: "r".into(),
-            aggregate_version: 2,
-            attempts: 0,
-            kind: ExceptionKind::Unknown("no answer".into()),
-        }],
+        vec![exception(
+            find(&b, "r", 2),
+            ExceptionKind::Unknown("no answer".into()),
+        )],
     );
     cs(&db).advance(&adv).await.unwrap();
     db.store.enqueue(&[ev("t", 1)]).await.unwrap(); // ahead of the cursor
@@ -854,31 +865,13 @@ pub async fn restored_elsewhere_rebases_cursors(db: TestDb) {
         .await
         .unwrap();
     let b = read_until(&db, &read_req(&cursors, 10), 4).await;
-    let u1 = b
-        .events
-        .iter()
-        .find(|e| e.event.aggregate_id == "u" && e.event.aggregate_version == 1)
-        .unwrap();
-    let u2 = b
-        .events
-        .iter()
-        .find(|e| e.event.aggregate_id == "u" && e.event.aggregate_version == 2)
-        .unwrap();
-    let exc = |e: &ferry_core::CursorEvent, kind: ExceptionKind| NewException {
-        seq: e.event.token.seq,
-        slot: e.event.shard_slot,
-        aggregate_id: "u".into(),
-        aggregate_version: e.event.aggregate_version,
-        attempts: 0,
-        kind,
-    };
     let adv = advance_all(
         "a",
         &cursors,
         b.upto,
         vec![
-            exc(u1, ExceptionKind::Unknown("no answer".into())),
-            exc(u2, ExceptionKind::Held),
+            exception(find(&b, "u", 1), ExceptionKind::Unknown("no answer".into())),
+            exception(find(&b, "u", 2), ExceptionKind::Held),
         ],
     );
     assert_eq!(cs(&db).advance(&adv).await.unwrap(), AdvanceResult::Applied);
