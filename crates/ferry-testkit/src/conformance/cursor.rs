@@ -692,6 +692,60 @@ async fn read_on(
     b
 }
 
+/// Readers of slot subsets, as relays own them (contiguous ranges, `desired_slots`; a single
+/// slot; a set with gaps, as workers of one relay split it): each gets exactly the intents of
+/// its own slots, every one of them once, in per-aggregate order.
+pub async fn slot_subset_readers_get_exactly_their_slots(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    let evs: Vec<NewEvent> = (0..300)
+        .map(|n| ev(&format!("s{}", n % 97), n / 97 + 1))
+        .collect();
+    db.store.enqueue(&evs).await.unwrap();
+    let slot = |e: &NewEvent| ferry_core::slot_for(&e.aggregate_id);
+    let one = slot(&evs[0]);
+    let readers: Vec<Vec<SlotId>> = vec![
+        (0..128).collect(),
+        (128..256).collect(),
+        vec![one],
+        (0..256).filter(|s| s % 3 == 1).collect(),
+    ];
+    for slots in readers {
+        let mine: Vec<&NewEvent> = evs.iter().filter(|e| slots.contains(&slot(e))).collect();
+        let from: Vec<(SlotId, CursorPos)> = cursors
+            .iter()
+            .filter(|c| slots.contains(&c.slot))
+            .map(|c| (c.slot, c.pos))
+            .collect();
+        let b = read_until(&db, &CursorRead { from, limit: 1000 }, mine.len()).await;
+        assert!(
+            b.events.iter().all(|e| slots.contains(&e.event.shard_slot)),
+            "a read returned another reader's slot"
+        );
+        let mut got: Vec<(String, i64)> = b
+            .events
+            .iter()
+            .map(|e| (e.event.aggregate_id.clone(), e.event.aggregate_version))
+            .collect();
+        let mut sorted = got.clone();
+        sorted.sort();
+        // per aggregate in version order: a stable sort by aggregate leaves versions ascending
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, sorted, "versions of an aggregate out of order");
+        let mut want: Vec<(String, i64)> = mine
+            .iter()
+            .map(|e| (e.aggregate_id.clone(), e.aggregate_version))
+            .collect();
+        want.sort();
+        assert_eq!(
+            sorted,
+            want,
+            "{} slots: every intent of the reader's slots once",
+            slots.len()
+        );
+    }
+    db.cleanup().await;
+}
+
 /// Reads by several readers take many ticks (PostgreSQL: one per caught-up read); a reader
 /// behind them reads all of them, in pieces cut at a small limit or in one call, and gets every
 /// intent of its slots exactly once, in position and per-aggregate order, including one whose
@@ -1033,6 +1087,11 @@ pub const CASES: &[Case<TestDb>] = &[
         name: "mode_switch_converts_state",
         sql_only: true,
         run: |db| Box::pin(mode_switch_converts_state(db)),
+    },
+    Case {
+        name: "slot_subset_readers_get_exactly_their_slots",
+        sql_only: true,
+        run: |db| Box::pin(slot_subset_readers_get_exactly_their_slots(db)),
     },
     Case {
         name: "a_reader_behind_many_ticks_misses_nothing",

@@ -132,6 +132,7 @@ macro_rules! cursor_conformance {
             reconcile_and_purge_use_derived_states,
             open_transactions_delay_only_their_own_rows,
             mode_switch_converts_state,
+            slot_subset_readers_get_exactly_their_slots,
             a_reader_behind_many_ticks_misses_nothing,
             restored_elsewhere_rebases_cursors,
         );
@@ -147,6 +148,7 @@ macro_rules! cursor_conformance {
                 stringify!(reconcile_and_purge_use_derived_states),
                 stringify!(open_transactions_delay_only_their_own_rows),
                 stringify!(mode_switch_converts_state),
+                stringify!(slot_subset_readers_get_exactly_their_slots),
                 stringify!(a_reader_behind_many_ticks_misses_nothing),
                 stringify!(restored_elsewhere_rebases_cursors),
             ];
