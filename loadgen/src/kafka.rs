@@ -20,9 +20,7 @@ const EMBEDDED_BROKERS: i32 = 3;
 pub struct KafkaTarget {
     /// `bootstrap.servers`.
     pub brokers: String,
-    /// Topic name.
     pub topic: String,
-    /// Partitions of the topic.
     pub partitions: i32,
     /// Whether this is the in-process mock cluster.
     pub embedded: bool,
