@@ -7,6 +7,17 @@ use clap::error::ErrorKind;
 use clap::{value_parser, CommandFactory, Parser, ValueEnum};
 use serde::Serialize;
 
+/// The flag spelling of a value (clap's name for it, as `ferry relay` takes it too).
+pub trait FlagValue: ValueEnum {
+    /// E.g. `postgres`, `kafka`, `cursor`.
+    fn as_str(&self) -> String {
+        let v = self.to_possible_value().expect("no value is skipped");
+        v.get_name().to_string()
+    }
+}
+
+impl<T: ValueEnum> FlagValue for T {}
+
 /// Which database holds the outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -38,15 +49,6 @@ impl StoreKind {
             Self::Mysql => ferry_store::Backend::Mysql,
         }
     }
-
-    /// The flag value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sqlite => "sqlite",
-            Self::Postgres => "postgres",
-            Self::Mysql => "mysql",
-        }
-    }
 }
 
 /// Where relays send.
@@ -59,17 +61,6 @@ pub enum SinkKind {
     Null,
     /// One JSON line per event on stdout (debugging; interleaves with the report).
     Stdout,
-}
-
-impl SinkKind {
-    /// The flag value (also `ferry relay --sink`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Kafka => "kafka",
-            Self::Null => "null",
-            Self::Stdout => "stdout",
-        }
-    }
 }
 
 /// How aggregates are picked for each new order.
@@ -114,14 +105,6 @@ pub enum Dispatch {
 }
 
 impl Dispatch {
-    /// The flag value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cursor => "cursor",
-            Self::Row => "row",
-        }
-    }
-
     /// The relay's mode.
     pub fn mode(self) -> ferry_core::DispatchMode {
         match self {
@@ -132,7 +115,7 @@ impl Dispatch {
 
     /// What a relay picks when not told ([`ferry_relay::preferred_dispatch`]): cursor.
     pub fn preferred(store: StoreKind) -> Self {
-        match ferry_relay::preferred_dispatch(store.as_str()) {
+        match ferry_relay::preferred_dispatch(&store.as_str()) {
             ferry_core::DispatchMode::Cursor => Self::Cursor,
             ferry_core::DispatchMode::Row => Self::Row,
         }

@@ -22,7 +22,7 @@ use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sqlx::{Connection, Executor, MySql, QueryBuilder, Sqlite};
 
-use crate::cli::{Dispatch, SqliteSync, StoreKind};
+use crate::cli::{Dispatch, FlagValue, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
 use crate::workload::Order;
 

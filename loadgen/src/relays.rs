@@ -24,7 +24,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Dispatch, RelayMode, SinkKind};
+use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind};
 use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};

@@ -8,7 +8,7 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::cli::{Dispatch, RelayMode, SinkKind, Skew, StoreKind};
+use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
 

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, StoreKind};
+use crate::cli::{Args, Dispatch, FlagValue, RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::{new_histogram, Database, DbSpec, PgCosts, SqliteWrites};
 use crate::error::{Error, Result};
 use crate::inbox::{InboxConsumer, InboxSpec};
