@@ -14,15 +14,12 @@ const LATENCY_COLOR: &str = "#d62728";
 
 /// What to draw.
 pub struct Chart<'a> {
-    /// Title line.
     pub title: &'a str,
     /// Caption under the title (workload summary).
     pub subtitle: &'a str,
-    /// X axis label.
     pub x_label: &'a str,
     /// Swept values, drawn evenly spaced in the given order.
     pub xs: &'a [u32],
-    /// Events/s per point.
     pub throughput: &'a [f64],
     /// p99 latency in ms per point (`None`: not measured).
     pub p99_ms: &'a [Option<f64>],

@@ -7,6 +7,17 @@ use clap::error::ErrorKind;
 use clap::{value_parser, CommandFactory, Parser, ValueEnum};
 use serde::Serialize;
 
+/// The flag spelling of a value (clap's name for it, as `ferry relay` takes it too).
+pub trait FlagValue: ValueEnum {
+    /// E.g. `postgres`, `kafka`, `cursor`.
+    fn as_str(&self) -> String {
+        let v = self.to_possible_value().expect("no value is skipped");
+        v.get_name().to_string()
+    }
+}
+
+impl<T: ValueEnum> FlagValue for T {}
+
 /// Which database holds the outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -38,15 +49,6 @@ impl StoreKind {
             Self::Mysql => ferry_store::Backend::Mysql,
         }
     }
-
-    /// The flag value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Sqlite => "sqlite",
-            Self::Postgres => "postgres",
-            Self::Mysql => "mysql",
-        }
-    }
 }
 
 /// Where relays send.
@@ -59,17 +61,6 @@ pub enum SinkKind {
     Null,
     /// One JSON line per event on stdout (debugging; interleaves with the report).
     Stdout,
-}
-
-impl SinkKind {
-    /// The flag value (also `ferry relay --sink`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Kafka => "kafka",
-            Self::Null => "null",
-            Self::Stdout => "stdout",
-        }
-    }
 }
 
 /// How aggregates are picked for each new order.
@@ -114,14 +105,6 @@ pub enum Dispatch {
 }
 
 impl Dispatch {
-    /// The flag value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cursor => "cursor",
-            Self::Row => "row",
-        }
-    }
-
     /// The relay's mode.
     pub fn mode(self) -> ferry_core::DispatchMode {
         match self {
@@ -132,7 +115,7 @@ impl Dispatch {
 
     /// What a relay picks when not told ([`ferry_relay::preferred_dispatch`]): cursor.
     pub fn preferred(store: StoreKind) -> Self {
-        match ferry_relay::preferred_dispatch(store.as_str()) {
+        match ferry_relay::preferred_dispatch(&store.as_str()) {
             ferry_core::DispatchMode::Cursor => Self::Cursor,
             ferry_core::DispatchMode::Row => Self::Row,
         }
@@ -620,13 +603,29 @@ fn parse_relay_list(s: &str) -> Result<SweepValues, String> {
 mod tests {
     use super::*;
 
+    fn args(v: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("loadgen").chain(v.iter().copied())).unwrap()
+    }
+
+    fn parse(v: &[&str]) -> Result<(), (ErrorKind, String)> {
+        args(v).check()
+    }
+
+    fn rejected(v: &[&str]) -> bool {
+        Args::try_parse_from(std::iter::once("loadgen").chain(v.iter().copied())).is_err()
+    }
+
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        for (s, ms) in [
+            ("30", 30_000),
+            ("30s", 30_000),
+            ("500ms", 500),
+            ("2m", 120_000),
+            ("1.5s", 1500),
+        ] {
+            assert_eq!(parse_duration(s).unwrap(), Duration::from_millis(ms), "{s}");
+        }
         assert!(parse_duration("abc").unwrap_err().contains("30s"));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration_positive("0").is_err());
@@ -645,69 +644,86 @@ mod tests {
 
     #[test]
     fn combinations_name_the_flags() {
-        let parse = |v: &[&str]| {
-            let mut all = vec!["loadgen"];
-            all.extend_from_slice(v);
-            Args::try_parse_from(all).unwrap().check()
-        };
-        assert!(parse(&[]).is_ok());
-        let e = parse(&["--chaos"]).unwrap_err().1;
-        assert!(e.contains("--relay-mode process"), "{e}");
-        let e = parse(&["--store", "postgres"]).unwrap_err().1;
-        assert!(e.contains("--database-url"), "{e}");
-        let e = parse(&["--store", "mysql", "--database-url", "postgres://u:pw@h/db"])
-            .unwrap_err()
-            .1;
-        assert!(e.contains("does not match") && !e.contains("pw"), "{e}");
-        let e = parse(&["--database-url", "redis://u:pw@h"]).unwrap_err().1;
-        assert!(e.contains("postgres://") && !e.contains("pw"), "{e}");
-        let e = parse(&["--sink", "null", "--kafka-brokers", "h:9092"])
-            .unwrap_err()
-            .1;
-        assert!(e.contains("--kafka-brokers"), "{e}");
-        let e = parse(&["--aggregates", "3", "--producers", "4"])
-            .unwrap_err()
-            .1;
-        assert!(e.contains("--producers"), "{e}");
-        let e = parse(&["--inbox", "--sink", "null"]).unwrap_err().1;
-        assert!(e.contains("--sink kafka"), "{e}");
-        let e = parse(&["--inbox", "--inbox-url", "redis://u:pw@h"])
-            .unwrap_err()
-            .1;
-        assert!(e.contains("--inbox-url") && !e.contains("pw"), "{e}");
-        assert!(parse(&["--inbox", "--inbox-url", "sqlite:///tmp/x.db"]).is_ok());
-        assert!(Args::try_parse_from(["loadgen", "--inbox-url", "sqlite://x.db"]).is_err());
-        assert!(Args::try_parse_from(["loadgen", "--relays", "0"]).is_err());
-        assert!(Args::try_parse_from(["loadgen", "--dispatch", "claims"]).is_err());
-        assert!(Args::try_parse_from(["loadgen", "--preload", "0"]).is_err());
-        assert!(Args::try_parse_from(["loadgen", "--store", "oracle"]).is_err());
-    }
-
-    fn parse(v: &[&str]) -> Result<(), (ErrorKind, String)> {
-        let mut all = vec!["loadgen"];
-        all.extend_from_slice(v);
-        Args::try_parse_from(all).unwrap().check()
-    }
-
-    fn args(v: &[&str]) -> Args {
-        let mut all = vec!["loadgen"];
-        all.extend_from_slice(v);
-        Args::try_parse_from(all).unwrap()
+        let mysql_pg = ["--store", "mysql", "--database-url", "postgres://u:pw@h/db"];
+        let bad_inbox = ["--inbox", "--inbox-url", "redis://u:pw@h"];
+        let cases: [(&[&str], &str); 11] = [
+            (&["--chaos"], "--relay-mode process"),
+            (&["--store", "postgres"], "--database-url"),
+            (&mysql_pg, "does not match"),
+            (&["--database-url", "redis://u:pw@h"], "postgres://"),
+            (
+                &["--sink", "null", "--kafka-brokers", "h:9092"],
+                "--kafka-brokers",
+            ),
+            (&["--aggregates", "3", "--producers", "4"], "--producers"),
+            (&["--inbox", "--sink", "null"], "--sink kafka"),
+            (&bad_inbox, "--inbox-url"),
+            (&["--versions-per-aggregate", "5"], "--preload"),
+            (
+                &["--preload", "100", "--versions-per-aggregate", "101"],
+                "exceeds '--preload 100'",
+            ),
+            (&["--preload", "100", "--baseline"], "--baseline"),
+        ];
+        for (flags, want) in cases {
+            let e = parse(flags).unwrap_err().1;
+            assert!(e.contains(want) && !e.contains("pw"), "{flags:?}: {e}");
+        }
+        let (kind, _) = parse(&["--versions-per-aggregate", "5"]).unwrap_err();
+        assert_eq!(kind, ErrorKind::MissingRequiredArgument);
+        for ok in [
+            &[][..],
+            &["--inbox", "--inbox-url", "sqlite:///tmp/x.db"],
+            &["--preload", "20000"],
+            &["--preload", "5000", "--versions-per-aggregate", "5000"],
+            &["--preload", "5000", "--versions-per-aggregate", "7"],
+            // --aggregates does not apply to a preload: more producers than --aggregates is fine
+            &["--preload", "100", "--aggregates", "2", "--producers", "4"],
+            // MariaDB takes either dispatch mode
+            &[
+                "--dispatch",
+                "cursor",
+                "--database-url",
+                "mysql://u:pw@h/db",
+            ],
+            &[
+                "--dispatch",
+                "row",
+                "--store",
+                "mariadb",
+                "--database-url",
+                "mysql://u@h/db",
+            ],
+            &[
+                "--dispatch",
+                "cursor",
+                "--database-url",
+                "postgres://u@h/db",
+            ],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &["--inbox-url", "sqlite://x.db"][..],
+            &["--relays", "0"],
+            &["--dispatch", "claims"],
+            &["--preload", "0"],
+            &["--store", "oracle"],
+            &["--versions-per-aggregate", "0"],
+            &["--poll-min", "0ms"],
+            &["--poll-min", "2s"],
+        ] {
+            assert!(rejected(bad), "{bad:?}");
+        }
     }
 
     #[test]
-    fn poll_min_is_checked() {
+    fn defaults() {
         assert_eq!(
             args(&["--poll-min", "10ms"]).poll_min,
             Some(Duration::from_millis(10))
         );
         assert_eq!(args(&[]).poll_min, None);
-        assert!(Args::try_parse_from(["loadgen", "--poll-min", "0ms"]).is_err());
-        assert!(Args::try_parse_from(["loadgen", "--poll-min", "2s"]).is_err());
-    }
-
-    #[test]
-    fn dispatch_defaults_to_the_store_preference() {
         assert_eq!(args(&[]).dispatch(), Dispatch::Cursor);
         assert_eq!(
             args(&["--database-url", "postgres://u@h/db"]).dispatch(),
@@ -718,52 +734,5 @@ mod tests {
             Dispatch::Cursor
         );
         assert_eq!(args(&["--dispatch", "row"]).dispatch(), Dispatch::Row);
-        assert!(parse(&["--dispatch", "row", "--database-url", "mysql://u@h/db"]).is_ok());
-        assert!(parse(&[
-            "--dispatch",
-            "cursor",
-            "--database-url",
-            "postgres://u@h/db"
-        ])
-        .is_ok());
-    }
-
-    #[test]
-    fn mysql_takes_either_dispatch() {
-        assert!(parse(&[
-            "--dispatch",
-            "cursor",
-            "--database-url",
-            "mysql://u:pw@h/db"
-        ])
-        .is_ok());
-        assert!(parse(&[
-            "--dispatch",
-            "row",
-            "--store",
-            "mariadb",
-            "--database-url",
-            "mysql://u@h/db"
-        ])
-        .is_ok());
-    }
-
-    #[test]
-    fn preload_flags() {
-        assert!(parse(&["--preload", "20000"]).is_ok());
-        assert!(parse(&["--preload", "5000", "--versions-per-aggregate", "5000"]).is_ok());
-        assert!(parse(&["--preload", "5000", "--versions-per-aggregate", "7"]).is_ok());
-        let (kind, e) = parse(&["--versions-per-aggregate", "5"]).unwrap_err();
-        assert_eq!(kind, ErrorKind::MissingRequiredArgument);
-        assert!(e.contains("--preload"), "{e}");
-        let e = parse(&["--preload", "100", "--versions-per-aggregate", "101"])
-            .unwrap_err()
-            .1;
-        assert!(e.contains("exceeds '--preload 100'"), "{e}");
-        let e = parse(&["--preload", "100", "--baseline"]).unwrap_err().1;
-        assert!(e.contains("--baseline"), "{e}");
-        assert!(Args::try_parse_from(["loadgen", "--versions-per-aggregate", "0"]).is_err());
-        // --aggregates does not apply to a preload: more producers than --aggregates is fine
-        assert!(parse(&["--preload", "100", "--aggregates", "2", "--producers", "4"]).is_ok());
     }
 }

@@ -22,7 +22,7 @@ use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sqlx::{Connection, Executor, MySql, QueryBuilder, Sqlite};
 
-use crate::cli::{Dispatch, SqliteSync, StoreKind};
+use crate::cli::{Dispatch, FlagValue, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
 use crate::workload::Order;
 
@@ -53,13 +53,11 @@ const CHUNK: usize = 1000;
 /// How to get the run's database.
 #[derive(Debug, Clone)]
 pub struct DbSpec {
-    /// Backend.
     pub store: StoreKind,
     /// Server URL (PostgreSQL/MySQL) or SQLite file URL; `None` = a temporary SQLite file.
     pub url: Option<String>,
     /// Keep the namespace after the run.
     pub keep: bool,
-    /// SQLite durability.
     pub sqlite_sync: SqliteSync,
     /// The dispatch mode the outbox is put in before anything is produced.
     pub dispatch: Dispatch,
@@ -67,7 +65,6 @@ pub struct DbSpec {
 
 /// The run's database, with a pool for the producers' business transactions.
 pub struct Database {
-    /// Backend.
     pub kind: StoreKind,
     /// URL of the isolated namespace (may contain a password: print only through [`redact_url`]).
     pub url: String,
@@ -153,15 +150,12 @@ pub const COST_TABLES: [&str; 3] = ["ferry_outbox", "ferry_outbox_exception", "f
 pub struct TableStats {
     /// Table name (in the run's schema).
     pub table: String,
-    /// Rows inserted.
     pub n_tup_ins: i64,
     /// Rows updated (HOT included).
     pub n_tup_upd: i64,
-    /// Rows deleted.
     pub n_tup_del: i64,
     /// Heap-only updates (no index maintenance).
     pub n_tup_hot_upd: i64,
-    /// Dead tuples now.
     pub n_dead_tup: i64,
 }
 
@@ -212,7 +206,6 @@ impl SqliteWrites {
 pub struct PgCosts {
     /// `pg_total_relation_size('ferry_outbox')` (heap + indexes + TOAST), bytes.
     pub outbox_total_bytes: i64,
-    /// Heap only, bytes.
     pub outbox_table_bytes: i64,
     /// `pg_indexes_size('ferry_outbox')`, bytes.
     pub outbox_index_bytes: i64,
@@ -222,9 +215,7 @@ pub struct PgCosts {
     pub n_live_tup: i64,
     /// `pg_stat_user_tables.n_dead_tup`: the claim and ack updates' garbage.
     pub n_dead_tup: i64,
-    /// Rows inserted.
     pub n_tup_ins: i64,
-    /// Rows updated.
     pub n_tup_upd: i64,
     /// Of which heap-only (no index maintenance).
     pub n_tup_hot_upd: i64,

@@ -13,7 +13,6 @@ pub enum Error {
     /// A statement of loadgen's own (setup, business table, checks) failed.
     #[error("database: {context}: {source}")]
     Sql {
-        /// What loadgen was doing.
         context: String,
         /// The driver error.
         #[source]
@@ -22,7 +21,6 @@ pub enum Error {
     /// The database server could not be reached.
     #[error("cannot connect to {url}: {source} (is the server running and the URL right?)")]
     Connect {
-        /// The URL, password redacted.
         url: String,
         /// The cause.
         #[source]
@@ -33,12 +31,7 @@ pub enum Error {
     Setup(String),
     /// A producer gave up (repeated failures, or a commit outcome it could not determine).
     #[error("producer {producer}: {reason}")]
-    Producer {
-        /// Producer index.
-        producer: usize,
-        /// What happened.
-        reason: String,
-    },
+    Producer { producer: usize, reason: String },
     /// Relays could not be started or died.
     #[error("relay: {0}")]
     Relay(String),
@@ -48,9 +41,7 @@ pub enum Error {
     /// A file could not be written or read.
     #[error("cannot {what} {path}: {source}")]
     Io {
-        /// The operation.
         what: &'static str,
-        /// The file.
         path: PathBuf,
         /// The cause.
         #[source]

@@ -93,29 +93,26 @@ pub struct InboxSpec {
     pub keep: bool,
 }
 
+/// The consumer's counters, kept in the report's own fields, and its in-flight accounting.
 #[derive(Default)]
 struct Stats {
-    consumed: AtomicU64,
-    foreign: AtomicU64,
+    report: Mutex<InboxReport>,
     dispatched: AtomicU64,
     done: AtomicU64,
-    new: AtomicU64,
-    duplicates: AtomicU64,
-    gaps: AtomicU64,
-    early: AtomicU64,
-    stale: AtomicU64,
-    effect_failures: AtomicU64,
-    errors: AtomicU64,
-    retries: AtomicU64,
-    examples: Mutex<Vec<String>>,
 }
 
 impl Stats {
-    fn example(&self, e: String) {
-        let mut ex = self.examples.lock().expect("inbox examples lock");
-        if ex.len() < MAX_EXAMPLES {
-            ex.push(e);
+    /// Adds one to the counter `field` picks, and keeps `example` if there is room.
+    fn count(&self, field: fn(&mut InboxReport) -> &mut u64, example: Option<String>) {
+        let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
+        *field(&mut r) += 1;
+        if let Some(e) = example.filter(|_| r.examples.len() < MAX_EXAMPLES) {
+            r.examples.push(e);
         }
+    }
+
+    fn get(&self, field: fn(&InboxReport) -> u64) -> u64 {
+        field(&self.report.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -257,7 +254,7 @@ impl InboxConsumer {
 
     /// Messages that went through `apply_once` (or were skipped as foreign) so far.
     pub fn processed(&self) -> u64 {
-        self.stats.done.load(Ordering::Relaxed) + self.stats.foreign.load(Ordering::Relaxed)
+        self.stats.done.load(Ordering::Relaxed) + self.stats.get(|r| r.foreign)
     }
 
     /// Whether every message polled up to `high` (per partition) has been applied.
@@ -317,33 +314,15 @@ impl InboxConsumer {
         let settle_secs = round3(start.elapsed().as_secs_f64());
         self.shutdown().await;
 
-        let s = &self.stats;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut r = InboxReport {
-            backend: match self.inbox.pool().backend() {
-                Backend::Sqlite => "sqlite",
-                Backend::Postgres => "postgres",
-                Backend::Mysql => "mysql",
-            }
-            .to_string(),
+            backend: format!("{:?}", self.inbox.pool().backend()).to_lowercase(),
             url: redact_url(&self.url),
             consumer: self.consumer.clone(),
             workers: self.workers,
             connections: self.connections,
-            consumed: load(&s.consumed),
-            foreign: load(&s.foreign),
-            new: load(&s.new),
-            duplicates: load(&s.duplicates),
-            gaps: load(&s.gaps),
-            early: load(&s.early),
-            stale: load(&s.stale),
-            effect_failures: load(&s.effect_failures),
-            errors: load(&s.errors),
-            retries: load(&s.retries),
             settled,
             settle_secs,
-            examples: s.examples.lock().expect("inbox examples lock").clone(),
-            ..Default::default()
+            ..std::mem::take(&mut *self.stats.report.lock().expect("inbox stats lock"))
         };
         if high.is_none() {
             r.examples
@@ -624,32 +603,28 @@ async fn apply(inbox: &Inbox, d: &Delivery, run: &Arc<str>, stats: &Stats, stop:
         let r = run.clone();
         let err = match inbox.apply_once(d, move |c, d| effect(c, d, r)).await {
             Ok(v) => {
-                let counter = match v {
-                    Verdict::New => &stats.new,
-                    Verdict::Duplicate => &stats.duplicates,
+                let (id, agg) = (&d.event_id, &d.aggregate_id);
+                let example = match v {
+                    Verdict::New | Verdict::Duplicate => None,
                     Verdict::Gap { expected, got } => {
-                        stats.example(format!(
-                            "gap: {} v{got} before v{expected} ({})",
-                            d.aggregate_id, d.event_id
-                        ));
-                        &stats.gaps
+                        Some(format!("gap: {agg} v{got} before v{expected} ({id})"))
                     }
                     Verdict::Early { expected, got } => {
-                        stats.example(format!(
-                            "early: {} v{got} before v{expected} ({})",
-                            d.aggregate_id, d.event_id
-                        ));
-                        &stats.early
+                        Some(format!("early: {agg} v{got} before v{expected} ({id})"))
                     }
-                    Verdict::Stale { applied_through } => {
-                        stats.example(format!(
-                            "stale: {} v{} already covered through v{applied_through} ({})",
-                            d.aggregate_id, d.aggregate_version, d.event_id
-                        ));
-                        &stats.stale
-                    }
+                    Verdict::Stale { applied_through } => Some(format!(
+                        "stale: {agg} v{} already covered through v{applied_through} ({id})",
+                        d.aggregate_version
+                    )),
                 };
-                counter.fetch_add(1, Ordering::Relaxed);
+                let field: fn(&mut InboxReport) -> &mut u64 = match v {
+                    Verdict::New => |r| &mut r.new,
+                    Verdict::Duplicate => |r| &mut r.duplicates,
+                    Verdict::Gap { .. } => |r| &mut r.gaps,
+                    Verdict::Early { .. } => |r| &mut r.early,
+                    Verdict::Stale { .. } => |r| &mut r.stale,
+                };
+                stats.count(field, example);
                 return;
             }
             Err(e) => e,
@@ -657,20 +632,19 @@ async fn apply(inbox: &Inbox, d: &Delivery, run: &Arc<str>, stats: &Stats, stop:
         if let InboxError::Effect(inner) = &err {
             if inner.downcast_ref::<AppliedTwice>().is_some() {
                 tracing::error!(event_id = %d.event_id, "inbox: {err}");
-                stats.effect_failures.fetch_add(1, Ordering::Relaxed);
-                stats.example(err.to_string());
+                stats.count(|r| &mut r.effect_failures, Some(err.to_string()));
                 return;
             }
         }
         if err.is_transient() && attempt < MAX_ATTEMPTS && !stop.load(Ordering::Relaxed) {
-            stats.retries.fetch_add(1, Ordering::Relaxed);
+            stats.count(|r| &mut r.retries, None);
             tokio::time::sleep(RETRY.delay(attempt)).await;
             attempt += 1;
             continue;
         }
         tracing::error!(event_id = %d.event_id, attempts = attempt, "inbox: {err}");
-        stats.errors.fetch_add(1, Ordering::Relaxed);
-        stats.example(format!("{} (after {attempt} attempts): {err}", d.event_id));
+        let example = format!("{} (after {attempt} attempts): {err}", d.event_id);
+        stats.count(|r| &mut r.errors, Some(example));
         return;
     }
 }
@@ -692,7 +666,7 @@ impl Dispatch {
         if self.closed {
             return;
         }
-        self.stats.consumed.fetch_add(1, Ordering::Relaxed);
+        self.stats.count(|r| &mut r.consumed, None);
         match Delivery::from_headers(self.consumer.as_str(), m.headers.iter().copied()) {
             Ok(d) if d.event_id.starts_with(&self.prefix) => {
                 let worker = shard(&d.aggregate_id, self.senders.len());
@@ -705,9 +679,7 @@ impl Dispatch {
                 }
             }
             // no ferry headers, or another run's event on a reused topic
-            _ => {
-                self.stats.foreign.fetch_add(1, Ordering::Relaxed);
-            }
+            _ => self.stats.count(|r| &mut r.foreign, None),
         }
         if let Some(o) = self.polled.get(m.partition as usize) {
             o.fetch_max(m.offset + 1, Ordering::AcqRel);
@@ -766,14 +738,14 @@ mod tests {
         );
         apply(&inbox, &d1, &run, &stats, &stop).await;
         apply(&inbox, &d1, &run, &stats, &stop).await; // a redelivery
-        assert_eq!(stats.new.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.duplicates.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.get(|r| r.new), 1);
+        assert_eq!(stats.get(|r| r.duplicates), 1);
         // a consumer whose dedupe does not see the first record: the effect's key rejects it
         let mut again = d1.clone();
         again.consumer = "another-consumer".into();
         apply(&inbox, &again, &run, &stats, &stop).await;
-        assert_eq!(stats.effect_failures.load(Ordering::Relaxed), 1);
-        assert!(stats.examples.lock().unwrap()[0].contains("applied twice"));
+        assert_eq!(stats.get(|r| r.effect_failures), 1);
+        assert!(stats.report.lock().unwrap().examples[0].contains("applied twice"));
         // v3 before v2: a gap, applied and reported; then v2 closes it
         let d3 = Delivery::new(
             "loadgen-abc123",
@@ -789,9 +761,9 @@ mod tests {
         );
         apply(&inbox, &d3, &run, &stats, &stop).await;
         apply(&inbox, &d2, &run, &stats, &stop).await;
-        assert_eq!(stats.gaps.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.new.load(Ordering::Relaxed), 2);
-        assert_eq!(stats.errors.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.get(|r| r.gaps), 1);
+        assert_eq!(stats.get(|r| r.new), 2);
+        assert_eq!(stats.get(|r| r.errors), 0);
         let InboxPool::Sqlite(p) = inbox.pool() else {
             unreachable!()
         };

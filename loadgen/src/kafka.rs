@@ -20,9 +20,7 @@ const EMBEDDED_BROKERS: i32 = 3;
 pub struct KafkaTarget {
     /// `bootstrap.servers`.
     pub brokers: String,
-    /// Topic name.
     pub topic: String,
-    /// Partitions of the topic.
     pub partitions: i32,
     /// Whether this is the in-process mock cluster.
     pub embedded: bool,
@@ -94,33 +92,31 @@ impl KafkaTarget {
     }
 }
 
-/// Partitions of `topic` whose log no longer starts at offset 0. On the mock cluster that means
-/// its ~5 MiB retention dropped old messages: if the verifier lagged that far behind, missing
-/// deliveries are retention drops, not relay loss, and the report says so. Blocking.
-pub fn truncated_partitions(brokers: &str, topic: &str, partitions: i32) -> Option<u32> {
-    let consumer = metadata_client(brokers).ok()?;
-    let mut n = 0;
-    for p in 0..partitions {
-        let (low, _) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(5))
-            .ok()?;
-        n += u32::from(low > 0);
-    }
-    Some(n)
-}
-
-/// The high watermark (next offset) of every partition of `topic`; `None` if one could not be
-/// read. Blocking.
-pub fn high_watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<i64>> {
+/// `(low, high)` watermarks of every partition of `topic`; `None` if one could not be read.
+/// Blocking.
+fn watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<(i64, i64)>> {
     let consumer = metadata_client(brokers).ok()?;
     (0..partitions)
         .map(|p| {
             consumer
                 .fetch_watermarks(topic, p, Duration::from_secs(5))
                 .ok()
-                .map(|(_, high)| high)
         })
         .collect()
+}
+
+/// Partitions of `topic` whose log no longer starts at offset 0. On the mock cluster that means
+/// its ~5 MiB retention dropped old messages: if the verifier lagged that far behind, missing
+/// deliveries are retention drops, not relay loss, and the report says so. Blocking.
+pub fn truncated_partitions(brokers: &str, topic: &str, partitions: i32) -> Option<u32> {
+    let w = watermarks(brokers, topic, partitions)?;
+    Some(w.iter().filter(|(low, _)| *low > 0).count() as u32)
+}
+
+/// The high watermark (next offset) of every partition of `topic`. Blocking.
+pub fn high_watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<i64>> {
+    let w = watermarks(brokers, topic, partitions)?;
+    Some(w.into_iter().map(|(_, high)| high).collect())
 }
 
 /// `CreateTopics` through the admin API; an existing topic is not an error (its partition count

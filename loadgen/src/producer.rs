@@ -34,17 +34,12 @@ const RETRY: Backoff = Backoff {
 /// The workload of a run's producers (`--aggregates`, `--skew`, `--rate`, ...).
 #[derive(Debug, Clone)]
 pub struct Workload {
-    /// Total aggregates.
     pub aggregates: u64,
-    /// Key popularity.
     pub skew: Skew,
-    /// Zipf exponent.
     pub zipf_s: f64,
-    /// Orders per transaction.
     pub orders_per_tx: usize,
     /// Events/s over all producers; 0 = flat out.
     pub rate: u64,
-    /// Payload size.
     pub payload_bytes: usize,
     /// Workload seed; producer `p` uses `seed + p`.
     pub seed: u64,
@@ -55,13 +50,10 @@ pub struct Workload {
 /// What every producer of a run shares.
 #[derive(Debug, Clone)]
 pub struct ProducerPlan {
-    /// Identities of the run.
     pub ids: Ids,
-    /// Number of producers.
     pub producers: usize,
     /// Destination topic of every intent.
     pub topic: String,
-    /// What they produce.
     pub work: Workload,
 }
 
@@ -71,9 +63,7 @@ pub struct ProducerPlan {
 /// other, every version of one before the next, then returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preload {
-    /// Intents in all.
     pub total: u64,
-    /// Versions per aggregate.
     pub per_aggregate: u64,
 }
 
@@ -170,9 +160,7 @@ impl Keys {
 /// Live counters, read by the progress line.
 #[derive(Debug, Default)]
 pub struct Counters {
-    /// Intents committed.
     pub enqueued: AtomicU64,
-    /// Transactions committed.
     pub txs: AtomicU64,
     /// Failed attempts that were retried.
     pub retries: AtomicU64,
@@ -183,7 +171,6 @@ pub struct Counters {
 /// One producer's final account.
 #[derive(Debug)]
 pub struct ProducerResult {
-    /// Producer index.
     pub producer: usize,
     /// Intents committed: exactly event numbers `0..committed` of this producer.
     pub committed: u64,

@@ -28,15 +28,11 @@ pub struct Live<'a> {
 /// Totals at one instant.
 #[derive(Default, Clone, Copy)]
 pub struct Totals {
-    /// Intents committed.
     pub enqueued: u64,
-    /// Events marked SENT.
     pub sent: u64,
-    /// Messages consumed.
     pub consumed: u64,
     /// Messages the Inbox consumer applied.
     pub inbox: u64,
-    /// Committed but not SENT.
     pub backlog: i64,
 }
 
@@ -81,7 +77,6 @@ pub struct Sampler {
     last_hist: Option<Histogram<u64>>,
     print: bool,
     tty: bool,
-    /// The samples so far.
     pub timeline: Vec<Sample>,
     /// Highest PostgreSQL `n_dead_tup` sampled.
     pub dead_peak: i64,

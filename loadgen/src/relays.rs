@@ -6,7 +6,6 @@
 //! lease 60 s): loadgen measures the engine as shipped, and waits for the slots to settle
 //! before it starts the load instead of shortening the heartbeat (a 1 s heartbeat was tried:
 //! its slot-lease UPDATEs queue behind the claims' `FOR SHARE` on PostgreSQL).
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -19,12 +18,13 @@ use ferry_relay::{
     KafkaConfig, KafkaSink, Metrics, NullSink, Relay, RelayConfig, Sink, StdoutSink,
 };
 use ferry_store::redact_url;
+use ferry_testkit::OrderCheck;
 use hdrhistogram::Histogram;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Dispatch, RelayMode, SinkKind};
+use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind};
 use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
@@ -33,13 +33,9 @@ use crate::report::Claims;
 /// How the relays of a run are set up.
 #[derive(Debug, Clone)]
 pub struct RelaySpec {
-    /// Number of relays.
     pub relays: usize,
-    /// In-process or child processes.
     pub mode: RelayMode,
-    /// Shard workers per relay.
     pub workers: usize,
-    /// Maximum events per claim.
     pub batch_size: usize,
     /// Batches in flight per worker.
     pub in_flight: usize,
@@ -51,7 +47,6 @@ pub struct RelaySpec {
     pub read_interval: std::time::Duration,
     /// The Kafka sink's `linger.ms`, when set.
     pub kafka_linger: Option<std::time::Duration>,
-    /// Sink kind.
     pub sink: SinkKind,
     /// The `ferry` binary (process mode).
     pub ferry_bin: Option<PathBuf>,
@@ -65,66 +60,17 @@ pub struct RelaySpec {
     pub clock: Option<Arc<CommitClock>>,
 }
 
-/// Per-aggregate order of first sends, observed at the sink of in-process relays whose sink
-/// has no consumer to verify it (null, stdout): the order in which `send_batch` is called is
-/// the order a Kafka producer would append in. v(n+1) sent before v(n) is a violation, as in
-/// the Kafka verifier; a version sent again (a resend) is not.
-#[derive(Debug, Default)]
-pub struct OrderCheck {
-    state: Mutex<OrderState>,
-}
-
-#[derive(Debug, Default)]
-struct OrderState {
-    /// Highest version first-sent contiguously from 1, per aggregate.
-    upto: HashMap<String, i64>,
-    violations: u64,
-    resends: u64,
-    examples: Vec<String>,
-}
-
-impl OrderCheck {
-    fn observe(&self, items: &[ClaimedEvent]) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        for e in items {
-            let upto = match st.upto.get_mut(e.aggregate_id.as_str()) {
-                Some(u) => *u,
-                None => {
-                    st.upto.insert(e.aggregate_id.clone(), 0);
-                    0
-                }
-            };
-            let v = e.aggregate_version;
-            if v <= upto {
-                st.resends += 1;
-                continue;
-            }
-            if v > upto + 1 {
-                st.violations += 1;
-                if st.examples.len() < 10 {
-                    st.examples.push(format!(
-                        "{}: v{v} first sent before v{}",
-                        e.aggregate_id,
-                        upto + 1
-                    ));
-                }
-            }
-            st.upto.insert(e.aggregate_id.clone(), v);
-        }
-    }
-
-    /// (violations, resends, examples).
-    pub fn result(&self) -> (u64, u64, Vec<String>) {
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (st.violations, st.resends, st.examples.clone())
-    }
-}
+/// The per-aggregate order of first sends at the sink of in-process relays whose sink has no
+/// consumer to verify it (null, stdout): the order in which `send_batch` is called is the
+/// order a Kafka producer would append in. One check over all relays: an aggregate's slot may
+/// move between them.
+pub type SendOrder = Mutex<OrderCheck>;
 
 /// A sink that records the send order in an [`OrderCheck`], passes the batch on, and notes
 /// in a [`CommitClock`] when each item was acked.
 struct ObservedSink {
     inner: Arc<dyn Sink>,
-    check: Option<Arc<OrderCheck>>,
+    check: Option<Arc<SendOrder>>,
     clock: Option<Arc<CommitClock>>,
 }
 
@@ -136,7 +82,10 @@ impl Sink for ObservedSink {
         Box::pin(async move {
             // recorded when the relay hands the batch over, as a Kafka producer would enqueue it
             if let Some(check) = &self.check {
-                check.observe(items);
+                let mut c = check.lock().unwrap_or_else(|e| e.into_inner());
+                for e in items {
+                    c.observe(&e.aggregate_id, e.aggregate_version, "sent");
+                }
             }
             let out = self.inner.send_batch(items).await;
             if let Some(clock) = &self.clock {
@@ -171,14 +120,13 @@ pub struct Processes {
     children: Vec<Child>,
     /// `/metrics` port of each relay's current process.
     ports: Vec<u16>,
-    /// Chaos kills so far.
     pub kills: u64,
 }
 
 /// The running relays.
 pub enum Relays {
     /// In this process (with the send-order check of a sink without consumer).
-    InProcess(Vec<InProcess>, Option<Arc<OrderCheck>>),
+    InProcess(Vec<InProcess>, Option<Arc<SendOrder>>),
     /// Child processes, shared with the chaos task.
     Processes(Arc<tokio::sync::Mutex<Processes>>),
 }
@@ -189,15 +137,10 @@ pub enum Relays {
 pub struct RelayMetrics {
     /// The claim counters summed (the run fills in the rates).
     pub claims: Claims,
-    /// Acked and marked SENT.
     pub sent: u64,
-    /// Sent per relay.
     pub per_relay_sent: Vec<u64>,
-    /// Commit→SENT latency, µs.
     pub commit_to_ack: Histogram<u64>,
-    /// Items per claim.
     pub batch_size: Histogram<u64>,
-    /// Claim transaction latency, µs.
     pub claim_latency: Histogram<u64>,
     /// Outcome CAS latency per batch, µs.
     pub ack_latency: Histogram<u64>,
@@ -265,8 +208,7 @@ impl Relays {
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
-                // one check over all relays: an aggregate's slot may move between them
-                let check = (spec.sink != SinkKind::Kafka).then(|| Arc::new(OrderCheck::default()));
+                let check = (spec.sink != SinkKind::Kafka).then(|| Arc::new(SendOrder::default()));
                 // claims + outcome CAS + lease renewals + ownership/status, with headroom, but
                 // never more than the server has connections for: 8 relays × 12 connections
                 // exhausted PostgreSQL's max_connections = 100, pool acquisitions timed out,
@@ -393,7 +335,7 @@ impl Relays {
     }
 
     /// The send-order check of in-process relays without a consumer.
-    pub fn order_check(&self) -> Option<Arc<OrderCheck>> {
+    pub fn order_check(&self) -> Option<Arc<SendOrder>> {
         match self {
             Relays::InProcess(_, check) => check.clone(),
             Relays::Processes(_) => None,
@@ -713,46 +655,5 @@ mod tests {
         // no store told these metrics it reports SKIP LOCKED: not exported, not summed
         assert_eq!(m.claims.rows_skipped_locked, None);
         cancel.cancel();
-    }
-
-    fn ev(agg: &str, v: i64) -> ClaimedEvent {
-        ClaimedEvent {
-            token: ferry_core::ClaimToken {
-                seq: 0,
-                event_id: format!("{agg}-{v}"),
-                claim_version: 0,
-                claim_id: String::new(),
-            },
-            aggregate_id: agg.to_string(),
-            aggregate_version: v,
-            shard_slot: 0,
-            topic: "t".into(),
-            key: agg.to_string(),
-            event_type: "x".into(),
-            headers: "{}".into(),
-            payload: "{}".into(),
-            attempts: 0,
-            created_at: 0,
-        }
-    }
-
-    #[test]
-    fn order_check_counts_overtakes_not_resends() {
-        let c = OrderCheck::default();
-        c.observe(&[ev("a", 1), ev("a", 2), ev("b", 1)]);
-        c.observe(&[ev("a", 2), ev("a", 3)]);
-        assert_eq!(c.result().0, 0);
-        assert_eq!(c.result().1, 1);
-        c.observe(&[ev("b", 3), ev("b", 2)]);
-        let (violations, _, examples) = c.result();
-        assert_eq!(violations, 1);
-        assert!(
-            examples[0].contains("b: v3 first sent before v2"),
-            "{examples:?}"
-        );
-        assert_eq!(
-            prom_opt("ferry_dispatch_cursor 1\n", "ferry_dispatch_cursor"),
-            Some(1)
-        );
     }
 }

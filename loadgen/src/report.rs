@@ -8,24 +8,18 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::cli::{Dispatch, RelayMode, SinkKind, Skew, StoreKind};
+use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
 
 /// Latency quantiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Quantiles {
-    /// Median.
     pub p50: f64,
-    /// 90th percentile.
     pub p90: f64,
-    /// 99th percentile.
     pub p99: f64,
-    /// 99.9th percentile.
     pub p999: f64,
-    /// Maximum.
     pub max: f64,
-    /// Number of samples.
     pub count: u64,
 }
 
@@ -71,11 +65,9 @@ pub struct Latencies {
 /// processes' `/metrics` at the end of the drain. In cursor mode a "claim" is one cursor read.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Claims {
-    /// Claim transactions.
     pub claims: u64,
     /// Per second over load + drain (after a preload: over the drain, when the relays ran).
     pub claims_per_sec: f64,
-    /// Claims that returned nothing.
     pub empty_claims: u64,
     /// `empty_claims / claims`.
     pub empty_ratio: f64,
@@ -85,11 +77,9 @@ pub struct Claims {
     pub fenced: u64,
     /// Slot leases found taken over by another relay.
     pub slot_fenced: u64,
-    /// Items scheduled for retry.
     pub retried: u64,
     /// Items with unknown outcome, released for resend.
     pub unknown: u64,
-    /// Items quarantined.
     pub quarantined: u64,
     /// Store operations that failed and were retried.
     pub store_errors: u64,
@@ -105,13 +95,9 @@ pub struct Claims {
 /// Items per claimed batch.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct BatchStats {
-    /// Mean.
     pub mean: f64,
-    /// Median.
     pub p50: u64,
-    /// 99th percentile.
     pub p99: u64,
-    /// Largest.
     pub max: u64,
 }
 
@@ -155,7 +141,6 @@ pub struct Verification {
 pub struct StoreCheck {
     /// Outbox rows (must equal `enqueued`).
     pub rows: i64,
-    /// Rows in SENT.
     pub sent_rows: i64,
     /// Up to ten rows not SENT, `event_id (STATE)`.
     pub unsent_examples: Vec<String>,
@@ -166,9 +151,7 @@ pub struct StoreCheck {
 pub struct Baseline {
     /// Length of the producer-only phase.
     pub duration_secs: f64,
-    /// Intents committed in it.
     pub enqueued: u64,
-    /// Producer-only throughput.
     pub enqueued_per_sec: f64,
     /// `sent_per_sec / enqueued_per_sec` of the baseline: end-to-end throughput as a share of
     /// the database's own insert ceiling.
@@ -191,7 +174,6 @@ pub struct DbCosts {
     pub outbox_growth_bytes: Option<i64>,
     /// PostgreSQL: growth per committed intent.
     pub outbox_bytes_per_event: Option<f64>,
-    /// Row writes per event.
     pub row_writes: RowWrites,
 }
 
@@ -232,7 +214,6 @@ pub struct PreloadReport {
     pub aggregates: u64,
     /// Producer tasks that committed it.
     pub producers: usize,
-    /// Time to commit it.
     pub commit_secs: f64,
     /// `intents / commit_secs`.
     pub commit_per_sec: f64,
@@ -251,11 +232,9 @@ pub struct Sample {
     pub t: f64,
     /// `load`, `preload` (relays not started yet) or `drain`.
     pub phase: &'static str,
-    /// Intents committed per second.
     pub enqueued_per_sec: f64,
     /// Events marked SENT per second.
     pub sent_per_sec: f64,
-    /// Messages consumed per second.
     pub consumed_per_sec: f64,
     /// Committed but not yet SENT.
     pub backlog: i64,
@@ -272,27 +251,19 @@ pub struct Sample {
 pub struct ConfigEcho {
     /// Run id (part of every event id, schema and topic name).
     pub run_id: String,
-    /// Backend.
     pub store: StoreKind,
     /// Database URL with the password redacted (`None`: temporary SQLite file).
     pub database_url: Option<String>,
     /// Server version and durability settings.
     pub server: Vec<(String, String)>,
-    /// Sink.
     pub sink: SinkKind,
     /// `embedded` or the external bootstrap list.
     pub kafka: Option<String>,
-    /// Topic.
     pub topic: Option<String>,
-    /// Topic partitions.
     pub partitions: Option<i32>,
-    /// Relays.
     pub relays: usize,
-    /// Relay mode.
     pub relay_mode: RelayMode,
-    /// Workers per relay.
     pub workers: usize,
-    /// Claim batch size.
     pub batch_size: usize,
     /// Batches in flight per worker.
     pub in_flight: usize,
@@ -300,27 +271,19 @@ pub struct ConfigEcho {
     pub read_linger_ms: u64,
     /// Least time between the starts of a worker's reads under load, ms (cursor dispatch).
     pub read_interval_ms: u64,
-    /// Producer tasks.
     pub producers: usize,
-    /// Orders per transaction.
     pub orders_per_tx: usize,
     /// Target rate (0 = flat out).
     pub rate: u64,
-    /// Aggregates.
     pub aggregates: u64,
-    /// Skew.
     pub skew: Skew,
     /// Zipf exponent (with zipf skew).
     pub zipf_s: Option<f64>,
-    /// Payload bytes.
     pub payload_bytes: usize,
-    /// Load phase.
     pub duration_secs: f64,
-    /// Drain limit.
     pub drain_timeout_secs: f64,
     /// Chaos interval, when chaos is on.
     pub chaos_interval_secs: Option<f64>,
-    /// Workload seed.
     pub seed: u64,
     /// Dispatch mode of the relays (and of the outbox).
     pub dispatch: Dispatch,
@@ -339,7 +302,6 @@ pub struct InboxReport {
     pub url: String,
     /// The Inbox consumer name (`loadgen-<run>`).
     pub consumer: String,
-    /// Apply tasks.
     pub workers: usize,
     /// Connections in the Inbox pool.
     pub connections: u32,
@@ -389,7 +351,6 @@ pub struct InboxReport {
     pub applied_per_sec: f64,
     /// Highest once-a-second lag behind the verifying consumer (messages).
     pub lag_peak: i64,
-    /// A few failures.
     pub examples: Vec<String>,
 }
 
@@ -435,7 +396,6 @@ pub struct RunReport {
     pub consumed_per_sec: f64,
     /// All SENT / (load + drain time).
     pub sent_per_sec_overall: f64,
-    /// Load phase length.
     pub duration_secs: f64,
     /// Time from the end of the load phase until everything was sent and consumed.
     pub drain_secs: f64,
@@ -443,9 +403,7 @@ pub struct RunReport {
     pub drained: bool,
     /// Committed but unsent when the load phase ended.
     pub backlog_at_end_of_load: i64,
-    /// Latency distributions.
     pub latency_ms: Latencies,
-    /// Claim statistics.
     pub claims: Option<Claims>,
     /// Items per claim (in-process relays).
     pub batch_size: Option<BatchStats>,
@@ -453,17 +411,13 @@ pub struct RunReport {
     pub per_relay_sent: Vec<u64>,
     /// Relay processes killed by `--chaos`.
     pub chaos_kills: Option<u64>,
-    /// Business transactions committed.
     pub producer_txs: u64,
     /// Failed business transaction attempts that were retried.
     pub producer_retries: u64,
-    /// The store's view.
     pub store: StoreCheck,
-    /// How delivery was verified.
     pub verification: Verification,
     /// The Inbox consumer's account (`--inbox`): verdicts, effect rows, exactly-once.
     pub inbox: Option<InboxReport>,
-    /// Producer-only baseline.
     pub baseline: Option<Baseline>,
     /// Database costs: PostgreSQL sizes and statistics, row writes per event.
     pub db_costs: Option<DbCosts>,
@@ -474,9 +428,7 @@ pub struct RunReport {
     pub errors: Vec<String>,
     /// Things worth knowing when reading the numbers.
     pub notes: Vec<String>,
-    /// Once-a-second samples.
     pub timeline: Vec<Sample>,
-    /// The configuration.
     pub config: ConfigEcho,
 }
 
@@ -485,25 +437,16 @@ pub struct RunReport {
 pub struct SweepReport {
     /// `batch_size` or `relays`.
     pub sweep: &'static str,
-    /// The swept values.
     pub values: Vec<u32>,
-    /// Every point passed.
     pub ok: bool,
     /// Sums over the points (so scripts can check a sweep like a run).
     pub enqueued: u64,
-    /// Sum of SENT.
     pub sent: u64,
-    /// Sum of consumed.
     pub consumed: u64,
-    /// Sum of duplicates.
     pub duplicates: u64,
-    /// Sum of lost.
     pub lost: u64,
-    /// Sum of ordering violations.
     pub ordering_violations: u64,
-    /// The chart, if written.
     pub chart: Option<String>,
-    /// The points.
     pub points: Vec<RunReport>,
 }
 
@@ -548,37 +491,37 @@ pub fn rate(v: f64) -> String {
     }
 }
 
-fn ms(v: Option<f64>) -> String {
-    v.map_or("-".to_string(), |v| {
-        if v >= 100.0 {
-            format!("{v:.0}")
-        } else {
-            format!("{v:.2}")
-        }
-    })
+fn ms(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
 }
 
 fn mib(bytes: i64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+/// `s` unless `n` is 1.
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
 impl RunReport {
     /// The human-readable table.
     pub fn render(&self) -> String {
-        let c = &self.config;
-        let mut o = String::new();
-        let _ = writeln!(o, "\nferry loadgen — {} (run {})", self.label, c.run_id);
-        let db = c
-            .database_url
-            .clone()
-            .unwrap_or_else(|| "temporary file".to_string());
+        let (c, mut o) = (&self.config, String::new());
+        let (label, run_id) = (&self.label, &c.run_id);
+        let _ = writeln!(o, "\nferry loadgen — {label} (run {run_id})");
+        let db = c.database_url.as_deref().unwrap_or("temporary file");
         let server: Vec<String> = c.server.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(
-            o,
-            "  store     {} ({db}) {}",
-            c.store.as_str(),
-            server.join(" ")
-        );
+        let (store, server) = (c.store.as_str(), server.join(" "));
+        let _ = writeln!(o, "  store     {store} ({db}) {server}");
         let kafka = match (&c.kafka, &c.topic) {
             (Some(k), Some(t)) => format!(
                 " → {k} topic {t} ({} partitions)",
@@ -587,54 +530,42 @@ impl RunReport {
             _ => String::new(),
         };
         let _ = writeln!(o, "  sink      {}{kafka}", c.sink.as_str());
+        let cursor = c.dispatch == Dispatch::Cursor;
+        let linger = if cursor {
+            format!(
+                ", read linger {} ms, read interval {} ms",
+                c.read_linger_ms, c.read_interval_ms
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             o,
-            "  relays    {} × {} workers, batch {}, in-flight {} ({:?}), dispatch {}{}",
+            "  relays    {} × {} workers, batch {}, in-flight {} ({:?}), dispatch {}{linger}",
             c.relays,
             c.workers,
             c.batch_size,
             c.in_flight,
             c.relay_mode,
-            c.dispatch.as_str(),
-            if c.dispatch.as_str() == "cursor" {
-                format!(
-                    ", read linger {} ms, read interval {} ms",
-                    c.read_linger_ms, c.read_interval_ms
-                )
-            } else {
-                String::new()
-            }
+            c.dispatch.as_str()
         );
         if let Some(p) = &self.preload {
+            let (aggs, vpa, prods) = (p.aggregates, p.versions_per_aggregate, p.producers as u64);
             let _ = writeln!(
                 o,
-                "  workload  preload {} intents: {} aggregate{} × {} version{}, {} producer{}, {} orders/tx, {} B payload (no load phase)",
-                p.intents,
-                p.aggregates,
-                if p.aggregates == 1 { "" } else { "s" },
-                p.versions_per_aggregate,
-                if p.versions_per_aggregate == 1 { "" } else { "s" },
-                p.producers,
-                if p.producers == 1 { "" } else { "s" },
-                c.orders_per_tx,
-                c.payload_bytes
+                "  workload  preload {} intents: {aggs} aggregate{} × {vpa} version{}, {prods} producer{}, {} orders/tx, {} B payload (no load phase)",
+                p.intents, plural(aggs), plural(vpa), plural(prods), c.orders_per_tx, c.payload_bytes
             );
             let _ = writeln!(
                 o,
                 "\n  preload: {} intents committed in {:.2} s ({} ev/s); drained in {:.2} s → {} ev/s{}",
-                p.intents,
-                p.commit_secs,
-                rate(p.commit_per_sec),
-                p.drain_secs,
-                rate(p.drain_per_sec),
-                if p.drained { "" } else { " (TIMED OUT)" }
+                p.intents, p.commit_secs, rate(p.commit_per_sec), p.drain_secs, rate(p.drain_per_sec), timed_out(p.drained)
             );
             let _ = writeln!(o, "    sent {}   consumed {}", self.sent, self.consumed);
         } else {
-            let target = if c.rate == 0 {
-                "flat out".to_string()
-            } else {
-                format!("{} ev/s", c.rate)
+            let target = match c.rate {
+                0 => "flat out".to_string(),
+                r => format!("{r} ev/s"),
             };
             let _ = writeln!(
                 o,
@@ -643,7 +574,6 @@ impl RunReport {
             );
             self.render_throughput(&mut o);
         }
-        let cursor = c.dispatch == Dispatch::Cursor;
         let _ = writeln!(
             o,
             "\n  latency (ms)              p50      p90      p99    p99.9      max"
@@ -661,89 +591,72 @@ impl RunReport {
             ),
         ] {
             let Some(q) = q else { continue };
-            let _ = writeln!(
-                o,
-                "    {name:<20} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                ms(Some(q.p50)),
-                ms(Some(q.p90)),
-                ms(Some(q.p99)),
-                ms(Some(q.p999)),
-                ms(Some(q.max))
-            );
+            let (a, b, c, d, e) = (ms(q.p50), ms(q.p90), ms(q.p99), ms(q.p999), ms(q.max));
+            let _ = writeln!(o, "    {name:<20} {a:>8} {b:>8} {c:>8} {d:>8} {e:>8}");
         }
-        self.render_rest(&mut o);
+        self.render_rest(&mut o, cursor);
         o
     }
 
     /// The load-phase throughput table.
     fn render_throughput(&self, o: &mut String) {
+        let r = |v: f64| format!("{}/s", rate(v));
         let _ = writeln!(o, "\n  throughput            total        per second");
         let _ = writeln!(
             o,
             "    enqueued     {:>14} {:>14}",
             self.enqueued,
-            rate_str(self.enqueued_per_sec)
+            r(self.enqueued_per_sec)
         );
         let _ = writeln!(
             o,
             "    sent         {:>14} {:>14}   (overall incl. drain {})",
             self.sent,
-            rate_str(self.sent_per_sec),
-            rate_str(self.sent_per_sec_overall)
+            r(self.sent_per_sec),
+            r(self.sent_per_sec_overall)
         );
         let _ = writeln!(
             o,
             "    consumed     {:>14} {:>14}",
             self.consumed,
-            rate_str(self.consumed_per_sec)
+            r(self.consumed_per_sec)
         );
         let _ = writeln!(
             o,
             "    backlog at end of load {}, drained in {:.1}s{}",
             self.backlog_at_end_of_load,
             self.drain_secs,
-            if self.drained { "" } else { " (TIMED OUT)" }
+            timed_out(self.drained)
         );
         if let Some(b) = &self.baseline {
             let _ = writeln!(
                 o,
                 "    baseline (producers only, {:.0}s): {} ev/s → relay {:.2}× of it, enqueue under relay {:.2}×",
-                b.duration_secs,
-                rate(b.enqueued_per_sec),
-                b.relay_ratio,
-                b.enqueue_ratio
+                b.duration_secs, rate(b.enqueued_per_sec), b.relay_ratio, b.enqueue_ratio
             );
         }
     }
 
     /// Everything after the latency table.
-    fn render_rest(&self, o: &mut String) {
-        let cursor = self.config.dispatch == Dispatch::Cursor;
+    fn render_rest(&self, o: &mut String, cursor: bool) {
         if let Some(cl) = &self.claims {
+            let skipped = cl
+                .rows_skipped_locked
+                .map_or_else(|| "not measured".to_string(), |n| n.to_string());
+            let held = if cursor {
+                format!(
+                    ", acked after a failed predecessor {}",
+                    cl.acked_after_failed_predecessor
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 o,
-                "\n  {}    {} ({}/s), empty {} ({:.2}%), rows skipped as locked {}, fenced {}, slot takeovers {}, retried {}, unknown {}, quarantined {}, store errors {}{}",
+                "\n  {}    {} ({}/s), empty {} ({:.2}%), rows skipped as locked {skipped}, fenced {}, slot takeovers {}, retried {}, unknown {}, quarantined {}, store errors {}{held}",
                 if cursor { "reads " } else { "claims" },
-                cl.claims,
-                rate(cl.claims_per_sec),
-                cl.empty_claims,
-                cl.empty_ratio * 100.0,
-                cl.rows_skipped_locked
-                    .map_or_else(|| "not measured".to_string(), |n| n.to_string()),
-                cl.fenced,
-                cl.slot_fenced,
-                cl.retried,
-                cl.unknown,
-                cl.quarantined,
-                cl.store_errors,
-                if cursor {
-                    format!(
-                        ", acked after a failed predecessor {}",
-                        cl.acked_after_failed_predecessor
-                    )
-                } else {
-                    String::new()
-                }
+                cl.claims, rate(cl.claims_per_sec), cl.empty_claims, cl.empty_ratio * 100.0,
+                cl.fenced, cl.slot_fenced, cl.retried, cl.unknown, cl.quarantined, cl.store_errors
             );
         }
         if let Some(b) = &self.batch_size {
@@ -759,31 +672,27 @@ impl RunReport {
         if let Some(k) = self.chaos_kills {
             let _ = writeln!(o, "  chaos     {k} relay processes killed and restarted");
         }
+        let (txs, retries) = (self.producer_txs, self.producer_retries);
         let _ = writeln!(
             o,
-            "  producers {} transactions, {} retried attempts",
-            self.producer_txs, self.producer_retries
+            "  producers {txs} transactions, {retries} retried attempts"
         );
         if let Some(d) = &self.db_costs {
-            if let (Some(before), Some(after)) = (&d.before, &d.after) {
+            if let (Some(before), Some(a)) = (&d.before, &d.after) {
                 let _ = writeln!(
                     o,
                     "\n  postgres  outbox {} → {} (table {}, indexes {}), {:.0} B/event; orders {}",
                     mib(before.outbox_total_bytes),
-                    mib(after.outbox_total_bytes),
-                    mib(after.outbox_table_bytes),
-                    mib(after.outbox_index_bytes),
+                    mib(a.outbox_total_bytes),
+                    mib(a.outbox_table_bytes),
+                    mib(a.outbox_index_bytes),
                     d.outbox_bytes_per_event.unwrap_or(0.0),
-                    mib(after.orders_total_bytes)
+                    mib(a.orders_total_bytes)
                 );
                 let _ = writeln!(
                     o,
                     "            dead tuples {} at the end (peak {}), updates {} ({} HOT), autovacuums {}",
-                    after.n_dead_tup,
-                    d.n_dead_tup_peak.unwrap_or(0),
-                    after.n_tup_upd,
-                    after.n_tup_hot_upd,
-                    after.autovacuum_count
+                    a.n_dead_tup, d.n_dead_tup_peak.unwrap_or(0), a.n_tup_upd, a.n_tup_hot_upd, a.autovacuum_count
                 );
             } else {
                 let _ = writeln!(o);
@@ -803,66 +712,20 @@ impl RunReport {
         let _ = writeln!(
             o,
             "    delivered {}   duplicates {}   lost {}   ordering violations {}   store rows {} (SENT {})",
-            self.delivered,
-            self.duplicates,
-            self.lost,
-            self.ordering_violations,
-            self.store.rows,
-            self.store.sent_rows
+            self.delivered, self.duplicates, self.lost, self.ordering_violations, self.store.rows, self.store.sent_rows
         );
-        for e in v.lost_examples.iter().take(5) {
-            let _ = writeln!(o, "    lost: {e}");
-        }
-        for e in v.ordering_examples.iter().take(5) {
-            let _ = writeln!(o, "    reordered: {e}");
-        }
-        for e in self.store.unsent_examples.iter().take(5) {
-            let _ = writeln!(o, "    not SENT: {e}");
+        let examples = [
+            ("lost", &v.lost_examples),
+            ("reordered", &v.ordering_examples),
+            ("not SENT", &self.store.unsent_examples),
+        ];
+        for (what, list) in examples {
+            for e in list.iter().take(5) {
+                let _ = writeln!(o, "    {what}: {e}");
+            }
         }
         if let Some(ib) = &self.inbox {
-            let _ = writeln!(
-                o,
-                "\n  inbox ({} {}, consumer {}, {} workers on {} connection{})",
-                ib.backend,
-                ib.url,
-                ib.consumer,
-                ib.workers,
-                ib.connections,
-                if ib.connections == 1 { "" } else { "s" }
-            );
-            let _ = writeln!(
-                o,
-                "    consumed {}   inbox_new {}   inbox_duplicates {}   inbox_gaps {}   inbox_early {}   stale {}   foreign {}",
-                ib.consumed, ib.new, ib.duplicates, ib.gaps, ib.early, ib.stale, ib.foreign
-            );
-            let _ = writeln!(
-                o,
-                "    effects_rows {} (committed {}, delivered {}; missing {}, unexpected {})   inbox rows {}   projection {} aggregates, {} mismatched",
-                ib.effects_rows,
-                self.enqueued,
-                self.delivered,
-                ib.effects_missing,
-                ib.effects_unexpected,
-                ib.inbox_rows,
-                ib.projection_aggregates,
-                ib.projection_mismatches
-            );
-            let _ = writeln!(
-                o,
-                "    applied twice {}   errors {}   retried {}   open gaps {}   applied {}/s during load, peak lag {}, settled {} in {:.1}s",
-                ib.effect_failures,
-                ib.errors,
-                ib.retries,
-                ib.open_gaps,
-                rate(ib.applied_per_sec),
-                ib.lag_peak,
-                if ib.settled { "yes" } else { "NO" },
-                ib.settle_secs
-            );
-            let _ = writeln!(o, "    effects_exactly_once {}", ib.effects_exactly_once);
-            for e in ib.examples.iter().take(5) {
-                let _ = writeln!(o, "    inbox: {e}");
-            }
+            render_inbox(o, ib, self.enqueued, self.delivered);
         }
         for n in &self.notes {
             let _ = writeln!(o, "  note: {n}");
@@ -876,17 +739,15 @@ impl RunReport {
     /// One line saying whether the run passed, and why not.
     pub fn verdict(&self) -> String {
         if self.ok {
-            let inbox = match &self.inbox {
-                Some(ib) => format!(
+            let inbox = self.inbox.as_ref().map_or(String::new(), |ib| {
+                format!(
                     "; Inbox: {} effects applied exactly once, {} duplicates skipped",
                     ib.effects_rows, ib.duplicates
-                ),
-                None => String::new(),
-            };
-            let order = if self.verification.ordering_check == "not checked" {
-                "order not checked"
-            } else {
-                "0 ordering violations"
+                )
+            });
+            let order = match self.verification.ordering_check.as_str() {
+                "not checked" => "order not checked",
+                _ => "0 ordering violations",
             };
             return format!(
                 "PASS: {} committed, 0 lost, {order} ({} duplicates){inbox}",
@@ -916,24 +777,63 @@ impl RunReport {
     }
 }
 
+fn timed_out(drained: bool) -> &'static str {
+    if drained {
+        ""
+    } else {
+        " (TIMED OUT)"
+    }
+}
+
+/// The Inbox section.
+fn render_inbox(o: &mut String, ib: &InboxReport, enqueued: u64, delivered: u64) {
+    let _ = writeln!(
+        o,
+        "\n  inbox ({} {}, consumer {}, {} workers on {} connection{})",
+        ib.backend,
+        ib.url,
+        ib.consumer,
+        ib.workers,
+        ib.connections,
+        plural(u64::from(ib.connections))
+    );
+    let _ = writeln!(
+        o,
+        "    consumed {}   inbox_new {}   inbox_duplicates {}   inbox_gaps {}   inbox_early {}   stale {}   foreign {}",
+        ib.consumed, ib.new, ib.duplicates, ib.gaps, ib.early, ib.stale, ib.foreign
+    );
+    let _ = writeln!(
+        o,
+        "    effects_rows {} (committed {enqueued}, delivered {delivered}; missing {}, unexpected {})   inbox rows {}   projection {} aggregates, {} mismatched",
+        ib.effects_rows, ib.effects_missing, ib.effects_unexpected, ib.inbox_rows, ib.projection_aggregates, ib.projection_mismatches
+    );
+    let _ = writeln!(
+        o,
+        "    applied twice {}   errors {}   retried {}   open gaps {}   applied {}/s during load, peak lag {}, settled {} in {:.1}s",
+        ib.effect_failures, ib.errors, ib.retries, ib.open_gaps, rate(ib.applied_per_sec), ib.lag_peak,
+        if ib.settled { "yes" } else { "NO" }, ib.settle_secs
+    );
+    let _ = writeln!(o, "    effects_exactly_once {}", ib.effects_exactly_once);
+    for e in ib.examples.iter().take(5) {
+        let _ = writeln!(o, "    inbox: {e}");
+    }
+}
+
 fn per_event(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}"))
 }
 
 /// The row-writes lines of the costs section.
 fn render_row_writes(o: &mut String, w: &RowWrites) {
+    let settled = match w.stats_settled {
+        Some(false) => ", statistics had NOT settled",
+        _ => "",
+    };
     let _ = writeln!(
         o,
-        "  row writes/event {} (ferry_outbox + ferry_outbox_exception), slot-lease updates/event {}, dead tuples/event {} ({} events; {}{})",
-        per_event(w.row_writes_per_event),
-        per_event(w.slot_lease_updates_per_event),
-        per_event(w.dead_tuples_per_event),
-        w.events,
-        w.source,
-        match w.stats_settled {
-            Some(false) => ", statistics had NOT settled",
-            _ => "",
-        }
+        "  row writes/event {} (ferry_outbox + ferry_outbox_exception), slot-lease updates/event {}, dead tuples/event {} ({} events; {}{settled})",
+        per_event(w.row_writes_per_event), per_event(w.slot_lease_updates_per_event),
+        per_event(w.dead_tuples_per_event), w.events, w.source
     );
     for t in &w.tables {
         let _ = writeln!(
@@ -949,10 +849,6 @@ fn render_row_writes(o: &mut String, w: &RowWrites) {
             s.outbox_rows, s.outbox_claims, s.exception_rows, s.exception_claims, s.cursor_versions
         );
     }
-}
-
-fn rate_str(v: f64) -> String {
-    format!("{}/s", rate(v))
 }
 
 #[cfg(test)]

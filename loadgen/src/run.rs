@@ -21,14 +21,14 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, StoreKind};
+use crate::cli::{Args, Dispatch, FlagValue, RelayMode, SinkKind, Skew, StoreKind};
 use crate::db::{new_histogram, Database, DbSpec, PgCosts, SqliteWrites};
 use crate::error::{Error, Result};
 use crate::inbox::{InboxConsumer, InboxSpec};
 use crate::kafka::KafkaTarget;
 use crate::producer::{self, Counters, Preload, ProducerPlan, ProducerResult, Workload};
 use crate::progress::{Live, Sampler, Totals};
-use crate::relays::{OrderCheck, RelayMetrics, RelaySpec, Relays};
+use crate::relays::{RelayMetrics, RelaySpec, Relays, SendOrder};
 use crate::report::{
     self, round3, Baseline, BatchStats, Claims, ConfigEcho, DbCosts, InboxReport, Latencies,
     PreloadReport, Quantiles, RowWrites, RunReport, StoreCheck, Verification,
@@ -40,33 +40,24 @@ use crate::workload::Ids;
 pub struct RunSpec {
     /// Label in reports (`run`, `batch_size=100`).
     pub label: String,
-    /// Load phase.
     pub duration: Duration,
-    /// Drain limit.
     pub drain_timeout: Duration,
     /// Database (and the dispatch mode of the outbox and the relays).
     pub db: DbSpec,
-    /// Relays.
     pub relays: RelaySpec,
     /// Chaos interval (process relays only).
     pub chaos: Option<Duration>,
-    /// Producer tasks.
     pub producers: usize,
-    /// What the producers commit.
     pub work: Workload,
-    /// External Kafka brokers.
     pub kafka_brokers: Option<String>,
-    /// Fixed topic name.
     pub topic: Option<String>,
     /// Partitions of the embedded topic.
     pub partitions: i32,
     /// PostgreSQL ANALYZE interval during the load (zero: never).
     pub pg_analyze_every: Duration,
-    /// Producer-only baseline phase length.
     pub baseline: Option<Duration>,
     /// The Inbox consumer (`--inbox`).
     pub inbox: Option<InboxSpec>,
-    /// Live progress line.
     pub progress: bool,
 }
 
@@ -899,7 +890,7 @@ impl<'a> Run<'a> {
         &self,
         kafka: Option<&KafkaTarget>,
         verifier: Option<Verifier>,
-        order_check: Option<&OrderCheck>,
+        order_check: Option<&SendOrder>,
         missing: Option<Vec<String>>,
         results: &[ProducerResult],
         drained: bool,
@@ -947,15 +938,18 @@ impl<'a> Run<'a> {
             None => {
                 verification.method = "store".to_string();
                 let store_order = db.sent_order_violations().await?.map(|n| n.max(0) as u64);
-                let sink_order = order_check.map(OrderCheck::result);
+                let sink_order = order_check.map(|c| {
+                    let c = c.lock().unwrap_or_else(|e| e.into_inner());
+                    (c.violations, c.examples.clone())
+                });
                 let (ordering_violations, how) = match (store_order, &sink_order) {
-                    (Some(s), Some((k, _, _))) => (s.max(*k), "store+sink"),
+                    (Some(s), Some((k, _))) => (s.max(*k), "store+sink"),
                     (Some(s), None) => (s, "store"),
-                    (None, Some((k, _, _))) => (*k, "sink"),
+                    (None, Some((k, _))) => (*k, "sink"),
                     (None, None) => (0, "not checked"),
                 };
                 verification.ordering_check = how.to_string();
-                if let Some((_, _, examples)) = sink_order {
+                if let Some((_, examples)) = sink_order {
                     verification.ordering_examples = examples;
                 }
                 let order = match how {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::chart::Chart;
+use crate::cli::FlagValue;
 use crate::error::{Error, Result};
 use crate::report::{self, RunReport, SweepReport};
 use crate::run::{self, RunSpec};

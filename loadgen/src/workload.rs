@@ -120,13 +120,10 @@ impl Ids {
 /// One business order row.
 #[derive(Debug, Clone)]
 pub struct Order {
-    /// Primary key.
     pub order_id: i64,
     /// The aggregate this row changes.
     pub aggregate_id: String,
-    /// Its new version.
     pub version: i64,
-    /// Business data.
     pub amount_cents: i64,
 }
 

@@ -9,7 +9,7 @@
 //! * [`wait_until`]: tests wait on conditions, never on fixed sleeps.
 //! * [`EmbeddedKafka`]: librdkafka's mock cluster on its own thread.
 //! * [`Verifier`]: a Kafka consumer that reads a topic back and checks duplicates and
-//!   per-aggregate order, with an optional per-message hook.
+//!   per-aggregate order ([`OrderCheck`]), with an optional per-message hook.
 //! * [`conformance`]: the store and cursor conformance suites as exported exercises, one
 //!   `pub async fn` per case ([`store_conformance!`] / [`cursor_conformance!`] instantiate them).
 //!
@@ -36,7 +36,9 @@ pub use db::{
 pub use embedded::{EmbeddedKafka, EmbeddedKafkaError};
 pub use ferry_core::DispatchMode;
 pub use ferry_store::Backend;
-pub use verify::{Hook, Received, Verifier, VerifyError, VerifyReport, COMMIT_TS_HEADER};
+pub use verify::{
+    Hook, OrderCheck, Received, Verifier, VerifyError, VerifyReport, COMMIT_TS_HEADER,
+};
 pub use wait::{poll_until, wait_until, wait_until_every};
 
 /// A test intent of aggregate `agg`, version `v`, on `topic`: its id is `e-{agg}-{v}` (so a test

@@ -36,13 +36,46 @@ pub struct VerifyReport {
     pub examples: Vec<String>,
 }
 
+/// Per-aggregate order of first appearances: v(n+1) seen before v(n) is a violation; a version
+/// at or below the highest one seen (a resend) is not. The verifier checks first deliveries
+/// with it; loadgen checks the order in which in-process relays hand batches to a sink.
+#[derive(Debug, Default)]
+pub struct OrderCheck {
+    /// Per aggregate: the highest version seen.
+    upto: HashMap<String, i64>,
+    /// Versions seen before their predecessor.
+    pub violations: u64,
+    /// Up to ten violations, `agg: v3 first <verb> before v2`.
+    pub examples: Vec<String>,
+}
+
+impl OrderCheck {
+    /// Notes version `ver` of `agg`; `verb` names the event in examples (`delivered`, `sent`).
+    pub fn observe(&mut self, agg: &str, ver: i64, verb: &str) {
+        let upto = match self.upto.get_mut(agg) {
+            Some(u) => u,
+            None => self.upto.entry(agg.to_string()).or_insert(0),
+        };
+        if ver <= *upto {
+            return;
+        }
+        if ver > *upto + 1 {
+            self.violations += 1;
+            if self.examples.len() < 10 {
+                let next = *upto + 1;
+                self.examples
+                    .push(format!("{agg}: v{ver} first {verb} before v{next}"));
+            }
+        }
+        *upto = ver;
+    }
+}
+
 #[derive(Default)]
 struct State {
     report: VerifyReport,
     ids: HashSet<String>,
-    /// per aggregate: highest version first-delivered contiguously from 1 (or from the first
-    /// version seen when `contiguous_from_one` is false)
-    upto: HashMap<String, i64>,
+    order: OrderCheck,
     latency: Option<Histogram<u64>>,
 }
 
@@ -180,7 +213,12 @@ impl Verifier {
 
     /// The report so far.
     pub fn report(&self) -> VerifyReport {
-        self.state.lock().expect("verifier lock").report.clone()
+        let s = self.state.lock().expect("verifier lock");
+        VerifyReport {
+            ordering_violations: s.order.violations,
+            examples: s.order.examples.clone(),
+            ..s.report.clone()
+        }
     }
 
     /// Event ids delivered so far.
@@ -242,19 +280,7 @@ impl State {
         if let (Some(ts), Some(h)) = (ts, self.latency.as_mut()) {
             let _ = h.record((ferry_core::now_micros() - ts).clamp(1, 3_600_000_000) as u64);
         }
-        let upto = self.upto.entry(agg.clone()).or_insert(0);
-        if ver == *upto + 1 {
-            *upto = ver;
-        } else if ver > *upto + 1 {
-            self.report.ordering_violations += 1;
-            if self.report.examples.len() < 10 {
-                self.report.examples.push(format!(
-                    "{agg}: v{ver} first delivered before v{}",
-                    *upto + 1
-                ));
-            }
-            *upto = ver;
-        }
+        self.order.observe(&agg, ver, "delivered");
     }
 }
 
@@ -283,8 +309,28 @@ mod tests {
         o("b2", "b", 2); // b2 before b1
         o("b1", "b", 1);
         assert_eq!(s.report.duplicates, 1);
-        assert_eq!(s.report.ordering_violations, 1);
+        assert_eq!(s.order.violations, 1);
+        assert_eq!(s.order.examples, ["b: v2 first delivered before v1"]);
         assert_eq!(s.report.delivered, 4);
         assert_eq!(s.report.consumed, 5);
+    }
+
+    #[test]
+    fn order_check_counts_overtakes_not_resends() {
+        let mut c = OrderCheck::default();
+        let seen = [
+            ("a", 1),
+            ("a", 2),
+            ("b", 1),
+            ("a", 2),
+            ("a", 3),
+            ("b", 3),
+            ("b", 2),
+        ];
+        for (agg, v) in seen {
+            c.observe(agg, v, "sent");
+        }
+        assert_eq!(c.violations, 1);
+        assert_eq!(c.examples, ["b: v3 first sent before v2"]);
     }
 }
