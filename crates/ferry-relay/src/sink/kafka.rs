@@ -34,7 +34,8 @@ pub struct KafkaConfig {
     /// below the claim lease so an unknown item is released before another relay's takeover.
     pub message_timeout: Duration,
     /// `linger.ms` (default 1 ms): batches records per partition; the relay pipelines claims, so a
-    /// small linger costs little latency (see docs/tuning.md).
+    /// small linger costs little latency, and a small batch that is the sink's only one
+    /// outstanding does not wait it out (`send_now`; docs/tuning.md).
     pub linger: Duration,
     /// Extra librdkafka properties (e.g. `compression.type`, security settings).
     pub extra: BTreeMap<String, String>,
