@@ -1,0 +1,74 @@
+//! The Kafka sink's linger rule (`send_now` in src/sink/kafka.rs): a batch of at most 256
+//! records that is the sink's only one outstanding is sent without waiting out `linger.ms`; a
+//! larger batch waits it, so its requests stay full. The linger here is 3 s, so both claims hold
+//! with seconds of margin on a slow machine (the first send also fetches the topic's metadata).
+use std::time::{Duration, Instant};
+
+use ferry_core::{ClaimToken, ClaimedEvent, Outcome};
+use ferry_relay::{KafkaConfig, KafkaSink, Sink};
+use ferry_testkit::embedded::EmbeddedKafka;
+
+const TOPIC: &str = "linger";
+const LINGER: Duration = Duration::from_secs(3);
+
+fn items(first: usize, n: usize) -> Vec<ClaimedEvent> {
+    (first..first + n)
+        .map(|i| {
+            let agg = format!("order-{i}");
+            ClaimedEvent {
+                token: ClaimToken {
+                    seq: i as i64 + 1,
+                    event_id: format!("01890a5d-ac96-774b-bcce-{i:012x}"),
+                    claim_id: "01890a5d-ac96-774b-bcce-00000000ffff".into(),
+                    claim_version: 1,
+                },
+                shard_slot: ferry_core::slot_for(&agg),
+                key: agg.clone(),
+                aggregate_id: agg,
+                aggregate_version: 1,
+                topic: TOPIC.into(),
+                event_type: "OrderCreated".into(),
+                headers: "{}".into(),
+                payload: "{}".into(),
+                attempts: 0,
+                created_at: 0,
+            }
+        })
+        .collect()
+}
+
+async fn send(sink: &KafkaSink, batch: &[ClaimedEvent]) -> Duration {
+    let started = Instant::now();
+    let outcomes = sink.send_batch(batch).await;
+    assert_eq!(outcomes.len(), batch.len());
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Outcome::Acked)),
+        "{outcomes:?}"
+    );
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_small_batch_skips_the_linger_and_a_large_one_waits_it() {
+    let cluster = EmbeddedKafka::start(1).expect("mock Kafka cluster");
+    cluster.create_topic(TOPIC, 4).expect("create topic");
+    let sink = KafkaSink::new(KafkaConfig {
+        brokers: cluster.bootstrap_servers().to_string(),
+        linger: LINGER,
+        message_timeout: Duration::from_secs(60),
+        ..KafkaConfig::default()
+    })
+    .expect("Kafka producer");
+    for (i, n) in [1usize, 256].into_iter().enumerate() {
+        let took = send(&sink, &items(i * 1000, n)).await;
+        assert!(
+            took < LINGER / 2,
+            "a lone batch of {n} took {took:?}: it waited out the {LINGER:?} linger"
+        );
+    }
+    let took = send(&sink, &items(5000, 257)).await;
+    assert!(
+        took >= LINGER * 3 / 4,
+        "a batch of 257 was acked after {took:?}, before the {LINGER:?} linger"
+    );
+}
