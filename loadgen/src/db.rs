@@ -24,6 +24,7 @@ use sqlx::{Connection, Executor, MySql, QueryBuilder, Sqlite};
 
 use crate::cli::{Dispatch, FlagValue, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
+use crate::spec::DbSpec;
 use crate::workload::Order;
 
 /// Runs `$body` with `$p` bound to the sqlx pool of whichever backend `$pool` holds (the same
@@ -49,19 +50,6 @@ pub fn param(pool: &Pool) -> &'static str {
 
 /// Rows per multi-row business insert (6 placeholders per row, far below SQLite's 32,766).
 const CHUNK: usize = 1000;
-
-/// How to get the run's database.
-#[derive(Debug, Clone)]
-pub struct DbSpec {
-    pub store: StoreKind,
-    /// Server URL (PostgreSQL/MySQL) or SQLite file URL; `None` = a temporary SQLite file.
-    pub url: Option<String>,
-    /// Keep the namespace after the run.
-    pub keep: bool,
-    pub sqlite_sync: SqliteSync,
-    /// The dispatch mode the outbox is put in before anything is produced.
-    pub dispatch: Dispatch,
-}
 
 /// The run's database, with a pool for the producers' business transactions.
 pub struct Database {

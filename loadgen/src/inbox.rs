@@ -66,6 +66,7 @@ use crate::db::{on_pool, param};
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
+use crate::spec::InboxSpec;
 use crate::workload::Ids;
 
 /// Messages buffered per worker between the Kafka thread and the worker.
@@ -79,19 +80,6 @@ const RETRY: Backoff = Backoff {
 };
 /// Examples of failures kept for the report.
 const MAX_EXAMPLES: usize = 10;
-
-/// How the Inbox consumer of a run is set up.
-#[derive(Debug, Clone)]
-pub struct InboxSpec {
-    /// The Inbox database; `None`: a fresh SQLite file in a temporary directory.
-    pub url: Option<String>,
-    /// Apply tasks (one aggregate always goes to the same one).
-    pub workers: usize,
-    /// `synchronous` of a SQLite Inbox.
-    pub sqlite_sync: SqliteSync,
-    /// Keep the database (or this run's rows) afterwards.
-    pub keep: bool,
-}
 
 /// The consumer's counters, kept in the report's own fields, and its in-flight accounting.
 #[derive(Default)]

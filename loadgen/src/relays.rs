@@ -29,36 +29,7 @@ use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
 use crate::report::Claims;
-
-/// How the relays of a run are set up.
-#[derive(Debug, Clone)]
-pub struct RelaySpec {
-    pub relays: usize,
-    pub mode: RelayMode,
-    pub workers: usize,
-    pub batch_size: usize,
-    /// Batches in flight per worker.
-    pub in_flight: usize,
-    /// The relay's `poll_min`, when set.
-    pub poll_min: Option<std::time::Duration>,
-    /// The relay's `read_linger`, when set.
-    pub read_linger: Option<std::time::Duration>,
-    /// The relay's `read_interval` (the store's default unless set).
-    pub read_interval: std::time::Duration,
-    /// The Kafka sink's `linger.ms`, when set.
-    pub kafka_linger: Option<std::time::Duration>,
-    pub sink: SinkKind,
-    /// The `ferry` binary (process mode).
-    pub ferry_bin: Option<PathBuf>,
-    /// Extra `ferry relay` arguments (process mode).
-    pub extra_args: Vec<String>,
-    /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
-    pub measure_contention: bool,
-    /// Dispatch mode (`RelayConfig::dispatch`, `ferry relay --dispatch`).
-    pub dispatch: Dispatch,
-    /// In-process relays note each broker ack here (COMMIT → broker-ack latency).
-    pub clock: Option<Arc<CommitClock>>,
-}
+use crate::spec::RelaySpec;
 
 /// The per-aggregate order of first sends at the sink of in-process relays whose sink has no
 /// consumer to verify it (null, stdout): the order in which `send_batch` is called is the
@@ -203,8 +174,10 @@ impl Relays {
         db: &Database,
         run: &str,
         kafka_brokers: Option<&str>,
+        clock: Arc<CommitClock>,
         log_dir: &Path,
     ) -> Result<Self> {
+        let dispatch = db.dispatch;
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
@@ -230,25 +203,18 @@ impl Relays {
                 for k in 0..spec.relays {
                     let (store, pool_handle) = db.open_store(pool, spec.measure_contention).await?;
                     let sink = Arc::new(ObservedSink {
-                        inner: make_sink(
-                            spec.sink,
-                            kafka_brokers,
-                            spec.dispatch,
-                            spec.kafka_linger,
-                        )?,
+                        inner: make_sink(spec.sink, kafka_brokers, dispatch, spec.kafka_linger)?,
                         check: check.clone(),
-                        clock: spec.clock.clone(),
+                        clock: Some(clock.clone()),
                     });
                     let config = RelayConfig {
                         owner: format!("loadgen-{run}-r{k}"),
                         workers: spec.workers,
                         batch_size: spec.batch_size,
                         max_in_flight: spec.in_flight,
-                        dispatch: Some(spec.dispatch.mode()),
+                        dispatch: Some(dispatch.mode()),
                         poll_min: spec.poll_min.unwrap_or(RelayConfig::default().poll_min),
-                        read_linger: spec
-                            .read_linger
-                            .unwrap_or(RelayConfig::default().read_linger),
+                        read_linger: spec.read_linger(),
                         read_interval: spec.read_interval,
                         ..RelayConfig::default()
                     };
@@ -292,7 +258,7 @@ impl Relays {
                     format!("--workers={}", spec.workers),
                     format!("--batch-size={}", spec.batch_size),
                     format!("--in-flight={}", spec.in_flight),
-                    format!("--dispatch={}", spec.dispatch.as_str()),
+                    format!("--dispatch={}", dispatch.as_str()),
                 ]
                 .into_iter()
                 .chain(optional.into_iter().flatten())
