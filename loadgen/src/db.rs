@@ -24,7 +24,7 @@ use sqlx::{Connection, Executor, MySql, QueryBuilder, Sqlite};
 
 use crate::cli::{Dispatch, FlagValue, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
-use crate::spec::DbSpec;
+use crate::spec::RunSpec;
 use crate::workload::Order;
 
 /// Runs `$body` with `$p` bound to the sqlx pool of whichever backend `$pool` holds (the same
@@ -238,8 +238,9 @@ macro_rules! insert_orders {
 
 impl Database {
     /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
-    /// business table.
-    pub async fn create(spec: &DbSpec, run: &str, pool_size: u32) -> Result<Self> {
+    /// business table; `keep`: leave them in place afterwards.
+    pub async fn create(spec: &RunSpec, keep: bool, run: &str, pool_size: u32) -> Result<Self> {
+        let (sqlite_sync, spec) = (spec.flags.sqlite_synchronous, &spec.db);
         let (mut dir, mut namespace) = (None, None);
         let url = match (spec.store, &spec.url) {
             (StoreKind::Sqlite, None) => {
@@ -276,7 +277,7 @@ impl Database {
             acquire_timeout: Duration::from_secs(30),
             ..ConnectOptions::default()
         };
-        let (store, pool) = match open(spec.store, &url, spec.sqlite_sync, &opts).await {
+        let (store, pool) = match open(spec.store, &url, sqlite_sync, &opts).await {
             Ok(v) => v,
             Err(e) => {
                 drop_namespace(namespace).await;
@@ -290,10 +291,10 @@ impl Database {
             pool,
             pool_size,
             dispatch: spec.dispatch,
-            sqlite_sync: spec.sqlite_sync,
+            sqlite_sync,
             namespace,
             dir,
-            keep: spec.keep,
+            keep,
         };
         if let Err(e) = db.prepare(spec.url.is_some(), run, opts).await {
             drop_namespace(db.namespace.take()).await;

@@ -29,7 +29,7 @@ use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
 use crate::report::Claims;
-use crate::spec::RelaySpec;
+use crate::spec::RunSpec;
 
 /// The per-aggregate order of first sends at the sink of in-process relays whose sink has no
 /// consumer to verify it (null, stdout): the order in which `send_batch` is called is the
@@ -170,14 +170,14 @@ impl RelayMetrics {
 impl Relays {
     /// Starts the relays against `db`, sending to `kafka_brokers` for the Kafka sink.
     pub async fn start(
-        spec: &RelaySpec,
+        spec: &RunSpec,
         db: &Database,
         run: &str,
         kafka_brokers: Option<&str>,
         clock: Arc<CommitClock>,
         log_dir: &Path,
     ) -> Result<Self> {
-        let dispatch = db.dispatch;
+        let (dispatch, flags, spec) = (db.dispatch, &spec.flags, &spec.relays);
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
@@ -203,7 +203,7 @@ impl Relays {
                 for k in 0..spec.relays {
                     let (store, pool_handle) = db.open_store(pool, spec.measure_contention).await?;
                     let sink = Arc::new(ObservedSink {
-                        inner: make_sink(spec.sink, kafka_brokers, dispatch, spec.kafka_linger)?,
+                        inner: make_sink(spec.sink, kafka_brokers, dispatch, flags.kafka_linger)?,
                         check: check.clone(),
                         clock: Some(clock.clone()),
                     });
@@ -213,7 +213,7 @@ impl Relays {
                         batch_size: spec.batch_size,
                         max_in_flight: spec.in_flight,
                         dispatch: Some(dispatch.mode()),
-                        poll_min: spec.poll_min.unwrap_or(RelayConfig::default().poll_min),
+                        poll_min: flags.poll_min.unwrap_or(RelayConfig::default().poll_min),
                         read_linger: spec.read_linger(),
                         read_interval: spec.read_interval,
                         ..RelayConfig::default()
@@ -233,14 +233,15 @@ impl Relays {
                 Ok(Relays::InProcess(relays, check))
             }
             RelayMode::Process => {
-                let bin = ferry_binary(spec.ferry_bin.as_deref())?;
+                let bin = ferry_binary(flags.ferry_bin.as_deref())?;
                 // The URL travels in the environment (`ferry` reads FERRY_DATABASE_URL like
                 // --database-url): a password on a command line is visible to every local
                 // user through `ps`.
                 let optional = [
                     spec.measure_contention
                         .then(|| "--measure-contention".to_string()),
-                    spec.poll_min
+                    flags
+                        .poll_min
                         .map(|p| format!("--poll-min={}ms", p.as_millis().max(1))),
                     spec.read_linger
                         .map(|l| format!("--read-linger={}ms", l.as_millis())),
@@ -248,7 +249,8 @@ impl Relays {
                         "--read-interval={}ms",
                         spec.read_interval.as_millis()
                     )),
-                    spec.kafka_linger
+                    flags
+                        .kafka_linger
                         .map(|l| format!("--kafka-linger={}ms", l.as_secs_f64() * 1000.0)),
                     kafka_brokers.map(|b| format!("--kafka-brokers={b}")),
                 ];
@@ -262,7 +264,7 @@ impl Relays {
                 ]
                 .into_iter()
                 .chain(optional.into_iter().flatten())
-                .chain(spec.extra_args.iter().cloned())
+                .chain(flags.relay_args.iter().cloned())
                 .collect();
                 let mut procs = Processes {
                     bin,

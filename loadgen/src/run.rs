@@ -32,7 +32,7 @@ use crate::report::{
     self, round3, Baseline, BatchStats, Claims, DbCosts, InboxReport, Latencies, PreloadReport,
     Quantiles, RowWrites, RunReport, StoreCheck, Verification,
 };
-use crate::spec::{DbSpec, Preload, RunSpec};
+use crate::spec::{Preload, RunSpec};
 use crate::workload::Ids;
 
 impl RunSpec {
@@ -54,7 +54,7 @@ impl RunSpec {
 
     /// ANALYZE stands in for autovacuum (PostgreSQL, unless `--pg-analyze-every 0`).
     fn analyze(&self) -> bool {
-        self.db.store == StoreKind::Postgres && !self.pg_analyze_every.is_zero()
+        self.db.store == StoreKind::Postgres && !self.flags.pg_analyze_every.is_zero()
     }
 }
 
@@ -109,10 +109,6 @@ pub async fn baseline(
         return Ok(None);
     };
     let run = new_run_id();
-    let db_spec = DbSpec {
-        keep: false,
-        ..spec.db.clone()
-    };
     if spec.progress {
         eprintln!(
             "loadgen: baseline: {} producers, no relay, {:.0}s",
@@ -120,7 +116,7 @@ pub async fn baseline(
             length.as_secs_f64()
         );
     }
-    let db = Arc::new(Database::create(&db_spec, &run, spec.producers as u32 + 2).await?);
+    let db = Arc::new(Database::create(spec, false, &run, spec.producers as u32 + 2).await?);
     let counters = Arc::new(Counters::default());
     let stop = CancellationToken::new();
     let t0 = Instant::now();
@@ -162,7 +158,9 @@ pub async fn run(
     interrupt: &CancellationToken,
 ) -> Result<RunReport> {
     let run = new_run_id();
-    let db = Arc::new(Database::create(&spec.db, &run, spec.producers as u32 + 4).await?);
+    let db = Arc::new(
+        Database::create(spec, spec.flags.keep_db, &run, spec.producers as u32 + 4).await?,
+    );
     let result = Run::new(spec, &run, &db, interrupt).execute(baseline).await;
     match Arc::try_unwrap(db) {
         Ok(db) => db.finish().await,
@@ -315,6 +313,7 @@ impl<'a> Run<'a> {
                 run: run.to_string(),
             },
             topic: spec
+                .flags
                 .topic
                 .clone()
                 .unwrap_or_else(|| format!("loadgen-{run}")),
@@ -353,10 +352,10 @@ impl<'a> Run<'a> {
         let kafka = self.kafka().await?;
         let kafka_partitions = kafka.as_ref().map(|k| k.partitions);
         let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
-        let inbox = match (&spec.inbox, &kafka) {
-            (Some(s), Some(k)) => {
-                Some(InboxConsumer::start(s, self.run, &k.brokers, &k.topic, k.partitions).await?)
-            }
+        let inbox = match (spec.flags.inbox, &kafka) {
+            (true, Some(k)) => Some(
+                InboxConsumer::start(spec, self.run, &k.brokers, &k.topic, k.partitions).await?,
+            ),
             _ => None,
         };
         let log_dir = std::env::temp_dir().join(format!("loadgen-{}-relay-logs", self.run));
@@ -488,9 +487,9 @@ impl<'a> Run<'a> {
             return Ok(None);
         }
         let (brokers, topic, partitions) = (
-            self.spec.kafka_brokers.clone(),
+            self.spec.flags.kafka_brokers.clone(),
             self.topic.clone(),
-            self.spec.partitions,
+            self.spec.flags.partitions as i32,
         );
         let target = tokio::task::spawn_blocking(move || match brokers {
             Some(b) => KafkaTarget::external(&b, &topic, partitions),
@@ -511,8 +510,7 @@ impl<'a> Run<'a> {
         let spec = self.spec;
         let brokers = kafka.as_ref().map(|k| k.brokers.as_str());
         let clock = self.counters.clock.clone();
-        let relays =
-            Relays::start(&spec.relays, self.db, self.run, brokers, clock, log_dir).await?;
+        let relays = Relays::start(spec, self.db, self.run, brokers, clock, log_dir).await?;
         if !settle_first {
             if spec.relays.relays > 1 {
                 self.note(format!(
@@ -554,7 +552,7 @@ impl<'a> Run<'a> {
         let handles = start_producers(self.db, plan, &self.counters, &stop);
         let analyzer = spec
             .analyze()
-            .then(|| start_analyzer(self.db.clone(), spec.pg_analyze_every, stop.clone()));
+            .then(|| start_analyzer(self.db.clone(), spec.flags.pg_analyze_every, stop.clone()));
         let t0 = sampler.t0;
         let load_end = t0 + spec.duration;
         let mut tick = 1u32;
@@ -591,7 +589,7 @@ impl<'a> Run<'a> {
             let n = a.await.unwrap_or(0);
             self.note(format!(
                 "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
-                spec.pg_analyze_every.as_secs_f64()
+                spec.flags.pg_analyze_every.as_secs_f64()
             ));
         }
         (results, t0.elapsed().as_secs_f64(), live.totals().await)

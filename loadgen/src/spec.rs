@@ -2,7 +2,6 @@
 //! default a flag leaves open is decided here), the run's parts take their share of them, and
 //! the report's `config` section is this spec serialized ([`ConfigEcho`]) — no setting is
 //! copied into a third shape.
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_relay::RelayConfig;
@@ -10,7 +9,7 @@ use ferry_store::redact_url;
 use rand::Rng;
 use serde::{Serialize, Serializer};
 
-use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, SqliteSync, StoreKind};
+use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, StoreKind};
 
 /// Everything one run needs; sweeps clone it and change one field. Serialized (flattened into
 /// [`ConfigEcho`]) under the report's field names.
@@ -37,22 +36,13 @@ pub struct RunSpec {
     #[serde(flatten)]
     pub work: Workload,
     #[serde(skip)]
-    pub kafka_brokers: Option<String>,
-    #[serde(skip)]
-    pub topic: Option<String>,
-    /// Partitions of the embedded topic.
-    #[serde(skip)]
-    pub partitions: i32,
-    /// PostgreSQL ANALYZE interval during the load (zero: never).
-    #[serde(skip)]
-    pub pg_analyze_every: Duration,
-    #[serde(skip)]
     pub baseline: Option<Duration>,
-    /// The Inbox consumer (`--inbox`).
-    #[serde(skip)]
-    pub inbox: Option<InboxSpec>,
     #[serde(skip)]
     pub progress: bool,
+    /// The flags, for the settings used as given (`--topic`, `--keep-db`, `--inbox-url`,
+    /// `--poll-min`, `--relay-arg`, ...): only what the flags leave open is resolved above.
+    #[serde(skip)]
+    pub flags: Args,
 }
 
 /// How to get the run's database.
@@ -63,11 +53,6 @@ pub struct DbSpec {
     /// Echoed with the password redacted.
     #[serde(rename = "database_url", serialize_with = "redacted")]
     pub url: Option<String>,
-    /// Keep the namespace after the run.
-    #[serde(skip)]
-    pub keep: bool,
-    #[serde(skip)]
-    pub sqlite_sync: SqliteSync,
     /// The dispatch mode the outbox is put in before anything is produced, and the relays'.
     pub dispatch: Dispatch,
 }
@@ -82,9 +67,6 @@ pub struct RelaySpec {
     pub batch_size: usize,
     /// Batches in flight per worker.
     pub in_flight: usize,
-    /// The relay's `poll_min`, when set.
-    #[serde(skip)]
-    pub poll_min: Option<Duration>,
     /// The relay's `read_linger` per other reader, when set; echoed as the effective value
     /// ([`RelaySpec::read_linger`]).
     #[serde(rename = "read_linger_ms", serialize_with = "linger_ms")]
@@ -92,16 +74,7 @@ pub struct RelaySpec {
     /// The relay's `read_interval` (the store's default unless set).
     #[serde(rename = "read_interval_ms", serialize_with = "ms")]
     pub read_interval: Duration,
-    /// The Kafka sink's `linger.ms`, when set.
-    #[serde(skip)]
-    pub kafka_linger: Option<Duration>,
     pub sink: SinkKind,
-    /// The `ferry` binary (process mode).
-    #[serde(skip)]
-    pub ferry_bin: Option<PathBuf>,
-    /// Extra `ferry relay` arguments (process mode).
-    #[serde(skip)]
-    pub extra_args: Vec<String>,
     /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
     #[serde(skip)]
     pub measure_contention: bool,
@@ -179,19 +152,6 @@ impl Preload {
     }
 }
 
-/// How the Inbox consumer of a run is set up.
-#[derive(Debug, Clone)]
-pub struct InboxSpec {
-    /// The Inbox database; `None`: a fresh SQLite file in a temporary directory.
-    pub url: Option<String>,
-    /// Apply tasks (one aggregate always goes to the same one).
-    pub workers: usize,
-    /// `synchronous` of a SQLite Inbox.
-    pub sqlite_sync: SqliteSync,
-    /// Keep the database (or this run's rows) afterwards.
-    pub keep: bool,
-}
-
 impl RunSpec {
     /// The run the flags describe.
     pub fn from_args(a: &Args) -> Self {
@@ -221,8 +181,6 @@ impl RunSpec {
             db: DbSpec {
                 store,
                 url: a.database_url.clone(),
-                keep: a.keep_db,
-                sqlite_sync: a.sqlite_synchronous,
                 dispatch,
             },
             relays: RelaySpec {
@@ -231,13 +189,9 @@ impl RunSpec {
                 workers: a.workers.map_or(defaults.workers, |w| w as usize),
                 batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
                 in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
-                poll_min: a.poll_min,
                 read_linger: a.read_linger,
                 read_interval: a.read_interval.unwrap_or(defaults.read_interval),
-                kafka_linger: a.kafka_linger,
                 sink: a.sink,
-                ferry_bin: a.ferry_bin.clone(),
-                extra_args: a.relay_args.clone(),
                 // contention exists only between relays; a relays sweep measures every point
                 // (the 1-relay point too) so the points pay the same cost
                 measure_contention: a
@@ -259,21 +213,12 @@ impl RunSpec {
                     per_aggregate: a.versions_per_aggregate.unwrap_or(1),
                 }),
             },
-            kafka_brokers: a.kafka_brokers.clone(),
-            topic: a.topic.clone(),
-            partitions: a.partitions as i32,
-            pg_analyze_every: a.pg_analyze_every,
             baseline: a.baseline.then(|| {
                 a.baseline_duration
                     .unwrap_or(a.duration.min(Duration::from_secs(10)))
             }),
-            inbox: a.inbox.then(|| InboxSpec {
-                url: a.inbox_url.clone(),
-                workers: a.inbox_workers as usize,
-                sqlite_sync: a.sqlite_synchronous,
-                keep: a.keep_db,
-            }),
             progress: !a.no_progress,
+            flags: a.clone(),
         }
     }
 
@@ -298,7 +243,8 @@ impl RunSpec {
             run_id: run_id.to_string(),
             server: server.to_vec(),
             kafka: kafka.then(|| {
-                self.kafka_brokers
+                self.flags
+                    .kafka_brokers
                     .clone()
                     .unwrap_or_else(|| "embedded mock cluster".to_string())
             }),
