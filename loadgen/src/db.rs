@@ -240,9 +240,10 @@ impl Database {
     /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
     /// business table; `keep`: leave them in place afterwards.
     pub async fn create(spec: &RunSpec, keep: bool, run: &str, pool_size: u32) -> Result<Self> {
-        let (sqlite_sync, spec) = (spec.flags.sqlite_synchronous, &spec.db);
+        let (flags, spec) = (&spec.flags, &spec.db);
+        let sqlite_sync = flags.sqlite_synchronous;
         let (mut dir, mut namespace) = (None, None);
-        let url = match (spec.store, &spec.url) {
+        let url = match (spec.store, &flags.database_url) {
             (StoreKind::Sqlite, None) => {
                 let d = TempDir::new(&format!("loadgen-{run}")).map_err(|source| Error::Io {
                     what: "create a temporary directory in",
@@ -296,7 +297,7 @@ impl Database {
             dir,
             keep,
         };
-        if let Err(e) = db.prepare(spec.url.is_some(), run, opts).await {
+        if let Err(e) = db.prepare(flags.database_url.is_some(), run, opts).await {
             drop_namespace(db.namespace.take()).await;
             return Err(e);
         }

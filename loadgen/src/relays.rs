@@ -170,14 +170,14 @@ impl RelayMetrics {
 impl Relays {
     /// Starts the relays against `db`, sending to `kafka_brokers` for the Kafka sink.
     pub async fn start(
-        spec: &RunSpec,
+        run_spec: &RunSpec,
         db: &Database,
         run: &str,
         kafka_brokers: Option<&str>,
         clock: Arc<CommitClock>,
         log_dir: &Path,
     ) -> Result<Self> {
-        let (dispatch, flags, spec) = (db.dispatch, &spec.flags, &spec.relays);
+        let (dispatch, flags, spec) = (db.dispatch, &run_spec.flags, &run_spec.relays);
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
@@ -214,7 +214,7 @@ impl Relays {
                         max_in_flight: spec.in_flight,
                         dispatch: Some(dispatch.mode()),
                         poll_min: flags.poll_min.unwrap_or(RelayConfig::default().poll_min),
-                        read_linger: spec.read_linger(),
+                        read_linger: run_spec.read_linger(),
                         read_interval: spec.read_interval,
                         ..RelayConfig::default()
                     };
@@ -243,7 +243,8 @@ impl Relays {
                     flags
                         .poll_min
                         .map(|p| format!("--poll-min={}ms", p.as_millis().max(1))),
-                    spec.read_linger
+                    flags
+                        .read_linger
                         .map(|l| format!("--read-linger={}ms", l.as_millis())),
                     Some(format!(
                         "--read-interval={}ms",

@@ -12,7 +12,6 @@ use crate::cli::{Dispatch, FlagValue};
 use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
 use crate::spec::ConfigEcho;
-use ferry_store::redact_url;
 
 /// Latency quantiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -474,7 +473,7 @@ impl RunReport {
         let (label, run_id) = (&self.label, &c.run_id);
         let (d, r, w) = (&c.spec.db, &c.spec.relays, &c.spec.work);
         let _ = writeln!(o, "\nferry loadgen — {label} (run {run_id})");
-        let db = d.url.as_deref().map_or("temporary file".into(), redact_url);
+        let db = c.database_url.as_deref().unwrap_or("temporary file");
         let server: Vec<String> = c.server.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let (store, server) = (d.store.as_str(), server.join(" "));
         let _ = writeln!(o, "  store     {store} ({db}) {server}");
@@ -490,7 +489,7 @@ impl RunReport {
         let linger = if cursor {
             format!(
                 ", read linger {} ms, read interval {} ms",
-                r.read_linger().as_millis(),
+                c.read_linger_ms,
                 r.read_interval.as_millis()
             )
         } else {

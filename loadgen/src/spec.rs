@@ -49,10 +49,6 @@ pub struct RunSpec {
 #[derive(Debug, Clone, Serialize)]
 pub struct DbSpec {
     pub store: StoreKind,
-    /// Server URL (PostgreSQL/MySQL) or SQLite file URL; `None` = a temporary SQLite file.
-    /// Echoed with the password redacted.
-    #[serde(rename = "database_url", serialize_with = "redacted")]
-    pub url: Option<String>,
     /// The dispatch mode the outbox is put in before anything is produced, and the relays'.
     pub dispatch: Dispatch,
 }
@@ -67,10 +63,6 @@ pub struct RelaySpec {
     pub batch_size: usize,
     /// Batches in flight per worker.
     pub in_flight: usize,
-    /// The relay's `read_linger` per other reader, when set; echoed as the effective value
-    /// ([`RelaySpec::read_linger`]).
-    #[serde(rename = "read_linger_ms", serialize_with = "linger_ms")]
-    pub read_linger: Option<Duration>,
     /// The relay's `read_interval` (the store's default unless set).
     #[serde(rename = "read_interval_ms", serialize_with = "ms")]
     pub read_interval: Duration,
@@ -78,17 +70,6 @@ pub struct RelaySpec {
     /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
     #[serde(skip)]
     pub measure_contention: bool,
-}
-
-impl RelaySpec {
-    /// The read linger in-process relays run with: `--read-linger`, else the relay's default.
-    pub fn read_linger(&self) -> Duration {
-        linger_or_default(self.read_linger)
-    }
-}
-
-fn linger_or_default(d: Option<Duration>) -> Duration {
-    d.unwrap_or(RelayConfig::default().read_linger)
 }
 
 /// The workload of a run's producers (`--aggregates`, `--skew`, `--rate`, ...).
@@ -178,18 +159,13 @@ impl RunSpec {
             label: "run".to_string(),
             duration: a.duration,
             drain_timeout,
-            db: DbSpec {
-                store,
-                url: a.database_url.clone(),
-                dispatch,
-            },
+            db: DbSpec { store, dispatch },
             relays: RelaySpec {
                 relays: a.relays as usize,
                 mode: a.relay_mode,
                 workers: a.workers.map_or(defaults.workers, |w| w as usize),
                 batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
                 in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
-                read_linger: a.read_linger,
                 read_interval: a.read_interval.unwrap_or(defaults.read_interval),
                 sink: a.sink,
                 // contention exists only between relays; a relays sweep measures every point
@@ -222,6 +198,13 @@ impl RunSpec {
         }
     }
 
+    /// The read linger in-process relays run with: `--read-linger`, else the relay's default.
+    pub fn read_linger(&self) -> Duration {
+        self.flags
+            .read_linger
+            .unwrap_or(RelayConfig::default().read_linger)
+    }
+
     /// Producer tasks that get work (a preload gives every producer whole aggregates).
     pub fn producer_tasks(&self) -> usize {
         match &self.work.preload {
@@ -242,6 +225,7 @@ impl RunSpec {
         ConfigEcho {
             run_id: run_id.to_string(),
             server: server.to_vec(),
+            database_url: self.flags.database_url.as_deref().map(redact_url),
             kafka: kafka.then(|| {
                 self.flags
                     .kafka_brokers
@@ -251,6 +235,7 @@ impl RunSpec {
             topic: kafka.then(|| topic.to_string()),
             partitions,
             producers: self.producer_tasks(),
+            read_linger_ms: self.read_linger().as_millis() as u64,
             zipf_s: (w.skew == Skew::Zipf).then_some(w.zipf_s),
             preload: w.preload.map(|p| p.total),
             versions_per_aggregate: w.preload.map(|p| p.per_aggregate),
@@ -267,6 +252,8 @@ pub struct ConfigEcho {
     pub run_id: String,
     /// Server version and durability settings.
     pub server: Vec<(String, String)>,
+    /// Database URL with the password redacted (`None`: temporary SQLite file).
+    pub database_url: Option<String>,
     /// `embedded mock cluster` or the external bootstrap list (Kafka sink only).
     pub kafka: Option<String>,
     pub topic: Option<String>,
@@ -274,6 +261,8 @@ pub struct ConfigEcho {
     pub partitions: Option<i32>,
     /// Producer tasks that got work.
     pub producers: usize,
+    /// The relays' read linger per other reader in ms (cursor dispatch).
+    pub read_linger_ms: u64,
     /// Zipf exponent (with zipf skew).
     pub zipf_s: Option<f64>,
     /// `--preload` (queue burn-down), when given.
@@ -294,14 +283,6 @@ fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error
 
 fn ms<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(d.as_millis() as u64)
-}
-
-fn linger_ms<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    ms(&linger_or_default(*d), s)
-}
-
-fn redacted<S: Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    url.as_deref().map(redact_url).serialize(s)
 }
 
 #[cfg(test)]
