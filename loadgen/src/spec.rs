@@ -1,7 +1,7 @@
-//! The resolved settings of a run: [`RunSpec::from_args`] turns the flags into them (every
-//! default a flag leaves open is decided here), the run's parts take their share of them, and
-//! the report's `config` section is this spec serialized ([`ConfigEcho`]) — no setting is
-//! copied into a third shape.
+//! The resolved settings of a run: [`RunSpec::from_args`] decides every default a flag leaves
+//! open (store, dispatch, producers, relay worker settings, drain timeout, seed, ...) and keeps
+//! the flags themselves for the settings used as given; the report's `config` section is this
+//! spec serialized ([`ConfigEcho`]). No setting is copied into a third shape.
 use std::time::Duration;
 
 use ferry_relay::RelayConfig;
