@@ -24,6 +24,7 @@ use sqlx::{Connection, Executor, MySql, QueryBuilder, Sqlite};
 
 use crate::cli::{Dispatch, FlagValue, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
+use crate::spec::RunSpec;
 use crate::workload::Order;
 
 /// Runs `$body` with `$p` bound to the sqlx pool of whichever backend `$pool` holds (the same
@@ -49,19 +50,6 @@ pub fn param(pool: &Pool) -> &'static str {
 
 /// Rows per multi-row business insert (6 placeholders per row, far below SQLite's 32,766).
 const CHUNK: usize = 1000;
-
-/// How to get the run's database.
-#[derive(Debug, Clone)]
-pub struct DbSpec {
-    pub store: StoreKind,
-    /// Server URL (PostgreSQL/MySQL) or SQLite file URL; `None` = a temporary SQLite file.
-    pub url: Option<String>,
-    /// Keep the namespace after the run.
-    pub keep: bool,
-    pub sqlite_sync: SqliteSync,
-    /// The dispatch mode the outbox is put in before anything is produced.
-    pub dispatch: Dispatch,
-}
 
 /// The run's database, with a pool for the producers' business transactions.
 pub struct Database {
@@ -250,10 +238,12 @@ macro_rules! insert_orders {
 
 impl Database {
     /// Creates the run's isolated namespace, opens the store (migrating it) and creates the
-    /// business table.
-    pub async fn create(spec: &DbSpec, run: &str, pool_size: u32) -> Result<Self> {
+    /// business table; `keep`: leave them in place afterwards.
+    pub async fn create(spec: &RunSpec, keep: bool, run: &str, pool_size: u32) -> Result<Self> {
+        let (flags, spec) = (&spec.flags, &spec.db);
+        let sqlite_sync = flags.sqlite_synchronous;
         let (mut dir, mut namespace) = (None, None);
-        let url = match (spec.store, &spec.url) {
+        let url = match (spec.store, &flags.database_url) {
             (StoreKind::Sqlite, None) => {
                 let d = TempDir::new(&format!("loadgen-{run}")).map_err(|source| Error::Io {
                     what: "create a temporary directory in",
@@ -288,7 +278,7 @@ impl Database {
             acquire_timeout: Duration::from_secs(30),
             ..ConnectOptions::default()
         };
-        let (store, pool) = match open(spec.store, &url, spec.sqlite_sync, &opts).await {
+        let (store, pool) = match open(spec.store, &url, sqlite_sync, &opts).await {
             Ok(v) => v,
             Err(e) => {
                 drop_namespace(namespace).await;
@@ -302,12 +292,12 @@ impl Database {
             pool,
             pool_size,
             dispatch: spec.dispatch,
-            sqlite_sync: spec.sqlite_sync,
+            sqlite_sync,
             namespace,
             dir,
-            keep: spec.keep,
+            keep,
         };
-        if let Err(e) = db.prepare(spec.url.is_some(), run, opts).await {
+        if let Err(e) = db.prepare(flags.database_url.is_some(), run, opts).await {
             drop_namespace(db.namespace.take()).await;
             return Err(e);
         }

@@ -66,6 +66,7 @@ use crate::db::{on_pool, param};
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
+use crate::spec::RunSpec;
 use crate::workload::Ids;
 
 /// Messages buffered per worker between the Kafka thread and the worker.
@@ -79,19 +80,6 @@ const RETRY: Backoff = Backoff {
 };
 /// Examples of failures kept for the report.
 const MAX_EXAMPLES: usize = 10;
-
-/// How the Inbox consumer of a run is set up.
-#[derive(Debug, Clone)]
-pub struct InboxSpec {
-    /// The Inbox database; `None`: a fresh SQLite file in a temporary directory.
-    pub url: Option<String>,
-    /// Apply tasks (one aggregate always goes to the same one).
-    pub workers: usize,
-    /// `synchronous` of a SQLite Inbox.
-    pub sqlite_sync: SqliteSync,
-    /// Keep the database (or this run's rows) afterwards.
-    pub keep: bool,
-}
 
 /// The consumer's counters, kept in the report's own fields, and its in-flight accounting.
 #[derive(Default)]
@@ -145,13 +133,13 @@ impl InboxConsumer {
     /// Opens (and migrates) the Inbox database, creates the effect tables and starts consuming
     /// `topic` (all `partitions`) from `brokers`.
     pub async fn start(
-        spec: &InboxSpec,
+        spec: &RunSpec,
         run: &str,
         brokers: &str,
         topic: &str,
         partitions: i32,
     ) -> Result<Self> {
-        let (url, dir) = match &spec.url {
+        let (url, dir) = match &spec.flags.inbox_url {
             Some(u) => (u.clone(), None),
             None => {
                 let dir =
@@ -164,7 +152,7 @@ impl InboxConsumer {
                 (url, Some(dir))
             }
         };
-        let workers = spec.workers.max(1);
+        let workers = (spec.flags.inbox_workers as usize).max(1);
         let setup = async {
             let backend = Backend::from_url(&url).map_err(|e| {
                 Error::Setup(format!(
@@ -173,7 +161,7 @@ impl InboxConsumer {
                 ))
             })?;
             let (pool, connections) = match backend {
-                Backend::Sqlite => (sqlite_pool(&url, spec.sqlite_sync).await?, 1),
+                Backend::Sqlite => (sqlite_pool(&url, spec.flags.sqlite_synchronous).await?, 1),
                 Backend::Postgres | Backend::Mysql => {
                     let n = workers as u32;
                     let pool = InboxPool::connect(&url, n).await.map_err(|e| {
@@ -243,7 +231,7 @@ impl InboxConsumer {
             workers,
             connections,
             dir,
-            keep: spec.keep,
+            keep: spec.flags.keep_db,
             stats,
             polled,
             stop,

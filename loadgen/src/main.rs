@@ -27,6 +27,7 @@ mod progress;
 mod relays;
 mod report;
 mod run;
+mod spec;
 mod sweep;
 mod workload;
 
@@ -94,7 +95,7 @@ async fn app(args: Args) -> Result<bool> {
             }
         });
     }
-    let spec = run::RunSpec::from_args(&args);
+    let spec = spec::RunSpec::from_args(&args);
     let sweep = match (&args.sweep_batch, &args.sweep_relays) {
         (Some(v), _) => Some((SweepKind::Batch, v.0.clone())),
         (None, Some(v)) => Some((SweepKind::Relays, v.0.clone())),

@@ -17,10 +17,10 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::Skew;
 use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, TxError};
 use crate::error::{Error, Result};
+use crate::spec::{Preload, Workload};
 use crate::workload::{self, Ids, KeyPicker, Order};
 
 /// Consecutive failed attempts of one transaction before the producer gives up.
@@ -31,22 +31,6 @@ const RETRY: Backoff = Backoff {
     max: Duration::from_secs(1),
 };
 
-/// The workload of a run's producers (`--aggregates`, `--skew`, `--rate`, ...).
-#[derive(Debug, Clone)]
-pub struct Workload {
-    pub aggregates: u64,
-    pub skew: Skew,
-    pub zipf_s: f64,
-    pub orders_per_tx: usize,
-    /// Events/s over all producers; 0 = flat out.
-    pub rate: u64,
-    pub payload_bytes: usize,
-    /// Workload seed; producer `p` uses `seed + p`.
-    pub seed: u64,
-    /// A fixed queue to commit (`--preload`) instead of random picks until stopped.
-    pub preload: Option<Preload>,
-}
-
 /// What every producer of a run shares.
 #[derive(Debug, Clone)]
 pub struct ProducerPlan {
@@ -55,47 +39,6 @@ pub struct ProducerPlan {
     /// Destination topic of every intent.
     pub topic: String,
     pub work: Workload,
-}
-
-/// The shape of a preloaded queue: `total` intents over `ceil(total / per_aggregate)`
-/// aggregates, each with versions `1..=per_aggregate` (the last aggregate gets the remainder).
-/// Aggregate `a` belongs to producer `a % producers`, which commits its aggregates one after the
-/// other, every version of one before the next, then returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Preload {
-    pub total: u64,
-    pub per_aggregate: u64,
-}
-
-impl Preload {
-    /// Number of aggregates.
-    pub fn aggregates(&self) -> u64 {
-        self.total.div_ceil(self.per_aggregate.max(1))
-    }
-
-    /// Versions of aggregate `a`.
-    pub fn versions_of(&self, a: u64) -> u64 {
-        let k = self.per_aggregate.max(1);
-        if a + 1 == self.aggregates() {
-            self.total - a * k
-        } else {
-            k
-        }
-    }
-
-    /// Producers that get work: one per aggregate at most.
-    pub fn producers(&self, wanted: usize) -> usize {
-        (wanted as u64).min(self.aggregates()).max(1) as usize
-    }
-
-    /// Intents producer `p` of `producers` commits.
-    #[cfg(test)]
-    pub fn share(&self, producers: usize, p: usize) -> u64 {
-        (p as u64..self.aggregates())
-            .step_by(producers.max(1))
-            .map(|a| self.versions_of(a))
-            .sum()
-    }
 }
 
 /// Where the next order's aggregate and version come from.
@@ -348,6 +291,7 @@ async fn resolve(db: &Database, order_id: i64) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Skew;
 
     fn plan(producers: usize, shape: Preload) -> ProducerPlan {
         ProducerPlan {

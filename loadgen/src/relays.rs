@@ -29,36 +29,7 @@ use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
 use crate::report::Claims;
-
-/// How the relays of a run are set up.
-#[derive(Debug, Clone)]
-pub struct RelaySpec {
-    pub relays: usize,
-    pub mode: RelayMode,
-    pub workers: usize,
-    pub batch_size: usize,
-    /// Batches in flight per worker.
-    pub in_flight: usize,
-    /// The relay's `poll_min`, when set.
-    pub poll_min: Option<std::time::Duration>,
-    /// The relay's `read_linger`, when set.
-    pub read_linger: Option<std::time::Duration>,
-    /// The relay's `read_interval` (the store's default unless set).
-    pub read_interval: std::time::Duration,
-    /// The Kafka sink's `linger.ms`, when set.
-    pub kafka_linger: Option<std::time::Duration>,
-    pub sink: SinkKind,
-    /// The `ferry` binary (process mode).
-    pub ferry_bin: Option<PathBuf>,
-    /// Extra `ferry relay` arguments (process mode).
-    pub extra_args: Vec<String>,
-    /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
-    pub measure_contention: bool,
-    /// Dispatch mode (`RelayConfig::dispatch`, `ferry relay --dispatch`).
-    pub dispatch: Dispatch,
-    /// In-process relays note each broker ack here (COMMIT → broker-ack latency).
-    pub clock: Option<Arc<CommitClock>>,
-}
+use crate::spec::RunSpec;
 
 /// The per-aggregate order of first sends at the sink of in-process relays whose sink has no
 /// consumer to verify it (null, stdout): the order in which `send_batch` is called is the
@@ -199,12 +170,14 @@ impl RelayMetrics {
 impl Relays {
     /// Starts the relays against `db`, sending to `kafka_brokers` for the Kafka sink.
     pub async fn start(
-        spec: &RelaySpec,
+        run_spec: &RunSpec,
         db: &Database,
         run: &str,
         kafka_brokers: Option<&str>,
+        clock: Arc<CommitClock>,
         log_dir: &Path,
     ) -> Result<Self> {
+        let (dispatch, flags, spec) = (db.dispatch, &run_spec.flags, &run_spec.relays);
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
@@ -230,25 +203,18 @@ impl Relays {
                 for k in 0..spec.relays {
                     let (store, pool_handle) = db.open_store(pool, spec.measure_contention).await?;
                     let sink = Arc::new(ObservedSink {
-                        inner: make_sink(
-                            spec.sink,
-                            kafka_brokers,
-                            spec.dispatch,
-                            spec.kafka_linger,
-                        )?,
+                        inner: make_sink(spec.sink, kafka_brokers, dispatch, flags.kafka_linger)?,
                         check: check.clone(),
-                        clock: spec.clock.clone(),
+                        clock: Some(clock.clone()),
                     });
                     let config = RelayConfig {
                         owner: format!("loadgen-{run}-r{k}"),
                         workers: spec.workers,
                         batch_size: spec.batch_size,
                         max_in_flight: spec.in_flight,
-                        dispatch: Some(spec.dispatch.mode()),
-                        poll_min: spec.poll_min.unwrap_or(RelayConfig::default().poll_min),
-                        read_linger: spec
-                            .read_linger
-                            .unwrap_or(RelayConfig::default().read_linger),
+                        dispatch: Some(dispatch.mode()),
+                        poll_min: flags.poll_min.unwrap_or(RelayConfig::default().poll_min),
+                        read_linger: run_spec.read_linger(),
                         read_interval: spec.read_interval,
                         ..RelayConfig::default()
                     };
@@ -267,22 +233,25 @@ impl Relays {
                 Ok(Relays::InProcess(relays, check))
             }
             RelayMode::Process => {
-                let bin = ferry_binary(spec.ferry_bin.as_deref())?;
+                let bin = ferry_binary(flags.ferry_bin.as_deref())?;
                 // The URL travels in the environment (`ferry` reads FERRY_DATABASE_URL like
                 // --database-url): a password on a command line is visible to every local
                 // user through `ps`.
                 let optional = [
                     spec.measure_contention
                         .then(|| "--measure-contention".to_string()),
-                    spec.poll_min
+                    flags
+                        .poll_min
                         .map(|p| format!("--poll-min={}ms", p.as_millis().max(1))),
-                    spec.read_linger
+                    flags
+                        .read_linger
                         .map(|l| format!("--read-linger={}ms", l.as_millis())),
                     Some(format!(
                         "--read-interval={}ms",
                         spec.read_interval.as_millis()
                     )),
-                    spec.kafka_linger
+                    flags
+                        .kafka_linger
                         .map(|l| format!("--kafka-linger={}ms", l.as_secs_f64() * 1000.0)),
                     kafka_brokers.map(|b| format!("--kafka-brokers={b}")),
                 ];
@@ -292,11 +261,11 @@ impl Relays {
                     format!("--workers={}", spec.workers),
                     format!("--batch-size={}", spec.batch_size),
                     format!("--in-flight={}", spec.in_flight),
-                    format!("--dispatch={}", spec.dispatch.as_str()),
+                    format!("--dispatch={}", dispatch.as_str()),
                 ]
                 .into_iter()
                 .chain(optional.into_iter().flatten())
-                .chain(spec.extra_args.iter().cloned())
+                .chain(flags.relay_args.iter().cloned())
                 .collect();
                 let mut procs = Processes {
                     bin,

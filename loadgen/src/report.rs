@@ -8,9 +8,10 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind, Skew, StoreKind};
+use crate::cli::{Dispatch, FlagValue};
 use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
+use crate::spec::ConfigEcho;
 
 /// Latency quantiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -246,53 +247,6 @@ pub struct Sample {
     pub inbox_lag: Option<i64>,
 }
 
-/// The effective configuration (no secrets).
-#[derive(Debug, Clone, Serialize)]
-pub struct ConfigEcho {
-    /// Run id (part of every event id, schema and topic name).
-    pub run_id: String,
-    pub store: StoreKind,
-    /// Database URL with the password redacted (`None`: temporary SQLite file).
-    pub database_url: Option<String>,
-    /// Server version and durability settings.
-    pub server: Vec<(String, String)>,
-    pub sink: SinkKind,
-    /// `embedded` or the external bootstrap list.
-    pub kafka: Option<String>,
-    pub topic: Option<String>,
-    pub partitions: Option<i32>,
-    pub relays: usize,
-    pub relay_mode: RelayMode,
-    pub workers: usize,
-    pub batch_size: usize,
-    /// Batches in flight per worker.
-    pub in_flight: usize,
-    /// The relays' read linger per other reader in ms (cursor dispatch).
-    pub read_linger_ms: u64,
-    /// Least time between the starts of a worker's reads under load, ms (cursor dispatch).
-    pub read_interval_ms: u64,
-    pub producers: usize,
-    pub orders_per_tx: usize,
-    /// Target rate (0 = flat out).
-    pub rate: u64,
-    pub aggregates: u64,
-    pub skew: Skew,
-    /// Zipf exponent (with zipf skew).
-    pub zipf_s: Option<f64>,
-    pub payload_bytes: usize,
-    pub duration_secs: f64,
-    pub drain_timeout_secs: f64,
-    /// Chaos interval, when chaos is on.
-    pub chaos_interval_secs: Option<f64>,
-    pub seed: u64,
-    /// Dispatch mode of the relays (and of the outbox).
-    pub dispatch: Dispatch,
-    /// `--preload` (queue burn-down), when given.
-    pub preload: Option<u64>,
-    /// `--versions-per-aggregate` of the preload.
-    pub versions_per_aggregate: Option<u64>,
-}
-
 /// What the Inbox consumer found; the `inbox` object of the JSON report.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct InboxReport {
@@ -517,10 +471,11 @@ impl RunReport {
     pub fn render(&self) -> String {
         let (c, mut o) = (&self.config, String::new());
         let (label, run_id) = (&self.label, &c.run_id);
+        let (d, r, w) = (&c.spec.db, &c.spec.relays, &c.spec.work);
         let _ = writeln!(o, "\nferry loadgen — {label} (run {run_id})");
         let db = c.database_url.as_deref().unwrap_or("temporary file");
         let server: Vec<String> = c.server.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let (store, server) = (c.store.as_str(), server.join(" "));
+        let (store, server) = (d.store.as_str(), server.join(" "));
         let _ = writeln!(o, "  store     {store} ({db}) {server}");
         let kafka = match (&c.kafka, &c.topic) {
             (Some(k), Some(t)) => format!(
@@ -529,12 +484,13 @@ impl RunReport {
             ),
             _ => String::new(),
         };
-        let _ = writeln!(o, "  sink      {}{kafka}", c.sink.as_str());
-        let cursor = c.dispatch == Dispatch::Cursor;
+        let _ = writeln!(o, "  sink      {}{kafka}", r.sink.as_str());
+        let cursor = d.dispatch == Dispatch::Cursor;
         let linger = if cursor {
             format!(
                 ", read linger {} ms, read interval {} ms",
-                c.read_linger_ms, c.read_interval_ms
+                c.read_linger_ms,
+                r.read_interval.as_millis()
             )
         } else {
             String::new()
@@ -542,19 +498,19 @@ impl RunReport {
         let _ = writeln!(
             o,
             "  relays    {} × {} workers, batch {}, in-flight {} ({:?}), dispatch {}{linger}",
-            c.relays,
-            c.workers,
-            c.batch_size,
-            c.in_flight,
-            c.relay_mode,
-            c.dispatch.as_str()
+            r.relays,
+            r.workers,
+            r.batch_size,
+            r.in_flight,
+            r.mode,
+            d.dispatch.as_str()
         );
         if let Some(p) = &self.preload {
             let (aggs, vpa, prods) = (p.aggregates, p.versions_per_aggregate, p.producers as u64);
             let _ = writeln!(
                 o,
                 "  workload  preload {} intents: {aggs} aggregate{} × {vpa} version{}, {prods} producer{}, {} orders/tx, {} B payload (no load phase)",
-                p.intents, plural(aggs), plural(vpa), plural(prods), c.orders_per_tx, c.payload_bytes
+                p.intents, plural(aggs), plural(vpa), plural(prods), w.orders_per_tx, w.payload_bytes
             );
             let _ = writeln!(
                 o,
@@ -563,14 +519,14 @@ impl RunReport {
             );
             let _ = writeln!(o, "    sent {}   consumed {}", self.sent, self.consumed);
         } else {
-            let target = match c.rate {
+            let target = match w.rate {
                 0 => "flat out".to_string(),
                 r => format!("{r} ev/s"),
             };
             let _ = writeln!(
                 o,
                 "  workload  {} producers, {} orders/tx, {target}, {} aggregates ({:?}), {} B payload, {:.0}s",
-                c.producers, c.orders_per_tx, c.aggregates, c.skew, c.payload_bytes, c.duration_secs
+                c.producers, w.orders_per_tx, w.aggregates, w.skew, w.payload_bytes, c.spec.duration.as_secs_f64()
             );
             self.render_throughput(&mut o);
         }

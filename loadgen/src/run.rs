@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_relay::ownership::desired_slots;
-use ferry_store::redact_url;
 use ferry_testkit::verify::Verifier;
 use hdrhistogram::Histogram;
 use rand::Rng;
@@ -21,141 +20,22 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Args, Dispatch, FlagValue, RelayMode, SinkKind, Skew, StoreKind};
-use crate::db::{new_histogram, Database, DbSpec, PgCosts, SqliteWrites};
+use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind, StoreKind};
+use crate::db::{new_histogram, Database, PgCosts, SqliteWrites};
 use crate::error::{Error, Result};
-use crate::inbox::{InboxConsumer, InboxSpec};
+use crate::inbox::InboxConsumer;
 use crate::kafka::KafkaTarget;
-use crate::producer::{self, Counters, Preload, ProducerPlan, ProducerResult, Workload};
+use crate::producer::{self, Counters, ProducerPlan, ProducerResult};
 use crate::progress::{Live, Sampler, Totals};
-use crate::relays::{RelayMetrics, RelaySpec, Relays, SendOrder};
+use crate::relays::{RelayMetrics, Relays, SendOrder};
 use crate::report::{
-    self, round3, Baseline, BatchStats, Claims, ConfigEcho, DbCosts, InboxReport, Latencies,
-    PreloadReport, Quantiles, RowWrites, RunReport, StoreCheck, Verification,
+    self, round3, Baseline, BatchStats, Claims, DbCosts, InboxReport, Latencies, PreloadReport,
+    Quantiles, RowWrites, RunReport, StoreCheck, Verification,
 };
+use crate::spec::{Preload, RunSpec};
 use crate::workload::Ids;
 
-/// Everything one run needs; sweeps clone it and change one field.
-#[derive(Debug, Clone)]
-pub struct RunSpec {
-    /// Label in reports (`run`, `batch_size=100`).
-    pub label: String,
-    pub duration: Duration,
-    pub drain_timeout: Duration,
-    /// Database (and the dispatch mode of the outbox and the relays).
-    pub db: DbSpec,
-    pub relays: RelaySpec,
-    /// Chaos interval (process relays only).
-    pub chaos: Option<Duration>,
-    pub producers: usize,
-    pub work: Workload,
-    pub kafka_brokers: Option<String>,
-    pub topic: Option<String>,
-    /// Partitions of the embedded topic.
-    pub partitions: i32,
-    /// PostgreSQL ANALYZE interval during the load (zero: never).
-    pub pg_analyze_every: Duration,
-    pub baseline: Option<Duration>,
-    /// The Inbox consumer (`--inbox`).
-    pub inbox: Option<InboxSpec>,
-    pub progress: bool,
-}
-
 impl RunSpec {
-    /// The run the flags describe.
-    pub fn from_args(a: &Args) -> Self {
-        let store = a.store_kind();
-        let producers = a.producers.map(|p| p as usize).unwrap_or(match store {
-            // SQLite has one writer: more producers only queue on its lock.
-            StoreKind::Sqlite => 2,
-            // Server databases overlap commits (group commit); 8 keeps 2 cores busy.
-            StoreKind::Postgres | StoreKind::Mysql => 8,
-        });
-        let drain_timeout = a.drain_timeout.unwrap_or(if a.preload.is_some() {
-            // the whole burn-down happens in the drain; it ends as soon as the queue is empty
-            Duration::from_secs(300)
-        } else if a.chaos {
-            // a killed relay's claims wait out their lease (60 s by default) before takeover
-            Duration::from_secs(120)
-        } else {
-            Duration::from_secs(60)
-        });
-        let dispatch = a.dispatch();
-        // the relay's worker settings for this dispatch mode, where the flags leave them unset
-        let defaults = ferry_relay::WorkerDefaults::for_mode(dispatch.mode(), store.backend());
-        Self {
-            label: "run".to_string(),
-            duration: a.duration,
-            drain_timeout,
-            db: DbSpec {
-                store,
-                url: a.database_url.clone(),
-                keep: a.keep_db,
-                sqlite_sync: a.sqlite_synchronous,
-                dispatch,
-            },
-            relays: RelaySpec {
-                relays: a.relays as usize,
-                mode: a.relay_mode,
-                workers: a.workers.map_or(defaults.workers, |w| w as usize),
-                batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
-                in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
-                poll_min: a.poll_min,
-                read_linger: a.read_linger,
-                read_interval: a.read_interval.unwrap_or(defaults.read_interval),
-                kafka_linger: a.kafka_linger,
-                sink: a.sink,
-                ferry_bin: a.ferry_bin.clone(),
-                extra_args: a.relay_args.clone(),
-                // contention exists only between relays; a relays sweep measures every point
-                // (the 1-relay point too) so the points pay the same cost
-                measure_contention: a
-                    .measure_contention
-                    .unwrap_or(a.relays > 1 || a.sweep_relays.is_some()),
-                dispatch,
-                clock: None,
-            },
-            chaos: a.chaos.then_some(a.chaos_interval),
-            producers,
-            work: Workload {
-                aggregates: a.aggregates,
-                skew: a.skew,
-                zipf_s: a.zipf_s,
-                orders_per_tx: a.orders_per_tx as usize,
-                rate: a.rate,
-                payload_bytes: a.payload_bytes as usize,
-                seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
-                preload: a.preload.map(|total| Preload {
-                    total,
-                    per_aggregate: a.versions_per_aggregate.unwrap_or(1),
-                }),
-            },
-            kafka_brokers: a.kafka_brokers.clone(),
-            topic: a.topic.clone(),
-            partitions: a.partitions as i32,
-            pg_analyze_every: a.pg_analyze_every,
-            baseline: a.baseline.then(|| {
-                a.baseline_duration
-                    .unwrap_or(a.duration.min(Duration::from_secs(10)))
-            }),
-            inbox: a.inbox.then(|| InboxSpec {
-                url: a.inbox_url.clone(),
-                workers: a.inbox_workers as usize,
-                sqlite_sync: a.sqlite_synchronous,
-                keep: a.keep_db,
-            }),
-            progress: !a.no_progress,
-        }
-    }
-
-    /// Producer tasks that get work (a preload gives every producer whole aggregates).
-    fn producer_tasks(&self) -> usize {
-        match &self.work.preload {
-            Some(p) => p.producers(self.producers),
-            None => self.producers,
-        }
-    }
-
     /// The producers' plan; `flat_out` ignores `--rate` (the baseline, a preload).
     fn plan(&self, run: &str, topic: &str, flat_out: bool) -> ProducerPlan {
         let mut work = self.work.clone();
@@ -174,7 +54,7 @@ impl RunSpec {
 
     /// ANALYZE stands in for autovacuum (PostgreSQL, unless `--pg-analyze-every 0`).
     fn analyze(&self) -> bool {
-        self.db.store == StoreKind::Postgres && !self.pg_analyze_every.is_zero()
+        self.db.store == StoreKind::Postgres && !self.flags.pg_analyze_every.is_zero()
     }
 }
 
@@ -229,10 +109,6 @@ pub async fn baseline(
         return Ok(None);
     };
     let run = new_run_id();
-    let db_spec = DbSpec {
-        keep: false,
-        ..spec.db.clone()
-    };
     if spec.progress {
         eprintln!(
             "loadgen: baseline: {} producers, no relay, {:.0}s",
@@ -240,7 +116,7 @@ pub async fn baseline(
             length.as_secs_f64()
         );
     }
-    let db = Arc::new(Database::create(&db_spec, &run, spec.producers as u32 + 2).await?);
+    let db = Arc::new(Database::create(spec, false, &run, spec.producers as u32 + 2).await?);
     let counters = Arc::new(Counters::default());
     let stop = CancellationToken::new();
     let t0 = Instant::now();
@@ -282,7 +158,9 @@ pub async fn run(
     interrupt: &CancellationToken,
 ) -> Result<RunReport> {
     let run = new_run_id();
-    let db = Arc::new(Database::create(&spec.db, &run, spec.producers as u32 + 4).await?);
+    let db = Arc::new(
+        Database::create(spec, spec.flags.keep_db, &run, spec.producers as u32 + 4).await?,
+    );
     let result = Run::new(spec, &run, &db, interrupt).execute(baseline).await;
     match Arc::try_unwrap(db) {
         Ok(db) => db.finish().await,
@@ -435,6 +313,7 @@ impl<'a> Run<'a> {
                 run: run.to_string(),
             },
             topic: spec
+                .flags
                 .topic
                 .clone()
                 .unwrap_or_else(|| format!("loadgen-{run}")),
@@ -473,10 +352,10 @@ impl<'a> Run<'a> {
         let kafka = self.kafka().await?;
         let kafka_partitions = kafka.as_ref().map(|k| k.partitions);
         let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
-        let inbox = match (&spec.inbox, &kafka) {
-            (Some(s), Some(k)) => {
-                Some(InboxConsumer::start(s, self.run, &k.brokers, &k.topic, k.partitions).await?)
-            }
+        let inbox = match (spec.flags.inbox, &kafka) {
+            (true, Some(k)) => Some(
+                InboxConsumer::start(spec, self.run, &k.brokers, &k.topic, k.partitions).await?,
+            ),
             _ => None,
         };
         let log_dir = std::env::temp_dir().join(format!("loadgen-{}-relay-logs", self.run));
@@ -608,9 +487,9 @@ impl<'a> Run<'a> {
             return Ok(None);
         }
         let (brokers, topic, partitions) = (
-            self.spec.kafka_brokers.clone(),
+            self.spec.flags.kafka_brokers.clone(),
             self.topic.clone(),
-            self.spec.partitions,
+            self.spec.flags.partitions as i32,
         );
         let target = tokio::task::spawn_blocking(move || match brokers {
             Some(b) => KafkaTarget::external(&b, &topic, partitions),
@@ -629,12 +508,9 @@ impl<'a> Run<'a> {
         settle_first: bool,
     ) -> Result<Relays> {
         let spec = self.spec;
-        let relay_spec = RelaySpec {
-            clock: Some(self.counters.clock.clone()),
-            ..spec.relays.clone()
-        };
         let brokers = kafka.as_ref().map(|k| k.brokers.as_str());
-        let relays = Relays::start(&relay_spec, self.db, self.run, brokers, log_dir).await?;
+        let clock = self.counters.clock.clone();
+        let relays = Relays::start(spec, self.db, self.run, brokers, clock, log_dir).await?;
         if !settle_first {
             if spec.relays.relays > 1 {
                 self.note(format!(
@@ -676,7 +552,7 @@ impl<'a> Run<'a> {
         let handles = start_producers(self.db, plan, &self.counters, &stop);
         let analyzer = spec
             .analyze()
-            .then(|| start_analyzer(self.db.clone(), spec.pg_analyze_every, stop.clone()));
+            .then(|| start_analyzer(self.db.clone(), spec.flags.pg_analyze_every, stop.clone()));
         let t0 = sampler.t0;
         let load_end = t0 + spec.duration;
         let mut tick = 1u32;
@@ -713,7 +589,7 @@ impl<'a> Run<'a> {
             let n = a.await.unwrap_or(0);
             self.note(format!(
                 "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
-                spec.pg_analyze_every.as_secs_f64()
+                spec.flags.pg_analyze_every.as_secs_f64()
             ));
         }
         (results, t0.elapsed().as_secs_f64(), live.totals().await)
@@ -1136,7 +1012,7 @@ impl<'a> Run<'a> {
             baseline: baseline.map(|b| baseline_report(b, sent_per_sec, committed, load_secs)),
             db_costs: m.db_costs,
             peak_rss_mb: report::peak_rss_mb(),
-            config: echo(spec, self.run, &self.topic, &m.server, m.partitions),
+            config: spec.echo(self.run, &self.topic, &m.server, m.partitions),
             timeline: m.timeline,
             errors: self.errors.into_inner().expect("errors lock"),
             notes: self.notes.into_inner().expect("notes lock"),
@@ -1263,54 +1139,5 @@ fn costs(
             })
         }
         StoreKind::Mysql => None,
-    }
-}
-
-fn echo(
-    spec: &RunSpec,
-    run: &str,
-    topic: &str,
-    server: &[(String, String)],
-    partitions: Option<i32>,
-) -> ConfigEcho {
-    let (r, w) = (&spec.relays, &spec.work);
-    let kafka = r.sink == SinkKind::Kafka;
-    ConfigEcho {
-        run_id: run.to_string(),
-        store: spec.db.store,
-        database_url: spec.db.url.as_deref().map(redact_url),
-        server: server.to_vec(),
-        sink: r.sink,
-        kafka: kafka.then(|| {
-            spec.kafka_brokers
-                .clone()
-                .unwrap_or_else(|| "embedded mock cluster".to_string())
-        }),
-        topic: kafka.then(|| topic.to_string()),
-        partitions,
-        relays: r.relays,
-        relay_mode: r.mode,
-        workers: r.workers,
-        batch_size: r.batch_size,
-        in_flight: r.in_flight,
-        read_linger_ms: r
-            .read_linger
-            .unwrap_or(ferry_relay::RelayConfig::default().read_linger)
-            .as_millis() as u64,
-        read_interval_ms: r.read_interval.as_millis() as u64,
-        producers: spec.producer_tasks(),
-        orders_per_tx: w.orders_per_tx,
-        rate: w.rate,
-        aggregates: w.aggregates,
-        skew: w.skew,
-        zipf_s: (w.skew == Skew::Zipf).then_some(w.zipf_s),
-        payload_bytes: w.payload_bytes,
-        duration_secs: spec.duration.as_secs_f64(),
-        drain_timeout_secs: spec.drain_timeout.as_secs_f64(),
-        chaos_interval_secs: spec.chaos.map(|d| d.as_secs_f64()),
-        seed: w.seed,
-        dispatch: spec.db.dispatch,
-        preload: w.preload.map(|p| p.total),
-        versions_per_aggregate: w.preload.map(|p| p.per_aggregate),
     }
 }

@@ -9,7 +9,8 @@ use crate::chart::Chart;
 use crate::cli::FlagValue;
 use crate::error::{Error, Result};
 use crate::report::{self, RunReport, SweepReport};
-use crate::run::{self, RunSpec};
+use crate::run;
+use crate::spec::RunSpec;
 
 /// What is swept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,12 +114,12 @@ fn write_chart(kind: SweepKind, xs: &[u32], points: &[RunReport], path: &Path) -
     let c = &first.config;
     let subtitle = format!(
         "{} store, {} sink, {} producers × {} orders/tx, {} B payload, {:.0}s per point",
-        c.store.as_str(),
-        c.sink.as_str(),
+        c.spec.db.store.as_str(),
+        c.spec.relays.sink.as_str(),
         c.producers,
-        c.orders_per_tx,
-        c.payload_bytes,
-        c.duration_secs
+        c.spec.work.orders_per_tx,
+        c.spec.work.payload_bytes,
+        c.spec.duration.as_secs_f64()
     );
     let (title, x_label) = match kind {
         SweepKind::Batch => (
@@ -160,22 +161,22 @@ impl SweepReport {
             let relays = if self.sweep == "relays" {
                 "K".to_string()
             } else {
-                c.relays.to_string()
+                c.spec.relays.relays.to_string()
             };
             let batch = if self.sweep == "batch_size" {
                 "swept".to_string()
             } else {
-                c.batch_size.to_string()
+                c.spec.relays.batch_size.to_string()
             };
             let _ = writeln!(
                 o,
                 "  {} store, {} sink, {relays} relay(s) × {} workers, batch {batch}, {} producers × {} orders/tx, {:.0}s per point",
-                c.store.as_str(),
-                c.sink.as_str(),
-                c.workers,
+                c.spec.db.store.as_str(),
+                c.spec.relays.sink.as_str(),
+                c.spec.relays.workers,
                 c.producers,
-                c.orders_per_tx,
-                c.duration_secs
+                c.spec.work.orders_per_tx,
+                c.spec.duration.as_secs_f64()
             );
             if let Some(b) = &first.baseline {
                 let _ = writeln!(

@@ -1,0 +1,324 @@
+//! The resolved settings of a run: [`RunSpec::from_args`] decides every default a flag leaves
+//! open (store, dispatch, producers, relay worker settings, drain timeout, seed, ...) and keeps
+//! the flags themselves for the settings used as given; the report's `config` section is this
+//! spec serialized ([`ConfigEcho`]). No setting is copied into a third shape.
+use std::time::Duration;
+
+use ferry_relay::RelayConfig;
+use ferry_store::redact_url;
+use rand::Rng;
+use serde::{Serialize, Serializer};
+
+use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, StoreKind};
+
+/// Everything one run needs; sweeps clone it and change one field. Serialized (flattened into
+/// [`ConfigEcho`]) under the report's field names.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSpec {
+    /// Label in reports (`run`, `batch_size=100`).
+    #[serde(skip)]
+    pub label: String,
+    #[serde(rename = "duration_secs", serialize_with = "secs")]
+    pub duration: Duration,
+    #[serde(rename = "drain_timeout_secs", serialize_with = "secs")]
+    pub drain_timeout: Duration,
+    /// Database (and the dispatch mode of the outbox and the relays).
+    #[serde(flatten)]
+    pub db: DbSpec,
+    #[serde(flatten)]
+    pub relays: RelaySpec,
+    /// Chaos interval (process relays only).
+    #[serde(rename = "chaos_interval_secs", serialize_with = "opt_secs")]
+    pub chaos: Option<Duration>,
+    /// Producers asked for (the echo states those that got work: [`RunSpec::producer_tasks`]).
+    #[serde(skip)]
+    pub producers: usize,
+    #[serde(flatten)]
+    pub work: Workload,
+    #[serde(skip)]
+    pub baseline: Option<Duration>,
+    #[serde(skip)]
+    pub progress: bool,
+    /// The flags, for the settings used as given (`--topic`, `--keep-db`, `--inbox-url`,
+    /// `--poll-min`, `--relay-arg`, ...): only what the flags leave open is resolved above.
+    #[serde(skip)]
+    pub flags: Args,
+}
+
+/// How to get the run's database.
+#[derive(Debug, Clone, Serialize)]
+pub struct DbSpec {
+    pub store: StoreKind,
+    /// The dispatch mode the outbox is put in before anything is produced, and the relays'.
+    pub dispatch: Dispatch,
+}
+
+/// How the relays of a run are set up (their dispatch mode is the outbox's, [`DbSpec`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct RelaySpec {
+    pub relays: usize,
+    #[serde(rename = "relay_mode")]
+    pub mode: RelayMode,
+    pub workers: usize,
+    pub batch_size: usize,
+    /// Batches in flight per worker.
+    pub in_flight: usize,
+    /// The relay's `read_interval` (the store's default unless set).
+    #[serde(rename = "read_interval_ms", serialize_with = "ms")]
+    pub read_interval: Duration,
+    pub sink: SinkKind,
+    /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
+    #[serde(skip)]
+    pub measure_contention: bool,
+}
+
+/// The workload of a run's producers (`--aggregates`, `--skew`, `--rate`, ...).
+#[derive(Debug, Clone, Serialize)]
+pub struct Workload {
+    pub aggregates: u64,
+    pub skew: Skew,
+    /// Zipf exponent; echoed with zipf skew only (by [`ConfigEcho`]).
+    #[serde(skip)]
+    pub zipf_s: f64,
+    pub orders_per_tx: usize,
+    /// Events/s over all producers; 0 = flat out.
+    pub rate: u64,
+    pub payload_bytes: usize,
+    /// Workload seed; producer `p` uses `seed + p`.
+    pub seed: u64,
+    /// A fixed queue to commit (`--preload`) instead of random picks until stopped; echoed
+    /// as `preload` and `versions_per_aggregate` (by [`ConfigEcho`]).
+    #[serde(skip)]
+    pub preload: Option<Preload>,
+}
+
+/// The shape of a preloaded queue: `total` intents over `ceil(total / per_aggregate)`
+/// aggregates, each with versions `1..=per_aggregate` (the last aggregate gets the remainder).
+/// Aggregate `a` belongs to producer `a % producers`, which commits its aggregates one after the
+/// other, every version of one before the next, then returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preload {
+    pub total: u64,
+    pub per_aggregate: u64,
+}
+
+impl Preload {
+    /// Number of aggregates.
+    pub fn aggregates(&self) -> u64 {
+        self.total.div_ceil(self.per_aggregate.max(1))
+    }
+
+    /// Versions of aggregate `a`.
+    pub fn versions_of(&self, a: u64) -> u64 {
+        let k = self.per_aggregate.max(1);
+        if a + 1 == self.aggregates() {
+            self.total - a * k
+        } else {
+            k
+        }
+    }
+
+    /// Producers that get work: one per aggregate at most.
+    pub fn producers(&self, wanted: usize) -> usize {
+        (wanted as u64).min(self.aggregates()).max(1) as usize
+    }
+
+    /// Intents producer `p` of `producers` commits.
+    #[cfg(test)]
+    pub fn share(&self, producers: usize, p: usize) -> u64 {
+        (p as u64..self.aggregates())
+            .step_by(producers.max(1))
+            .map(|a| self.versions_of(a))
+            .sum()
+    }
+}
+
+impl RunSpec {
+    /// The run the flags describe.
+    pub fn from_args(a: &Args) -> Self {
+        let store = a.store_kind();
+        let producers = a.producers.map(|p| p as usize).unwrap_or(match store {
+            // SQLite has one writer: more producers only queue on its lock.
+            StoreKind::Sqlite => 2,
+            // Server databases overlap commits (group commit); 8 keeps 2 cores busy.
+            StoreKind::Postgres | StoreKind::Mysql => 8,
+        });
+        let drain_timeout = a.drain_timeout.unwrap_or(if a.preload.is_some() {
+            // the whole burn-down happens in the drain; it ends as soon as the queue is empty
+            Duration::from_secs(300)
+        } else if a.chaos {
+            // a killed relay's claims wait out their lease (60 s by default) before takeover
+            Duration::from_secs(120)
+        } else {
+            Duration::from_secs(60)
+        });
+        let dispatch = a.dispatch();
+        // the relay's worker settings for this dispatch mode, where the flags leave them unset
+        let defaults = ferry_relay::WorkerDefaults::for_mode(dispatch.mode(), store.backend());
+        Self {
+            label: "run".to_string(),
+            duration: a.duration,
+            drain_timeout,
+            db: DbSpec { store, dispatch },
+            relays: RelaySpec {
+                relays: a.relays as usize,
+                mode: a.relay_mode,
+                workers: a.workers.map_or(defaults.workers, |w| w as usize),
+                batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
+                in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
+                read_interval: a.read_interval.unwrap_or(defaults.read_interval),
+                sink: a.sink,
+                // contention exists only between relays; a relays sweep measures every point
+                // (the 1-relay point too) so the points pay the same cost
+                measure_contention: a
+                    .measure_contention
+                    .unwrap_or(a.relays > 1 || a.sweep_relays.is_some()),
+            },
+            chaos: a.chaos.then_some(a.chaos_interval),
+            producers,
+            work: Workload {
+                aggregates: a.aggregates,
+                skew: a.skew,
+                zipf_s: a.zipf_s,
+                orders_per_tx: a.orders_per_tx as usize,
+                rate: a.rate,
+                payload_bytes: a.payload_bytes as usize,
+                seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
+                preload: a.preload.map(|total| Preload {
+                    total,
+                    per_aggregate: a.versions_per_aggregate.unwrap_or(1),
+                }),
+            },
+            baseline: a.baseline.then(|| {
+                a.baseline_duration
+                    .unwrap_or(a.duration.min(Duration::from_secs(10)))
+            }),
+            progress: !a.no_progress,
+            flags: a.clone(),
+        }
+    }
+
+    /// The read linger in-process relays run with: `--read-linger`, else the relay's default.
+    pub fn read_linger(&self) -> Duration {
+        self.flags
+            .read_linger
+            .unwrap_or(RelayConfig::default().read_linger)
+    }
+
+    /// Producer tasks that get work (a preload gives every producer whole aggregates).
+    pub fn producer_tasks(&self) -> usize {
+        match &self.work.preload {
+            Some(p) => p.producers(self.producers),
+            None => self.producers,
+        }
+    }
+
+    /// The report's `config`: this spec with what the run `run_id` chose.
+    pub fn echo(
+        &self,
+        run_id: &str,
+        topic: &str,
+        server: &[(String, String)],
+        partitions: Option<i32>,
+    ) -> ConfigEcho {
+        let (kafka, w) = (self.relays.sink == SinkKind::Kafka, &self.work);
+        ConfigEcho {
+            run_id: run_id.to_string(),
+            server: server.to_vec(),
+            database_url: self.flags.database_url.as_deref().map(redact_url),
+            kafka: kafka.then(|| {
+                self.flags
+                    .kafka_brokers
+                    .clone()
+                    .unwrap_or_else(|| "embedded mock cluster".to_string())
+            }),
+            topic: kafka.then(|| topic.to_string()),
+            partitions,
+            producers: self.producer_tasks(),
+            read_linger_ms: self.read_linger().as_millis() as u64,
+            zipf_s: (w.skew == Skew::Zipf).then_some(w.zipf_s),
+            preload: w.preload.map(|p| p.total),
+            versions_per_aggregate: w.preload.map(|p| p.per_aggregate),
+            spec: self.clone(),
+        }
+    }
+}
+
+/// The effective configuration (no secrets): the run's [`RunSpec`], flattened, and what the
+/// run itself chose.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigEcho {
+    /// Run id (part of every event id, schema and topic name).
+    pub run_id: String,
+    /// Server version and durability settings.
+    pub server: Vec<(String, String)>,
+    /// Database URL with the password redacted (`None`: temporary SQLite file).
+    pub database_url: Option<String>,
+    /// `embedded mock cluster` or the external bootstrap list (Kafka sink only).
+    pub kafka: Option<String>,
+    pub topic: Option<String>,
+    /// The topic's own partition count (an external broker's existing topic keeps its own).
+    pub partitions: Option<i32>,
+    /// Producer tasks that got work.
+    pub producers: usize,
+    /// The relays' read linger per other reader in ms (cursor dispatch).
+    pub read_linger_ms: u64,
+    /// Zipf exponent (with zipf skew).
+    pub zipf_s: Option<f64>,
+    /// `--preload` (queue burn-down), when given.
+    pub preload: Option<u64>,
+    /// `--versions-per-aggregate` of the preload.
+    pub versions_per_aggregate: Option<u64>,
+    #[serde(flatten)]
+    pub spec: RunSpec,
+}
+
+fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    d.map(|d| d.as_secs_f64()).serialize(s)
+}
+
+fn ms<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn echo_states_the_resolved_settings() {
+        let flags = "loadgen --database-url postgres://u:pw@h/db --chaos --relay-mode process \
+                     --skew zipf --preload 10 --versions-per-aggregate 3 --sink null --seed 9";
+        let a = Args::try_parse_from(flags.split_whitespace()).unwrap();
+        let echo = RunSpec::from_args(&a).echo("abc", "t", &[], None);
+        let v = serde_json::to_value(echo).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 29, "{v}");
+        assert!(!v["database_url"].as_str().unwrap().contains("pw"), "{v}");
+        for (key, want) in [
+            ("run_id", json!("abc")),
+            ("store", json!("postgres")),
+            ("kafka", json!(null)),
+            ("topic", json!(null)),
+            ("relay_mode", json!("process")),
+            ("dispatch", json!("cursor")),
+            ("read_linger_ms", json!(25)),
+            ("producers", json!(4)),
+            ("zipf_s", json!(1.0)),
+            ("preload", json!(10)),
+            ("versions_per_aggregate", json!(3)),
+            ("duration_secs", json!(30.0)),
+            ("drain_timeout_secs", json!(300.0)),
+            ("chaos_interval_secs", json!(3.0)),
+            ("seed", json!(9)),
+        ] {
+            assert_eq!(v[key], want, "{key}: {v}");
+        }
+    }
+}
