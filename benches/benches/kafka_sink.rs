@@ -6,37 +6,14 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ferry_benches::{payload, quick, runtime, PAYLOAD_BYTES};
-use ferry_core::{ClaimToken, ClaimedEvent, Outcome};
+use ferry_core::{ClaimedEvent, Outcome};
 use ferry_relay::{KafkaConfig, KafkaSink, Sink};
 use ferry_testkit::embedded::EmbeddedKafka;
 
 const TOPIC: &str = "ferry-bench";
 
 fn items(n: usize) -> Vec<ClaimedEvent> {
-    let body = payload(PAYLOAD_BYTES);
-    (0..n)
-        .map(|i| {
-            let agg = format!("order-{i}");
-            ClaimedEvent {
-                token: ClaimToken {
-                    seq: i as i64 + 1,
-                    event_id: format!("01890a5d-ac96-774b-bcce-{i:012x}"),
-                    claim_id: "01890a5d-ac96-774b-bcce-00000000ffff".into(),
-                    claim_version: 1,
-                },
-                shard_slot: ferry_core::slot_for(&agg),
-                key: agg.clone(),
-                aggregate_id: agg,
-                aggregate_version: 1,
-                topic: TOPIC.into(),
-                event_type: "OrderCreated".into(),
-                headers: "{}".into(),
-                payload: body.clone(),
-                attempts: 0,
-                created_at: 0,
-            }
-        })
-        .collect()
+    ferry_testkit::claimed_events(TOPIC, 0, n, &payload(PAYLOAD_BYTES))
 }
 
 fn kafka_sink(c: &mut Criterion) {

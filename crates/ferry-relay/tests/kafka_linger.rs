@@ -4,7 +4,7 @@
 //! with seconds of margin on a slow machine (the first send also fetches the topic's metadata).
 use std::time::{Duration, Instant};
 
-use ferry_core::{ClaimToken, ClaimedEvent, Outcome};
+use ferry_core::{ClaimedEvent, Outcome};
 use ferry_relay::{KafkaConfig, KafkaSink, Sink};
 use ferry_testkit::embedded::EmbeddedKafka;
 
@@ -12,29 +12,7 @@ const TOPIC: &str = "linger";
 const LINGER: Duration = Duration::from_secs(3);
 
 fn items(first: usize, n: usize) -> Vec<ClaimedEvent> {
-    (first..first + n)
-        .map(|i| {
-            let agg = format!("order-{i}");
-            ClaimedEvent {
-                token: ClaimToken {
-                    seq: i as i64 + 1,
-                    event_id: format!("01890a5d-ac96-774b-bcce-{i:012x}"),
-                    claim_id: "01890a5d-ac96-774b-bcce-00000000ffff".into(),
-                    claim_version: 1,
-                },
-                shard_slot: ferry_core::slot_for(&agg),
-                key: agg.clone(),
-                aggregate_id: agg,
-                aggregate_version: 1,
-                topic: TOPIC.into(),
-                event_type: "OrderCreated".into(),
-                headers: "{}".into(),
-                payload: "{}".into(),
-                attempts: 0,
-                created_at: 0,
-            }
-        })
-        .collect()
+    ferry_testkit::claimed_events(TOPIC, first, n, "{}")
 }
 
 async fn send(sink: &KafkaSink, batch: &[ClaimedEvent]) -> Duration {
