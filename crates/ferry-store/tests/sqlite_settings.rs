@@ -1,0 +1,39 @@
+//! The connection settings every SQLite store connection runs with: WAL, `synchronous = FULL`
+//! (a committed intent survives a power loss) and `temp_store = MEMORY` (statement journals of
+//! multi-row inserts are not spilled to temporary files; docs/tuning.md, "SQLite").
+use ferry_store::sqlite::SqliteStore;
+use ferry_store::ConnectOptions;
+use ferry_testkit::TempDir;
+
+#[tokio::test]
+async fn every_pooled_connection_has_the_settings() {
+    let dir = TempDir::new("ferry-sqlite-settings").unwrap();
+    let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let opts = ConnectOptions {
+        max_connections: 3,
+        ..ConnectOptions::default()
+    };
+    let store = SqliteStore::connect(&url, &opts).await.unwrap();
+    // three connections at once: each is a separate SQLite connection with its own settings
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(store.pool().acquire().await.unwrap());
+    }
+    for c in &mut conns {
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut **c)
+            .await
+            .unwrap();
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut **c)
+            .await
+            .unwrap();
+        let temp: i64 = sqlx::query_scalar("PRAGMA temp_store")
+            .fetch_one(&mut **c)
+            .await
+            .unwrap();
+        assert_eq!(journal, "wal");
+        assert_eq!(sync, 2, "synchronous = FULL");
+        assert_eq!(temp, 2, "temp_store = MEMORY");
+    }
+}
