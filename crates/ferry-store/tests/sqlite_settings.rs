@@ -1,6 +1,7 @@
 //! The connection settings every SQLite store connection runs with: WAL, `synchronous = FULL`
 //! (a committed intent survives a power loss) and `temp_store = MEMORY` (statement journals of
-//! multi-row inserts are not spilled to temporary files; docs/tuning.md, "SQLite").
+//! multi-row inserts are not spilled to temporary files) and `wal_autocheckpoint = 10000`
+//! (docs/tuning.md, "SQLite").
 use ferry_store::sqlite::SqliteStore;
 use ferry_store::ConnectOptions;
 use ferry_testkit::TempDir;
@@ -32,7 +33,12 @@ async fn every_pooled_connection_has_the_settings() {
             .fetch_one(&mut **c)
             .await
             .unwrap();
+        let ckpt: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+            .fetch_one(&mut **c)
+            .await
+            .unwrap();
         assert_eq!(journal, "wal");
+        assert_eq!(ckpt, 10_000, "wal_autocheckpoint");
         assert_eq!(sync, 2, "synchronous = FULL");
         assert_eq!(temp, 2, "temp_store = MEMORY");
     }
