@@ -261,9 +261,10 @@ impl SqliteStore {
         Self::connect_with(conn.synchronous(SqliteSynchronous::Full), opts).await
     }
 
-    /// Opens with explicit options (WAL, `temp_store = MEMORY`, `wal_autocheckpoint = 10000` and
-    /// a 30 s busy timeout are always set, replacing any the options carry). SQLite has one writer at a time: a process stopped inside a write transaction
-    /// blocks every writer until it resumes or dies (no server times it out).
+    /// Opens with explicit options (WAL, `wal_autocheckpoint = 10000` and a 30 s busy timeout are
+    /// always set, replacing any the options carry). SQLite has one writer at a time: a process
+    /// stopped inside a write transaction blocks every writer until it resumes or dies (no server
+    /// times it out).
     pub async fn connect_with(
         conn: SqliteConnectOptions,
         opts: &ConnectOptions,
@@ -271,18 +272,10 @@ impl SqliteStore {
         let conn = conn
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            // A multi-row INSERT inside a transaction keeps a statement journal (the pages it
-            // changes, to undo just that statement if a row fails a constraint). Past 64 KiB
-            // it spills to a temporary file, created, written and unlinked in every producer
-            // transaction of 50 intents with random aggregate keys (each row dirties its own
-            // page of the (aggregate_id, aggregate_version) index). In memory it is never
-            // written at all; crash recovery does not use it (the WAL does). Temporary tables
-            // of ferry's own queries are small (a handful of groups per status query).
-            .pragma("temp_store", "MEMORY")
             // Checkpoint every 10,000 WAL pages (~40 MiB) instead of SQLite's 1,000: with random
             // aggregate keys a transaction dirties about one index page per intent, and pages
             // that several transactions dirtied between two checkpoints are copied into the
-            // database file once (docs/tuning.md, "SQLite").
+            // database file once (docs/tuning.md, "Per store").
             .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string())
             .busy_timeout(Duration::from_secs(30));
         let pool = SqlitePoolOptions::new()
