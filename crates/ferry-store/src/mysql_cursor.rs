@@ -19,6 +19,10 @@
 //! Reads return committed rows with `cursor < seq <= horizon` in `seq` order, as on SQLite. The
 //! price: an open producer transaction holds the horizon (not other producers) until it ends;
 //! [`CursorStore::horizon`] reports the oldest one.
+//!
+//! MariaDB has no partial indexes, so the row-dispatch indexes of `ferry_outbox` would take an
+//! entry for every intent in cursor dispatch too, which reads none of them: they exist only while
+//! the outbox is in row dispatch ([`ROW_INDEXES`]).
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -47,6 +51,27 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 /// connection killed by a relay that wants to tick, which then takes over.
 const STALE_TICKER_S: i64 = 30;
 
+/// The row-dispatch indexes of `ferry_outbox` (migrations 0001 and 0002) and their columns.
+/// Cursor dispatch never reads them and never updates an outbox row, but without partial
+/// indexes each one still takes an entry for every intent a producer writes: a switch to cursor
+/// dispatch drops them, a switch to row dispatch builds them again (row claims force
+/// `ferry_outbox_due`).
+const ROW_INDEXES: [(&str, &str); 4] = [
+    (
+        "ferry_outbox_due",
+        "state, seq, shard_slot, available_at, lease_until",
+    ),
+    (
+        "ferry_outbox_predecessor",
+        "aggregate_id, state, aggregate_version",
+    ),
+    ("ferry_outbox_claim_id", "claim_id"),
+    ("ferry_outbox_sent_at", "state, sent_at"),
+];
+/// How long that DDL waits for the table's metadata lock (transactions open on the outbox; new
+/// producer statements queue behind a waiting DDL) before it gives up.
+const INDEX_DDL_WAIT_S: u32 = 10;
+
 /// `COLUMNS` qualified with `o.`, in the order [`claimed_from_row`] reads.
 const COLUMNS_O: &str =
     "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
@@ -69,6 +94,133 @@ impl MyStore {
         String::from_utf8_lossy(&m)
             .parse()
             .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+    }
+
+    /// The mode switch's transaction (docs/schema.md, "Switching modes"): `false` when the
+    /// outbox is in `mode` already.
+    async fn convert_mode(&self, mode: DispatchMode, owner: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
+        let current: Vec<u8> =
+            sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_err("dispatch mode", e))?;
+        let current = String::from_utf8_lossy(&current).into_owned();
+        if current == mode.as_str() {
+            return Ok(false);
+        }
+        let others: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM ferry_relay_member WHERE owner <> ? AND lease_until > UTC_TIMESTAMP(6)",
+        )
+        .bind(owner)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| db_err("dispatch mode: members", e))?;
+        if others > 0 {
+            return Err(mode_in_use(&current, others, mode));
+        }
+        let stmts: &[&str] = match mode {
+            DispatchMode::Cursor => &[
+                // Quarantined rows stay parked as exception rows (they hold their successors).
+                "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
+                   available_at, attempts, last_error, resolved_by, resolved_at) \
+                 SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
+                   last_error, resolved_by, resolved_at \
+                 FROM ferry_outbox WHERE state = 'QUARANTINED' \
+                 ON DUPLICATE KEY UPDATE state = VALUES(state)",
+                // Each slot's cursor sits just below its first unfinished row (or at the
+                // head): the cursor sends the row-mode backlog in order and passes over rows
+                // row mode already finished (their state is not PENDING).
+                "UPDATE ferry_slot_lease l \
+                 LEFT JOIN (SELECT shard_slot, min(seq) - 1 AS below FROM ferry_outbox \
+                            WHERE state IN ('PENDING', 'CLAIMED') GROUP BY shard_slot) u ON u.shard_slot = l.slot \
+                 SET l.cursor_seq = coalesce(u.below, (SELECT coalesce(max(seq), 0) FROM ferry_outbox)), \
+                   l.cursor_version = l.cursor_version + 1, l.cursor_claim_id = NULL, \
+                   l.epoch = l.epoch + 1, l.owner = NULL, l.lease_until = NULL",
+            ],
+            DispatchMode::Row => &[
+                // Rows behind their slot's cursor take the state the cursor gave them (the
+                // view's effective state, written out: MySQL cannot update a table through a
+                // view of itself). SET runs left to right: `state` goes last.
+                "UPDATE ferry_outbox o JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
+                 LEFT JOIN ferry_outbox_exception x ON x.seq = o.seq \
+                 SET o.sent_at = CASE WHEN coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
+                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) = 'SENT' \
+                       THEN coalesce(o.sent_at, x.sent_at, UTC_TIMESTAMP(6)) END, \
+                   o.attempts = coalesce(x.attempts, o.attempts), o.last_error = coalesce(x.last_error, o.last_error), \
+                   o.resolved_by = coalesce(x.resolved_by, o.resolved_by), \
+                   o.available_at = coalesce(x.available_at, o.available_at), o.lease_until = NULL, \
+                   o.state = CASE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
+                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) \
+                     WHEN 'CLAIMED' THEN 'PENDING' \
+                     ELSE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
+                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) END \
+                 WHERE x.seq IS NOT NULL OR o.state = 'CLAIMED' \
+                   OR (o.state = 'PENDING' AND l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq)",
+                "DELETE FROM ferry_outbox_exception",
+                "UPDATE ferry_slot_lease SET cursor_seq = NULL, cursor_claim_id = NULL, \
+                   cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
+            ],
+        };
+        for s in stmts {
+            sqlx::query(s)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("dispatch mode: convert", e))?;
+        }
+        sqlx::query(
+            "UPDATE ferry_dispatch SET mode = ?, changed_at = UTC_TIMESTAMP(6) WHERE id = 1",
+        )
+        .bind(mode.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("dispatch mode: set", e))?;
+        tx.commit().await.ctx("dispatch mode: commit")?;
+        Ok(true)
+    }
+
+    /// Makes the row-dispatch indexes ([`ROW_INDEXES`]) match `mode`: present in row dispatch,
+    /// absent in cursor dispatch. Idempotent, and a no-op (one catalogue read) when they match.
+    /// MariaDB commits DDL on its own, so this runs after the mode switch's transaction; a crash
+    /// in between leaves the indexes of the other mode, which the next switch or relay start
+    /// (the switch runs this also when the mode is unchanged) puts right. Extra indexes in
+    /// cursor dispatch cost producers time, never correctness; row dispatch needs them, so a
+    /// failure to build them is an error.
+    async fn fit_row_indexes(&self, mode: DispatchMode) -> Result<(), StoreError> {
+        let mut q = sqlx::query_scalar::<_, String>(
+            "SELECT DISTINCT CAST(index_name AS CHAR) FROM information_schema.STATISTICS \
+             WHERE table_schema = DATABASE() AND table_name = 'ferry_outbox' \
+               AND index_name IN (?, ?, ?, ?)",
+        );
+        for (name, _) in ROW_INDEXES {
+            q = q.bind(name);
+        }
+        let present = q
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| db_err("dispatch mode: indexes", e))?;
+        let changes: Vec<String> = ROW_INDEXES
+            .iter()
+            .filter(|(name, _)| present.iter().any(|p| p == name) == (mode == DispatchMode::Cursor))
+            .map(|(name, cols)| match mode {
+                DispatchMode::Cursor => format!("DROP INDEX IF EXISTS {name}"),
+                DispatchMode::Row => format!("ADD INDEX IF NOT EXISTS {name} ({cols})"),
+            })
+            .collect();
+        if changes.is_empty() {
+            return Ok(());
+        }
+        // identifiers and columns are the constants above: nothing here comes from input
+        let ddl = format!(
+            "ALTER TABLE ferry_outbox WAIT {INDEX_DDL_WAIT_S} {}",
+            changes.join(", ")
+        );
+        self.pool()
+            .execute(ddl.as_str())
+            .await
+            .map_err(|e| db_err("dispatch mode: indexes", e))?;
+        tracing::info!(dispatch = %mode, indexes = ?changes, "fitted the outbox's row-dispatch indexes to the dispatch mode");
+        Ok(())
     }
 
     /// Starts the ticker task once, and nudges it (a reader is waiting for the horizon).
@@ -239,84 +391,16 @@ impl CursorStore for MyStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
-            let current: Vec<u8> =
-                sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE")
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode", e))?;
-            let current = String::from_utf8_lossy(&current).into_owned();
-            if current == mode.as_str() {
-                return Ok(false);
+            let changed = self.convert_mode(mode, owner).await?;
+            match mode {
+                DispatchMode::Row => self.fit_row_indexes(mode).await?,
+                DispatchMode::Cursor => {
+                    if let Err(e) = self.fit_row_indexes(mode).await {
+                        tracing::warn!(error = %e, "cursor dispatch: the row-dispatch indexes stay (producers pay for them; the next relay start tries again)");
+                    }
+                }
             }
-            let others: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM ferry_relay_member WHERE owner <> ? AND lease_until > UTC_TIMESTAMP(6)",
-            )
-            .bind(owner)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode: members", e))?;
-            if others > 0 {
-                return Err(mode_in_use(&current, others, mode));
-            }
-            let stmts: &[&str] = match mode {
-                DispatchMode::Cursor => &[
-                    // Quarantined rows stay parked as exception rows (they hold their successors).
-                    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
-                       available_at, attempts, last_error, resolved_by, resolved_at) \
-                     SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
-                       last_error, resolved_by, resolved_at \
-                     FROM ferry_outbox WHERE state = 'QUARANTINED' \
-                     ON DUPLICATE KEY UPDATE state = VALUES(state)",
-                    // Each slot's cursor sits just below its first unfinished row (or at the
-                    // head): the cursor sends the row-mode backlog in order and passes over rows
-                    // row mode already finished (their state is not PENDING).
-                    "UPDATE ferry_slot_lease l \
-                     LEFT JOIN (SELECT shard_slot, min(seq) - 1 AS below FROM ferry_outbox \
-                                WHERE state IN ('PENDING', 'CLAIMED') GROUP BY shard_slot) u ON u.shard_slot = l.slot \
-                     SET l.cursor_seq = coalesce(u.below, (SELECT coalesce(max(seq), 0) FROM ferry_outbox)), \
-                       l.cursor_version = l.cursor_version + 1, l.cursor_claim_id = NULL, \
-                       l.epoch = l.epoch + 1, l.owner = NULL, l.lease_until = NULL",
-                ],
-                DispatchMode::Row => &[
-                    // Rows behind their slot's cursor take the state the cursor gave them (the
-                    // view's effective state, written out: MySQL cannot update a table through a
-                    // view of itself). SET runs left to right: `state` goes last.
-                    "UPDATE ferry_outbox o JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-                     LEFT JOIN ferry_outbox_exception x ON x.seq = o.seq \
-                     SET o.sent_at = CASE WHEN coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                           WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) = 'SENT' \
-                           THEN coalesce(o.sent_at, x.sent_at, UTC_TIMESTAMP(6)) END, \
-                       o.attempts = coalesce(x.attempts, o.attempts), o.last_error = coalesce(x.last_error, o.last_error), \
-                       o.resolved_by = coalesce(x.resolved_by, o.resolved_by), \
-                       o.available_at = coalesce(x.available_at, o.available_at), o.lease_until = NULL, \
-                       o.state = CASE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                           WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) \
-                         WHEN 'CLAIMED' THEN 'PENDING' \
-                         ELSE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                           WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) END \
-                     WHERE x.seq IS NOT NULL OR o.state = 'CLAIMED' \
-                       OR (o.state = 'PENDING' AND l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq)",
-                    "DELETE FROM ferry_outbox_exception",
-                    "UPDATE ferry_slot_lease SET cursor_seq = NULL, cursor_claim_id = NULL, \
-                       cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
-                ],
-            };
-            for s in stmts {
-                sqlx::query(s)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode: convert", e))?;
-            }
-            sqlx::query(
-                "UPDATE ferry_dispatch SET mode = ?, changed_at = UTC_TIMESTAMP(6) WHERE id = 1",
-            )
-            .bind(mode.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode: set", e))?;
-            tx.commit().await.ctx("dispatch mode: commit")?;
-            Ok(true)
+            Ok(changed)
         })
     }
 

@@ -568,11 +568,42 @@ async fn open_transactions_hold_the_mysql_horizon(
     db.cleanup().await;
 }
 
+/// How many of the row-dispatch indexes of `ferry_outbox` exist on `db`, and how many row
+/// dispatch has: the ones that would take an entry per intent in cursor dispatch, which reads
+/// none of them (PostgreSQL's and SQLite's other indexes are partial on states cursor dispatch
+/// never writes; MariaDB has no partial indexes).
+async fn row_indexes(db: &TestDb) -> (i64, i64) {
+    let (sql, all) = match db.backend {
+        ferry_store::Backend::Postgres => (
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() \
+               AND tablename = 'ferry_outbox' \
+               AND indexname IN ('ferry_outbox_dispatch', 'ferry_outbox_unfinished')",
+            2,
+        ),
+        ferry_store::Backend::Sqlite => (
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ferry_outbox' \
+               AND name IN ('ferry_outbox_dispatch', 'ferry_outbox_unfinished')",
+            2,
+        ),
+        ferry_store::Backend::Mysql => (
+            "SELECT count(DISTINCT index_name) FROM information_schema.STATISTICS \
+             WHERE table_schema = DATABASE() AND table_name = 'ferry_outbox' \
+               AND index_name IN ('ferry_outbox_due', 'ferry_outbox_predecessor', \
+                                  'ferry_outbox_claim_id', 'ferry_outbox_sent_at')",
+            4,
+        ),
+    };
+    (db.scalar(sql).await.unwrap(), all)
+}
+
 /// Switching modes converts delivery state both ways: row-mode work becomes exception rows,
-/// cursor-mode derived states become row states.
+/// cursor-mode derived states become row states. The row-dispatch indexes exist only in row
+/// dispatch.
 pub async fn mode_switch_converts_state(db: TestDb) {
     let c = cs(&db);
     assert_eq!(c.dispatch_mode().await.unwrap(), DispatchMode::Row);
+    let (n, all) = row_indexes(&db).await;
+    assert_eq!(n, all, "row dispatch has its indexes");
     db.store
         .enqueue(&[ev("m", 1), ev("m", 2), ev("n", 1)])
         .await
@@ -615,6 +646,11 @@ pub async fn mode_switch_converts_state(db: TestDb) {
         .set_dispatch_mode(DispatchMode::Cursor, "me")
         .await
         .unwrap());
+    assert_eq!(
+        row_indexes(&db).await.0,
+        0,
+        "cursor dispatch keeps no row-dispatch index"
+    );
     assert_eq!(state(&db, "e-n-1").await, Some(EventState::Sent));
     assert_eq!(state(&db, "e-m-1").await, Some(EventState::Quarantined));
     assert_eq!(state(&db, "e-m-2").await, Some(EventState::Pending));
@@ -653,6 +689,11 @@ pub async fn mode_switch_converts_state(db: TestDb) {
         .await
         .unwrap();
     assert!(c.set_dispatch_mode(DispatchMode::Row, "me").await.unwrap());
+    assert_eq!(
+        row_indexes(&db).await.0,
+        all,
+        "row dispatch has its indexes again"
+    );
     assert_eq!(state(&db, "e-o-1").await, Some(EventState::Sent));
     assert_eq!(state(&db, "e-n-1").await, Some(EventState::Sent));
     assert_eq!(state(&db, "e-m-1").await, Some(EventState::Quarantined));
