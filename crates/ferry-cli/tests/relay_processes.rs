@@ -115,7 +115,9 @@ impl Drop for RelayProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
+        if std::env::var_os("KEEP_RELAY_LOGS").is_none() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
@@ -344,6 +346,45 @@ mod mysql_paused {
         .await;
         a.signal(libc::SIGCONT);
         drop(a);
+        drop(b);
+        db.cleanup().await;
+    }
+    /// A session that won the ticker election and stopped before it registered in
+    /// `ferry_horizon` (so it never ticked at all) is replaced too: a relay that has seen it hold
+    /// the lock unregistered for 30 s ends that session and delivers. (A CI run once stopped a
+    /// relay in exactly this window, and the relay beside it waited for ever.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn unregistered_ticker_is_replaced() {
+        use sqlx::{Connection, Executor};
+        use std::time::Duration;
+        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
+            return;
+        };
+        let mut squatter = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+        let won: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_ticker:', DATABASE()), 0)")
+                .fetch_one(&mut squatter)
+                .await
+                .unwrap();
+        assert_eq!(won, Some(1), "the squatter holds the election lock");
+        let b = super::spawn_relay(
+            &db.url,
+            &["--sink", "null"],
+            "fresh-b",
+            ferry_core::DispatchMode::Cursor,
+        );
+        db.store
+            .enqueue(&[super::ev("u", 1), super::ev("u", 2)])
+            .await
+            .unwrap();
+        super::wait_until("delivered by B", Duration::from_secs(180), || async {
+            db.store.status().await.unwrap().pending == 0
+        })
+        .await;
+        assert!(
+            squatter.execute("SELECT 1").await.is_err(),
+            "B ended the squatter's session"
+        );
         drop(b);
         db.cleanup().await;
     }

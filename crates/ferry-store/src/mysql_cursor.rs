@@ -281,6 +281,9 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
         .await;
     // Another process may tick this database: wait for its lock (it is released when that
     // process's connection ends), checking now and then that this store still exists.
+    // `unregistered`: a holder of the lock that has not (yet) written its connection id into
+    // `ferry_horizon`, and since when this session has seen it so.
+    let mut unregistered: Option<(i64, tokio::time::Instant)> = None;
     loop {
         let got: Option<i64> =
             sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_ticker:', DATABASE()), 1)")
@@ -295,24 +298,47 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
         }
         // The holder stopped ticking (a stopped process keeps its connection, and with it the
         // lock, outside any transaction the server would time out): end its session. Killing a
-        // ticker is always safe; the horizon only moves on a closed head.
-        let stale: Option<i64> = sqlx::query_scalar(
-            "SELECT ticker_conn FROM ferry_horizon WHERE id = 1 \
-               AND ticker_conn = IS_USED_LOCK(CONCAT('ferry_ticker:', DATABASE())) \
-               AND ticked_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND",
+        // ticker is always safe; the horizon only moves on a closed head. A holder that stopped
+        // between winning the lock and registering (the next statements below) never writes
+        // `ticked_at`: it is stale once this session has seen it unregistered for as long.
+        let (holder, registered, stale): (Option<i64>, Option<i64>, i64) = sqlx::query_as(
+            "SELECT CAST(IS_USED_LOCK(CONCAT('ferry_ticker:', DATABASE())) AS SIGNED), ticker_conn, \
+               CAST(coalesce(ticked_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND, 0) AS SIGNED) \
+             FROM ferry_horizon WHERE id = 1",
         )
         .bind(STALE_TICKER_S)
-        .fetch_optional(&mut conn)
+        .fetch_one(&mut conn)
         .await
-        .map_err(|e| db_err("ticker: stale check", e))?
-        .flatten();
-        if let Some(id) = stale {
+        .map_err(|e| db_err("ticker: stale check", e))?;
+        let Some(holder) = holder else {
+            unregistered = None;
+            continue;
+        };
+        let kill = if registered == Some(holder) {
+            unregistered = None;
+            stale == 1
+        } else {
+            match unregistered {
+                Some((h, since)) if h == holder => {
+                    since.elapsed() >= Duration::from_secs(STALE_TICKER_S as u64)
+                }
+                _ => {
+                    unregistered = Some((holder, tokio::time::Instant::now()));
+                    false
+                }
+            }
+        };
+        if kill {
             tracing::warn!(
-                connection = id,
+                connection = holder,
                 "cursor horizon ticker: the elected ticker has not ticked for {STALE_TICKER_S} s; ending its session and taking over"
             );
-            // KILL takes no placeholder; `id` is an integer read from the database
-            if let Err(e) = conn.execute(format!("KILL CONNECTION {id}").as_str()).await {
+            unregistered = None;
+            // KILL takes no placeholder; `holder` is an integer read from the database
+            if let Err(e) = conn
+                .execute(format!("KILL CONNECTION {holder}").as_str())
+                .await
+            {
                 tracing::warn!(error = %e, "cursor horizon ticker: cannot end the stale ticker's session");
             }
         }
