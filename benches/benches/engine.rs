@@ -1,7 +1,7 @@
 //! (f) The engine alone: `Relay` + `MemoryStore` + `NullSink` draining N committed events —
 //! shard routing, slot ownership, batched claims, per-item outcomes and the batched fenced ack,
 //! with no database and no broker. Goal: ≥ 1,000,000 events/s on 2 cores
-//! (docs/performance.md, "Goals and where we are").
+//! (docs/notes/2026-12-02-performance-log.md, "Goals and where we are").
 //!
 //! `cargo bench -p ferry-benches --bench engine` (reports events/s as elements/s).
 use std::sync::atomic::Ordering;

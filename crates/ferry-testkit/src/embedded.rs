@@ -3,7 +3,7 @@
 //!
 //! It speaks the real Kafka protocol over loopback and can inject broker errors. Mind its
 //! retention: each partition keeps only the last ~5 MiB, so consumers must read while producers
-//! write (see docs/performance.md).
+//! write (see docs/notes/2026-12-02-performance-log.md).
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
