@@ -143,6 +143,20 @@ pub struct CursorBatch {
     pub upto: CursorPos,
     /// The read stopped at its limit: more committed rows may follow `upto` right now.
     pub more: bool,
+    /// Requested slots read up to a position of their own instead of `upto` (a read that took
+    /// slots lagging far behind the others in a statement of their own), with the same meaning
+    /// as `upto` for each. Empty when every requested slot was read up to `upto`.
+    pub slot_upto: Vec<(SlotId, CursorPos)>,
+}
+
+impl CursorBatch {
+    /// How far `slot` was read: its entry in [`slot_upto`](Self::slot_upto), else `upto`.
+    pub fn upto_of(&self, slot: SlotId) -> CursorPos {
+        self.slot_upto
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map_or(self.upto, |(_, p)| *p)
+    }
 }
 
 /// Why an item gets per-row state at the advance.

@@ -283,7 +283,7 @@ pub(crate) async fn worker(
         let read: HashSet<SlotId> = from.iter().map(|(s, _)| *s).collect();
         let commits_seen = ctx.commits.load(Ordering::Acquire);
         let t0 = Instant::now();
-        let batch = match cs
+        let mut batch = match cs
             .read_batch(&CursorRead {
                 from,
                 limit: cfg.batch_size,
@@ -304,15 +304,19 @@ pub(crate) async fn worker(
         };
         ctx.metrics.claim_latency.record(t0.elapsed());
         ctx.metrics.claims.fetch_add(1, Ordering::Relaxed);
-        let full = batch.events.len() >= cfg.batch_size;
         let more = batch.more;
+        // more rows now (a full read, or slots far behind whose range has not reached the
+        // horizon): no linger, no pause before the next read
+        let full = batch.events.len() >= cfg.batch_size || more;
         // Per slot, cut before the first event whose aggregate is still in flight: the rest of
         // that slot's events in this read are dropped (read again from the slot's position);
         // the other slots go on. slot → its last accepted position before the cut, if any.
         let mut accepted = Vec::with_capacity(batch.events.len());
         let mut cut: HashMap<SlotId, Option<CursorPos>> = HashMap::new();
         let mut last: HashMap<SlotId, CursorPos> = HashMap::new();
-        for e in batch.events {
+        let events = std::mem::take(&mut batch.events);
+        let upto = |s: &SlotId| batch.upto_of(*s);
+        for e in events {
             let slot = e.event.shard_slot;
             if cut.contains_key(&slot) {
                 continue;
@@ -337,7 +341,7 @@ pub(crate) async fn worker(
                 Some(before_cut) => *before_cut,
                 // a slot left out of this read keeps its position
                 None if !read.contains(s) => None,
-                None => Some(batch.upto),
+                None => Some(upto(s)),
             };
             if let Some(t) = target.filter(|t| *t > *p) {
                 *p = t;

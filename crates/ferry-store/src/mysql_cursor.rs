@@ -36,7 +36,7 @@ use ferry_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::common::{exception_row, micros, mode_in_use, Ctx};
+use crate::common::{exception_row, micros, mode_in_use, Ctx, RangeRows, SeqRange, SeqRead};
 use crate::db_err;
 use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
 
@@ -221,6 +221,52 @@ impl MyStore {
             .map_err(|e| db_err("dispatch mode: indexes", e))?;
         tracing::info!(dispatch = %mode, indexes = ?changes, "fitted the outbox's row-dispatch indexes to the dispatch mode");
         Ok(())
+    }
+
+    /// Runs one statement of a cursor read ([`SeqRead`]), appending the rows it wants to
+    /// `events`.
+    async fn read_range(
+        &self,
+        plan: &SeqRead,
+        r: &SeqRange,
+        events: &mut Vec<CursorEvent>,
+    ) -> Result<RangeRows, StoreError> {
+        if !r.runs() {
+            return Ok(RangeRows {
+                rows: 0,
+                last: None,
+            });
+        }
+        let mut qb = QueryBuilder::<MySql>::new(format!(
+            "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
+               WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+             FROM ferry_outbox o WHERE o.seq > "
+        ));
+        qb.push_bind(r.lo)
+            .push(" AND o.seq <= ")
+            .push_bind(r.hi)
+            .push(" AND o.shard_slot IN (");
+        push_list(&mut qb, r.slots.iter().map(|s| *s as i16));
+        qb.push(") AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ")
+            .push_bind(r.limit as i64);
+        let rows = qb
+            .build()
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| db_err("cursor read", e))?;
+        events.extend(
+            rows.iter()
+                .filter(|r| plan.wanted(r.get::<i16, _>(6) as SlotId, r.get::<i64, _>(0)))
+                .map(|r| CursorEvent {
+                    pos: CursorPos::new(0, r.get(0)),
+                    held: r.get::<i64, _>(14) != 0,
+                    event: claimed_from_row(r),
+                }),
+        );
+        Ok(RangeRows {
+            rows: rows.len(),
+            last: rows.last().map(|r| r.get::<i64, _>(0)),
+        })
     }
 
     /// Starts the ticker task once, and nudges it (a reader is waiting for the horizon).
@@ -470,10 +516,9 @@ impl CursorStore for MyStore {
         req: &'a CursorRead,
     ) -> BoxFuture<'a, Result<CursorBatch, StoreError>> {
         Box::pin(async move {
-            let Some(min) = req.from.iter().map(|(_, p)| p.seq).min() else {
+            let Some(plan) = SeqRead::new(req) else {
                 return Ok(CursorBatch::default());
             };
-            let from: HashMap<SlotId, i64> = req.from.iter().map(|(s, p)| (*s, p.seq)).collect();
             // Every seq at or below the horizon is final (committed or rolled back), so any
             // later read sees all of them: no shared snapshot is needed.
             let horizon: i64 =
@@ -481,53 +526,27 @@ impl CursorStore for MyStore {
                     .fetch_one(self.pool())
                     .await
                     .map_err(|e| db_err("cursor read: horizon", e))?;
-            let rows = if horizon > min {
-                let mut qb = QueryBuilder::<MySql>::new(format!(
-                    "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
-                       WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                     FROM ferry_outbox o WHERE o.seq > "
-                ));
-                qb.push_bind(min)
-                    .push(" AND o.seq <= ")
-                    .push_bind(horizon)
-                    .push(" AND o.shard_slot IN (");
-                push_list(&mut qb, from.keys().map(|s| *s as i16));
-                qb.push(") AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ")
-                    .push_bind(req.limit as i64);
-                qb.build()
-                    .fetch_all(self.pool())
-                    .await
-                    .map_err(|e| db_err("cursor read", e))?
-            } else {
-                Vec::new()
+            let mut events = Vec::new();
+            let lagging = match plan.lagging(horizon) {
+                Some(r) => {
+                    let rows = self.read_range(&plan, &r, &mut events).await?;
+                    Some((r, rows))
+                }
+                None => None,
             };
-            let full = rows.len() >= req.limit;
-            if !full {
+            let taken = events.len();
+            let rest = plan.rest(horizon, taken);
+            let rows = self.read_range(&plan, &rest, &mut events).await?;
+            if rows.rows < rest.limit {
                 // caught up with the horizon: ask the ticker for a newer one
                 self.nudge_ticker();
             }
-            let upto = if full {
-                CursorPos::new(0, rows.last().map(|r| r.get::<i64, _>(0)).unwrap_or(min))
-            } else {
-                CursorPos::new(0, horizon.max(min))
-            };
-            let events = rows
-                .iter()
-                .filter(|r| {
-                    let slot = r.get::<i16, _>(6) as SlotId;
-                    from.get(&slot).is_some_and(|p| r.get::<i64, _>(0) > *p)
-                })
-                .map(|r| CursorEvent {
-                    pos: CursorPos::new(0, r.get(0)),
-                    held: r.get::<i64, _>(14) != 0,
-                    event: claimed_from_row(r),
-                })
-                .collect();
-            Ok(CursorBatch {
+            Ok(plan.finish(
+                lagging.as_ref().map(|(r, n)| (r, n)),
+                (&rest, &rows),
                 events,
-                upto,
-                more: full,
-            })
+                horizon,
+            ))
         })
     }
 

@@ -574,9 +574,8 @@ impl CursorStore for PgStore {
             };
             if req.limit == 0 {
                 return Ok(CursorBatch {
-                    events: Vec::new(),
                     upto: min,
-                    more: false,
+                    ..CursorBatch::default()
                 });
             }
             // Windows in order, from the lowest requested one, up to MAX_SPAN per statement:
@@ -700,7 +699,12 @@ impl CursorStore for PgStore {
                     }
                 }
             };
-            Ok(CursorBatch { events, upto, more })
+            Ok(CursorBatch {
+                events,
+                upto,
+                more,
+                slot_upto: Vec::new(),
+            })
         })
     }
 

@@ -13,7 +13,7 @@ use ferry_core::{
 };
 use sqlx::Row;
 
-use crate::common::{exception_row, micros, mode_in_use, Ctx};
+use crate::common::{exception_row, micros, mode_in_use, Ctx, RangeRows, SeqRange, SeqRead};
 use crate::db_err;
 use crate::sqlite::SqliteStore;
 
@@ -25,6 +25,48 @@ const COLUMNS_O: &str =
 fn json(v: &[impl Into<i64> + Copy]) -> String {
     let v: Vec<i64> = v.iter().map(|x| (*x).into()).collect();
     serde_json::to_string(&v).expect("serialize")
+}
+
+/// Runs one statement of a cursor read ([`SeqRead`]), appending the rows it wants to `events`.
+async fn read_range(
+    conn: &mut sqlx::SqliteConnection,
+    plan: &SeqRead,
+    r: &SeqRange,
+    events: &mut Vec<CursorEvent>,
+) -> Result<RangeRows, StoreError> {
+    if !r.runs() {
+        return Ok(RangeRows {
+            rows: 0,
+            last: None,
+        });
+    }
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
+           WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+         FROM ferry_outbox o WHERE o.seq > ?1 AND o.seq <= ?2 \
+           AND o.shard_slot IN (SELECT value FROM json_each(?3)) \
+           AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ?4"
+    ))
+    .bind(r.lo)
+    .bind(r.hi)
+    .bind(json(&r.slots))
+    .bind(r.limit as i64)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| db_err("cursor read", e))?;
+    events.extend(
+        rows.iter()
+            .filter(|r| plan.wanted(r.get::<i64, _>(6) as SlotId, r.get::<i64, _>(0)))
+            .map(|r| CursorEvent {
+                pos: CursorPos::new(0, r.get(0)),
+                held: r.get::<bool, _>(14),
+                event: crate::sqlite::claimed_from_row(r),
+            }),
+    );
+    Ok(RangeRows {
+        rows: rows.len(),
+        last: rows.last().map(|r| r.get::<i64, _>(0)),
+    })
 }
 
 impl SqliteStore {
@@ -161,11 +203,9 @@ impl CursorStore for SqliteStore {
         req: &'a CursorRead,
     ) -> BoxFuture<'a, Result<CursorBatch, StoreError>> {
         Box::pin(async move {
-            let Some(min) = req.from.iter().map(|(_, p)| p.seq).min() else {
+            let Some(plan) = SeqRead::new(req) else {
                 return Ok(CursorBatch::default());
             };
-            let from: HashMap<SlotId, i64> = req.from.iter().map(|(s, p)| (*s, p.seq)).collect();
-            let slots: Vec<SlotId> = from.keys().copied().collect();
             // One read transaction: the head and the rows come from the same snapshot.
             let mut tx = self.pool().begin().await.ctx("cursor read: begin")?;
             let head: i64 = sqlx::query_scalar(
@@ -174,44 +214,23 @@ impl CursorStore for SqliteStore {
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| db_err("cursor read: head", e))?;
-            let rows = sqlx::query(&format!(
-                "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
-                   WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                 FROM ferry_outbox o WHERE o.seq > ?1 AND o.seq <= ?2 \
-                   AND o.shard_slot IN (SELECT value FROM json_each(?3)) \
-                   AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ?4"
-            ))
-            .bind(min)
-            .bind(head)
-            .bind(json(&slots))
-            .bind(req.limit as i64)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("cursor read", e))?;
-            tx.commit().await.ctx("cursor read: end")?;
-            let full = rows.len() >= req.limit;
-            let upto = if full {
-                CursorPos::new(0, rows.last().map(|r| r.get::<i64, _>(0)).unwrap_or(min))
-            } else {
-                CursorPos::new(0, head.max(min))
+            let mut events = Vec::new();
+            let lagging = match plan.lagging(head) {
+                Some(r) => {
+                    let rows = read_range(&mut tx, &plan, &r, &mut events).await?;
+                    Some((r, rows))
+                }
+                None => None,
             };
-            let events = rows
-                .iter()
-                .filter(|r| {
-                    let slot = r.get::<i64, _>(6) as SlotId;
-                    from.get(&slot).is_some_and(|p| r.get::<i64, _>(0) > *p)
-                })
-                .map(|r| CursorEvent {
-                    pos: CursorPos::new(0, r.get(0)),
-                    held: r.get::<bool, _>(14),
-                    event: crate::sqlite::claimed_from_row(r),
-                })
-                .collect();
-            Ok(CursorBatch {
+            let rest = plan.rest(head, events.len());
+            let rows = read_range(&mut tx, &plan, &rest, &mut events).await?;
+            tx.commit().await.ctx("cursor read: end")?;
+            Ok(plan.finish(
+                lagging.as_ref().map(|(r, n)| (r, n)),
+                (&rest, &rows),
                 events,
-                upto,
-                more: full,
-            })
+                head,
+            ))
         })
     }
 

@@ -713,7 +713,7 @@ pub async fn mode_switch_converts_state(db: TestDb) {
     db.cleanup().await;
 }
 
-/// Reads past `from` and moves every position in it to the read's `upto` (a reader that keeps
+/// Reads past `from` and moves every position in it to how far the read went (a reader that keeps
 /// its positions in memory, as a relay worker does between advances).
 async fn read_on(
     db: &TestDb,
@@ -727,8 +727,8 @@ async fn read_on(
         })
         .await
         .unwrap();
-    for (_, p) in from.iter_mut() {
-        *p = (*p).max(b.upto);
+    for (slot, p) in from.iter_mut() {
+        *p = (*p).max(b.upto_of(*slot));
     }
     b
 }
@@ -784,6 +784,105 @@ pub async fn slot_subset_readers_get_exactly_their_slots(db: TestDb) {
             slots.len()
         );
     }
+    db.cleanup().await;
+}
+
+/// A slot far behind the others (its read was cut before an aggregate still in flight while
+/// the others went on) holds nobody back: the next read returns the others' new intents too,
+/// not only rows of the lagging slot's range, and reading on delivers every intent of every
+/// slot once, in per-aggregate order.
+pub async fn a_lagging_slot_holds_the_others_back_no_longer(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    let lag_slot = ferry_core::slot_for("lag");
+    // other aggregates, none on the lagging slot
+    let others: Vec<String> = (0..400)
+        .map(|n| format!("o{n}"))
+        .filter(|a| ferry_core::slot_for(a) != lag_slot)
+        .take(50)
+        .collect();
+    let mut first: Vec<NewEvent> = (1..=5).map(|v| ev("lag", v)).collect();
+    first.extend((0..195).map(|n| ev(&others[n % 50], (n / 50) as i64 + 1)));
+    db.store.enqueue(&first).await.unwrap();
+    let all = read_req(&cursors, 1000);
+    let b = read_until(&db, &all, first.len()).await;
+    assert_eq!(b.events.len(), first.len());
+    // every slot read through the first enqueue except the lagging one, which stays put
+    let mut from: Vec<(SlotId, CursorPos)> = cursors
+        .iter()
+        .map(|c| {
+            let to = if c.slot == lag_slot {
+                c.pos
+            } else {
+                b.upto_of(c.slot)
+            };
+            (c.slot, to)
+        })
+        .collect();
+    let second: Vec<NewEvent> = (0..20).map(|n| ev(&others[n], 5)).collect();
+    db.store.enqueue(&second).await.unwrap();
+    // wait until the second enqueue is readable at all (behind the horizon or tick)
+    let leaders: Vec<(SlotId, CursorPos)> = from
+        .iter()
+        .copied()
+        .filter(|(s, _)| *s != lag_slot)
+        .collect();
+    let seen = read_until(
+        &db,
+        &CursorRead {
+            from: leaders,
+            limit: 1000,
+        },
+        second.len(),
+    )
+    .await;
+    assert_eq!(seen.events.len(), second.len());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut got: Vec<(String, i64)> = Vec::new();
+    let mut first_read = true;
+    while got.len() < 5 + second.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "read {} of {} intents",
+            got.len(),
+            5 + second.len()
+        );
+        let b = read_on(&db, &mut from, 10).await;
+        if first_read && !b.events.is_empty() {
+            first_read = false;
+            assert!(
+                b.events.iter().any(|e| e.event.aggregate_id != "lag"),
+                "the first read behind a lagging slot returned only that slot's rows: {:?}",
+                b.events
+                    .iter()
+                    .map(|e| (&e.event.aggregate_id, e.event.aggregate_version))
+                    .collect::<Vec<_>>()
+            );
+        }
+        if b.events.is_empty() && !b.more {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        got.extend(
+            b.events
+                .iter()
+                .map(|e| (e.event.aggregate_id.clone(), e.event.aggregate_version)),
+        );
+    }
+    let mut by_agg = got.clone();
+    by_agg.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(by_agg, sorted, "versions of an aggregate out of order");
+    let mut want: Vec<(String, i64)> = (1..=5).map(|v| ("lag".to_string(), v)).collect();
+    want.extend(
+        second
+            .iter()
+            .map(|e| (e.aggregate_id.clone(), e.aggregate_version)),
+    );
+    want.sort();
+    assert_eq!(
+        sorted, want,
+        "every intent behind the positions once, nothing else"
+    );
     db.cleanup().await;
 }
 
@@ -920,17 +1019,36 @@ pub async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
         .map(|e| e.event.token.event_id.clone())
         .collect();
     assert_eq!(got, want, "per-slot positions");
-    // and cut at a small limit
+    // and cut at a small limit: each slot's intents once, in order (slots far behind the
+    // others may be read beside them, so the order across slots can differ)
+    let per_slot = |v: Vec<(SlotId, String)>| {
+        let mut m: std::collections::BTreeMap<SlotId, Vec<String>> = Default::default();
+        for (s, id) in v {
+            m.entry(s).or_default().push(id);
+        }
+        m
+    };
+    let want = per_slot(
+        pieces
+            .iter()
+            .filter(|e| slot_of(e).is_multiple_of(4) || e.pos > mid)
+            .map(|e| (slot_of(e), e.event.token.event_id.clone()))
+            .collect(),
+    );
     let mut from = staggered;
     let mut got = Vec::new();
     for _ in 0..1000 {
         let b = read_on(&db, &mut from, 3).await;
-        got.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+        got.extend(
+            b.events
+                .iter()
+                .map(|e| (slot_of(e), e.event.token.event_id.clone())),
+        );
         if !b.more && b.events.is_empty() {
             break;
         }
     }
-    assert_eq!(got, want, "per-slot positions, in pieces");
+    assert_eq!(per_slot(got), want, "per-slot positions, in pieces");
     if db.backend == ferry_store::Backend::Postgres {
         assert!(
             pieces.last().unwrap().pos.tick > 20,
@@ -1133,6 +1251,11 @@ pub const CASES: &[Case<TestDb>] = &[
         name: "slot_subset_readers_get_exactly_their_slots",
         sql_only: true,
         run: |db| Box::pin(slot_subset_readers_get_exactly_their_slots(db)),
+    },
+    Case {
+        name: "a_lagging_slot_holds_the_others_back_no_longer",
+        sql_only: true,
+        run: |db| Box::pin(a_lagging_slot_holds_the_others_back_no_longer(db)),
     },
     Case {
         name: "a_reader_behind_many_ticks_misses_nothing",

@@ -133,6 +133,7 @@ macro_rules! cursor_conformance {
             open_transactions_delay_only_their_own_rows,
             mode_switch_converts_state,
             slot_subset_readers_get_exactly_their_slots,
+            a_lagging_slot_holds_the_others_back_no_longer,
             a_reader_behind_many_ticks_misses_nothing,
             restored_elsewhere_rebases_cursors,
         );
@@ -149,6 +150,7 @@ macro_rules! cursor_conformance {
                 stringify!(open_transactions_delay_only_their_own_rows),
                 stringify!(mode_switch_converts_state),
                 stringify!(slot_subset_readers_get_exactly_their_slots),
+                stringify!(a_lagging_slot_holds_the_others_back_no_longer),
                 stringify!(a_reader_behind_many_ticks_misses_nothing),
                 stringify!(restored_elsewhere_rebases_cursors),
             ];
