@@ -111,10 +111,19 @@ impl RelayProc {
     }
 }
 
+/// Kills the relay. A failing test prints the last 60 lines of its log; `KEEP_RELAY_LOGS=1`
+/// keeps the log file (in the temp directory, named by owner and test process id).
 impl Drop for RelayProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            // the test failed: show what the relay said (its last lines) before the log goes
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+            eprintln!("--- {} (last 60 lines):\n{tail}", self.log.display());
+        }
         if std::env::var_os("KEEP_RELAY_LOGS").is_none() {
             let _ = std::fs::remove_file(&self.log);
         }
