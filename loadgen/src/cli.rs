@@ -98,7 +98,7 @@ pub enum SqliteSync {
 #[serde(rename_all = "lowercase")]
 pub enum Dispatch {
     /// A durable cursor per slot: outbox rows are only INSERTed; each batch advances the
-    /// cursors of the slots it read (PostgreSQL and SQLite).
+    /// cursors of the slots it read (every SQL store; MariaDB behind the commit gate).
     Cursor,
     /// Per-row claims: every row is INSERTed, claimed and marked SENT (every store).
     Row,
