@@ -316,6 +316,30 @@ mod mysql_paused {
         };
         super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Cursor).await;
     }
+    /// Starts relay B (cursor dispatch), enqueues two intents of `agg` and waits until B has
+    /// delivered them. B needs the stale ticker to stay silent for 30 s before it replaces it
+    /// (and, behind a stopped relay, that relay's slot leases to expire); alone this takes ~31 s,
+    /// but in CI beside every other suite one run took longer than 90 s, so the bound leaves room
+    /// for a loaded machine.
+    async fn b_delivers(db: &ferry_testkit::TestDb, agg: &str) -> super::RelayProc {
+        let b = super::spawn_relay(
+            &db.url,
+            &["--sink", "null"],
+            "fresh-b",
+            ferry_core::DispatchMode::Cursor,
+        );
+        db.store
+            .enqueue(&[super::ev(agg, 1), super::ev(agg, 2)])
+            .await
+            .unwrap();
+        super::wait_until(
+            "delivered by B",
+            std::time::Duration::from_secs(180),
+            || async { db.store.status().await.unwrap().pending == 0 },
+        )
+        .await;
+        b
+    }
     /// A relay stopped for good while it ticks the commit-gate horizon keeps its connection and
     /// the election lock, outside any transaction the server would end: another relay ends that
     /// session once the horizon is 30 s stale, takes over the ticking and delivers.
@@ -336,23 +360,7 @@ mod mysql_paused {
         })
         .await;
         a.signal(libc::SIGSTOP);
-        let b = super::spawn_relay(
-            &db.url,
-            &["--sink", "null"],
-            "fresh-b",
-            ferry_core::DispatchMode::Cursor,
-        );
-        db.store
-            .enqueue(&[super::ev("t", 1), super::ev("t", 2)])
-            .await
-            .unwrap();
-        // B needs A's slot leases to expire (15 s) and the ticker to stay silent for 30 s before
-        // it replaces it; alone this takes ~31 s, but in CI beside every other suite one run
-        // took longer than 90 s, so the bound leaves room for a loaded machine.
-        super::wait_until("delivered by B", Duration::from_secs(180), || async {
-            db.store.status().await.unwrap().pending == 0
-        })
-        .await;
+        let b = b_delivers(&db, "t").await;
         a.signal(libc::SIGCONT);
         drop(a);
         drop(b);
@@ -365,7 +373,6 @@ mod mysql_paused {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn unregistered_ticker_is_replaced() {
         use sqlx::{Connection, Executor};
-        use std::time::Duration;
         let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
             return;
         };
@@ -376,20 +383,7 @@ mod mysql_paused {
                 .await
                 .unwrap();
         assert_eq!(won, Some(1), "the squatter holds the election lock");
-        let b = super::spawn_relay(
-            &db.url,
-            &["--sink", "null"],
-            "fresh-b",
-            ferry_core::DispatchMode::Cursor,
-        );
-        db.store
-            .enqueue(&[super::ev("u", 1), super::ev("u", 2)])
-            .await
-            .unwrap();
-        super::wait_until("delivered by B", Duration::from_secs(180), || async {
-            db.store.status().await.unwrap().pending == 0
-        })
-        .await;
+        let b = b_delivers(&db, "u").await;
         assert!(
             squatter.execute("SELECT 1").await.is_err(),
             "B ended the squatter's session"
