@@ -2,12 +2,13 @@
 //! the in-memory store: operator errors, sqlx error context, row decoding, cursor-dispatch
 //! exception rows.
 use std::future::Future;
+use std::ops::DerefMut;
 use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{
-    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, OutboxStatus,
-    QuarantinedEvent, SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, Limits, NewEvent,
+    OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 
 use crate::db_err;
@@ -28,23 +29,176 @@ impl<T> Ctx<T> for Result<T, sqlx::Error> {
     }
 }
 
-/// The error of an operator enqueue whose own transaction could not begin.
-pub(crate) fn begin_err(e: sqlx::Error) -> EnqueueError {
-    EnqueueError::Store(db_err("begin", e).to_string())
+/// A backend's connection, on which validated intents are inserted inside whatever transaction
+/// it is in (each backend's multi-row insert).
+pub(crate) trait InsertIntents {
+    /// Inserts `rows`; on error nothing of this call is written once the transaction rolls back.
+    fn insert_intents(
+        &mut self,
+        rows: &[ValidatedEvent],
+    ) -> impl Future<Output = Result<(), EnqueueError>> + Send;
 }
 
-/// Runs `commit` (an operator enqueue's own transaction's `commit()`, not yet polled, after
-/// `rows` were inserted in it) past the `enqueue-before-commit` failpoint and returns the rows'
-/// event ids, in order.
-pub(crate) async fn commit_enqueue(
-    commit: impl Future<Output = Result<(), sqlx::Error>>,
-    rows: Vec<ValidatedEvent>,
+/// The body of every backend's `enqueue_many`: validates `events`, inserts them on the caller's
+/// connection (never beginning or committing) and returns their event ids, in order.
+pub(crate) async fn enqueue_on<C: InsertIntents>(
+    conn: &mut C,
+    events: &[NewEvent],
+    limits: &Limits,
 ) -> Result<Vec<String>, EnqueueError> {
+    let rows = crate::validate(events, limits)?;
+    conn.insert_intents(&rows).await?;
+    Ok(rows.into_iter().map(|r| r.event_id).collect())
+}
+
+/// The public `enqueue` and `enqueue_many` of a backend module, on its connection type `$conn`,
+/// so that a caller passes `&mut *tx` of its own transaction. A macro rather than one generic
+/// function: the public API names each backend's concrete connection type.
+macro_rules! enqueue_fns {
+    ($conn:ty) => {
+        /// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
+        pub async fn enqueue(
+            conn: &mut $conn,
+            event: &ferry_core::NewEvent,
+            limits: &ferry_core::Limits,
+        ) -> Result<String, ferry_core::EnqueueError> {
+            let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
+            Ok(ids.remove(0))
+        }
+
+        /// Enqueues many events with multi-row inserts inside the caller's transaction.
+        /// On error roll the caller's transaction back: nothing of this call is then written.
+        pub async fn enqueue_many(
+            conn: &mut $conn,
+            events: &[ferry_core::NewEvent],
+            limits: &ferry_core::Limits,
+        ) -> Result<Vec<String>, ferry_core::EnqueueError> {
+            $crate::common::enqueue_on(conn, events, limits).await
+        }
+    };
+}
+pub(crate) use enqueue_fns;
+
+/// An operator enqueue ([`ferry_core::OperatorActions::enqueue`]) in a transaction of the
+/// store's own: validates `events`, then begins (`begin`, not yet polled), inserts, and commits
+/// (`commit`) past the `enqueue-before-commit` failpoint. Returns the event ids, in order.
+pub(crate) async fn enqueue_in_own_tx<T, C, CF>(
+    events: &[NewEvent],
+    limits: &Limits,
+    begin: impl Future<Output = Result<T, sqlx::Error>>,
+    commit: impl FnOnce(T) -> CF,
+) -> Result<Vec<String>, EnqueueError>
+where
+    T: DerefMut<Target = C>,
+    C: InsertIntents,
+    CF: Future<Output = Result<(), sqlx::Error>>,
+{
+    let rows = crate::validate(events, limits)?;
+    let mut tx = begin
+        .await
+        .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+    tx.insert_intents(&rows).await?;
     ferry_core::failpoint::hit("enqueue-before-commit");
-    commit
+    commit(tx)
         .await
         .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
     Ok(rows.into_iter().map(|r| r.event_id).collect())
+}
+
+/// The stored dispatch mode (`ferry_dispatch`), on any backend's pool. `T` is what the driver
+/// decodes the text column as (MariaDB reports its binary collation as bytes).
+pub(crate) async fn stored_mode<DB, T>(pool: &sqlx::Pool<DB>) -> Result<DispatchMode, StoreError>
+where
+    DB: sqlx::Database,
+    T: AsRef<[u8]> + Send + Unpin + for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let m: T = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| db_err("dispatch mode", e))?;
+    String::from_utf8_lossy(m.as_ref())
+        .parse()
+        .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+}
+
+/// Whether an advance with `claim_id` was applied (its claim id is still some slot's
+/// `cursor_claim_id`), on a backend with `?` placeholders (SQLite, MariaDB).
+pub(crate) async fn advance_applied<DB>(
+    pool: &sqlx::Pool<DB>,
+    claim_id: &str,
+) -> Result<bool, StoreError>
+where
+    DB: sqlx::Database,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ferry_slot_lease WHERE cursor_claim_id = ?")
+            .bind(claim_id)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| db_err("lookup advance", e))?;
+    Ok(n > 0)
+}
+
+/// Runs `claim` (not yet polled) unless `req` asks for no slot or no row: such a claim (of
+/// rows or of exception rows) takes nothing and touches no table.
+pub(crate) async fn claiming(
+    req: &ferry_core::ClaimRequest,
+    claim: impl Future<Output = Result<Vec<ferry_core::ClaimedEvent>, StoreError>>,
+) -> Result<Vec<ferry_core::ClaimedEvent>, StoreError> {
+    if req.slots.is_empty() || req.limit == 0 {
+        return Ok(Vec::new());
+    }
+    claim.await
+}
+
+/// The answer to an advance of no slot, which every backend gives before it touches the
+/// database: nothing to do, unless it would write exceptions, which only a fenced slot advance
+/// may. `None` when the advance names slots.
+pub(crate) fn slotless_advance(
+    req: &ferry_core::CursorAdvance,
+) -> Option<Result<ferry_core::AdvanceResult, StoreError>> {
+    if !req.slots.is_empty() {
+        return None;
+    }
+    // exceptions are only written under a fenced slot advance
+    Some(if req.exceptions.is_empty() {
+        Ok(ferry_core::AdvanceResult::Applied)
+    } else {
+        Err(StoreError::new(
+            StoreErrorKind::InvalidInput,
+            "an advance that writes exceptions must advance (and so fence) at least one slot",
+        ))
+    })
+}
+
+/// Exception rows just claimed as events: each intent's row (`events`, read from `ferry_outbox`)
+/// with the exception row's claim — `claim_id`, and from `claimed` (`seq`, new claim version,
+/// attempts) its version and attempts.
+pub(crate) fn claimed_exceptions(
+    events: impl IntoIterator<Item = ferry_core::ClaimedEvent>,
+    claimed: impl IntoIterator<Item = (i64, i64, i32)>,
+    claim_id: &str,
+) -> Vec<ferry_core::ClaimedEvent> {
+    let by_seq: std::collections::HashMap<i64, (i64, i32)> =
+        claimed.into_iter().map(|(s, cv, a)| (s, (cv, a))).collect();
+    events
+        .into_iter()
+        .map(|mut e| {
+            let (cv, attempts) = by_seq[&e.token.seq];
+            e.token.claim_id = claim_id.to_string();
+            e.token.claim_version = cv;
+            e.attempts = attempts;
+            e
+        })
+        .collect()
 }
 
 /// The row an exception starts as: its state, how long from now until it is due (µs), and its
@@ -61,6 +215,51 @@ pub(crate) fn exception_row(kind: &ExceptionKind) -> (&'static str, i64, Option<
         ExceptionKind::Unknown(e) => ("PENDING", 0, Some(e)),
         ExceptionKind::Held => ("PENDING", 0, None),
     }
+}
+
+/// How a backend's SQL names the values of an operator update: the event id's and the
+/// operator's placeholders and the current time.
+pub(crate) struct OperatorSql {
+    pub(crate) event_id: &'static str,
+    pub(crate) operator: &'static str,
+    pub(crate) now: &'static str,
+}
+
+/// The statement of an operator action on a quarantined intent: `target` `PENDING` (requeue:
+/// due now, attempts reset) or `SKIPPED`. In cursor dispatch a quarantined intent's state is its
+/// exception row. It updates one row, or none when the intent is not (or no longer) quarantined
+/// ([`operator_outcome`]).
+pub(crate) fn operator_update_sql(mode: DispatchMode, target: &str, p: &OperatorSql) -> String {
+    let (event_id, operator, now) = (p.event_id, p.operator, p.now);
+    let extra = if target == "PENDING" {
+        format!(", available_at = {now}, attempts = 0")
+    } else {
+        String::new()
+    };
+    let (table, which) = match mode {
+        DispatchMode::Row => ("ferry_outbox", format!("event_id = {event_id}")),
+        DispatchMode::Cursor => (
+            "ferry_outbox_exception",
+            format!("seq = (SELECT seq FROM ferry_outbox WHERE event_id = {event_id})"),
+        ),
+    };
+    format!(
+        "UPDATE {table} SET state = '{target}', resolved_by = {operator}, resolved_at = {now}, \
+         lease_until = NULL{extra} WHERE {which} AND state = 'QUARANTINED'"
+    )
+}
+
+/// An operator update's result from the rows it changed: one, or the reason none was, from the
+/// event's record (`record`, read only then).
+pub(crate) async fn operator_outcome(
+    changed: u64,
+    event_id: &str,
+    record: impl Future<Output = Result<Option<EventRecord>, StoreError>>,
+) -> Result<(), StoreError> {
+    if changed == 1 {
+        return Ok(());
+    }
+    Err(not_quarantined(event_id, record.await?))
 }
 
 pub(crate) fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> StoreError {
@@ -223,7 +422,75 @@ impl RangeRows {
     }
 }
 
+/// Where a [`SeqRead`] runs its statements: one backend's read of a [`SeqRange`], returning its
+/// rows in `seq` order as events, each with whether an open exception holds its aggregate.
+pub(crate) trait SeqRanges {
+    fn read_range(
+        &mut self,
+        r: &SeqRange,
+    ) -> impl Future<Output = Result<Vec<(ferry_core::ClaimedEvent, bool)>, StoreError>> + Send;
+}
+
 impl SeqRead {
+    /// Runs the read on `src` up to `horizon`: the lagging slots' statement first (if any slot
+    /// lags), then the others'. Returns the batch, and whether the others' statement came back
+    /// short of its limit (it caught up with the horizon).
+    pub(crate) async fn run<R: SeqRanges>(
+        &self,
+        src: &mut R,
+        horizon: i64,
+    ) -> Result<(ferry_core::CursorBatch, bool), StoreError> {
+        let mut events = Vec::new();
+        let lagging = match self.lagging(horizon) {
+            Some(r) => {
+                let rows = self.take(src, &r, &mut events).await?;
+                Some((r, rows))
+            }
+            None => None,
+        };
+        let rest = self.rest(horizon, events.len());
+        let rows = self.take(src, &rest, &mut events).await?;
+        let short = rows.rows < rest.limit;
+        let batch = self.finish(
+            lagging.as_ref().map(|(r, n)| (r, n)),
+            (&rest, &rows),
+            events,
+            horizon,
+        );
+        Ok((batch, short))
+    }
+
+    /// Runs one statement (unless it can return nothing), appending the rows it wants to
+    /// `events`.
+    async fn take<R: SeqRanges>(
+        &self,
+        src: &mut R,
+        r: &SeqRange,
+        events: &mut Vec<ferry_core::CursorEvent>,
+    ) -> Result<RangeRows, StoreError> {
+        if !r.runs() {
+            return Ok(RangeRows {
+                rows: 0,
+                last: None,
+            });
+        }
+        let rows = src.read_range(r).await?;
+        let read = RangeRows {
+            rows: rows.len(),
+            last: rows.last().map(|(e, _)| e.token.seq),
+        };
+        events.extend(
+            rows.into_iter()
+                .filter(|(e, _)| self.wanted(e.shard_slot, e.token.seq))
+                .map(|(event, held)| ferry_core::CursorEvent {
+                    pos: ferry_core::CursorPos::new(0, event.token.seq),
+                    held,
+                    event,
+                }),
+        );
+        Ok(read)
+    }
+
     /// `None` for a read of no slot.
     pub(crate) fn new(req: &ferry_core::CursorRead) -> Option<Self> {
         let lead = req.from.iter().map(|(_, p)| p.seq).max()?;

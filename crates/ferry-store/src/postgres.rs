@@ -13,18 +13,20 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
     StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
-use sqlx::{Connection, PgPool, Row};
+use sqlx::{Connection, PgPool, Row, Transaction};
 
 use crate::common::{
-    begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
-    state_table, status_from, Ctx, QuarantinedRow, RecordRow, StatusRow,
+    claiming, enqueue_in_own_tx, lease_from, micros, operator_outcome, operator_update_sql,
+    quarantined_from, record_from, state_table, status_from, Ctx, InsertIntents, OperatorSql,
+    QuarantinedRow, RecordRow, StatusRow,
 };
 use crate::ops::{self, Pools};
-use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
+use crate::outcome::{Outcome, Transition};
+use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_POSTGRES};
 
 /// The `application_name` a ferry store's connections report when the URL sets none
 /// (`?application_name=…` in the URL overrides it).
@@ -35,51 +37,32 @@ const INSERT: &str = "INSERT INTO ferry_outbox \
     SELECT * FROM UNNEST($1::varchar[], $2::varchar[], $3::int8[], $4::int2[], $5::varchar[], \
     $6::varchar[], $7::varchar[], $8::text[], $9::text[])";
 
-/// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
-pub async fn enqueue(
-    conn: &mut PgConnection,
-    event: &NewEvent,
-    limits: &Limits,
-) -> Result<String, EnqueueError> {
-    let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
-    Ok(ids.remove(0))
-}
+crate::common::enqueue_fns!(PgConnection);
 
-/// Enqueues many events with one multi-row insert inside the caller's transaction.
-/// On error nothing of this call was written; roll the caller's transaction back.
-pub async fn enqueue_many(
-    conn: &mut PgConnection,
-    events: &[NewEvent],
-    limits: &Limits,
-) -> Result<Vec<String>, EnqueueError> {
-    let rows = validate(events, limits)?;
-    insert_validated(conn, &rows).await?;
-    Ok(rows.into_iter().map(|r| r.event_id).collect())
-}
-
-pub(crate) async fn insert_validated(
-    conn: &mut PgConnection,
-    rows: &[ValidatedEvent],
-) -> Result<(), EnqueueError> {
-    if rows.is_empty() {
-        return Ok(());
+impl InsertIntents for PgConnection {
+    async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+        let conn = self;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let col = |f: fn(&ValidatedEvent) -> &str| {
+            rows.iter().map(|r| f(r).to_owned()).collect::<Vec<_>>()
+        };
+        sqlx::query(INSERT)
+            .bind(col(|r| &r.event_id))
+            .bind(col(|r| &r.aggregate_id))
+            .bind(rows.iter().map(|r| r.aggregate_version).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.shard_slot as i16).collect::<Vec<_>>())
+            .bind(col(|r| &r.topic))
+            .bind(col(|r| &r.key))
+            .bind(col(|r| &r.event_type))
+            .bind(col(|r| &r.headers))
+            .bind(col(|r| &r.payload))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| enqueue_err(rows, e))?;
+        Ok(())
     }
-    let col =
-        |f: fn(&ValidatedEvent) -> &str| rows.iter().map(|r| f(r).to_owned()).collect::<Vec<_>>();
-    sqlx::query(INSERT)
-        .bind(col(|r| &r.event_id))
-        .bind(col(|r| &r.aggregate_id))
-        .bind(rows.iter().map(|r| r.aggregate_version).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.shard_slot as i16).collect::<Vec<_>>())
-        .bind(col(|r| &r.topic))
-        .bind(col(|r| &r.key))
-        .bind(col(|r| &r.event_type))
-        .bind(col(|r| &r.headers))
-        .bind(col(|r| &r.payload))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| enqueue_err(rows, e))?;
-    Ok(())
 }
 
 /// The PostgreSQL outbox store.
@@ -186,47 +169,9 @@ impl PgStore {
         .await
     }
 
-    async fn cas(
-        &self,
-        tokens: &[ClaimToken],
-        set: &str,
-        extra: Option<Extra<'_>>,
-    ) -> Result<CasReport, StoreError> {
-        if tokens.is_empty() {
-            return Ok(CasReport::default());
-        }
-        let (extra_decl, extra_cols) = match &extra {
-            None => ("", ""),
-            Some(Extra::Delay(_)) => (", $4::int8[]", ", delay_us"),
-            Some(Extra::Text(_)) => (", $4::text[]", ", txt"),
-            Some(Extra::DelayText(..)) => (", $4::int8[], $5::text[]", ", delay_us, txt"),
-        };
-        let sql = format!(
-            "UPDATE ferry_outbox o SET {set} \
-             FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{extra_decl}) AS t(seq, cv, cid{extra_cols}) \
-             WHERE o.seq = t.seq AND o.state = 'CLAIMED' AND o.claim_version = t.cv AND o.claim_id = t.cid \
-             RETURNING o.seq, o.claim_version, o.claim_id"
-        );
-        let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
-            .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
-            .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
-            .bind(
-                tokens
-                    .iter()
-                    .map(|t| t.claim_id.clone())
-                    .collect::<Vec<_>>(),
-            );
-        match extra {
-            None => {}
-            Some(Extra::Delay(d)) => q = q.bind(d),
-            Some(Extra::Text(t)) => q = q.bind(t),
-            Some(Extra::DelayText(d, t)) => q = q.bind(d).bind(t),
-        }
-        let rows = q
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("outcome update", e))?;
-        Ok(CasReport::from_returned(tokens, rows))
+    /// A fenced outcome on `ferry_outbox` ([`cas_on`]).
+    async fn cas(&self, o: Outcome<'_>) -> Result<CasReport, StoreError> {
+        cas_on(&self.pool, &OUTBOX, &o).await
     }
 
     async fn operator_update(
@@ -235,23 +180,12 @@ impl PgStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        let extra = if target == "PENDING" {
-            ", available_at = now(), attempts = 0"
-        } else {
-            ""
+        const SQL: OperatorSql = OperatorSql {
+            event_id: "$1",
+            operator: "$2",
+            now: "now()",
         };
-        // cursor mode: a quarantined intent's state is its exception row
-        let (table, which) = match self.stored_mode().await? {
-            ferry_core::DispatchMode::Row => ("ferry_outbox", "event_id = $1"),
-            ferry_core::DispatchMode::Cursor => (
-                "ferry_outbox_exception",
-                "seq = (SELECT seq FROM ferry_outbox WHERE event_id = $1)",
-            ),
-        };
-        let sql = format!(
-            "UPDATE {table} SET state = '{target}', resolved_by = $2, resolved_at = now(), \
-             lease_until = NULL{extra} WHERE {which} AND state = 'QUARANTINED'"
-        );
+        let sql = operator_update_sql(self.stored_mode().await?, target, &SQL);
         let n = sqlx::query(&sql)
             .bind(event_id)
             .bind(operator)
@@ -259,17 +193,91 @@ impl PgStore {
             .await
             .map_err(|e| db_err("operator update", e))?
             .rows_affected();
-        if n == 1 {
-            return Ok(());
-        }
-        Err(not_quarantined(event_id, self.record(event_id).await?))
+        operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
 
-enum Extra<'a> {
-    Delay(Vec<i64>),
-    Text(Vec<&'a str>),
-    DelayText(Vec<i64>, Vec<&'a str>),
+/// The table an outcome CAS updates: its name, its alias in the SET clause, the error context.
+pub(crate) struct CasTable {
+    table: &'static str,
+    alias: &'static str,
+    what: &'static str,
+}
+
+/// Row dispatch: the intents themselves.
+pub(crate) const OUTBOX: CasTable = CasTable {
+    table: "ferry_outbox",
+    alias: "o",
+    what: "outcome update",
+};
+
+/// Cursor dispatch: the exception rows.
+pub(crate) const EXCEPTIONS: CasTable = CasTable {
+    table: "ferry_outbox_exception",
+    alias: "x",
+    what: "exception outcome",
+};
+
+/// The SET clause of an outcome on the table aliased `a`; `t.delay_us` and `t.txt` are the
+/// item's delay and text.
+fn outcome_set(to: Transition, a: &str) -> String {
+    match to {
+        Transition::Ack => "state = 'SENT', sent_at = now(), lease_until = NULL".into(),
+        Transition::Retry => format!(
+            "state = 'PENDING', lease_until = NULL, attempts = {a}.attempts + 1, last_error = t.txt, \
+             available_at = now() + t.delay_us * interval '1 microsecond'"
+        ),
+        Transition::Quarantine => format!(
+            "state = 'QUARANTINED', lease_until = NULL, attempts = {a}.attempts + 1, last_error = t.txt"
+        ),
+        Transition::Release => "state = 'PENDING', lease_until = NULL, available_at = now()".into(),
+        Transition::Extend { .. } => {
+            "lease_until = now() + t.delay_us * interval '1 microsecond'".into()
+        }
+    }
+}
+
+/// One `UPDATE … FROM UNNEST(…) RETURNING` per batch on `on`, fenced on `(state = 'CLAIMED',
+/// claim_version, claim_id)`; the per-item values travel as arrays beside the tokens.
+pub(crate) async fn cas_on<'c>(
+    ex: impl sqlx::PgExecutor<'c>,
+    on: &CasTable,
+    o: &Outcome<'_>,
+) -> Result<CasReport, StoreError> {
+    let tokens = &o.tokens[..];
+    if tokens.is_empty() {
+        return Ok(CasReport::default());
+    }
+    let (decl, cols) = match o.to {
+        Transition::Ack | Transition::Release => ("", ""),
+        Transition::Extend { .. } => (", $4::int8[]", ", delay_us"),
+        Transition::Quarantine => (", $4::text[]", ", txt"),
+        Transition::Retry => (", $4::int8[], $5::text[]", ", delay_us, txt"),
+    };
+    let (table, a, set) = (on.table, on.alias, outcome_set(o.to, on.alias));
+    let sql = format!(
+        "UPDATE {table} {a} SET {set} \
+         FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{decl}) AS t(seq, cv, cid{cols}) \
+         WHERE {a}.seq = t.seq AND {a}.state = 'CLAIMED' AND {a}.claim_version = t.cv AND {a}.claim_id = t.cid \
+         RETURNING {a}.seq, {a}.claim_version, {a}.claim_id"
+    );
+    let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
+        .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
+        .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
+        .bind(
+            tokens
+                .iter()
+                .map(|t| t.claim_id.clone())
+                .collect::<Vec<_>>(),
+        );
+    match o.to {
+        Transition::Ack | Transition::Release => {}
+        Transition::Extend { .. } => q = q.bind(o.delays()),
+        Transition::Quarantine => q = q.bind(o.texts()),
+        Transition::Retry => q = q.bind(o.delays()).bind(o.texts()),
+    }
+    let rows = q.fetch_all(ex).await.map_err(|e| db_err(on.what, e))?;
+    Ok(CasReport::from_returned(tokens, rows))
 }
 
 impl ferry_core::RowDispatch for PgStore {
@@ -277,10 +285,7 @@ impl ferry_core::RowDispatch for PgStore {
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            if req.slots.is_empty() || req.limit == 0 {
-                return Ok(Vec::new());
-            }
+        Box::pin(claiming(req, async move {
             // With a slot fence, only slots whose lease this owner holds at the claim's start
             // count: a relay whose lease ended claims nothing. The lease rows are read without a
             // lock: a share lock made the owner's own lease renewal (and a takeover) queue behind
@@ -366,7 +371,7 @@ impl ferry_core::RowDispatch for PgStore {
                 .collect();
             items.sort_by_key(|e| e.token.seq);
             Ok(items)
-        })
+        }))
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
@@ -390,71 +395,7 @@ impl ferry_core::RowDispatch for PgStore {
         })
     }
 
-    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'SENT', sent_at = now(), lease_until = NULL",
-            None,
-        ))
-    }
-
-    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
-            let delays = items.iter().map(|i| micros(i.delay)).collect();
-            let errs = items.iter().map(|i| i.error.as_str()).collect();
-            self.cas(
-                &tokens,
-                "state = 'PENDING', lease_until = NULL, attempts = o.attempts + 1, last_error = t.txt, \
-                 available_at = now() + t.delay_us * interval '1 microsecond'",
-                Some(Extra::DelayText(delays, errs)),
-            )
-            .await
-        })
-    }
-
-    fn quarantine<'a>(
-        &'a self,
-        items: &'a [(ClaimToken, String)],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
-            let reasons = items.iter().map(|i| i.1.as_str()).collect();
-            self.cas(
-                &tokens,
-                "state = 'QUARANTINED', lease_until = NULL, attempts = o.attempts + 1, last_error = t.txt",
-                Some(Extra::Text(reasons)),
-            )
-            .await
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        tokens: &'a [ClaimToken],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'PENDING', lease_until = NULL, available_at = now()",
-            None,
-        ))
-    }
-
-    fn extend_lease<'a>(
-        &'a self,
-        req: &'a ferry_core::LeaseExtension<'a>,
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        let (tokens, lease) = (req.tokens, req.lease);
-        Box::pin(async move {
-            let d = vec![micros(lease); tokens.len()];
-            self.cas(
-                tokens,
-                "lease_until = now() + t.delay_us * interval '1 microsecond'",
-                Some(Extra::Delay(d)),
-            )
-            .await
-        })
-    }
+    crate::outcome::row_outcomes!();
 }
 
 impl ferry_core::SlotOwnership for PgStore {
@@ -558,12 +499,12 @@ impl ferry_core::OperatorActions for PgStore {
         &'a self,
         events: &'a [NewEvent],
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move {
-            let rows = validate(events, &self.limits)?;
-            let mut tx = self.pool.begin().await.map_err(begin_err)?;
-            insert_validated(&mut tx, &rows).await?;
-            commit_enqueue(tx.commit(), rows).await
-        })
+        Box::pin(enqueue_in_own_tx(
+            events,
+            &self.limits,
+            self.pool.begin(),
+            Transaction::commit,
+        ))
     }
 
     fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
