@@ -105,6 +105,74 @@ where
     Ok(rows.into_iter().map(|r| r.event_id).collect())
 }
 
+/// Parses a database URL into a backend's connect options; an error names the backend and shows
+/// the URL as `shown` (redacted where it may carry a password).
+pub(crate) fn url_options<O>(url: &str, backend: &str, shown: &str) -> Result<O, StoreError>
+where
+    O: FromStr<Err = sqlx::Error>,
+{
+    O::from_str(url).map_err(|e| {
+        StoreError::new(
+            StoreErrorKind::InvalidInput,
+            format!("invalid {backend} URL {shown}: {e}"),
+        )
+    })
+}
+
+/// A claim's rows (`sql`, whose one parameter is the claim id) as events read by `from_row`.
+pub(crate) async fn lookup_claim<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    claim_id: &str,
+    from_row: fn(&DB::Row) -> ferry_core::ClaimedEvent,
+) -> Result<Vec<ferry_core::ClaimedEvent>, StoreError>
+where
+    DB: sqlx::Database,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let rows = sqlx::query(sql)
+        .bind(claim_id)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| db_err("lookup_claim", e))?;
+    Ok(rows.iter().map(from_row).collect())
+}
+
+/// The statement of [`ferry_core::OperatorActions::record`]: an intent's delivery-state row
+/// ([`RecordRow`]) by event id (placeholder `p`), from the relation holding its effective state.
+pub(crate) fn record_sql(mode: DispatchMode, p: &str) -> String {
+    let table = state_table(mode);
+    format!(
+        "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
+         FROM {table} WHERE event_id = {p}"
+    )
+}
+
+/// [`record_sql`] run on a backend whose driver decodes a [`RecordRow`] (not MariaDB's binary
+/// text columns).
+pub(crate) async fn record<DB>(
+    pool: &sqlx::Pool<DB>,
+    mode: DispatchMode,
+    p: &str,
+    event_id: &str,
+) -> Result<Option<EventRecord>, StoreError>
+where
+    DB: sqlx::Database,
+    RecordRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let r: Option<RecordRow> = sqlx::query_as(&record_sql(mode, p))
+        .bind(event_id)
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| db_err("record", e))?;
+    r.map(record_from).transpose()
+}
+
 /// The stored dispatch mode (`ferry_dispatch`), on any backend's pool. `T` is what the driver
 /// decodes the text column as (MariaDB reports its binary collation as bytes).
 pub(crate) async fn stored_mode<DB, T>(pool: &sqlx::Pool<DB>) -> Result<DispatchMode, StoreError>

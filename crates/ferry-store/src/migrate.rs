@@ -102,6 +102,11 @@ use sqlx::{Connection, Executor, MySqlConnection, PgConnection, SqliteConnection
 use crate::common::Ctx;
 use crate::db_err;
 
+/// The lock key and tracking table of the outbox's own migrations (every backend's store).
+pub(crate) const OUTBOX_LOCK: &str = "ferry_migrate";
+/// See [`OUTBOX_LOCK`].
+pub(crate) const OUTBOX_TABLE: &str = "ferry_schema_migrations";
+
 fn check_table(table: &str) -> Result<(), StoreError> {
     crate::ops::validate_identifier("migrations table", table)
 }

@@ -18,7 +18,6 @@
 //! fenced.
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -33,7 +32,7 @@ use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
 use crate::common::{
     claiming, enqueue_in_own_tx, micros, operator_outcome, operator_update_sql, record_from,
-    state_table, status_from, Ctx, InsertIntents, OperatorSql, StatusRow,
+    record_sql, status_from, url_options, Ctx, InsertIntents, OperatorSql, StatusRow,
 };
 use crate::ops::{self, Pools};
 use crate::outcome::{Outcome, Transition};
@@ -245,12 +244,7 @@ fn outcome_set(to: Transition) -> Cow<'static, str> {
 impl MyStore {
     /// Connects to `url`; migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn = MySqlConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!("invalid MySQL URL {}: {e}", crate::redact_url(url)),
-            )
-        })?;
+        let conn: MySqlConnectOptions = url_options(url, "MySQL", &crate::redact_url(url))?;
         Self::connect_with(conn, opts).await
     }
 
@@ -301,18 +295,9 @@ impl MyStore {
     /// transactional, so every statement is idempotent (`IF NOT EXISTS`) and a migration that
     /// died half-way is simply re-run; its version row is written last.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_err("migrate: connect", e))?;
-        crate::migrate::apply_mysql(
-            &mut conn,
-            "ferry_migrate",
-            "ferry_schema_migrations",
-            MIGRATIONS_MYSQL,
-        )
-        .await
+        use crate::migrate::{apply_mysql, OUTBOX_LOCK, OUTBOX_TABLE};
+        let mut conn = self.pool.acquire().await.ctx("migrate: connect")?;
+        apply_mysql(&mut conn, OUTBOX_LOCK, OUTBOX_TABLE, MIGRATIONS_MYSQL).await
     }
 
     /// A fenced outcome on `ferry_outbox` ([`Self::cas_on`]).
@@ -581,14 +566,10 @@ impl ferry_core::RowDispatch for MyStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(&format!(
+            let sql = format!(
                 "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
-            ))
-            .bind(claim_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("lookup_claim", e))?;
-            Ok(rows.iter().map(claimed_from_row).collect())
+            );
+            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -818,15 +799,11 @@ impl ferry_core::OperatorActions for MyStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = state_table(self.stored_mode().await?);
-            let r = sqlx::query(&format!(
-                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM {table} WHERE event_id = ?"
-            ))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| db_err("record", e))?;
+            let r = sqlx::query(&record_sql(self.stored_mode().await?, "?"))
+                .bind(event_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| db_err("record", e))?;
             r.map(|r| {
                 record_from((
                     txt(&r, 0),

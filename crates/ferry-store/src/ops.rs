@@ -29,66 +29,69 @@ enum Bind {
     Str(String),
 }
 
+/// Evaluates `$body` once per backend, with `$pool` bound to that backend's pool and `$q` to
+/// `$sql` in its placeholders (`?` in bind order; PostgreSQL gets `$n`). A macro: the arms'
+/// pool, row and query types differ by driver.
+macro_rules! on_pool {
+    ($pools:expr, $sql:expr, |$pool:ident, $q:ident| $body:expr) => {
+        match $pools {
+            Pools::Pg($pool) => {
+                let $q = &pg_placeholders($sql);
+                $body
+            }
+            Pools::My($pool) => {
+                let $q = $sql;
+                $body
+            }
+            Pools::Lite($pool) => {
+                let $q = $sql;
+                $body
+            }
+        }
+    };
+}
+
 impl Pools<'_> {
-    /// `sql` uses `?` placeholders in bind order; PostgreSQL gets `$n`.
+    /// The rows of `sql`, every column as text (`None` for NULL).
     async fn rows(
         &self,
         sql: &str,
         binds: &[Bind],
     ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
-        macro_rules! run {
-            ($pool:expr, $sql:expr) => {{
-                let rows = bound($sql, binds)
-                    .fetch_all($pool)
-                    .await
-                    .map_err(|e| db_err("operator query", e))?;
-                rows.iter()
-                    .map(|r| {
-                        (0..r.len())
-                            .map(|i| {
-                                r.try_get::<Option<i64>, _>(i)
-                                    .map(|v| v.map(|v| v.to_string()))
-                                    .or_else(|_| r.try_get::<Option<String>, _>(i))
-                                    .or_else(|_| {
-                                        r.try_get::<Option<Vec<u8>>, _>(i).map(|v| {
-                                            v.map(|b| String::from_utf8_lossy(&b).into_owned())
-                                        })
+        Ok(on_pool!(*self, sql, |pool, q| {
+            let rows = bound(q, binds)
+                .fetch_all(pool)
+                .await
+                .map_err(|e| db_err("operator query", e))?;
+            rows.iter()
+                .map(|r| {
+                    (0..r.len())
+                        .map(|i| {
+                            r.try_get::<Option<i64>, _>(i)
+                                .map(|v| v.map(|v| v.to_string()))
+                                .or_else(|_| r.try_get::<Option<String>, _>(i))
+                                .or_else(|_| {
+                                    r.try_get::<Option<Vec<u8>>, _>(i).map(|v| {
+                                        v.map(|b| String::from_utf8_lossy(&b).into_owned())
                                     })
-                                    .unwrap_or(None)
-                            })
-                            .collect()
-                    })
-                    .collect()
-            }};
-        }
-        Ok(match self {
-            Pools::Pg(p) => {
-                let pg_sql = pg_placeholders(sql);
-                run!(*p, &pg_sql)
-            }
-            Pools::My(p) => run!(*p, sql),
-            Pools::Lite(p) => run!(*p, sql),
-        })
+                                })
+                                .unwrap_or(None)
+                        })
+                        .collect()
+                })
+                .collect()
+        }))
     }
 
+    /// The rows `sql` changed.
     async fn exec(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
-        macro_rules! run {
-            ($pool:expr, $sql:expr) => {{
-                bound($sql, binds)
-                    .execute($pool)
-                    .await
-                    .map_err(|e| db_err("operator statement", e))?
-                    .rows_affected()
-            }};
-        }
-        Ok(match self {
-            Pools::Pg(p) => {
-                let pg_sql = pg_placeholders(sql);
-                run!(*p, &pg_sql)
-            }
-            Pools::My(p) => run!(*p, sql),
-            Pools::Lite(p) => run!(*p, sql),
-        })
+        Ok(on_pool!(*self, sql, |pool, q| {
+            bound(q, binds)
+                .execute(pool)
+                .await
+                .map_err(|e| db_err("operator statement", e))?
+                .rows_affected()
+        }))
     }
 
     fn dialect(&self) -> Dialect {

@@ -5,7 +5,6 @@
 //! `claim_version`, sets `claim_id`/`lease_until` and returns each token, all inside one short
 //! transaction. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,15 +13,15 @@ use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
     Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    StoreError, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row, Transaction};
 
 use crate::common::{
     claiming, enqueue_in_own_tx, lease_from, micros, operator_outcome, operator_update_sql,
-    quarantined_from, record_from, state_table, status_from, Ctx, InsertIntents, OperatorSql,
-    QuarantinedRow, RecordRow, StatusRow,
+    quarantined_from, status_from, url_options, Ctx, InsertIntents, OperatorSql, QuarantinedRow,
+    StatusRow,
 };
 use crate::ops::{self, Pools};
 use crate::outcome::{Outcome, Transition};
@@ -104,12 +103,7 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
 impl PgStore {
     /// Connects to `url`; migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn = PgConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!("invalid PostgreSQL URL {}: {e}", crate::redact_url(url)),
-            )
-        })?;
+        let conn: PgConnectOptions = url_options(url, "PostgreSQL", &crate::redact_url(url))?;
         Self::connect_with(conn, opts).await
     }
 
@@ -155,18 +149,9 @@ impl PgStore {
     /// the current schema; PostgreSQL DDL is transactional, so a migration applies fully or not
     /// at all, and a concurrent migrate waits for the lock and then finds nothing to do.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_err("migrate: connect", e))?;
-        crate::migrate::apply_postgres(
-            &mut conn,
-            "ferry_migrate",
-            "ferry_schema_migrations",
-            MIGRATIONS_POSTGRES,
-        )
-        .await
+        use crate::migrate::{apply_postgres, OUTBOX_LOCK, OUTBOX_TABLE};
+        let mut conn = self.pool.acquire().await.ctx("migrate: connect")?;
+        apply_postgres(&mut conn, OUTBOX_LOCK, OUTBOX_TABLE, MIGRATIONS_POSTGRES).await
     }
 
     /// A fenced outcome on `ferry_outbox` ([`cas_on`]).
@@ -386,12 +371,7 @@ impl ferry_core::RowDispatch for PgStore {
             let sql = format!(
                 "SELECT {CLAIM_COLUMNS} FROM ferry_outbox o WHERE o.phase = 0 AND o.claim_id = $1 AND o.state = 'CLAIMED' ORDER BY o.seq"
             );
-            let rows = sqlx::query(&sql)
-                .bind(claim_id)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("lookup_claim", e))?;
-            Ok(rows.iter().map(claimed_from_row).collect())
+            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -602,16 +582,7 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = state_table(self.stored_mode().await?);
-            let r: Option<RecordRow> = sqlx::query_as(&format!(
-                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM {table} WHERE event_id = $1"
-            ))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| db_err("record", e))?;
-            r.map(record_from).transpose()
+            crate::common::record(&self.pool, self.stored_mode().await?, "$1", event_id).await
         })
     }
 }

@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
     EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId,
-    SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+    SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
@@ -31,8 +30,8 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{
     claiming, enqueue_in_own_tx, lease_from, micros, operator_outcome, operator_update_sql,
-    quarantined_from, record_from, state_table, status_from, Ctx, InsertIntents, OperatorSql,
-    QuarantinedRow, RecordRow, StatusRow,
+    quarantined_from, status_from, url_options, Ctx, InsertIntents, OperatorSql, QuarantinedRow,
+    StatusRow,
 };
 use crate::ops::{self, Pools};
 use crate::outcome::{Outcome, Transition};
@@ -234,12 +233,8 @@ impl SqliteStore {
     /// Opens (creating if missing) the database file named by `url` (`sqlite:///abs/path.db`,
     /// `sqlite://rel.db` or `sqlite::memory:`); migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn = SqliteConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!("invalid SQLite URL {url}: {e}"),
-            )
-        })?;
+        // a file path: nothing to redact
+        let conn: SqliteConnectOptions = url_options(url, "SQLite", url)?;
         Self::connect_with(conn.synchronous(SqliteSynchronous::Full), opts).await
     }
 
@@ -290,18 +285,9 @@ impl SqliteStore {
     /// Applies pending migrations inside one `BEGIN IMMEDIATE` transaction: the write lock
     /// serializes concurrent migrates, and SQLite DDL is transactional.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_err("migrate: connect", e))?;
-        crate::migrate::apply_sqlite(
-            &mut conn,
-            "ferry_migrate",
-            "ferry_schema_migrations",
-            MIGRATIONS_SQLITE,
-        )
-        .await
+        use crate::migrate::{apply_sqlite, OUTBOX_LOCK, OUTBOX_TABLE};
+        let mut conn = self.pool.acquire().await.ctx("migrate: connect")?;
+        apply_sqlite(&mut conn, OUTBOX_LOCK, OUTBOX_TABLE, MIGRATIONS_SQLITE).await
     }
 
     /// A fenced outcome on `ferry_outbox` in a write transaction of its own ([`cas_in`]).
@@ -461,14 +447,10 @@ impl ferry_core::RowDispatch for SqliteStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(&format!(
+            let sql = format!(
                 "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
-            ))
-            .bind(claim_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("lookup_claim", e))?;
-            Ok(rows.iter().map(claimed_from_row).collect())
+            );
+            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -668,16 +650,7 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = state_table(self.stored_mode().await?);
-            let r: Option<RecordRow> = sqlx::query_as(&format!(
-                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM {table} WHERE event_id = ?"
-            ))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| db_err("record", e))?;
-            r.map(record_from).transpose()
+            crate::common::record(&self.pool, self.stored_mode().await?, "?", event_id).await
         })
     }
 }
