@@ -285,51 +285,6 @@ pub(crate) fn exception_row(kind: &ExceptionKind) -> (&'static str, i64, Option<
     }
 }
 
-/// How a backend's SQL names the values of an operator update: the event id's and the
-/// operator's placeholders and the current time.
-pub(crate) struct OperatorSql {
-    pub(crate) event_id: &'static str,
-    pub(crate) operator: &'static str,
-    pub(crate) now: &'static str,
-}
-
-/// The statement of an operator action on a quarantined intent: `target` `PENDING` (requeue:
-/// due now, attempts reset) or `SKIPPED`. In cursor dispatch a quarantined intent's state is its
-/// exception row. It updates one row, or none when the intent is not (or no longer) quarantined
-/// ([`operator_outcome`]).
-pub(crate) fn operator_update_sql(mode: DispatchMode, target: &str, p: &OperatorSql) -> String {
-    let (event_id, operator, now) = (p.event_id, p.operator, p.now);
-    let extra = if target == "PENDING" {
-        format!(", available_at = {now}, attempts = 0")
-    } else {
-        String::new()
-    };
-    let (table, which) = match mode {
-        DispatchMode::Row => ("ferry_outbox", format!("event_id = {event_id}")),
-        DispatchMode::Cursor => (
-            "ferry_outbox_exception",
-            format!("seq = (SELECT seq FROM ferry_outbox WHERE event_id = {event_id})"),
-        ),
-    };
-    format!(
-        "UPDATE {table} SET state = '{target}', resolved_by = {operator}, resolved_at = {now}, \
-         lease_until = NULL{extra} WHERE {which} AND state = 'QUARANTINED'"
-    )
-}
-
-/// An operator update's result from the rows it changed: one, or the reason none was, from the
-/// event's record (`record`, read only then).
-pub(crate) async fn operator_outcome(
-    changed: u64,
-    event_id: &str,
-    record: impl Future<Output = Result<Option<EventRecord>, StoreError>>,
-) -> Result<(), StoreError> {
-    if changed == 1 {
-        return Ok(());
-    }
-    Err(not_quarantined(event_id, record.await?))
-}
-
 pub(crate) fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> StoreError {
     match rec {
         None => StoreError::new(StoreErrorKind::InvalidInput, format!("no outbox event with id {event_id:?}")),

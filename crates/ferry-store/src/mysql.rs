@@ -31,10 +31,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
 use crate::common::{
-    claiming, enqueue_in_own_tx, micros, operator_outcome, operator_update_sql, record_from,
-    record_sql, status_from, url_options, Ctx, InsertIntents, OperatorSql, StatusRow,
+    claiming, enqueue_in_own_tx, micros, record_from, record_sql, status_from, url_options, Ctx,
+    InsertIntents, StatusRow,
 };
-use crate::ops::{self, Pools};
+use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::{Outcome, Transition};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_MYSQL};
 
@@ -445,15 +445,11 @@ impl MyStore {
             event_id: "?",
             operator: "?",
             now: "UTC_TIMESTAMP(6)",
+            binds: &[OperatorParam::Operator, OperatorParam::EventId],
         };
-        let sql = operator_update_sql(self.stored_mode().await?, target, &SQL);
-        let n = sqlx::query(&sql)
-            .bind(operator)
-            .bind(event_id)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("operator update", e))?
-            .rows_affected();
+        let mode = self.stored_mode().await?;
+        let pools = Pools::My(&self.pool);
+        let n = ops::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
         operator_outcome(n, event_id, self.record(event_id)).await
     }
 }

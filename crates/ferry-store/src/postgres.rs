@@ -19,11 +19,10 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, PgPool, Row, Transaction};
 
 use crate::common::{
-    claiming, enqueue_in_own_tx, lease_from, micros, operator_outcome, operator_update_sql,
-    quarantined_from, status_from, url_options, Ctx, InsertIntents, OperatorSql, QuarantinedRow,
-    StatusRow,
+    claiming, enqueue_in_own_tx, lease_from, micros, quarantined_from, status_from, url_options,
+    Ctx, InsertIntents, QuarantinedRow, StatusRow,
 };
-use crate::ops::{self, Pools};
+use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::{Outcome, Transition};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_POSTGRES};
 
@@ -169,15 +168,11 @@ impl PgStore {
             event_id: "$1",
             operator: "$2",
             now: "now()",
+            binds: &[OperatorParam::EventId, OperatorParam::Operator],
         };
-        let sql = operator_update_sql(self.stored_mode().await?, target, &SQL);
-        let n = sqlx::query(&sql)
-            .bind(event_id)
-            .bind(operator)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("operator update", e))?
-            .rows_affected();
+        let mode = self.stored_mode().await?;
+        let pools = Pools::Pg(&self.pool);
+        let n = ops::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
         operator_outcome(n, event_id, self.record(event_id)).await
     }
 }

@@ -29,11 +29,10 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction}
 use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{
-    claiming, enqueue_in_own_tx, lease_from, micros, operator_outcome, operator_update_sql,
-    quarantined_from, status_from, url_options, Ctx, InsertIntents, OperatorSql, QuarantinedRow,
-    StatusRow,
+    claiming, enqueue_in_own_tx, lease_from, micros, quarantined_from, status_from, url_options,
+    Ctx, InsertIntents, QuarantinedRow, StatusRow,
 };
-use crate::ops::{self, Pools};
+use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::{Outcome, Transition};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_SQLITE};
 
@@ -311,17 +310,23 @@ impl SqliteStore {
             event_id: "?1",
             operator: "?2",
             now: "?3",
+            binds: &[
+                OperatorParam::EventId,
+                OperatorParam::Operator,
+                OperatorParam::Now,
+            ],
         };
-        let sql = operator_update_sql(self.stored_mode().await?, target, &SQL);
+        let mode = self.stored_mode().await?;
         let gate = self.gate.lock().await;
-        let n = sqlx::query(&sql)
-            .bind(event_id)
-            .bind(operator)
-            .bind(now_micros())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("operator update", e))?
-            .rows_affected();
+        let n = ops::operator_update(
+            Pools::Lite(&self.pool),
+            mode,
+            target,
+            &SQL,
+            event_id,
+            operator,
+        )
+        .await?;
         drop(gate);
         operator_outcome(n, event_id, self.record(event_id)).await
     }
