@@ -381,20 +381,19 @@ pub(crate) async fn cas_in(
     Ok(CasReport::from_returned(tokens, rows))
 }
 
-/// SQLite's claim statement, on `table` (`ferry_outbox o` or `ferry_outbox_exception x`: a fixed
-/// constant and its alias) in the caller's write transaction: rows of the requested slots (with a
-/// fence, only those whose live lease the owner holds) that are due at `now` and have no
-/// unfinished lower version of their aggregate in `table`, in `seq` order up to the limit, become
-/// CLAIMED under the request's claim id, with the next claim version and a lease to now + the
-/// request's lease. Returns `returning` of each.
+/// SQLite's claim statement, on `table` aliased `a` (`ferry_outbox o` or
+/// `ferry_outbox_exception x`, fixed constants) in the caller's write transaction: rows of the
+/// requested slots (with a fence, only those whose live lease the owner holds) that are due at
+/// `now` and have no unfinished lower version of their aggregate in `table`, in `seq` order up to
+/// the limit, become CLAIMED under the request's claim id, with the next claim version and a
+/// lease to now + the request's lease. Returns `returning` of each.
 pub(crate) async fn claim_in(
     conn: &mut SqliteConnection,
-    table: &str,
+    (table, a): (&str, &str),
     returning: &str,
     req: &ClaimRequest,
     now: i64,
 ) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
-    let (table, a) = table.split_once(' ').unwrap_or((table, table));
     let fence = if req.fence.is_some() {
         format!("AND {a}.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)")
     } else {
@@ -431,7 +430,7 @@ impl ferry_core::RowDispatch for SqliteStore {
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(claiming(req, async move {
             let mut tx = self.begin_write().await.ctx("claim: begin")?;
-            let rows = claim_in(&mut tx, "ferry_outbox o", COLUMNS, req, now_micros())
+            let rows = claim_in(&mut tx, ("ferry_outbox", "o"), COLUMNS, req, now_micros())
                 .await
                 .map_err(|e| db_err("claim", e))?;
             tx.commit().await.map_err(|e| db_err("claim: commit", e))?;

@@ -287,7 +287,7 @@ impl CursorStore for SqliteStore {
             let mut tx = self.begin_write().await.ctx("claim exceptions: begin")?;
             let claimed: Vec<(i64, i64, i32)> = crate::sqlite::claim_in(
                 &mut tx,
-                "ferry_outbox_exception x",
+                ("ferry_outbox_exception", "x"),
                 "seq, claim_version, attempts",
                 req,
                 now,
