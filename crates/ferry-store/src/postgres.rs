@@ -260,25 +260,49 @@ pub(crate) async fn cas_on<'c>(
     Ok(CasReport::from_returned(tokens, rows))
 }
 
+/// The slot filter of a claim on the table aliased `a` (`$1` the requested slots, `$5` the
+/// fence's owner). With a slot fence, only slots whose lease this owner holds at the claim's start
+/// count: a relay whose lease ended claims nothing. The lease rows are read without a lock: a
+/// share lock made the owner's own lease renewal (and a takeover) queue behind slow claims until
+/// every lease expired. A claim racing a takeover is harmless: rows are taken one at a time under
+/// SKIP LOCKED, state and token, never twice. ARRAY(...) is an InitPlan, evaluated once per claim
+/// whatever the planner's row estimates (an IN-subquery became a per-row SubPlan on un-ANALYZEd
+/// tables).
+pub(crate) fn claim_slot_filter(a: &str, req: &ClaimRequest) -> String {
+    if req.fence.is_some() {
+        format!(
+            "{a}.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
+             AND l.owner = $5 AND l.lease_until > now()))"
+        )
+    } else {
+        format!("{a}.shard_slot = ANY($1)")
+    }
+}
+
+/// A claim statement (row or exception rows) with its parameters bound: `$1` the slots, `$2` the
+/// limit, `$3` the claim id, `$4` the lease (µs), and with a fence `$5` its owner.
+pub(crate) fn bind_claim<'q>(
+    sql: &'q str,
+    req: &'q ClaimRequest,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let q = sqlx::query(sql)
+        .bind(req.slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
+        .bind(req.limit as i64)
+        .bind(&req.claim_id)
+        .bind(micros(req.lease));
+    match &req.fence {
+        Some(f) => q.bind(&f.owner),
+        None => q,
+    }
+}
+
 impl ferry_core::RowDispatch for PgStore {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(claiming(req, async move {
-            // With a slot fence, only slots whose lease this owner holds at the claim's start
-            // count: a relay whose lease ended claims nothing. The lease rows are read without a
-            // lock: a share lock made the owner's own lease renewal (and a takeover) queue behind
-            // slow claims until every lease expired. A claim racing a takeover is harmless: rows
-            // are taken one at a time under SKIP LOCKED, state and token, never twice.
-            // ARRAY(...) is an InitPlan, evaluated once per claim whatever the planner's row
-            // estimates (an IN-subquery became a per-row SubPlan on un-ANALYZEd tables).
-            let slot_filter = if req.fence.is_some() {
-                "o.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
-                 AND l.owner = $5 AND l.lease_until > now()))"
-            } else {
-                "o.shard_slot = ANY($1)"
-            };
+            let slot_filter = claim_slot_filter("o", req);
             // The predecessor rule as "o is its aggregate's lowest unfinished version": a scalar
             // subquery stays a per-candidate index probe. The equivalent NOT EXISTS was planned,
             // under load, as an anti join scanning the whole unfinished index per candidate
@@ -318,7 +342,6 @@ impl ferry_core::RowDispatch for PgStore {
             } else {
                 format!("{head} {update} RETURNING {CLAIM_COLUMNS}, 0::int8")
             };
-            let slots: Vec<i16> = req.slots.iter().map(|s| *s as i16).collect();
             let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
             // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
@@ -327,15 +350,7 @@ impl ferry_core::RowDispatch for PgStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err("claim: plan settings", e))?;
-            let mut q = sqlx::query(&sql)
-                .bind(slots)
-                .bind(req.limit as i64)
-                .bind(&req.claim_id)
-                .bind(micros(req.lease));
-            if let Some(f) = &req.fence {
-                q = q.bind(&f.owner);
-            }
-            let rows = q
+            let rows = bind_claim(&sql, req)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err("claim", e))?;

@@ -22,7 +22,7 @@ use ferry_core::{
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
-use crate::common::{claiming, exception_row, micros, mode_in_use, slotless_advance, Ctx};
+use crate::common::{claiming, exception_row, mode_in_use, slotless_advance, Ctx};
 use crate::db_err;
 use crate::outcome::Outcome;
 use crate::postgres::{PgStore, EXCEPTIONS};
@@ -764,14 +764,8 @@ impl CursorStore for PgStore {
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(claiming(req, async move {
-            // As the row-mode claim: with a fence, only slots whose lease the owner holds now
-            // (an InitPlan, evaluated once).
-            let slot_filter = if req.fence.is_some() {
-                "x.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
-                 AND l.owner = $5 AND l.lease_until > now()))"
-            } else {
-                "x.shard_slot = ANY($1)"
-            };
+            // As the row-mode claim: with a fence, only slots whose lease the owner holds now.
+            let slot_filter = crate::postgres::claim_slot_filter("x", req);
             // The predecessor rule among open exceptions, as "x is its aggregate's lowest open
             // version" (an index probe per candidate on ferry_outbox_exception_open).
             let sql = format!(
@@ -791,15 +785,7 @@ impl CursorStore for PgStore {
                  SELECT {EVENT_COLUMNS}, c.claim_id, c.claim_version, c.attempts \
                  FROM claimed c JOIN ferry_outbox o ON o.seq = c.seq ORDER BY o.seq"
             );
-            let mut q = sqlx::query(&sql)
-                .bind(slots_i16(req.slots.iter().copied()))
-                .bind(req.limit as i64)
-                .bind(&req.claim_id)
-                .bind(micros(req.lease));
-            if let Some(f) = &req.fence {
-                q = q.bind(&f.owner);
-            }
-            let rows = q
+            let rows = crate::postgres::bind_claim(&sql, req)
                 .fetch_all(self.pool())
                 .await
                 .map_err(|e| db_err("claim exceptions", e))?;
