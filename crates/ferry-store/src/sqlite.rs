@@ -144,43 +144,20 @@ impl InsertIntents for SqliteConnection {
                 // SQLite's message does not name the duplicate values; the transaction is still
                 // usable, so ask which (aggregate, version) of this chunk exists already.
                 if let sqlx::Error::Database(d) = &e {
-                    if d.kind() == sqlx::error::ErrorKind::UniqueViolation
-                        && d.message().contains("aggregate_version")
-                    {
-                        for r in chunk {
-                            let exists: Option<i64> = sqlx::query_scalar(
-                                "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
-                            )
-                            .bind(&r.aggregate_id)
-                            .bind(r.aggregate_version)
-                            .fetch_optional(&mut *conn)
-                            .await
-                            .ok()
-                            .flatten();
-                            if exists.is_some() {
-                                return Err(EnqueueError::DuplicateVersion {
-                                    aggregate_id: r.aggregate_id.clone(),
-                                    version: r.aggregate_version,
-                                });
-                            }
+                    let unique = d.kind() == sqlx::error::ErrorKind::UniqueViolation;
+                    if unique && d.message().contains("aggregate_version") {
+                        if let Some(r) = first_stored(conn, chunk, by_version).await {
+                            return Err(EnqueueError::DuplicateVersion {
+                                aggregate_id: r.aggregate_id.clone(),
+                                version: r.aggregate_version,
+                            });
                         }
                     }
-                    if d.kind() == sqlx::error::ErrorKind::UniqueViolation
-                        && d.message().contains("event_id")
-                    {
-                        for r in chunk {
-                            let exists: Option<i64> =
-                                sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?")
-                                    .bind(&r.event_id)
-                                    .fetch_optional(&mut *conn)
-                                    .await
-                                    .ok()
-                                    .flatten();
-                            if exists.is_some() {
-                                return Err(EnqueueError::DuplicateEventId {
-                                    event_id: r.event_id.clone(),
-                                });
-                            }
+                    if unique && d.message().contains("event_id") {
+                        if let Some(r) = first_stored(conn, chunk, by_event_id).await {
+                            return Err(EnqueueError::DuplicateEventId {
+                                event_id: r.event_id.clone(),
+                            });
                         }
                     }
                 }
@@ -189,6 +166,44 @@ impl InsertIntents for SqliteConnection {
         }
         Ok(())
     }
+}
+
+/// A `SELECT 1` of the outbox row holding one of an intent's unique keys.
+type Probe =
+    for<'r> fn(
+        &'r ValidatedEvent,
+    ) -> sqlx::query::QueryScalar<'r, Sqlite, i64, sqlx::sqlite::SqliteArguments<'r>>;
+
+fn by_version(
+    r: &ValidatedEvent,
+) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
+    sqlx::query_scalar(
+        "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
+    )
+    .bind(&r.aggregate_id)
+    .bind(r.aggregate_version)
+}
+
+fn by_event_id(
+    r: &ValidatedEvent,
+) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
+    sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?").bind(&r.event_id)
+}
+
+/// The first row of `chunk` that `probe` finds stored already: the row a unique violation of the
+/// chunk's insert was about. A probe that fails counts as not found.
+async fn first_stored<'c>(
+    conn: &mut SqliteConnection,
+    chunk: &'c [ValidatedEvent],
+    probe: Probe,
+) -> Option<&'c ValidatedEvent> {
+    for r in chunk {
+        let exists: Option<i64> = probe(r).fetch_optional(&mut *conn).await.ok().flatten();
+        if exists.is_some() {
+            return Some(r);
+        }
+    }
+    None
 }
 
 /// The SQLite outbox store.
