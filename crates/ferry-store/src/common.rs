@@ -39,6 +39,30 @@ pub(crate) trait InsertIntents {
     ) -> impl Future<Output = Result<(), EnqueueError>> + Send;
 }
 
+/// Pushes one intent's values to a multi-row insert, in the column order of every backend's
+/// INSERT (`event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type,
+/// headers, payload`); `slot` is the shard slot in the backend's column type.
+pub(crate) fn push_intent<'a, DB, S>(
+    b: &mut sqlx::query_builder::Separated<'_, 'a, DB, &'static str>,
+    r: &'a ValidatedEvent,
+    slot: S,
+) where
+    DB: sqlx::Database,
+    &'a String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    S: 'a + sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    b.push_bind(&r.event_id)
+        .push_bind(&r.aggregate_id)
+        .push_bind(r.aggregate_version)
+        .push_bind(slot)
+        .push_bind(&r.topic)
+        .push_bind(&r.key)
+        .push_bind(&r.event_type)
+        .push_bind(&r.headers)
+        .push_bind(&r.payload);
+}
+
 /// The body of every backend's `enqueue_many`: validates `events`, inserts them on the caller's
 /// connection (never beginning or committing) and returns their event ids, in order.
 pub(crate) async fn enqueue_on<C: InsertIntents>(

@@ -31,8 +31,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
 use crate::common::{
-    claiming, enqueue_in_own_tx, micros, record_from, record_sql, status_from, url_options, Ctx,
-    InsertIntents, StatusRow,
+    claiming, enqueue_in_own_tx, micros, push_intent, record_from, record_sql, status_from,
+    url_options, Ctx, InsertIntents, StatusRow,
 };
 use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::{Outcome, Transition};
@@ -52,15 +52,7 @@ impl InsertIntents for MySqlConnection {
                  event_type, headers, payload) ",
             );
             qb.push_values(chunk, |mut b, r| {
-                b.push_bind(&r.event_id)
-                    .push_bind(&r.aggregate_id)
-                    .push_bind(r.aggregate_version)
-                    .push_bind(r.shard_slot as i16)
-                    .push_bind(&r.topic)
-                    .push_bind(&r.key)
-                    .push_bind(&r.event_type)
-                    .push_bind(&r.headers)
-                    .push_bind(&r.payload);
+                push_intent(&mut b, r, r.shard_slot as i16)
             });
             qb.build()
                 .execute(&mut *conn)

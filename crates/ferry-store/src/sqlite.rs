@@ -29,8 +29,8 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction}
 use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{
-    claiming, enqueue_in_own_tx, lease_from, micros, quarantined_from, status_from, url_options,
-    Ctx, InsertIntents, QuarantinedRow, StatusRow,
+    claiming, enqueue_in_own_tx, lease_from, micros, push_intent, quarantined_from, status_from,
+    url_options, Ctx, InsertIntents, QuarantinedRow, StatusRow,
 };
 use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::{Outcome, Transition};
@@ -128,17 +128,8 @@ impl InsertIntents for SqliteConnection {
                  event_type, headers, payload, created_at, available_at) ",
             );
             qb.push_values(chunk, |mut b, r| {
-                b.push_bind(&r.event_id)
-                    .push_bind(&r.aggregate_id)
-                    .push_bind(r.aggregate_version)
-                    .push_bind(r.shard_slot as i64)
-                    .push_bind(&r.topic)
-                    .push_bind(&r.key)
-                    .push_bind(&r.event_type)
-                    .push_bind(&r.headers)
-                    .push_bind(&r.payload)
-                    .push_bind(now)
-                    .push_bind(now);
+                push_intent(&mut b, r, r.shard_slot as i64);
+                b.push_bind(now).push_bind(now);
             });
             if let Err(e) = qb.build().execute(&mut *conn).await {
                 // SQLite's message does not name the duplicate values; the transaction is still
