@@ -1,6 +1,9 @@
 //! Backend-neutral helpers shared by the SQL backends (PostgreSQL, MySQL/MariaDB, SQLite) and
-//! the in-memory store: operator errors, sqlx error context, row decoding, cursor-dispatch
-//! exception rows.
+//! the in-memory store: the enqueue path (validate, insert on the caller's connection, the
+//! operator's own transaction), sqlx error context, URL parsing, row decoding and the reads every
+//! backend runs alike (claim lookup, record, dispatch mode), and the cursor-dispatch glue
+//! (exception rows, slot-less advances, seq-ordered reads). Generic functions over
+//! `sqlx::Database` take the statement's dialect (placeholders) as data.
 use std::future::Future;
 use std::ops::DerefMut;
 use std::str::FromStr;
