@@ -1,13 +1,17 @@
 //! Backend-neutral helpers shared by the SQL backends (PostgreSQL, MySQL/MariaDB, SQLite) and
-//! the in-memory store: operator errors, sqlx error context, row decoding, cursor-dispatch
-//! exception rows.
+//! the in-memory store: the enqueue path (validate, insert on the caller's connection, the
+//! operator's own transaction), sqlx error context, URL parsing, row decoding and the reads every
+//! backend runs alike (claim lookup, record, dispatch mode), and the cursor-dispatch glue
+//! (exception rows, slot-less advances, seq-ordered reads). Generic functions over
+//! `sqlx::Database` take the statement's dialect (placeholders) as data.
 use std::future::Future;
+use std::ops::DerefMut;
 use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{
-    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, OutboxStatus,
-    QuarantinedEvent, SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+    DispatchMode, EnqueueError, EventRecord, EventState, ExceptionKind, Limits, NewEvent,
+    OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
 };
 
 use crate::db_err;
@@ -28,23 +32,268 @@ impl<T> Ctx<T> for Result<T, sqlx::Error> {
     }
 }
 
-/// The error of an operator enqueue whose own transaction could not begin.
-pub(crate) fn begin_err(e: sqlx::Error) -> EnqueueError {
-    EnqueueError::Store(db_err("begin", e).to_string())
+/// A backend's connection, on which validated intents are inserted inside whatever transaction
+/// it is in (each backend's multi-row insert).
+pub(crate) trait InsertIntents {
+    /// Inserts `rows`; on error nothing of this call is written once the transaction rolls back.
+    fn insert_intents(
+        &mut self,
+        rows: &[ValidatedEvent],
+    ) -> impl Future<Output = Result<(), EnqueueError>> + Send;
 }
 
-/// Runs `commit` (an operator enqueue's own transaction's `commit()`, not yet polled, after
-/// `rows` were inserted in it) past the `enqueue-before-commit` failpoint and returns the rows'
-/// event ids, in order.
-pub(crate) async fn commit_enqueue(
-    commit: impl Future<Output = Result<(), sqlx::Error>>,
-    rows: Vec<ValidatedEvent>,
+/// Pushes one intent's values to a multi-row insert, in the column order of every backend's
+/// INSERT (`event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type,
+/// headers, payload`); `slot` is the shard slot in the backend's column type.
+pub(crate) fn push_intent<'a, DB, S>(
+    b: &mut sqlx::query_builder::Separated<'_, 'a, DB, &'static str>,
+    r: &'a ValidatedEvent,
+    slot: S,
+) where
+    DB: sqlx::Database,
+    &'a String: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    S: 'a + sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    b.push_bind(&r.event_id)
+        .push_bind(&r.aggregate_id)
+        .push_bind(r.aggregate_version)
+        .push_bind(slot)
+        .push_bind(&r.topic)
+        .push_bind(&r.key)
+        .push_bind(&r.event_type)
+        .push_bind(&r.headers)
+        .push_bind(&r.payload);
+}
+
+/// The body of every backend's `enqueue_many`: validates `events`, inserts them on the caller's
+/// connection (never beginning or committing) and returns their event ids, in order.
+pub(crate) async fn enqueue_on<C: InsertIntents>(
+    conn: &mut C,
+    events: &[NewEvent],
+    limits: &Limits,
 ) -> Result<Vec<String>, EnqueueError> {
+    let rows = crate::validate(events, limits)?;
+    conn.insert_intents(&rows).await?;
+    Ok(rows.into_iter().map(|r| r.event_id).collect())
+}
+
+/// The public `enqueue` and `enqueue_many` of a backend module, on its connection type `$conn`,
+/// so that a caller passes `&mut *tx` of its own transaction. A macro rather than one generic
+/// function: the public API names each backend's concrete connection type.
+macro_rules! enqueue_fns {
+    ($conn:ty) => {
+        /// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
+        pub async fn enqueue(
+            conn: &mut $conn,
+            event: &ferry_core::NewEvent,
+            limits: &ferry_core::Limits,
+        ) -> Result<String, ferry_core::EnqueueError> {
+            let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
+            Ok(ids.remove(0))
+        }
+
+        /// Enqueues many events with multi-row inserts inside the caller's transaction.
+        /// On error roll the caller's transaction back: nothing of this call is then written.
+        pub async fn enqueue_many(
+            conn: &mut $conn,
+            events: &[ferry_core::NewEvent],
+            limits: &ferry_core::Limits,
+        ) -> Result<Vec<String>, ferry_core::EnqueueError> {
+            $crate::common::enqueue_on(conn, events, limits).await
+        }
+    };
+}
+pub(crate) use enqueue_fns;
+
+/// An operator enqueue ([`ferry_core::OperatorActions::enqueue`]) in a transaction of the
+/// store's own: validates `events`, then begins (`begin`, not yet polled), inserts, and commits
+/// (`commit`) past the `enqueue-before-commit` failpoint. Returns the event ids, in order.
+pub(crate) async fn enqueue_in_own_tx<T, C, CF>(
+    events: &[NewEvent],
+    limits: &Limits,
+    begin: impl Future<Output = Result<T, sqlx::Error>>,
+    commit: impl FnOnce(T) -> CF,
+) -> Result<Vec<String>, EnqueueError>
+where
+    T: DerefMut<Target = C>,
+    C: InsertIntents,
+    CF: Future<Output = Result<(), sqlx::Error>>,
+{
+    let rows = crate::validate(events, limits)?;
+    let mut tx = begin
+        .await
+        .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;
+    tx.insert_intents(&rows).await?;
     ferry_core::failpoint::hit("enqueue-before-commit");
-    commit
+    commit(tx)
         .await
         .map_err(|e| EnqueueError::Store(db_err("commit", e).to_string()))?;
     Ok(rows.into_iter().map(|r| r.event_id).collect())
+}
+
+/// Parses a database URL into a backend's connect options; an error names the backend and shows
+/// the URL as `shown` (redacted where it may carry a password).
+pub(crate) fn url_options<O>(url: &str, backend: &str, shown: &str) -> Result<O, StoreError>
+where
+    O: FromStr<Err = sqlx::Error>,
+{
+    O::from_str(url).map_err(|e| {
+        StoreError::new(
+            StoreErrorKind::InvalidInput,
+            format!("invalid {backend} URL {shown}: {e}"),
+        )
+    })
+}
+
+/// A claim's rows (`sql`, whose one parameter is the claim id) as events read by `from_row`.
+pub(crate) async fn lookup_claim<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    claim_id: &str,
+    from_row: fn(&DB::Row) -> ferry_core::ClaimedEvent,
+) -> Result<Vec<ferry_core::ClaimedEvent>, StoreError>
+where
+    DB: sqlx::Database,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let rows = sqlx::query(sql)
+        .bind(claim_id)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| db_err("lookup_claim", e))?;
+    Ok(rows.iter().map(from_row).collect())
+}
+
+/// The statement of [`ferry_core::OperatorActions::record`]: an intent's delivery-state row
+/// ([`RecordRow`]) by event id (placeholder `p`), from the relation holding its effective state.
+pub(crate) fn record_sql(mode: DispatchMode, p: &str) -> String {
+    let table = state_table(mode);
+    format!(
+        "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
+         FROM {table} WHERE event_id = {p}"
+    )
+}
+
+/// [`record_sql`] run on a backend whose driver decodes a [`RecordRow`] (not MariaDB's binary
+/// text columns).
+pub(crate) async fn record<DB>(
+    pool: &sqlx::Pool<DB>,
+    mode: DispatchMode,
+    p: &str,
+    event_id: &str,
+) -> Result<Option<EventRecord>, StoreError>
+where
+    DB: sqlx::Database,
+    RecordRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let r: Option<RecordRow> = sqlx::query_as(&record_sql(mode, p))
+        .bind(event_id)
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| db_err("record", e))?;
+    r.map(record_from).transpose()
+}
+
+/// The stored dispatch mode (`ferry_dispatch`), on any backend's pool. `T` is what the driver
+/// decodes the text column as (MariaDB reports its binary collation as bytes).
+pub(crate) async fn stored_mode<DB, T>(pool: &sqlx::Pool<DB>) -> Result<DispatchMode, StoreError>
+where
+    DB: sqlx::Database,
+    T: AsRef<[u8]> + Send + Unpin + for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let m: T = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| db_err("dispatch mode", e))?;
+    String::from_utf8_lossy(m.as_ref())
+        .parse()
+        .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+}
+
+/// Whether an advance with `claim_id` was applied (its claim id is still some slot's
+/// `cursor_claim_id`), on a backend with `?` placeholders (SQLite, MariaDB).
+pub(crate) async fn advance_applied<DB>(
+    pool: &sqlx::Pool<DB>,
+    claim_id: &str,
+) -> Result<bool, StoreError>
+where
+    DB: sqlx::Database,
+    i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ferry_slot_lease WHERE cursor_claim_id = ?")
+            .bind(claim_id)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| db_err("lookup advance", e))?;
+    Ok(n > 0)
+}
+
+/// Runs `claim` (not yet polled) unless `req` asks for no slot or no row: such a claim (of
+/// rows or of exception rows) takes nothing and touches no table.
+pub(crate) async fn claiming(
+    req: &ferry_core::ClaimRequest,
+    claim: impl Future<Output = Result<Vec<ferry_core::ClaimedEvent>, StoreError>>,
+) -> Result<Vec<ferry_core::ClaimedEvent>, StoreError> {
+    if req.slots.is_empty() || req.limit == 0 {
+        return Ok(Vec::new());
+    }
+    claim.await
+}
+
+/// The answer to an advance of no slot, which every backend gives before it touches the
+/// database: nothing to do, unless it would write exceptions, which only a fenced slot advance
+/// may. `None` when the advance names slots.
+pub(crate) fn slotless_advance(
+    req: &ferry_core::CursorAdvance,
+) -> Option<Result<ferry_core::AdvanceResult, StoreError>> {
+    if !req.slots.is_empty() {
+        return None;
+    }
+    // exceptions are only written under a fenced slot advance
+    Some(if req.exceptions.is_empty() {
+        Ok(ferry_core::AdvanceResult::Applied)
+    } else {
+        Err(StoreError::new(
+            StoreErrorKind::InvalidInput,
+            "an advance that writes exceptions must advance (and so fence) at least one slot",
+        ))
+    })
+}
+
+/// Exception rows just claimed as events: each intent's row (`events`, read from `ferry_outbox`)
+/// with the exception row's claim — `claim_id`, and from `claimed` (`seq`, new claim version,
+/// attempts) its version and attempts.
+pub(crate) fn claimed_exceptions(
+    events: impl IntoIterator<Item = ferry_core::ClaimedEvent>,
+    claimed: impl IntoIterator<Item = (i64, i64, i32)>,
+    claim_id: &str,
+) -> Vec<ferry_core::ClaimedEvent> {
+    let by_seq: std::collections::HashMap<i64, (i64, i32)> =
+        claimed.into_iter().map(|(s, cv, a)| (s, (cv, a))).collect();
+    events
+        .into_iter()
+        .map(|mut e| {
+            let (cv, attempts) = by_seq[&e.token.seq];
+            e.token.claim_id = claim_id.to_string();
+            e.token.claim_version = cv;
+            e.attempts = attempts;
+            e
+        })
+        .collect()
 }
 
 /// The row an exception starts as: its state, how long from now until it is due (µs), and its
@@ -223,7 +472,75 @@ impl RangeRows {
     }
 }
 
+/// Where a [`SeqRead`] runs its statements: one backend's read of a [`SeqRange`], returning its
+/// rows in `seq` order as events, each with whether an open exception holds its aggregate.
+pub(crate) trait SeqRanges {
+    fn read_range(
+        &mut self,
+        r: &SeqRange,
+    ) -> impl Future<Output = Result<Vec<(ferry_core::ClaimedEvent, bool)>, StoreError>> + Send;
+}
+
 impl SeqRead {
+    /// Runs the read on `src` up to `horizon`: the lagging slots' statement first (if any slot
+    /// lags), then the others'. Returns the batch, and whether the others' statement came back
+    /// short of its limit (it caught up with the horizon).
+    pub(crate) async fn run<R: SeqRanges>(
+        &self,
+        src: &mut R,
+        horizon: i64,
+    ) -> Result<(ferry_core::CursorBatch, bool), StoreError> {
+        let mut events = Vec::new();
+        let lagging = match self.lagging(horizon) {
+            Some(r) => {
+                let rows = self.take(src, &r, &mut events).await?;
+                Some((r, rows))
+            }
+            None => None,
+        };
+        let rest = self.rest(horizon, events.len());
+        let rows = self.take(src, &rest, &mut events).await?;
+        let short = rows.rows < rest.limit;
+        let batch = self.finish(
+            lagging.as_ref().map(|(r, n)| (r, n)),
+            (&rest, &rows),
+            events,
+            horizon,
+        );
+        Ok((batch, short))
+    }
+
+    /// Runs one statement (unless it can return nothing), appending the rows it wants to
+    /// `events`.
+    async fn take<R: SeqRanges>(
+        &self,
+        src: &mut R,
+        r: &SeqRange,
+        events: &mut Vec<ferry_core::CursorEvent>,
+    ) -> Result<RangeRows, StoreError> {
+        if !r.runs() {
+            return Ok(RangeRows {
+                rows: 0,
+                last: None,
+            });
+        }
+        let rows = src.read_range(r).await?;
+        let read = RangeRows {
+            rows: rows.len(),
+            last: rows.last().map(|(e, _)| e.token.seq),
+        };
+        events.extend(
+            rows.into_iter()
+                .filter(|(e, _)| self.wanted(e.shard_slot, e.token.seq))
+                .map(|(event, held)| ferry_core::CursorEvent {
+                    pos: ferry_core::CursorPos::new(0, event.token.seq),
+                    held,
+                    event,
+                }),
+        );
+        Ok(read)
+    }
+
     /// `None` for a read of no slot.
     pub(crate) fn new(req: &ferry_core::CursorRead) -> Option<Self> {
         let lead = req.from.iter().map(|(_, p)| p.seq).max()?;

@@ -59,6 +59,7 @@ pub mod migrate;
 pub mod mysql;
 mod mysql_cursor;
 mod ops;
+mod outcome;
 pub mod postgres;
 mod postgres_cursor;
 pub mod sqlite;

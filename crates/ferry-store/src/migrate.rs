@@ -11,81 +11,40 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+/// The [`Migration`] of `migrations/<file>.sql` (`file`: `<backend>/NNNN_name`).
+macro_rules! migration {
+    ($version:literal, $name:literal, $file:literal) => {
+        Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../../migrations/", $file, ".sql")),
+        }
+    };
+}
+
 /// PostgreSQL migrations, in order.
 pub const MIGRATIONS_POSTGRES: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        sql: include_str!("../../../migrations/postgres/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "hot_claims",
-        sql: include_str!("../../../migrations/postgres/0002_hot_claims.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "cursor",
-        sql: include_str!("../../../migrations/postgres/0003_cursor.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "status_cache",
-        sql: include_str!("../../../migrations/postgres/0004_status_cache.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "plain_insert",
-        sql: include_str!("../../../migrations/postgres/0005_plain_insert.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "gated_notify",
-        sql: include_str!("../../../migrations/postgres/0006_gated_notify.sql"),
-    },
+    migration!(1, "outbox", "postgres/0001_outbox"),
+    migration!(2, "hot_claims", "postgres/0002_hot_claims"),
+    migration!(3, "cursor", "postgres/0003_cursor"),
+    migration!(4, "status_cache", "postgres/0004_status_cache"),
+    migration!(5, "plain_insert", "postgres/0005_plain_insert"),
+    migration!(6, "gated_notify", "postgres/0006_gated_notify"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
 pub const MIGRATIONS_MYSQL: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        sql: include_str!("../../../migrations/mysql/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "due_index",
-        sql: include_str!("../../../migrations/mysql/0002_due_index.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "cursor",
-        sql: include_str!("../../../migrations/mysql/0003_cursor.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "plain_insert",
-        sql: include_str!("../../../migrations/mysql/0004_plain_insert.sql"),
-    },
+    migration!(1, "outbox", "mysql/0001_outbox"),
+    migration!(2, "due_index", "mysql/0002_due_index"),
+    migration!(3, "cursor", "mysql/0003_cursor"),
+    migration!(4, "plain_insert", "mysql/0004_plain_insert"),
 ];
 
 /// SQLite migrations, in order.
 pub const MIGRATIONS_SQLITE: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "outbox",
-        sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "cursor",
-        sql: include_str!("../../../migrations/sqlite/0002_cursor.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "plain_insert",
-        sql: include_str!("../../../migrations/sqlite/0003_plain_insert.sql"),
-    },
+    migration!(1, "outbox", "sqlite/0001_outbox"),
+    migration!(2, "cursor", "sqlite/0002_cursor"),
+    migration!(3, "plain_insert", "sqlite/0003_plain_insert"),
 ];
 
 // ---------------------------------------------------------------- the runner
@@ -101,6 +60,11 @@ use sqlx::{Connection, Executor, MySqlConnection, PgConnection, SqliteConnection
 
 use crate::common::Ctx;
 use crate::db_err;
+
+/// The lock key and tracking table of the outbox's own migrations (every backend's store).
+pub(crate) const OUTBOX_LOCK: &str = "ferry_migrate";
+/// See [`OUTBOX_LOCK`].
+pub(crate) const OUTBOX_TABLE: &str = "ferry_schema_migrations";
 
 fn check_table(table: &str) -> Result<(), StoreError> {
     crate::ops::validate_identifier("migrations table", table)

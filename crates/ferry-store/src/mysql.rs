@@ -16,78 +16,51 @@
 //! MariaDB has no `UPDATE … RETURNING`: outcome CAS updates run as one statement per batch and,
 //! when the affected-row count is short, the batch is redone row-locked to say which items were
 //! fenced.
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
+    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
     StoreError, StoreErrorKind, ValidatedEvent,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
-use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
+use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
 use crate::common::{
-    begin_err, commit_enqueue, micros, not_quarantined, record_from, state_table, status_from, Ctx,
-    StatusRow,
+    claiming, enqueue_in_own_tx, micros, push_intent, record_from, record_sql, status_from,
+    url_options, Ctx, InsertIntents, StatusRow,
 };
-use crate::ops::{self, Pools};
-use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_MYSQL};
+use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::outcome::{Outcome, Transition};
+use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_MYSQL};
 
 /// Rows per multi-row statement (11 placeholders per row stays far below MySQL's 65,535).
 const CHUNK: usize = 1000;
 
-/// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
-pub async fn enqueue(
-    conn: &mut MySqlConnection,
-    event: &NewEvent,
-    limits: &Limits,
-) -> Result<String, EnqueueError> {
-    let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
-    Ok(ids.remove(0))
-}
+crate::common::enqueue_fns!(MySqlConnection);
 
-/// Enqueues many events with multi-row inserts inside the caller's transaction.
-/// On error roll the caller's transaction back: nothing of this call is then written.
-pub async fn enqueue_many(
-    conn: &mut MySqlConnection,
-    events: &[NewEvent],
-    limits: &Limits,
-) -> Result<Vec<String>, EnqueueError> {
-    let rows = validate(events, limits)?;
-    insert_validated(conn, &rows).await?;
-    Ok(rows.into_iter().map(|r| r.event_id).collect())
-}
-
-pub(crate) async fn insert_validated(
-    conn: &mut MySqlConnection,
-    rows: &[ValidatedEvent],
-) -> Result<(), EnqueueError> {
-    for chunk in rows.chunks(CHUNK) {
-        let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
-            "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
-             event_type, headers, payload) ",
-        );
-        qb.push_values(chunk, |mut b, r| {
-            b.push_bind(&r.event_id)
-                .push_bind(&r.aggregate_id)
-                .push_bind(r.aggregate_version)
-                .push_bind(r.shard_slot as i16)
-                .push_bind(&r.topic)
-                .push_bind(&r.key)
-                .push_bind(&r.event_type)
-                .push_bind(&r.headers)
-                .push_bind(&r.payload);
-        });
-        qb.build()
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| enqueue_err(chunk, e))?;
+impl InsertIntents for MySqlConnection {
+    async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+        let conn = self;
+        for chunk in rows.chunks(CHUNK) {
+            let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
+                "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
+                 event_type, headers, payload) ",
+            );
+            qb.push_values(chunk, |mut b, r| {
+                push_intent(&mut b, r, r.shard_slot as i16)
+            });
+            qb.build()
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| enqueue_err(chunk, e))?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The MySQL/MariaDB outbox store.
@@ -240,15 +213,30 @@ fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
     qb.push(")");
 }
 
+/// The SET clause of an outcome, the same on both tables. Per-item values are bound in the
+/// order the clause reads them (delay, then text).
+fn outcome_set(to: Transition) -> Cow<'static, str> {
+    match to {
+        Transition::Ack => "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL".into(),
+        Transition::Retry => "available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ?, state = 'PENDING', \
+             lease_until = NULL, attempts = attempts + 1"
+            .into(),
+        Transition::Quarantine => "available_at = available_at + INTERVAL ? MICROSECOND, last_error = ?, state = 'QUARANTINED', \
+             lease_until = NULL, attempts = attempts + 1"
+            .into(),
+        Transition::Release => {
+            "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)".into()
+        }
+        Transition::Extend { lease_us } => {
+            format!("lease_until = UTC_TIMESTAMP(6) + INTERVAL {lease_us} MICROSECOND").into()
+        }
+    }
+}
+
 impl MyStore {
     /// Connects to `url`; migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn = MySqlConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!("invalid MySQL URL {}: {e}", crate::redact_url(url)),
-            )
-        })?;
+        let conn: MySqlConnectOptions = url_options(url, "MySQL", &crate::redact_url(url))?;
         Self::connect_with(conn, opts).await
     }
 
@@ -299,40 +287,29 @@ impl MyStore {
     /// transactional, so every statement is idempotent (`IF NOT EXISTS`) and a migration that
     /// died half-way is simply re-run; its version row is written last.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_err("migrate: connect", e))?;
-        crate::migrate::apply_mysql(
-            &mut conn,
-            "ferry_migrate",
-            "ferry_schema_migrations",
-            MIGRATIONS_MYSQL,
-        )
-        .await
+        use crate::migrate::{apply_mysql, OUTBOX_LOCK, OUTBOX_TABLE};
+        let mut conn = self.pool.acquire().await.ctx("migrate: connect")?;
+        apply_mysql(&mut conn, OUTBOX_LOCK, OUTBOX_TABLE, MIGRATIONS_MYSQL).await
     }
 
-    /// One CAS per batch. `set` is the SET clause; `per_item` adds per-item values, which are
-    /// applied as one statement per item inside the same transaction (retry/quarantine are the
-    /// rare paths).
-    async fn cas(
-        &self,
-        tokens: &[ClaimToken],
-        set: &str,
-        per_item: Option<&[(i64, &str)]>,
-    ) -> Result<CasReport, StoreError> {
-        self.cas_on("ferry_outbox", tokens, set, per_item).await
+    /// A fenced outcome on `ferry_outbox` ([`Self::cas_on`]).
+    async fn cas(&self, o: Outcome<'_>) -> Result<CasReport, StoreError> {
+        self.cas_on("ferry_outbox", &o).await
     }
 
-    /// [`Self::cas`] on `table` (`ferry_outbox` or `ferry_outbox_exception`, fixed constants).
+    /// One CAS per batch on `table` (`ferry_outbox` or `ferry_outbox_exception`, fixed
+    /// constants), in a transaction of its own. A transition with per-item values (retry,
+    /// quarantine: the rare paths) runs one statement per item inside that transaction.
     pub(crate) async fn cas_on(
         &self,
         table: &str,
-        tokens: &[ClaimToken],
-        set: &str,
-        per_item: Option<&[(i64, &str)]>,
+        o: &Outcome<'_>,
     ) -> Result<CasReport, StoreError> {
+        let (tokens, set) = (&o.tokens[..], outcome_set(o.to));
+        let per_item = match o.to {
+            Transition::Retry | Transition::Quarantine => Some(&o.items[..]),
+            Transition::Ack | Transition::Release | Transition::Extend { .. } => None,
+        };
         if tokens.is_empty() {
             return Ok(CasReport::default());
         }
@@ -455,32 +432,17 @@ impl MyStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        let extra = if target == "PENDING" {
-            ", available_at = UTC_TIMESTAMP(6), attempts = 0"
-        } else {
-            ""
+        // positional: the operator's placeholder (SET) comes before the event id's (WHERE)
+        const SQL: OperatorSql = OperatorSql {
+            event_id: "?",
+            operator: "?",
+            now: "UTC_TIMESTAMP(6)",
+            binds: &[OperatorParam::Operator, OperatorParam::EventId],
         };
-        let (table, which) = match self.stored_mode().await? {
-            ferry_core::DispatchMode::Row => ("ferry_outbox", "event_id = ?"),
-            ferry_core::DispatchMode::Cursor => (
-                "ferry_outbox_exception",
-                "seq = (SELECT seq FROM ferry_outbox WHERE event_id = ?)",
-            ),
-        };
-        let n = sqlx::query(&format!(
-            "UPDATE {table} SET state = '{target}', resolved_by = ?, resolved_at = UTC_TIMESTAMP(6), lease_until = NULL{extra} \
-             WHERE {which} AND state = 'QUARANTINED'"
-        ))
-        .bind(operator)
-        .bind(event_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("operator update", e))?
-        .rows_affected();
-        if n == 1 {
-            return Ok(());
-        }
-        Err(not_quarantined(event_id, self.record(event_id).await?))
+        let mode = self.stored_mode().await?;
+        let pools = Pools::My(&self.pool);
+        let n = ops::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
+        operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
 
@@ -489,10 +451,7 @@ impl ferry_core::RowDispatch for MyStore {
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            if req.slots.is_empty() || req.limit == 0 {
-                return Ok(Vec::new());
-            }
+        Box::pin(claiming(req, async move {
             let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             let slots = fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
@@ -583,7 +542,7 @@ impl ferry_core::RowDispatch for MyStore {
             }
             tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
             Ok(items)
-        })
+        }))
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
@@ -595,83 +554,14 @@ impl ferry_core::RowDispatch for MyStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(&format!(
+            let sql = format!(
                 "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
-            ))
-            .bind(claim_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("lookup_claim", e))?;
-            Ok(rows.iter().map(claimed_from_row).collect())
-        })
-    }
-
-    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL",
-            None,
-        ))
-    }
-
-    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
-            let values: Vec<(i64, &str)> = items
-                .iter()
-                .map(|i| (micros(i.delay), i.error.as_str()))
-                .collect();
-            self.cas(
-                &tokens,
-                "available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ?, state = 'PENDING', \
-                 lease_until = NULL, attempts = attempts + 1",
-                Some(&values),
-            )
-            .await
-        })
-    }
-
-    fn quarantine<'a>(
-        &'a self,
-        items: &'a [(ClaimToken, String)],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
-            let values: Vec<(i64, &str)> = items.iter().map(|i| (0, i.1.as_str())).collect();
-            self.cas(
-                &tokens,
-                "available_at = available_at + INTERVAL ? MICROSECOND, last_error = ?, state = 'QUARANTINED', \
-                 lease_until = NULL, attempts = attempts + 1",
-                Some(&values),
-            )
-            .await
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        tokens: &'a [ClaimToken],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)",
-            None,
-        ))
-    }
-
-    fn extend_lease<'a>(
-        &'a self,
-        req: &'a ferry_core::LeaseExtension<'a>,
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        let (tokens, lease) = (req.tokens, req.lease);
-        Box::pin(async move {
-            let set = format!(
-                "lease_until = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND",
-                micros(lease)
             );
-            self.cas(tokens, &set, None).await
+            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
+
+    crate::outcome::row_outcomes!();
 }
 
 impl ferry_core::SlotOwnership for MyStore {
@@ -799,12 +689,12 @@ impl ferry_core::OperatorActions for MyStore {
         &'a self,
         events: &'a [NewEvent],
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move {
-            let rows = validate(events, &self.limits)?;
-            let mut tx = self.pool.begin().await.map_err(begin_err)?;
-            insert_validated(&mut tx, &rows).await?;
-            commit_enqueue(tx.commit(), rows).await
-        })
+        Box::pin(enqueue_in_own_tx(
+            events,
+            &self.limits,
+            self.pool.begin(),
+            Transaction::commit,
+        ))
     }
 
     fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -897,15 +787,11 @@ impl ferry_core::OperatorActions for MyStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = state_table(self.stored_mode().await?);
-            let r = sqlx::query(&format!(
-                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM {table} WHERE event_id = ?"
-            ))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| db_err("record", e))?;
+            let r = sqlx::query(&record_sql(self.stored_mode().await?, "?"))
+                .bind(event_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| db_err("record", e))?;
             r.map(|r| {
                 record_from((
                     txt(&r, 0),

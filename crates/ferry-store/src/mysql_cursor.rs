@@ -23,22 +23,26 @@
 //! MariaDB has no partial indexes, so the row-dispatch indexes of `ferry_outbox` would take an
 //! entry for every intent in cursor dispatch too, which reads none of them: they exist only while
 //! the outbox is in row dispatch ([`ROW_INDEXES`]).
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use ferry_core::{
-    AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, CursorAdvance,
-    CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore, DispatchMode, ExceptionOutcomes,
-    HorizonInfo, SlotCursor, SlotId, StoreError, StoreErrorKind,
+    AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimedEvent, CursorAdvance, CursorBatch,
+    CursorPos, CursorRead, CursorStore, DispatchMode, ExceptionOutcomes, HorizonInfo, SlotCursor,
+    SlotId, StoreError,
 };
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 
-use crate::common::{exception_row, micros, mode_in_use, Ctx, RangeRows, SeqRange, SeqRead};
+use crate::common::{
+    advance_applied, claimed_exceptions, claiming, exception_row, micros, mode_in_use,
+    slotless_advance, Ctx, SeqRange, SeqRanges, SeqRead,
+};
 use crate::db_err;
 use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
+use crate::outcome::Outcome;
 
 /// The ticker's pace while intents keep arriving, and its poll when nothing does (a reader that
 /// caught up wakes it at once).
@@ -87,13 +91,7 @@ pub(crate) struct Ticker {
 
 impl MyStore {
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
-        let m: Vec<u8> = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| db_err("dispatch mode", e))?;
-        String::from_utf8_lossy(&m)
-            .parse()
-            .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+        crate::common::stored_mode::<_, Vec<u8>>(self.pool()).await
     }
 
     /// The mode switch's transaction (docs/schema.md, "Switching modes"): `false` when the
@@ -223,20 +221,21 @@ impl MyStore {
         Ok(())
     }
 
-    /// Runs one statement of a cursor read ([`SeqRead`]), appending the rows it wants to
-    /// `events`.
-    async fn read_range(
-        &self,
-        plan: &SeqRead,
-        r: &SeqRange,
-        events: &mut Vec<CursorEvent>,
-    ) -> Result<RangeRows, StoreError> {
-        if !r.runs() {
-            return Ok(RangeRows {
-                rows: 0,
-                last: None,
-            });
+    /// Starts the ticker task once, and nudges it (a reader is waiting for the horizon).
+    fn nudge_ticker(&self) {
+        let t = self.ticker();
+        if !t.started.swap(true, Ordering::AcqRel) {
+            let pool = self.pool().clone();
+            let weak = Arc::downgrade(t);
+            tokio::spawn(run_ticker(pool, weak));
         }
+        t.wake.notify_one();
+    }
+}
+
+impl SeqRanges for &MyStore {
+    /// Reads on the pool: every seq at or below the horizon is final, no shared snapshot needed.
+    async fn read_range(&mut self, r: &SeqRange) -> Result<Vec<(ClaimedEvent, bool)>, StoreError> {
         let mut qb = QueryBuilder::<MySql>::new(format!(
             "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
                WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
@@ -254,30 +253,10 @@ impl MyStore {
             .fetch_all(self.pool())
             .await
             .map_err(|e| db_err("cursor read", e))?;
-        events.extend(
-            rows.iter()
-                .filter(|r| plan.wanted(r.get::<i16, _>(6) as SlotId, r.get::<i64, _>(0)))
-                .map(|r| CursorEvent {
-                    pos: CursorPos::new(0, r.get(0)),
-                    held: r.get::<i64, _>(14) != 0,
-                    event: claimed_from_row(r),
-                }),
-        );
-        Ok(RangeRows {
-            rows: rows.len(),
-            last: rows.last().map(|r| r.get::<i64, _>(0)),
-        })
-    }
-
-    /// Starts the ticker task once, and nudges it (a reader is waiting for the horizon).
-    fn nudge_ticker(&self) {
-        let t = self.ticker();
-        if !t.started.swap(true, Ordering::AcqRel) {
-            let pool = self.pool().clone();
-            let weak = Arc::downgrade(t);
-            tokio::spawn(run_ticker(pool, weak));
-        }
-        t.wake.notify_one();
+        Ok(rows
+            .iter()
+            .map(|r| (claimed_from_row(r), r.get::<i64, _>(14) != 0))
+            .collect())
     }
 }
 
@@ -526,27 +505,12 @@ impl CursorStore for MyStore {
                     .fetch_one(self.pool())
                     .await
                     .map_err(|e| db_err("cursor read: horizon", e))?;
-            let mut events = Vec::new();
-            let lagging = match plan.lagging(horizon) {
-                Some(r) => {
-                    let rows = self.read_range(&plan, &r, &mut events).await?;
-                    Some((r, rows))
-                }
-                None => None,
-            };
-            let taken = events.len();
-            let rest = plan.rest(horizon, taken);
-            let rows = self.read_range(&plan, &rest, &mut events).await?;
-            if rows.rows < rest.limit {
+            let (batch, caught_up) = plan.run(&mut &*self, horizon).await?;
+            if caught_up {
                 // caught up with the horizon: ask the ticker for a newer one
                 self.nudge_ticker();
             }
-            Ok(plan.finish(
-                lagging.as_ref().map(|(r, n)| (r, n)),
-                (&rest, &rows),
-                events,
-                horizon,
-            ))
+            Ok(batch)
         })
     }
 
@@ -555,15 +519,8 @@ impl CursorStore for MyStore {
         req: &'a CursorAdvance,
     ) -> BoxFuture<'a, Result<AdvanceResult, StoreError>> {
         Box::pin(async move {
-            if req.slots.is_empty() {
-                // exceptions are only written under a fenced slot advance
-                if req.exceptions.is_empty() {
-                    return Ok(AdvanceResult::Applied);
-                }
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    "an advance that writes exceptions must advance (and so fence) at least one slot",
-                ));
+            if let Some(done) = slotless_advance(req) {
+                return done;
             }
             let distinct: HashSet<SlotId> = req.slots.iter().map(|s| s.slot).collect();
             let mut tx = self.pool().begin().await.ctx("advance: begin")?;
@@ -636,26 +593,14 @@ impl CursorStore for MyStore {
     }
 
     fn lookup_advance<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM ferry_slot_lease WHERE cursor_claim_id = ?",
-            )
-            .bind(claim_id)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| db_err("lookup advance", e))?;
-            Ok(n > 0)
-        })
+        Box::pin(advance_applied(self.pool(), claim_id))
     }
 
     fn claim_exceptions<'a>(
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            if req.slots.is_empty() || req.limit == 0 {
-                return Ok(Vec::new());
-            }
+        Box::pin(claiming(req, async move {
             let mut tx = self.pool().begin().await.ctx("claim exceptions: begin")?;
             let slots = crate::mysql::fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
@@ -727,22 +672,13 @@ impl CursorStore for MyStore {
                 .await
                 .map_err(|e| db_err("claim exceptions: read", e))?;
             tx.commit().await.ctx("claim exceptions: commit")?;
-            let by_seq: HashMap<i64, (i64, i32)> = locked
-                .iter()
-                .map(|(s, cv, a)| (*s, (*cv + 1, *a)))
-                .collect();
-            Ok(rows
-                .iter()
-                .map(|r| {
-                    let mut e = claimed_from_row(r);
-                    let (cv, attempts) = by_seq[&e.token.seq];
-                    e.token.claim_id = req.claim_id.clone();
-                    e.token.claim_version = cv;
-                    e.attempts = attempts;
-                    e
-                })
-                .collect())
-        })
+            // the update gave each locked row claim version + 1
+            Ok(claimed_exceptions(
+                rows.iter().map(claimed_from_row),
+                locked.iter().map(|(s, cv, a)| (*s, *cv + 1, *a)),
+                &req.claim_id,
+            ))
+        }))
     }
 
     fn settle_exceptions<'a>(
@@ -750,55 +686,12 @@ impl CursorStore for MyStore {
         out: &'a ExceptionOutcomes,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
-            let mut report = self
-                .cas_on(
-                    "ferry_outbox_exception",
-                    &out.acked,
-                    "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL",
-                    None,
-                )
-                .await?;
-            let tokens: Vec<ClaimToken> = out.retry.iter().map(|i| i.token.clone()).collect();
-            let values: Vec<(i64, &str)> = out
-                .retry
-                .iter()
-                .map(|i| (micros(i.delay), i.error.as_str()))
-                .collect();
-            report.items.extend(
-                self.cas_on(
-                    "ferry_outbox_exception",
-                    &tokens,
-                    "available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ?, state = 'PENDING', \
-                     lease_until = NULL, attempts = attempts + 1",
-                    Some(&values),
-                )
-                .await?
-                .items,
-            );
-            let tokens: Vec<ClaimToken> = out.quarantine.iter().map(|i| i.0.clone()).collect();
-            let values: Vec<(i64, &str)> =
-                out.quarantine.iter().map(|i| (0, i.1.as_str())).collect();
-            report.items.extend(
-                self.cas_on(
-                    "ferry_outbox_exception",
-                    &tokens,
-                    "available_at = available_at + INTERVAL ? MICROSECOND, last_error = ?, state = 'QUARANTINED', \
-                     lease_until = NULL, attempts = attempts + 1",
-                    Some(&values),
-                )
-                .await?
-                .items,
-            );
-            report.items.extend(
-                self.cas_on(
-                    "ferry_outbox_exception",
-                    &out.release,
-                    "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)",
-                    None,
-                )
-                .await?
-                .items,
-            );
+            // each category in a transaction of its own (as the row-dispatch outcomes)
+            let mut report = CasReport::default();
+            for o in Outcome::settling(out) {
+                let done = self.cas_on("ferry_outbox_exception", &o).await?;
+                report.items.extend(done.items);
+            }
             Ok(report)
         })
     }

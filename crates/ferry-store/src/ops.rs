@@ -1,4 +1,5 @@
-//! Operator queries shared by the SQL backends: retention (purge) and reconciliation.
+//! Operator queries shared by the SQL backends: retention (purge), reconciliation, and the
+//! requeue or skip of a quarantined intent.
 //!
 //! The statements differ only in placeholders, clocks and string concatenation, so they are
 //! written once against a small [`Dialect`]; [`Pools`] runs them on the right pool.
@@ -29,66 +30,74 @@ enum Bind {
     Str(String),
 }
 
+/// Evaluates `$body` once per backend, with `$pool` bound to that backend's pool and `$q` to
+/// `$sql` in its placeholders (`?` in bind order; PostgreSQL gets `$n`). A macro: the arms'
+/// pool, row and query types differ by driver.
+macro_rules! on_pool {
+    ($pools:expr, $sql:expr, |$pool:ident, $q:ident| $body:expr) => {
+        match $pools {
+            Pools::Pg($pool) => {
+                let $q = &pg_placeholders($sql);
+                $body
+            }
+            Pools::My($pool) => {
+                let $q = $sql;
+                $body
+            }
+            Pools::Lite($pool) => {
+                let $q = $sql;
+                $body
+            }
+        }
+    };
+}
+
 impl Pools<'_> {
-    /// `sql` uses `?` placeholders in bind order; PostgreSQL gets `$n`.
+    /// The rows of `sql`, every column as text (`None` for NULL).
     async fn rows(
         &self,
         sql: &str,
         binds: &[Bind],
     ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
-        macro_rules! run {
-            ($pool:expr, $sql:expr) => {{
-                let rows = bound($sql, binds)
-                    .fetch_all($pool)
-                    .await
-                    .map_err(|e| db_err("operator query", e))?;
-                rows.iter()
-                    .map(|r| {
-                        (0..r.len())
-                            .map(|i| {
-                                r.try_get::<Option<i64>, _>(i)
-                                    .map(|v| v.map(|v| v.to_string()))
-                                    .or_else(|_| r.try_get::<Option<String>, _>(i))
-                                    .or_else(|_| {
-                                        r.try_get::<Option<Vec<u8>>, _>(i).map(|v| {
-                                            v.map(|b| String::from_utf8_lossy(&b).into_owned())
-                                        })
+        Ok(on_pool!(*self, sql, |pool, q| {
+            let rows = bound(q, binds)
+                .fetch_all(pool)
+                .await
+                .map_err(|e| db_err("operator query", e))?;
+            rows.iter()
+                .map(|r| {
+                    (0..r.len())
+                        .map(|i| {
+                            r.try_get::<Option<i64>, _>(i)
+                                .map(|v| v.map(|v| v.to_string()))
+                                .or_else(|_| r.try_get::<Option<String>, _>(i))
+                                .or_else(|_| {
+                                    r.try_get::<Option<Vec<u8>>, _>(i).map(|v| {
+                                        v.map(|b| String::from_utf8_lossy(&b).into_owned())
                                     })
-                                    .unwrap_or(None)
-                            })
-                            .collect()
-                    })
-                    .collect()
-            }};
-        }
-        Ok(match self {
-            Pools::Pg(p) => {
-                let pg_sql = pg_placeholders(sql);
-                run!(*p, &pg_sql)
-            }
-            Pools::My(p) => run!(*p, sql),
-            Pools::Lite(p) => run!(*p, sql),
-        })
+                                })
+                                .unwrap_or(None)
+                        })
+                        .collect()
+                })
+                .collect()
+        }))
     }
 
+    /// The rows `sql` changed.
     async fn exec(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
-        macro_rules! run {
-            ($pool:expr, $sql:expr) => {{
-                bound($sql, binds)
-                    .execute($pool)
-                    .await
-                    .map_err(|e| db_err("operator statement", e))?
-                    .rows_affected()
-            }};
-        }
-        Ok(match self {
-            Pools::Pg(p) => {
-                let pg_sql = pg_placeholders(sql);
-                run!(*p, &pg_sql)
-            }
-            Pools::My(p) => run!(*p, sql),
-            Pools::Lite(p) => run!(*p, sql),
-        })
+        self.exec_as(sql, binds, "operator statement").await
+    }
+
+    /// [`Self::exec`], its errors in the context `what`.
+    async fn exec_as(&self, sql: &str, binds: &[Bind], what: &str) -> Result<u64, StoreError> {
+        Ok(on_pool!(*self, sql, |pool, q| {
+            bound(q, binds)
+                .execute(pool)
+                .await
+                .map_err(|e| db_err(what, e))?
+                .rows_affected()
+        }))
     }
 
     fn dialect(&self) -> Dialect {
@@ -166,6 +175,79 @@ impl Dialect {
             Dialect::Lite => format!("(? || CAST({col} AS TEXT))"),
         }
     }
+}
+
+/// A value of an operator update, in the order a backend's placeholders take them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OperatorParam {
+    EventId,
+    Operator,
+    /// The process clock (µs), for a backend that binds its time.
+    Now,
+}
+
+/// How a backend's SQL names the values of an operator update: the event id's and the
+/// operator's placeholders, the current time, and the order the placeholders bind in.
+/// (PostgreSQL's `$n` pass [`Pools`]' `?` translation untouched: the statement has no `?`.)
+pub(crate) struct OperatorSql {
+    pub(crate) event_id: &'static str,
+    pub(crate) operator: &'static str,
+    pub(crate) now: &'static str,
+    pub(crate) binds: &'static [OperatorParam],
+}
+
+/// An operator action on a quarantined intent, `target` `PENDING` (requeue: due now, attempts
+/// reset) or `SKIPPED`, in the backend's SQL `p`. In cursor dispatch a quarantined intent's
+/// state is its exception row. Returns how many rows it changed: one, or none when the intent
+/// is not (or no longer) quarantined ([`operator_outcome`]).
+pub(crate) async fn operator_update(
+    pools: Pools<'_>,
+    mode: DispatchMode,
+    target: &str,
+    p: &OperatorSql,
+    event_id: &str,
+    operator: &str,
+) -> Result<u64, StoreError> {
+    let (e, o, now) = (p.event_id, p.operator, p.now);
+    let extra = if target == "PENDING" {
+        format!(", available_at = {now}, attempts = 0")
+    } else {
+        String::new()
+    };
+    let (table, which) = match mode {
+        DispatchMode::Row => ("ferry_outbox", format!("event_id = {e}")),
+        DispatchMode::Cursor => (
+            "ferry_outbox_exception",
+            format!("seq = (SELECT seq FROM ferry_outbox WHERE event_id = {e})"),
+        ),
+    };
+    let sql = format!(
+        "UPDATE {table} SET state = '{target}', resolved_by = {o}, resolved_at = {now}, \
+         lease_until = NULL{extra} WHERE {which} AND state = 'QUARANTINED'"
+    );
+    let binds: Vec<Bind> = p
+        .binds
+        .iter()
+        .map(|b| match b {
+            OperatorParam::EventId => Bind::Str(event_id.to_string()),
+            OperatorParam::Operator => Bind::Str(operator.to_string()),
+            OperatorParam::Now => Bind::I64(now_micros()),
+        })
+        .collect();
+    pools.exec_as(&sql, &binds, "operator update").await
+}
+
+/// An operator update's result from the rows it changed: one, or the reason none was, from the
+/// event's record (`record`, read only then).
+pub(crate) async fn operator_outcome(
+    changed: u64,
+    event_id: &str,
+    record: impl std::future::Future<Output = Result<Option<ferry_core::EventRecord>, StoreError>>,
+) -> Result<(), StoreError> {
+    if changed == 1 {
+        return Ok(());
+    }
+    Err(crate::common::not_quarantined(event_id, record.await?))
 }
 
 /// Accepts `[A-Za-z_][A-Za-z0-9_]{0,62}` only: table and column names are interpolated, so

@@ -5,7 +5,6 @@
 //! `claim_version`, sets `claim_id`/`lease_until` and returns each token, all inside one short
 //! transaction. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,18 +12,19 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem, SlotId, SlotLease,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
+    StoreError, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
-use sqlx::{Connection, PgPool, Row};
+use sqlx::{Connection, PgPool, Row, Transaction};
 
 use crate::common::{
-    begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
-    state_table, status_from, Ctx, QuarantinedRow, RecordRow, StatusRow,
+    claiming, enqueue_in_own_tx, lease_from, micros, quarantined_from, status_from, url_options,
+    Ctx, InsertIntents, QuarantinedRow, StatusRow,
 };
-use crate::ops::{self, Pools};
-use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_POSTGRES};
+use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::outcome::{Outcome, Transition};
+use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_POSTGRES};
 
 /// The `application_name` a ferry store's connections report when the URL sets none
 /// (`?application_name=…` in the URL overrides it).
@@ -35,51 +35,32 @@ const INSERT: &str = "INSERT INTO ferry_outbox \
     SELECT * FROM UNNEST($1::varchar[], $2::varchar[], $3::int8[], $4::int2[], $5::varchar[], \
     $6::varchar[], $7::varchar[], $8::text[], $9::text[])";
 
-/// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
-pub async fn enqueue(
-    conn: &mut PgConnection,
-    event: &NewEvent,
-    limits: &Limits,
-) -> Result<String, EnqueueError> {
-    let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
-    Ok(ids.remove(0))
-}
+crate::common::enqueue_fns!(PgConnection);
 
-/// Enqueues many events with one multi-row insert inside the caller's transaction.
-/// On error nothing of this call was written; roll the caller's transaction back.
-pub async fn enqueue_many(
-    conn: &mut PgConnection,
-    events: &[NewEvent],
-    limits: &Limits,
-) -> Result<Vec<String>, EnqueueError> {
-    let rows = validate(events, limits)?;
-    insert_validated(conn, &rows).await?;
-    Ok(rows.into_iter().map(|r| r.event_id).collect())
-}
-
-pub(crate) async fn insert_validated(
-    conn: &mut PgConnection,
-    rows: &[ValidatedEvent],
-) -> Result<(), EnqueueError> {
-    if rows.is_empty() {
-        return Ok(());
+impl InsertIntents for PgConnection {
+    async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+        let conn = self;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let col = |f: fn(&ValidatedEvent) -> &str| {
+            rows.iter().map(|r| f(r).to_owned()).collect::<Vec<_>>()
+        };
+        sqlx::query(INSERT)
+            .bind(col(|r| &r.event_id))
+            .bind(col(|r| &r.aggregate_id))
+            .bind(rows.iter().map(|r| r.aggregate_version).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.shard_slot as i16).collect::<Vec<_>>())
+            .bind(col(|r| &r.topic))
+            .bind(col(|r| &r.key))
+            .bind(col(|r| &r.event_type))
+            .bind(col(|r| &r.headers))
+            .bind(col(|r| &r.payload))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| enqueue_err(rows, e))?;
+        Ok(())
     }
-    let col =
-        |f: fn(&ValidatedEvent) -> &str| rows.iter().map(|r| f(r).to_owned()).collect::<Vec<_>>();
-    sqlx::query(INSERT)
-        .bind(col(|r| &r.event_id))
-        .bind(col(|r| &r.aggregate_id))
-        .bind(rows.iter().map(|r| r.aggregate_version).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.shard_slot as i16).collect::<Vec<_>>())
-        .bind(col(|r| &r.topic))
-        .bind(col(|r| &r.key))
-        .bind(col(|r| &r.event_type))
-        .bind(col(|r| &r.headers))
-        .bind(col(|r| &r.payload))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| enqueue_err(rows, e))?;
-    Ok(())
 }
 
 /// The PostgreSQL outbox store.
@@ -121,12 +102,7 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
 impl PgStore {
     /// Connects to `url`; migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn = PgConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!("invalid PostgreSQL URL {}: {e}", crate::redact_url(url)),
-            )
-        })?;
+        let conn: PgConnectOptions = url_options(url, "PostgreSQL", &crate::redact_url(url))?;
         Self::connect_with(conn, opts).await
     }
 
@@ -172,61 +148,14 @@ impl PgStore {
     /// the current schema; PostgreSQL DDL is transactional, so a migration applies fully or not
     /// at all, and a concurrent migrate waits for the lock and then finds nothing to do.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_err("migrate: connect", e))?;
-        crate::migrate::apply_postgres(
-            &mut conn,
-            "ferry_migrate",
-            "ferry_schema_migrations",
-            MIGRATIONS_POSTGRES,
-        )
-        .await
+        use crate::migrate::{apply_postgres, OUTBOX_LOCK, OUTBOX_TABLE};
+        let mut conn = self.pool.acquire().await.ctx("migrate: connect")?;
+        apply_postgres(&mut conn, OUTBOX_LOCK, OUTBOX_TABLE, MIGRATIONS_POSTGRES).await
     }
 
-    async fn cas(
-        &self,
-        tokens: &[ClaimToken],
-        set: &str,
-        extra: Option<Extra<'_>>,
-    ) -> Result<CasReport, StoreError> {
-        if tokens.is_empty() {
-            return Ok(CasReport::default());
-        }
-        let (extra_decl, extra_cols) = match &extra {
-            None => ("", ""),
-            Some(Extra::Delay(_)) => (", $4::int8[]", ", delay_us"),
-            Some(Extra::Text(_)) => (", $4::text[]", ", txt"),
-            Some(Extra::DelayText(..)) => (", $4::int8[], $5::text[]", ", delay_us, txt"),
-        };
-        let sql = format!(
-            "UPDATE ferry_outbox o SET {set} \
-             FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{extra_decl}) AS t(seq, cv, cid{extra_cols}) \
-             WHERE o.seq = t.seq AND o.state = 'CLAIMED' AND o.claim_version = t.cv AND o.claim_id = t.cid \
-             RETURNING o.seq, o.claim_version, o.claim_id"
-        );
-        let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
-            .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
-            .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
-            .bind(
-                tokens
-                    .iter()
-                    .map(|t| t.claim_id.clone())
-                    .collect::<Vec<_>>(),
-            );
-        match extra {
-            None => {}
-            Some(Extra::Delay(d)) => q = q.bind(d),
-            Some(Extra::Text(t)) => q = q.bind(t),
-            Some(Extra::DelayText(d, t)) => q = q.bind(d).bind(t),
-        }
-        let rows = q
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("outcome update", e))?;
-        Ok(CasReport::from_returned(tokens, rows))
+    /// A fenced outcome on `ferry_outbox` ([`cas_on`]).
+    async fn cas(&self, o: Outcome<'_>) -> Result<CasReport, StoreError> {
+        cas_on(&self.pool, &OUTBOX, &o).await
     }
 
     async fn operator_update(
@@ -235,41 +164,136 @@ impl PgStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        let extra = if target == "PENDING" {
-            ", available_at = now(), attempts = 0"
-        } else {
-            ""
+        const SQL: OperatorSql = OperatorSql {
+            event_id: "$1",
+            operator: "$2",
+            now: "now()",
+            binds: &[OperatorParam::EventId, OperatorParam::Operator],
         };
-        // cursor mode: a quarantined intent's state is its exception row
-        let (table, which) = match self.stored_mode().await? {
-            ferry_core::DispatchMode::Row => ("ferry_outbox", "event_id = $1"),
-            ferry_core::DispatchMode::Cursor => (
-                "ferry_outbox_exception",
-                "seq = (SELECT seq FROM ferry_outbox WHERE event_id = $1)",
-            ),
-        };
-        let sql = format!(
-            "UPDATE {table} SET state = '{target}', resolved_by = $2, resolved_at = now(), \
-             lease_until = NULL{extra} WHERE {which} AND state = 'QUARANTINED'"
-        );
-        let n = sqlx::query(&sql)
-            .bind(event_id)
-            .bind(operator)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("operator update", e))?
-            .rows_affected();
-        if n == 1 {
-            return Ok(());
-        }
-        Err(not_quarantined(event_id, self.record(event_id).await?))
+        let mode = self.stored_mode().await?;
+        let pools = Pools::Pg(&self.pool);
+        let n = ops::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
+        operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
 
-enum Extra<'a> {
-    Delay(Vec<i64>),
-    Text(Vec<&'a str>),
-    DelayText(Vec<i64>, Vec<&'a str>),
+/// The table an outcome CAS updates: its name, its alias in the SET clause, the error context.
+pub(crate) struct CasTable {
+    table: &'static str,
+    alias: &'static str,
+    what: &'static str,
+}
+
+/// Row dispatch: the intents themselves.
+pub(crate) const OUTBOX: CasTable = CasTable {
+    table: "ferry_outbox",
+    alias: "o",
+    what: "outcome update",
+};
+
+/// Cursor dispatch: the exception rows.
+pub(crate) const EXCEPTIONS: CasTable = CasTable {
+    table: "ferry_outbox_exception",
+    alias: "x",
+    what: "exception outcome",
+};
+
+/// The SET clause of an outcome on the table aliased `a`; `t.delay_us` and `t.txt` are the
+/// item's delay and text.
+fn outcome_set(to: Transition, a: &str) -> String {
+    match to {
+        Transition::Ack => "state = 'SENT', sent_at = now(), lease_until = NULL".into(),
+        Transition::Retry => format!(
+            "state = 'PENDING', lease_until = NULL, attempts = {a}.attempts + 1, last_error = t.txt, \
+             available_at = now() + t.delay_us * interval '1 microsecond'"
+        ),
+        Transition::Quarantine => format!(
+            "state = 'QUARANTINED', lease_until = NULL, attempts = {a}.attempts + 1, last_error = t.txt"
+        ),
+        Transition::Release => "state = 'PENDING', lease_until = NULL, available_at = now()".into(),
+        Transition::Extend { .. } => {
+            "lease_until = now() + t.delay_us * interval '1 microsecond'".into()
+        }
+    }
+}
+
+/// One `UPDATE … FROM UNNEST(…) RETURNING` per batch on `on`, fenced on `(state = 'CLAIMED',
+/// claim_version, claim_id)`; the per-item values travel as arrays beside the tokens.
+pub(crate) async fn cas_on<'c>(
+    ex: impl sqlx::PgExecutor<'c>,
+    on: &CasTable,
+    o: &Outcome<'_>,
+) -> Result<CasReport, StoreError> {
+    let tokens = &o.tokens[..];
+    if tokens.is_empty() {
+        return Ok(CasReport::default());
+    }
+    let (decl, cols) = match o.to {
+        Transition::Ack | Transition::Release => ("", ""),
+        Transition::Extend { .. } => (", $4::int8[]", ", delay_us"),
+        Transition::Quarantine => (", $4::text[]", ", txt"),
+        Transition::Retry => (", $4::int8[], $5::text[]", ", delay_us, txt"),
+    };
+    let (table, a, set) = (on.table, on.alias, outcome_set(o.to, on.alias));
+    let sql = format!(
+        "UPDATE {table} {a} SET {set} \
+         FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{decl}) AS t(seq, cv, cid{cols}) \
+         WHERE {a}.seq = t.seq AND {a}.state = 'CLAIMED' AND {a}.claim_version = t.cv AND {a}.claim_id = t.cid \
+         RETURNING {a}.seq, {a}.claim_version, {a}.claim_id"
+    );
+    let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
+        .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
+        .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
+        .bind(
+            tokens
+                .iter()
+                .map(|t| t.claim_id.clone())
+                .collect::<Vec<_>>(),
+        );
+    match o.to {
+        Transition::Ack | Transition::Release => {}
+        Transition::Extend { .. } => q = q.bind(o.delays()),
+        Transition::Quarantine => q = q.bind(o.texts()),
+        Transition::Retry => q = q.bind(o.delays()).bind(o.texts()),
+    }
+    let rows = q.fetch_all(ex).await.map_err(|e| db_err(on.what, e))?;
+    Ok(CasReport::from_returned(tokens, rows))
+}
+
+/// The slot filter of a claim on the table aliased `a` (`$1` the requested slots, `$5` the
+/// fence's owner). With a slot fence, only slots whose lease this owner holds at the claim's start
+/// count: a relay whose lease ended claims nothing. The lease rows are read without a lock: a
+/// share lock made the owner's own lease renewal (and a takeover) queue behind slow claims until
+/// every lease expired. A claim racing a takeover is harmless: rows are taken one at a time under
+/// SKIP LOCKED, state and token, never twice. ARRAY(...) is an InitPlan, evaluated once per claim
+/// whatever the planner's row estimates (an IN-subquery became a per-row SubPlan on un-ANALYZEd
+/// tables).
+pub(crate) fn claim_slot_filter(a: &str, req: &ClaimRequest) -> String {
+    if req.fence.is_some() {
+        format!(
+            "{a}.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
+             AND l.owner = $5 AND l.lease_until > now()))"
+        )
+    } else {
+        format!("{a}.shard_slot = ANY($1)")
+    }
+}
+
+/// A claim statement (row or exception rows) with its parameters bound: `$1` the slots, `$2` the
+/// limit, `$3` the claim id, `$4` the lease (µs), and with a fence `$5` its owner.
+pub(crate) fn bind_claim<'q>(
+    sql: &'q str,
+    req: &'q ClaimRequest,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let q = sqlx::query(sql)
+        .bind(req.slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
+        .bind(req.limit as i64)
+        .bind(&req.claim_id)
+        .bind(micros(req.lease));
+    match &req.fence {
+        Some(f) => q.bind(&f.owner),
+        None => q,
+    }
 }
 
 impl ferry_core::RowDispatch for PgStore {
@@ -277,23 +301,8 @@ impl ferry_core::RowDispatch for PgStore {
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            if req.slots.is_empty() || req.limit == 0 {
-                return Ok(Vec::new());
-            }
-            // With a slot fence, only slots whose lease this owner holds at the claim's start
-            // count: a relay whose lease ended claims nothing. The lease rows are read without a
-            // lock: a share lock made the owner's own lease renewal (and a takeover) queue behind
-            // slow claims until every lease expired. A claim racing a takeover is harmless: rows
-            // are taken one at a time under SKIP LOCKED, state and token, never twice.
-            // ARRAY(...) is an InitPlan, evaluated once per claim whatever the planner's row
-            // estimates (an IN-subquery became a per-row SubPlan on un-ANALYZEd tables).
-            let slot_filter = if req.fence.is_some() {
-                "o.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
-                 AND l.owner = $5 AND l.lease_until > now()))"
-            } else {
-                "o.shard_slot = ANY($1)"
-            };
+        Box::pin(claiming(req, async move {
+            let slot_filter = claim_slot_filter("o", req);
             // The predecessor rule as "o is its aggregate's lowest unfinished version": a scalar
             // subquery stays a per-candidate index probe. The equivalent NOT EXISTS was planned,
             // under load, as an anti join scanning the whole unfinished index per candidate
@@ -333,7 +342,6 @@ impl ferry_core::RowDispatch for PgStore {
             } else {
                 format!("{head} {update} RETURNING {CLAIM_COLUMNS}, 0::int8")
             };
-            let slots: Vec<i16> = req.slots.iter().map(|s| *s as i16).collect();
             let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
             // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
@@ -342,15 +350,7 @@ impl ferry_core::RowDispatch for PgStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err("claim: plan settings", e))?;
-            let mut q = sqlx::query(&sql)
-                .bind(slots)
-                .bind(req.limit as i64)
-                .bind(&req.claim_id)
-                .bind(micros(req.lease));
-            if let Some(f) = &req.fence {
-                q = q.bind(&f.owner);
-            }
-            let rows = q
+            let rows = bind_claim(&sql, req)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| db_err("claim", e))?;
@@ -366,7 +366,7 @@ impl ferry_core::RowDispatch for PgStore {
                 .collect();
             items.sort_by_key(|e| e.token.seq);
             Ok(items)
-        })
+        }))
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
@@ -381,80 +381,11 @@ impl ferry_core::RowDispatch for PgStore {
             let sql = format!(
                 "SELECT {CLAIM_COLUMNS} FROM ferry_outbox o WHERE o.phase = 0 AND o.claim_id = $1 AND o.state = 'CLAIMED' ORDER BY o.seq"
             );
-            let rows = sqlx::query(&sql)
-                .bind(claim_id)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("lookup_claim", e))?;
-            Ok(rows.iter().map(claimed_from_row).collect())
+            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
-    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'SENT', sent_at = now(), lease_until = NULL",
-            None,
-        ))
-    }
-
-    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
-            let delays = items.iter().map(|i| micros(i.delay)).collect();
-            let errs = items.iter().map(|i| i.error.as_str()).collect();
-            self.cas(
-                &tokens,
-                "state = 'PENDING', lease_until = NULL, attempts = o.attempts + 1, last_error = t.txt, \
-                 available_at = now() + t.delay_us * interval '1 microsecond'",
-                Some(Extra::DelayText(delays, errs)),
-            )
-            .await
-        })
-    }
-
-    fn quarantine<'a>(
-        &'a self,
-        items: &'a [(ClaimToken, String)],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
-            let reasons = items.iter().map(|i| i.1.as_str()).collect();
-            self.cas(
-                &tokens,
-                "state = 'QUARANTINED', lease_until = NULL, attempts = o.attempts + 1, last_error = t.txt",
-                Some(Extra::Text(reasons)),
-            )
-            .await
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        tokens: &'a [ClaimToken],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'PENDING', lease_until = NULL, available_at = now()",
-            None,
-        ))
-    }
-
-    fn extend_lease<'a>(
-        &'a self,
-        req: &'a ferry_core::LeaseExtension<'a>,
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        let (tokens, lease) = (req.tokens, req.lease);
-        Box::pin(async move {
-            let d = vec![micros(lease); tokens.len()];
-            self.cas(
-                tokens,
-                "lease_until = now() + t.delay_us * interval '1 microsecond'",
-                Some(Extra::Delay(d)),
-            )
-            .await
-        })
-    }
+    crate::outcome::row_outcomes!();
 }
 
 impl ferry_core::SlotOwnership for PgStore {
@@ -558,12 +489,12 @@ impl ferry_core::OperatorActions for PgStore {
         &'a self,
         events: &'a [NewEvent],
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move {
-            let rows = validate(events, &self.limits)?;
-            let mut tx = self.pool.begin().await.map_err(begin_err)?;
-            insert_validated(&mut tx, &rows).await?;
-            commit_enqueue(tx.commit(), rows).await
-        })
+        Box::pin(enqueue_in_own_tx(
+            events,
+            &self.limits,
+            self.pool.begin(),
+            Transaction::commit,
+        ))
     }
 
     fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -661,16 +592,7 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = state_table(self.stored_mode().await?);
-            let r: Option<RecordRow> = sqlx::query_as(&format!(
-                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM {table} WHERE event_id = $1"
-            ))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| db_err("record", e))?;
-            r.map(record_from).transpose()
+            crate::common::record(&self.pool, self.stored_mode().await?, "$1", event_id).await
         })
     }
 }

@@ -19,12 +19,13 @@ use ferry_core::{
     CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore, DispatchMode, ExceptionOutcomes,
     HorizonInfo, SlotCursor, SlotId, StoreError, StoreErrorKind,
 };
-use sqlx::postgres::{PgRow, Postgres};
-use sqlx::{Row, Transaction};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
 
-use crate::common::{exception_row, micros, mode_in_use, Ctx};
+use crate::common::{claiming, exception_row, mode_in_use, slotless_advance, Ctx};
 use crate::db_err;
-use crate::postgres::PgStore;
+use crate::outcome::Outcome;
+use crate::postgres::{PgStore, EXCEPTIONS};
 
 /// The intent columns of `ferry_outbox o` in [`event_at`]'s order (`created_at` as µs since the
 /// epoch, like the row-mode claim).
@@ -59,55 +60,6 @@ fn event_at(r: &PgRow, off: usize) -> ClaimedEvent {
 
 fn slots_i16(slots: impl IntoIterator<Item = SlotId>) -> Vec<i16> {
     slots.into_iter().map(|s| s as i16).collect()
-}
-
-/// One category of exception outcomes for [`exception_cas`].
-enum Extra<'a> {
-    None,
-    Text(Vec<&'a str>),
-    DelayText(Vec<i64>, Vec<&'a str>),
-}
-
-/// The per-row compare-and-set on `ferry_outbox_exception`, inside `tx`.
-async fn exception_cas(
-    tx: &mut Transaction<'_, Postgres>,
-    tokens: &[ClaimToken],
-    set: &str,
-    extra: Extra<'_>,
-) -> Result<CasReport, StoreError> {
-    if tokens.is_empty() {
-        return Ok(CasReport::default());
-    }
-    let (decl, cols) = match &extra {
-        Extra::None => ("", ""),
-        Extra::Text(_) => (", $4::text[]", ", txt"),
-        Extra::DelayText(..) => (", $4::int8[], $5::text[]", ", delay_us, txt"),
-    };
-    let sql = format!(
-        "UPDATE ferry_outbox_exception x SET {set} \
-         FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{decl}) AS t(seq, cv, cid{cols}) \
-         WHERE x.seq = t.seq AND x.state = 'CLAIMED' AND x.claim_version = t.cv AND x.claim_id = t.cid \
-         RETURNING x.seq, x.claim_version, x.claim_id"
-    );
-    let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
-        .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
-        .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
-        .bind(
-            tokens
-                .iter()
-                .map(|t| t.claim_id.clone())
-                .collect::<Vec<_>>(),
-        );
-    match extra {
-        Extra::None => {}
-        Extra::Text(t) => q = q.bind(t),
-        Extra::DelayText(d, t) => q = q.bind(d).bind(t),
-    }
-    let rows = q
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(|e| db_err("exception outcome", e))?;
-    Ok(CasReport::from_returned(tokens, rows))
 }
 
 /// `xmin` (part 0) or `xmax` (part 1) of a snapshot's text form `xmin:xmax:xip,…`.
@@ -365,12 +317,7 @@ impl PgStore {
 
     /// The stored dispatch mode (`ferry_dispatch`).
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
-        let m: String = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| db_err("dispatch mode", e))?;
-        m.parse()
-            .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+        crate::common::stored_mode::<_, String>(self.pool()).await
     }
 }
 
@@ -713,15 +660,8 @@ impl CursorStore for PgStore {
         req: &'a CursorAdvance,
     ) -> BoxFuture<'a, Result<AdvanceResult, StoreError>> {
         Box::pin(async move {
-            if req.slots.is_empty() {
-                // exceptions are only written under a fenced slot advance
-                if req.exceptions.is_empty() {
-                    return Ok(AdvanceResult::Applied);
-                }
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    "an advance that writes exceptions must advance (and so fence) at least one slot",
-                ));
+            if let Some(done) = slotless_advance(req) {
+                return done;
             }
             // rows are locked in slot order (as acquire_slots does): no deadlock between them.
             // The locking subquery is a CTE: evaluated once (as a join input it was rescanned,
@@ -823,18 +763,9 @@ impl CursorStore for PgStore {
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            if req.slots.is_empty() || req.limit == 0 {
-                return Ok(Vec::new());
-            }
-            // As the row-mode claim: with a fence, only slots whose lease the owner holds now
-            // (an InitPlan, evaluated once).
-            let slot_filter = if req.fence.is_some() {
-                "x.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
-                 AND l.owner = $5 AND l.lease_until > now()))"
-            } else {
-                "x.shard_slot = ANY($1)"
-            };
+        Box::pin(claiming(req, async move {
+            // As the row-mode claim: with a fence, only slots whose lease the owner holds now.
+            let slot_filter = crate::postgres::claim_slot_filter("x", req);
             // The predecessor rule among open exceptions, as "x is its aggregate's lowest open
             // version" (an index probe per candidate on ferry_outbox_exception_open).
             let sql = format!(
@@ -854,15 +785,7 @@ impl CursorStore for PgStore {
                  SELECT {EVENT_COLUMNS}, c.claim_id, c.claim_version, c.attempts \
                  FROM claimed c JOIN ferry_outbox o ON o.seq = c.seq ORDER BY o.seq"
             );
-            let mut q = sqlx::query(&sql)
-                .bind(slots_i16(req.slots.iter().copied()))
-                .bind(req.limit as i64)
-                .bind(&req.claim_id)
-                .bind(micros(req.lease));
-            if let Some(f) = &req.fence {
-                q = q.bind(&f.owner);
-            }
-            let rows = q
+            let rows = crate::postgres::bind_claim(&sql, req)
                 .fetch_all(self.pool())
                 .await
                 .map_err(|e| db_err("claim exceptions", e))?;
@@ -876,7 +799,7 @@ impl CursorStore for PgStore {
                     e
                 })
                 .collect())
-        })
+        }))
     }
 
     fn settle_exceptions<'a>(
@@ -885,49 +808,11 @@ impl CursorStore for PgStore {
     ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
         Box::pin(async move {
             let mut tx = self.pool().begin().await.ctx("settle exceptions: begin")?;
-            let mut report = exception_cas(
-                &mut tx,
-                &out.acked,
-                "state = 'SENT', sent_at = now(), lease_until = NULL",
-                Extra::None,
-            )
-            .await?;
-            let tokens: Vec<ClaimToken> = out.retry.iter().map(|i| i.token.clone()).collect();
-            report.items.extend(
-                exception_cas(
-                    &mut tx,
-                    &tokens,
-                    "state = 'PENDING', lease_until = NULL, attempts = x.attempts + 1, last_error = t.txt, \
-                     available_at = now() + t.delay_us * interval '1 microsecond'",
-                    Extra::DelayText(
-                        out.retry.iter().map(|i| micros(i.delay)).collect(),
-                        out.retry.iter().map(|i| i.error.as_str()).collect(),
-                    ),
-                )
-                .await?
-                .items,
-            );
-            let tokens: Vec<ClaimToken> = out.quarantine.iter().map(|i| i.0.clone()).collect();
-            report.items.extend(
-                exception_cas(
-                    &mut tx,
-                    &tokens,
-                    "state = 'QUARANTINED', lease_until = NULL, attempts = x.attempts + 1, last_error = t.txt",
-                    Extra::Text(out.quarantine.iter().map(|i| i.1.as_str()).collect()),
-                )
-                .await?
-                .items,
-            );
-            report.items.extend(
-                exception_cas(
-                    &mut tx,
-                    &out.release,
-                    "state = 'PENDING', lease_until = NULL, available_at = now()",
-                    Extra::None,
-                )
-                .await?
-                .items,
-            );
+            let mut report = CasReport::default();
+            for o in Outcome::settling(out) {
+                let done = crate::postgres::cas_on(&mut *tx, &EXCEPTIONS, &o).await?;
+                report.items.extend(done.items);
+            }
             tx.commit().await.ctx("settle exceptions: commit")?;
             Ok(report)
         })

@@ -15,26 +15,26 @@
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, RetryItem,
-    SlotId, SlotLease, StoreError, StoreErrorKind, ValidatedEvent,
+    EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId,
+    SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::common::{
-    begin_err, commit_enqueue, lease_from, micros, not_quarantined, quarantined_from, record_from,
-    state_table, status_from, Ctx, QuarantinedRow, RecordRow, StatusRow,
+    claiming, enqueue_in_own_tx, lease_from, micros, push_intent, quarantined_from, status_from,
+    url_options, Ctx, InsertIntents, QuarantinedRow, StatusRow,
 };
-use crate::ops::{self, Pools};
-use crate::{db_err, enqueue_err, validate, ConnectOptions, MIGRATIONS_SQLITE};
+use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::outcome::{Outcome, Transition};
+use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_SQLITE};
 
 /// WAL pages between automatic checkpoints (SQLite's default is 1,000).
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 10_000;
@@ -116,99 +116,85 @@ async fn begin_gated(
     Ok(WriteTx { tx, _gate: guard })
 }
 
-/// Enqueues one event inside the caller's transaction (`&mut *tx`). Returns its event id.
-pub async fn enqueue(
-    conn: &mut SqliteConnection,
-    event: &NewEvent,
-    limits: &Limits,
-) -> Result<String, EnqueueError> {
-    let mut ids = enqueue_many(conn, std::slice::from_ref(event), limits).await?;
-    Ok(ids.remove(0))
-}
+crate::common::enqueue_fns!(SqliteConnection);
 
-/// Enqueues many events with multi-row inserts inside the caller's transaction.
-/// On error roll the caller's transaction back: nothing of this call is then written.
-pub async fn enqueue_many(
-    conn: &mut SqliteConnection,
-    events: &[NewEvent],
-    limits: &Limits,
-) -> Result<Vec<String>, EnqueueError> {
-    let rows = validate(events, limits)?;
-    insert_validated(conn, &rows).await?;
-    Ok(rows.into_iter().map(|r| r.event_id).collect())
-}
-
-pub(crate) async fn insert_validated(
-    conn: &mut SqliteConnection,
-    rows: &[ValidatedEvent],
-) -> Result<(), EnqueueError> {
-    let now = now_micros();
-    for chunk in rows.chunks(CHUNK) {
-        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
-             event_type, headers, payload, created_at, available_at) ",
-        );
-        qb.push_values(chunk, |mut b, r| {
-            b.push_bind(&r.event_id)
-                .push_bind(&r.aggregate_id)
-                .push_bind(r.aggregate_version)
-                .push_bind(r.shard_slot as i64)
-                .push_bind(&r.topic)
-                .push_bind(&r.key)
-                .push_bind(&r.event_type)
-                .push_bind(&r.headers)
-                .push_bind(&r.payload)
-                .push_bind(now)
-                .push_bind(now);
-        });
-        if let Err(e) = qb.build().execute(&mut *conn).await {
-            // SQLite's message does not name the duplicate values; the transaction is still
-            // usable, so ask which (aggregate, version) of this chunk exists already.
-            if let sqlx::Error::Database(d) = &e {
-                if d.kind() == sqlx::error::ErrorKind::UniqueViolation
-                    && d.message().contains("aggregate_version")
-                {
-                    for r in chunk {
-                        let exists: Option<i64> = sqlx::query_scalar(
-                            "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
-                        )
-                        .bind(&r.aggregate_id)
-                        .bind(r.aggregate_version)
-                        .fetch_optional(&mut *conn)
-                        .await
-                        .ok()
-                        .flatten();
-                        if exists.is_some() {
+impl InsertIntents for SqliteConnection {
+    async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
+        let conn = self;
+        let now = now_micros();
+        for chunk in rows.chunks(CHUNK) {
+            let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
+                "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
+                 event_type, headers, payload, created_at, available_at) ",
+            );
+            qb.push_values(chunk, |mut b, r| {
+                push_intent(&mut b, r, r.shard_slot as i64);
+                b.push_bind(now).push_bind(now);
+            });
+            if let Err(e) = qb.build().execute(&mut *conn).await {
+                // SQLite's message does not name the duplicate values; the transaction is still
+                // usable, so ask which (aggregate, version) of this chunk exists already.
+                if let sqlx::Error::Database(d) = &e {
+                    let unique = d.kind() == sqlx::error::ErrorKind::UniqueViolation;
+                    if unique && d.message().contains("aggregate_version") {
+                        if let Some(r) = first_stored(conn, chunk, by_version).await {
                             return Err(EnqueueError::DuplicateVersion {
                                 aggregate_id: r.aggregate_id.clone(),
                                 version: r.aggregate_version,
                             });
                         }
                     }
-                }
-                if d.kind() == sqlx::error::ErrorKind::UniqueViolation
-                    && d.message().contains("event_id")
-                {
-                    for r in chunk {
-                        let exists: Option<i64> =
-                            sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?")
-                                .bind(&r.event_id)
-                                .fetch_optional(&mut *conn)
-                                .await
-                                .ok()
-                                .flatten();
-                        if exists.is_some() {
+                    if unique && d.message().contains("event_id") {
+                        if let Some(r) = first_stored(conn, chunk, by_event_id).await {
                             return Err(EnqueueError::DuplicateEventId {
                                 event_id: r.event_id.clone(),
                             });
                         }
                     }
                 }
+                return Err(enqueue_err(chunk, e));
             }
-            return Err(enqueue_err(chunk, e));
+        }
+        Ok(())
+    }
+}
+
+/// A `SELECT 1` of the outbox row holding one of an intent's unique keys.
+type Probe =
+    for<'r> fn(
+        &'r ValidatedEvent,
+    ) -> sqlx::query::QueryScalar<'r, Sqlite, i64, sqlx::sqlite::SqliteArguments<'r>>;
+
+fn by_version(
+    r: &ValidatedEvent,
+) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
+    sqlx::query_scalar(
+        "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
+    )
+    .bind(&r.aggregate_id)
+    .bind(r.aggregate_version)
+}
+
+fn by_event_id(
+    r: &ValidatedEvent,
+) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
+    sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?").bind(&r.event_id)
+}
+
+/// The first row of `chunk` that `probe` finds stored already: the row a unique violation of the
+/// chunk's insert was about. A probe that fails counts as not found.
+async fn first_stored<'c>(
+    conn: &mut SqliteConnection,
+    chunk: &'c [ValidatedEvent],
+    probe: Probe,
+) -> Option<&'c ValidatedEvent> {
+    for r in chunk {
+        let exists: Option<i64> = probe(r).fetch_optional(&mut *conn).await.ok().flatten();
+        if exists.is_some() {
+            return Some(r);
         }
     }
-    Ok(())
+    None
 }
 
 /// The SQLite outbox store.
@@ -252,12 +238,8 @@ impl SqliteStore {
     /// Opens (creating if missing) the database file named by `url` (`sqlite:///abs/path.db`,
     /// `sqlite://rel.db` or `sqlite::memory:`); migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn = SqliteConnectOptions::from_str(url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!("invalid SQLite URL {url}: {e}"),
-            )
-        })?;
+        // a file path: nothing to redact
+        let conn: SqliteConnectOptions = url_options(url, "SQLite", url)?;
         Self::connect_with(conn.synchronous(SqliteSynchronous::Full), opts).await
     }
 
@@ -308,33 +290,18 @@ impl SqliteStore {
     /// Applies pending migrations inside one `BEGIN IMMEDIATE` transaction: the write lock
     /// serializes concurrent migrates, and SQLite DDL is transactional.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| db_err("migrate: connect", e))?;
-        crate::migrate::apply_sqlite(
-            &mut conn,
-            "ferry_migrate",
-            "ferry_schema_migrations",
-            MIGRATIONS_SQLITE,
-        )
-        .await
+        use crate::migrate::{apply_sqlite, OUTBOX_LOCK, OUTBOX_TABLE};
+        let mut conn = self.pool.acquire().await.ctx("migrate: connect")?;
+        apply_sqlite(&mut conn, OUTBOX_LOCK, OUTBOX_TABLE, MIGRATIONS_SQLITE).await
     }
 
-    /// A batched CAS: the tokens (and per-item number/text) travel as one JSON array, joined
-    /// with `json_each`, so every batch size uses the same prepared statement.
-    async fn cas(
-        &self,
-        tokens: &[ClaimToken],
-        set: &str,
-        extra: &[(i64, &str)],
-    ) -> Result<CasReport, StoreError> {
-        if tokens.is_empty() {
+    /// A fenced outcome on `ferry_outbox` in a write transaction of its own ([`cas_in`]).
+    async fn cas(&self, o: Outcome<'_>) -> Result<CasReport, StoreError> {
+        if o.tokens.is_empty() {
             return Ok(CasReport::default());
         }
         let mut tx = self.begin_write().await.ctx("outcome: begin")?;
-        let report = cas_in(&mut tx, "ferry_outbox", tokens, set, extra, now_micros()).await?;
+        let report = cas_in(&mut tx, "ferry_outbox", &o, now_micros()).await?;
         tx.commit().await.ctx("outcome: commit")?;
         Ok(report)
     }
@@ -345,35 +312,41 @@ impl SqliteStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        let extra = if target == "PENDING" {
-            ", available_at = ?3, attempts = 0"
-        } else {
-            ""
+        const SQL: OperatorSql = OperatorSql {
+            event_id: "?1",
+            operator: "?2",
+            now: "?3",
+            binds: &[
+                OperatorParam::EventId,
+                OperatorParam::Operator,
+                OperatorParam::Now,
+            ],
         };
-        let (table, which) = match self.stored_mode().await? {
-            ferry_core::DispatchMode::Row => ("ferry_outbox", "event_id = ?1"),
-            ferry_core::DispatchMode::Cursor => (
-                "ferry_outbox_exception",
-                "seq = (SELECT seq FROM ferry_outbox WHERE event_id = ?1)",
-            ),
-        };
+        let mode = self.stored_mode().await?;
         let gate = self.gate.lock().await;
-        let n = sqlx::query(&format!(
-            "UPDATE {table} SET state = '{target}', resolved_by = ?2, resolved_at = ?3, lease_until = NULL{extra} \
-             WHERE {which} AND state = 'QUARANTINED'"
-        ))
-        .bind(event_id)
-        .bind(operator)
-        .bind(now_micros())
-        .execute(&self.pool)
-        .await
-        .map_err(|e| db_err("operator update", e))?
-        .rows_affected();
+        let n = ops::operator_update(
+            Pools::Lite(&self.pool),
+            mode,
+            target,
+            &SQL,
+            event_id,
+            operator,
+        )
+        .await?;
         drop(gate);
-        if n == 1 {
-            return Ok(());
-        }
-        Err(not_quarantined(event_id, self.record(event_id).await?))
+        operator_outcome(n, event_id, self.record(event_id)).await
+    }
+}
+
+/// The SET clause of an outcome, the same on both tables: `?2` is now (µs), `t.num` and `t.txt`
+/// the item's delay and text.
+fn outcome_set(to: Transition) -> &'static str {
+    match to {
+        Transition::Ack => "state = 'SENT', sent_at = ?2, lease_until = NULL",
+        Transition::Retry => "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
+        Transition::Quarantine => "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
+        Transition::Release => "state = 'PENDING', lease_until = NULL, available_at = ?2",
+        Transition::Extend { .. } => "lease_until = ?2 + t.num",
     }
 }
 
@@ -383,11 +356,10 @@ impl SqliteStore {
 pub(crate) async fn cas_in(
     conn: &mut SqliteConnection,
     table: &str,
-    tokens: &[ClaimToken],
-    set: &str,
-    extra: &[(i64, &str)],
+    o: &Outcome<'_>,
     now: i64,
 ) -> Result<CasReport, StoreError> {
+    let (tokens, set) = (&o.tokens[..], outcome_set(o.to));
     if tokens.is_empty() {
         return Ok(CasReport::default());
     }
@@ -395,7 +367,7 @@ pub(crate) async fn cas_in(
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let (n, s) = extra.get(i).copied().unwrap_or((0, ""));
+            let (n, s) = o.items.get(i).copied().unwrap_or((0, ""));
             serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
         })
         .collect();
@@ -415,49 +387,63 @@ pub(crate) async fn cas_in(
     Ok(CasReport::from_returned(tokens, rows))
 }
 
+/// SQLite's claim statement, on `table` aliased `a` (`ferry_outbox o` or
+/// `ferry_outbox_exception x`, fixed constants) in the caller's write transaction: rows of the
+/// requested slots (with a fence, only those whose live lease the owner holds) that are due at
+/// `now` and have no unfinished lower version of their aggregate in `table`, in `seq` order up to
+/// the limit, become CLAIMED under the request's claim id, with the next claim version and a
+/// lease to now + the request's lease. Returns `returning` of each.
+pub(crate) async fn claim_in(
+    conn: &mut SqliteConnection,
+    (table, a): (&str, &str),
+    returning: &str,
+    req: &ClaimRequest,
+    now: i64,
+) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
+    let fence = if req.fence.is_some() {
+        format!("AND {a}.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)")
+    } else {
+        String::new()
+    };
+    let sql = format!(
+        "UPDATE {table} SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
+           lease_until = ?2 + ?4 \
+         WHERE seq IN (SELECT {a}.seq FROM {table} {a} \
+           WHERE {a}.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
+             AND {a}.state IN ('PENDING', 'CLAIMED') \
+             AND (({a}.state = 'PENDING' AND {a}.available_at <= ?2) OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= ?2)) \
+             AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.aggregate_id = {a}.aggregate_id \
+               AND p.aggregate_version < {a}.aggregate_version \
+               AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+           ORDER BY {a}.seq LIMIT ?6) \
+         RETURNING {returning}"
+    );
+    sqlx::query(&sql)
+        .bind(json_slots(&req.slots))
+        .bind(now)
+        .bind(&req.claim_id)
+        .bind(micros(req.lease))
+        .bind(req.fence.as_ref().map(|f| f.owner.as_str()).unwrap_or(""))
+        .bind(req.limit as i64)
+        .fetch_all(conn)
+        .await
+}
+
 impl ferry_core::RowDispatch for SqliteStore {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            if req.slots.is_empty() || req.limit == 0 {
-                return Ok(Vec::new());
-            }
-            let fence = if req.fence.is_some() {
-                "AND o.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)"
-            } else {
-                ""
-            };
-            let sql = format!(
-                "UPDATE ferry_outbox SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
-                   lease_until = ?2 + ?4 \
-                 WHERE seq IN (SELECT o.seq FROM ferry_outbox o \
-                   WHERE o.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
-                     AND o.state IN ('PENDING', 'CLAIMED') \
-                     AND ((o.state = 'PENDING' AND o.available_at <= ?2) OR (o.state = 'CLAIMED' AND o.lease_until <= ?2)) \
-                     AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
-                       AND p.aggregate_version < o.aggregate_version \
-                       AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                   ORDER BY o.seq LIMIT ?6) \
-                 RETURNING {COLUMNS}"
-            );
+        Box::pin(claiming(req, async move {
             let mut tx = self.begin_write().await.ctx("claim: begin")?;
-            let rows = sqlx::query(&sql)
-                .bind(json_slots(&req.slots))
-                .bind(now_micros())
-                .bind(&req.claim_id)
-                .bind(micros(req.lease))
-                .bind(req.fence.as_ref().map(|f| f.owner.as_str()).unwrap_or(""))
-                .bind(req.limit as i64)
-                .fetch_all(&mut *tx)
+            let rows = claim_in(&mut tx, ("ferry_outbox", "o"), COLUMNS, req, now_micros())
                 .await
                 .map_err(|e| db_err("claim", e))?;
             tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
             let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
             items.sort_by_key(|e| e.token.seq);
             Ok(items)
-        })
+        }))
     }
 
     /// Never skips: a claim takes the database's one write lock up front (`BEGIN IMMEDIATE`),
@@ -471,78 +457,14 @@ impl ferry_core::RowDispatch for SqliteStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(&format!(
+            let sql = format!(
                 "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
-            ))
-            .bind(claim_id)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("lookup_claim", e))?;
-            Ok(rows.iter().map(claimed_from_row).collect())
+            );
+            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
-    fn ack<'a>(&'a self, tokens: &'a [ClaimToken]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'SENT', sent_at = ?2, lease_until = NULL",
-            &[],
-        ))
-    }
-
-    fn retry<'a>(&'a self, items: &'a [RetryItem]) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.token.clone()).collect();
-            let extra: Vec<(i64, &str)> = items
-                .iter()
-                .map(|i| (micros(i.delay), i.error.as_str()))
-                .collect();
-            self.cas(
-                &tokens,
-                "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
-                &extra,
-            )
-            .await
-        })
-    }
-
-    fn quarantine<'a>(
-        &'a self,
-        items: &'a [(ClaimToken, String)],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            let tokens: Vec<ClaimToken> = items.iter().map(|i| i.0.clone()).collect();
-            let extra: Vec<(i64, &str)> = items.iter().map(|i| (0, i.1.as_str())).collect();
-            self.cas(
-                &tokens,
-                "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
-                &extra,
-            )
-            .await
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        tokens: &'a [ClaimToken],
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(self.cas(
-            tokens,
-            "state = 'PENDING', lease_until = NULL, available_at = ?2",
-            &[],
-        ))
-    }
-
-    fn extend_lease<'a>(
-        &'a self,
-        req: &'a ferry_core::LeaseExtension<'a>,
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        let (tokens, lease) = (req.tokens, req.lease);
-        Box::pin(async move {
-            let extra = vec![(micros(lease), ""); tokens.len()];
-            self.cas(tokens, "lease_until = ?2 + t.num", &extra).await
-        })
-    }
+    crate::outcome::row_outcomes!();
 }
 
 impl ferry_core::SlotOwnership for SqliteStore {
@@ -653,12 +575,12 @@ impl ferry_core::OperatorActions for SqliteStore {
         &'a self,
         events: &'a [NewEvent],
     ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(async move {
-            let rows = validate(events, &self.limits)?;
-            let mut tx = self.begin_write().await.map_err(begin_err)?;
-            insert_validated(&mut tx, &rows).await?;
-            commit_enqueue(tx.commit(), rows).await
-        })
+        Box::pin(enqueue_in_own_tx(
+            events,
+            &self.limits,
+            self.begin_write(),
+            WriteTx::commit,
+        ))
     }
 
     fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -738,16 +660,7 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let table = state_table(self.stored_mode().await?);
-            let r: Option<RecordRow> = sqlx::query_as(&format!(
-                "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
-                 FROM {table} WHERE event_id = ?"
-            ))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| db_err("record", e))?;
-            r.map(record_from).transpose()
+            crate::common::record(&self.pool, self.stored_mode().await?, "?", event_id).await
         })
     }
 }

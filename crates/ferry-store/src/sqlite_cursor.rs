@@ -4,17 +4,21 @@
 //! write to its commit, so AUTOINCREMENT `seq` order is commit order: a reader that sees row `n`
 //! sees every row below it. The read's horizon is `sqlite_sequence`'s value for the outbox, read
 //! in the same snapshot as the rows.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use ferry_core::{
-    now_micros, AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent,
-    CursorAdvance, CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore, DispatchMode,
-    ExceptionOutcomes, SlotCursor, SlotId, StoreError, StoreErrorKind,
+    now_micros, AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimedEvent, CursorAdvance,
+    CursorBatch, CursorPos, CursorRead, CursorStore, DispatchMode, ExceptionOutcomes, SlotCursor,
+    SlotId, StoreError,
 };
 use sqlx::Row;
 
-use crate::common::{exception_row, micros, mode_in_use, Ctx, RangeRows, SeqRange, SeqRead};
+use crate::common::{
+    advance_applied, claimed_exceptions, claiming, exception_row, mode_in_use, slotless_advance,
+    Ctx, SeqRange, SeqRanges, SeqRead,
+};
 use crate::db_err;
+use crate::outcome::Outcome;
 use crate::sqlite::SqliteStore;
 
 /// `sqlite::COLUMNS` qualified with `o.`, in the order [`crate::sqlite::claimed_from_row`] reads.
@@ -27,56 +31,33 @@ fn json(v: &[impl Into<i64> + Copy]) -> String {
     serde_json::to_string(&v).expect("serialize")
 }
 
-/// Runs one statement of a cursor read ([`SeqRead`]), appending the rows it wants to `events`.
-async fn read_range(
-    conn: &mut sqlx::SqliteConnection,
-    plan: &SeqRead,
-    r: &SeqRange,
-    events: &mut Vec<CursorEvent>,
-) -> Result<RangeRows, StoreError> {
-    if !r.runs() {
-        return Ok(RangeRows {
-            rows: 0,
-            last: None,
-        });
+/// A cursor read's statements run in the read's transaction (one snapshot with the head).
+impl SeqRanges for sqlx::SqliteConnection {
+    async fn read_range(&mut self, r: &SeqRange) -> Result<Vec<(ClaimedEvent, bool)>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
+               WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+             FROM ferry_outbox o WHERE o.seq > ?1 AND o.seq <= ?2 \
+               AND o.shard_slot IN (SELECT value FROM json_each(?3)) \
+               AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ?4"
+        ))
+        .bind(r.lo)
+        .bind(r.hi)
+        .bind(json(&r.slots))
+        .bind(r.limit as i64)
+        .fetch_all(&mut *self)
+        .await
+        .map_err(|e| db_err("cursor read", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| (crate::sqlite::claimed_from_row(r), r.get::<bool, _>(14)))
+            .collect())
     }
-    let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
-           WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-         FROM ferry_outbox o WHERE o.seq > ?1 AND o.seq <= ?2 \
-           AND o.shard_slot IN (SELECT value FROM json_each(?3)) \
-           AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ?4"
-    ))
-    .bind(r.lo)
-    .bind(r.hi)
-    .bind(json(&r.slots))
-    .bind(r.limit as i64)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(|e| db_err("cursor read", e))?;
-    events.extend(
-        rows.iter()
-            .filter(|r| plan.wanted(r.get::<i64, _>(6) as SlotId, r.get::<i64, _>(0)))
-            .map(|r| CursorEvent {
-                pos: CursorPos::new(0, r.get(0)),
-                held: r.get::<bool, _>(14),
-                event: crate::sqlite::claimed_from_row(r),
-            }),
-    );
-    Ok(RangeRows {
-        rows: rows.len(),
-        last: rows.last().map(|r| r.get::<i64, _>(0)),
-    })
 }
 
 impl SqliteStore {
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
-        let m: String = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| db_err("dispatch mode", e))?;
-        m.parse()
-            .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+        crate::common::stored_mode::<_, String>(self.pool()).await
     }
 }
 
@@ -214,23 +195,9 @@ impl CursorStore for SqliteStore {
             .fetch_one(&mut *tx)
             .await
             .map_err(|e| db_err("cursor read: head", e))?;
-            let mut events = Vec::new();
-            let lagging = match plan.lagging(head) {
-                Some(r) => {
-                    let rows = read_range(&mut tx, &plan, &r, &mut events).await?;
-                    Some((r, rows))
-                }
-                None => None,
-            };
-            let rest = plan.rest(head, events.len());
-            let rows = read_range(&mut tx, &plan, &rest, &mut events).await?;
+            let (batch, _) = plan.run(&mut *tx, head).await?;
             tx.commit().await.ctx("cursor read: end")?;
-            Ok(plan.finish(
-                lagging.as_ref().map(|(r, n)| (r, n)),
-                (&rest, &rows),
-                events,
-                head,
-            ))
+            Ok(batch)
         })
     }
 
@@ -239,15 +206,8 @@ impl CursorStore for SqliteStore {
         req: &'a CursorAdvance,
     ) -> BoxFuture<'a, Result<AdvanceResult, StoreError>> {
         Box::pin(async move {
-            if req.slots.is_empty() {
-                // exceptions are only written under a fenced slot advance
-                if req.exceptions.is_empty() {
-                    return Ok(AdvanceResult::Applied);
-                }
-                return Err(StoreError::new(
-                    StoreErrorKind::InvalidInput,
-                    "an advance that writes exceptions must advance (and so fence) at least one slot",
-                ));
+            if let Some(done) = slotless_advance(req) {
+                return done;
             }
             let now = now_micros();
             let slots: Vec<serde_json::Value> = req
@@ -315,54 +275,25 @@ impl CursorStore for SqliteStore {
     }
 
     fn lookup_advance<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM ferry_slot_lease WHERE cursor_claim_id = ?",
-            )
-            .bind(claim_id)
-            .fetch_one(self.pool())
-            .await
-            .map_err(|e| db_err("lookup advance", e))?;
-            Ok(n > 0)
-        })
+        Box::pin(advance_applied(self.pool(), claim_id))
     }
 
     fn claim_exceptions<'a>(
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            if req.slots.is_empty() || req.limit == 0 {
-                return Ok(Vec::new());
-            }
+        Box::pin(claiming(req, async move {
             let now = now_micros();
-            let fence = if req.fence.is_some() {
-                "AND x.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)"
-            } else {
-                ""
-            };
             let mut tx = self.begin_write().await.ctx("claim exceptions: begin")?;
-            let claimed: Vec<(i64, i64, i32)> = sqlx::query_as(&format!(
-                "UPDATE ferry_outbox_exception SET state = 'CLAIMED', claim_version = claim_version + 1, \
-                   claim_id = ?3, lease_until = ?2 + ?4 \
-                 WHERE seq IN (SELECT x.seq FROM ferry_outbox_exception x \
-                   WHERE x.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
-                     AND x.state IN ('PENDING', 'CLAIMED') \
-                     AND ((x.state = 'PENDING' AND x.available_at <= ?2) OR (x.state = 'CLAIMED' AND x.lease_until <= ?2)) \
-                     AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception p WHERE p.aggregate_id = x.aggregate_id \
-                       AND p.aggregate_version < x.aggregate_version \
-                       AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                   ORDER BY x.seq LIMIT ?6) \
-                 RETURNING seq, claim_version, attempts"
-            ))
-            .bind(json(&req.slots))
-            .bind(now)
-            .bind(&req.claim_id)
-            .bind(micros(req.lease))
-            .bind(req.fence.as_ref().map(|f| f.owner.as_str()).unwrap_or(""))
-            .bind(req.limit as i64)
-            .fetch_all(&mut *tx)
+            let claimed: Vec<(i64, i64, i32)> = crate::sqlite::claim_in(
+                &mut tx,
+                ("ferry_outbox_exception", "x"),
+                "seq, claim_version, attempts",
+                req,
+                now,
+            )
             .await
+            .and_then(|rows| rows.iter().map(sqlx::FromRow::from_row).collect())
             .map_err(|e| db_err("claim exceptions", e))?;
             if claimed.is_empty() {
                 return Ok(Vec::new());
@@ -376,20 +307,12 @@ impl CursorStore for SqliteStore {
             .await
             .map_err(|e| db_err("claim exceptions: read", e))?;
             tx.commit().await.ctx("claim exceptions: commit")?;
-            let by_seq: HashMap<i64, (i64, i32)> =
-                claimed.iter().map(|(s, cv, a)| (*s, (*cv, *a))).collect();
-            Ok(rows
-                .iter()
-                .map(|r| {
-                    let mut e = crate::sqlite::claimed_from_row(r);
-                    let (cv, attempts) = by_seq[&e.token.seq];
-                    e.token.claim_id = req.claim_id.clone();
-                    e.token.claim_version = cv;
-                    e.attempts = attempts;
-                    e
-                })
-                .collect())
-        })
+            Ok(claimed_exceptions(
+                rows.iter().map(crate::sqlite::claimed_from_row),
+                claimed,
+                &req.claim_id,
+            ))
+        }))
     }
 
     fn settle_exceptions<'a>(
@@ -399,60 +322,12 @@ impl CursorStore for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let mut tx = self.begin_write().await.ctx("settle exceptions: begin")?;
-            let mut report = crate::sqlite::cas_in(
-                &mut tx,
-                "ferry_outbox_exception",
-                &out.acked,
-                "state = 'SENT', sent_at = ?2, lease_until = NULL",
-                &[],
-                now,
-            )
-            .await?;
-            let tokens: Vec<ClaimToken> = out.retry.iter().map(|i| i.token.clone()).collect();
-            let extra: Vec<(i64, &str)> = out
-                .retry
-                .iter()
-                .map(|i| (micros(i.delay), i.error.as_str()))
-                .collect();
-            report.items.extend(
-                crate::sqlite::cas_in(
-                    &mut tx,
-                    "ferry_outbox_exception",
-                    &tokens,
-                    "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
-                    &extra,
-                    now,
-                )
-                .await?
-                .items,
-            );
-            let tokens: Vec<ClaimToken> = out.quarantine.iter().map(|i| i.0.clone()).collect();
-            let extra: Vec<(i64, &str)> =
-                out.quarantine.iter().map(|i| (0, i.1.as_str())).collect();
-            report.items.extend(
-                crate::sqlite::cas_in(
-                    &mut tx,
-                    "ferry_outbox_exception",
-                    &tokens,
-                    "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
-                    &extra,
-                    now,
-                )
-                .await?
-                .items,
-            );
-            report.items.extend(
-                crate::sqlite::cas_in(
-                    &mut tx,
-                    "ferry_outbox_exception",
-                    &out.release,
-                    "state = 'PENDING', lease_until = NULL, available_at = ?2",
-                    &[],
-                    now,
-                )
-                .await?
-                .items,
-            );
+            let mut report = CasReport::default();
+            for o in Outcome::settling(out) {
+                let done =
+                    crate::sqlite::cas_in(&mut tx, "ferry_outbox_exception", &o, now).await?;
+                report.items.extend(done.items);
+            }
             tx.commit().await.ctx("settle exceptions: commit")?;
             Ok(report)
         })
