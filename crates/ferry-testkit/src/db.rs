@@ -321,6 +321,15 @@ impl TestDb {
         }
     }
 
+    /// Waits until every intent is SENT (nothing PENDING or CLAIMED); panics after `timeout`.
+    pub async fn wait_all_sent(&self, timeout: std::time::Duration) {
+        crate::wait_until("all SENT", timeout, || async {
+            let s = self.store.status().await;
+            s.is_ok_and(|s| s.pending == 0 && s.claimed == 0)
+        })
+        .await
+    }
+
     /// A second, independent store on the same database (a new pool: "reopen the connection").
     pub async fn reopen(&self) -> Arc<dyn OutboxStore> {
         ferry_store::connect(

@@ -91,3 +91,34 @@ macro_rules! backend_tests {
         $crate::backend_tests!(@memory [$($p)*] $($rest),*);
     };
 }
+
+/// Runs `$body` with `$p` bound to the sqlx pool of whichever backend a
+/// `ferry_inbox::InboxPool` holds: one statement written once for every backend (mind the
+/// placeholder: `$1` on PostgreSQL, `?` elsewhere, see [`placeholder`](crate::placeholder)).
+/// The calling crate needs `ferry-inbox` and `sqlx`.
+///
+/// ```ignore
+/// let n: i64 = ferry_testkit::on_inbox_pool!(inbox.pool(), p => sqlx::query_scalar(sql).fetch_one(p).await)?;
+/// ```
+#[macro_export]
+macro_rules! on_inbox_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            ::ferry_inbox::InboxPool::Postgres($p) => $body,
+            ::ferry_inbox::InboxPool::Mysql($p) => $body,
+            ::ferry_inbox::InboxPool::Sqlite($p) => $body,
+        }
+    };
+}
+
+/// [`on_inbox_pool!`] for the connection an Inbox effect gets (`ferry_inbox::Conn`).
+#[macro_export]
+macro_rules! on_inbox_conn {
+    ($conn:expr, $c:ident => $body:expr) => {
+        match $conn {
+            ::ferry_inbox::Conn::Postgres($c) => $body,
+            ::ferry_inbox::Conn::Mysql($c) => $body,
+            ::ferry_inbox::Conn::Sqlite($c) => $body,
+        }
+    };
+}
