@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use ferry_core::{ClaimRequest, NewEvent, OutboxStore, SLOT_COUNT};
+use ferry_relay::{Metrics, NullSink, Relay, RelayConfig};
 use ferry_store::memory::MemoryStore;
 use ferry_store::Backend;
-use ferry_testkit::{Cleanup, TestDb};
+use ferry_testkit::{Cleanup, RelayTask, TestDb};
 
 /// The payload size of the performance goals (200 bytes, docs/performance.md).
 pub const PAYLOAD_BYTES: usize = 200;
@@ -100,6 +101,36 @@ pub async fn fill(store: &dyn OutboxStore, feeder: &mut Feeder, n: usize) {
         store.enqueue(&feeder.take(k)).await.expect("bench enqueue");
         left -= k;
     }
+}
+
+/// A running relay over `store` with `workers` workers and batches of `batch`, sending to the
+/// null sink (ownership on: fenced claims, as in production), and its metrics.
+pub fn null_relay(
+    store: Arc<dyn OutboxStore>,
+    workers: usize,
+    batch: usize,
+) -> (RelayTask, Arc<Metrics>) {
+    let config = RelayConfig {
+        workers,
+        batch_size: batch,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(store, Arc::new(NullSink), config).expect("relay config");
+    let metrics = relay.metrics();
+    (RelayTask::spawn(|cancel| relay.run(cancel)), metrics)
+}
+
+/// Empties the store of SENT rows (outside a timed section); failures (a store without
+/// purge) only mean it grows.
+pub async fn purge_sent(store: &dyn OutboxStore) {
+    let _ = store
+        .purge_sent(&ferry_core::PurgeRequest {
+            older_than: Duration::ZERO,
+            batch: 10_000,
+            consumer: None,
+            dry_run: false,
+        })
+        .await;
 }
 
 /// A claim over every slot, unfenced.

@@ -17,8 +17,7 @@ use ferry_core::{
     ReconcileReport, ReconcileRequest, RetryItem, SlotCursor, SlotId, SlotLease, StoreError,
 };
 use ferry_relay::{Relay, RelayConfig, Sink, WorkerDefaults};
-use ferry_testkit::TestDb;
-use tokio_util::sync::CancellationToken;
+use ferry_testkit::{RelayTask, TestDb};
 
 /// A store whose cursor advances take `delay` longer; everything else is the inner store's.
 struct SlowAdvance {
@@ -302,8 +301,7 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
     };
     store.enqueue(&[ev(FAIL_AGG, 1)]).await.unwrap();
     let relay = Relay::new(store.clone(), sink.clone(), cfg).unwrap();
-    let cancel = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(cancel.clone()));
+    let relay = RelayTask::spawn(|cancel| relay.run(cancel));
     // v1 is being sent (slowly, and will fail): commit its successors, plus other aggregates
     // that keep the relay reading
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -335,12 +333,7 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(30), handle)
-        .await
-        .expect("relay stops")
-        .unwrap()
-        .unwrap();
+    relay.stop().await;
     let order = sink.first_acks.lock().unwrap()[FAIL_AGG].clone();
     assert_eq!(
         order,
