@@ -104,30 +104,15 @@ async fn effects(db: &TestDb, event_id: &str) -> i64 {
 
 /// The projection counter of `(consumer, aggregate)`: `(applied, last_version)`.
 async fn projection(inbox: &Inbox, consumer: &str, aggregate: &str) -> Option<(i64, i64)> {
-    let sql_pg = "SELECT applied, last_version FROM inbox_projection \
-                  WHERE consumer = $1 AND aggregate_id = $2";
     let sql = "SELECT applied, last_version FROM inbox_projection \
                WHERE consumer = ? AND aggregate_id = ?";
-    match inbox.pool() {
-        InboxPool::Postgres(p) => sqlx::query_as(sql_pg)
-            .bind(consumer)
-            .bind(aggregate)
-            .fetch_optional(p)
-            .await
-            .unwrap(),
-        InboxPool::Mysql(p) => sqlx::query_as(sql)
-            .bind(consumer)
-            .bind(aggregate)
-            .fetch_optional(p)
-            .await
-            .unwrap(),
-        InboxPool::Sqlite(p) => sqlx::query_as(sql)
-            .bind(consumer)
-            .bind(aggregate)
-            .fetch_optional(p)
-            .await
-            .unwrap(),
-    }
+    let sql = ferry_testkit::placeholder(sql, inbox.pool().backend() == Backend::Postgres);
+    ferry_testkit::on_inbox_pool!(inbox.pool(), p => sqlx::query_as(&sql)
+        .bind(consumer)
+        .bind(aggregate)
+        .fetch_optional(p)
+        .await
+        .unwrap())
 }
 
 /// The consumer's own transaction, by hand: begin, `record`, apply the effect when the verdict
