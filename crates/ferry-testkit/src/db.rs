@@ -179,6 +179,13 @@ impl TestDb {
         .await
     }
 
+    /// A fresh SQLite database (always available: no server).
+    pub async fn sqlite() -> TestDb {
+        Self::open(Backend::Sqlite)
+            .await
+            .expect("SQLite is always available")
+    }
+
     /// Runs one statement (no parameters) and returns the affected row count.
     pub async fn exec(&self, sql: &str) -> Result<u64, StoreError> {
         Ok(match &self.kind {

@@ -70,6 +70,35 @@ pub fn placeholder(sql: &str, postgres: bool) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
+/// An unfenced claim over every slot of up to `limit` events, leased for `lease`.
+pub fn claim_all(limit: usize, lease: std::time::Duration) -> ferry_core::ClaimRequest {
+    ferry_core::ClaimRequest::new((0..ferry_core::SLOT_COUNT).collect(), limit, lease)
+}
+
+/// A retry outcome for `token`: due again after `delay`, with `error` as its `last_error`.
+pub fn retry_item(
+    token: &ferry_core::ClaimToken,
+    delay: std::time::Duration,
+    error: &str,
+) -> ferry_core::RetryItem {
+    ferry_core::RetryItem {
+        token: token.clone(),
+        delay,
+        error: error.into(),
+    }
+}
+
+/// A purge of every SENT row (no age limit, no consumer filter), `batch` rows per delete
+/// transaction; set other fields with struct update syntax.
+pub fn purge_all(batch: usize) -> ferry_core::PurgeRequest<'static> {
+    ferry_core::PurgeRequest {
+        older_than: std::time::Duration::ZERO,
+        batch,
+        consumer: None,
+        dry_run: false,
+    }
+}
+
 /// `n` claimed events for sending straight to a sink (no store): aggregates `order-{i}` for `i`
 /// in `first..first + n`, each at version 1, keyed by its aggregate, with `payload`.
 pub fn claimed_events(

@@ -8,22 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore,
-    RetryItem, SlotFence,
+    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore, SlotFence,
 };
 
 use super::Case;
 use crate::{AnyDb, TestDb};
 
-use super::all_slots;
-
 fn ev(agg: &str, v: i64) -> NewEvent {
     crate::intent("orders", agg, v)
 }
 
-fn req(limit: usize, lease: Duration) -> ClaimRequest {
-    ClaimRequest::new(all_slots(), limit, lease)
-}
+use crate::claim_all as req;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -142,11 +137,7 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
             .await
             .unwrap(),
         db.store
-            .retry(&[RetryItem {
-                token: a[0].token.clone(),
-                delay: Duration::ZERO,
-                error: "x".into(),
-            }])
+            .retry(&[crate::retry_item(&a[0].token, Duration::ZERO, "x")])
             .await
             .unwrap(),
     ] {
@@ -190,38 +181,22 @@ pub async fn stale_and_live_token_of_one_row_in_one_batch(db: AnyDb) {
         ))
         .await
         .unwrap();
+    let (fenced, applied) = (CasResult::Fenced, CasResult::Applied);
     assert_eq!(
         r.items,
-        vec![
-            (stale.seq, CasResult::Fenced),
-            (live.seq, CasResult::Applied)
-        ],
+        [(stale.seq, fenced), (live.seq, applied)],
         "extend_lease"
     );
     let r = db
         .store
         .retry(&[
-            RetryItem {
-                token: live.clone(),
-                delay: LONG,
-                error: "x".into(),
-            },
-            RetryItem {
-                token: stale.clone(),
-                delay: LONG,
-                error: "x".into(),
-            },
+            crate::retry_item(&live, LONG, "x"),
+            crate::retry_item(&stale, LONG, "x"),
         ])
         .await
         .unwrap();
-    assert_eq!(
-        r.items,
-        vec![
-            (live.seq, CasResult::Applied),
-            (stale.seq, CasResult::Fenced)
-        ],
-        "retry (per-item values)"
-    );
+    let per_item = [(live.seq, applied), (stale.seq, fenced)];
+    assert_eq!(r.items, per_item, "retry (per-item values)");
     let rec = db.store.record("e-twice-1").await.unwrap().unwrap();
     assert_eq!(rec.state, EventState::Pending);
 }
@@ -238,11 +213,11 @@ pub async fn batch_with_mixed_outcomes_confirms_only_acked(db: AnyDb) {
     assert_eq!(acked.applied(), 2);
     let retried = db
         .store
-        .retry(&[RetryItem {
-            token: t[2].clone(),
-            delay: Duration::from_secs(3600),
-            error: "broker busy".into(),
-        }])
+        .retry(&[crate::retry_item(
+            &t[2],
+            Duration::from_secs(3600),
+            "broker busy",
+        )])
         .await
         .unwrap();
     assert_eq!(retried.applied(), 1);
@@ -313,11 +288,7 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
     assert_eq!(ids(&c), vec!["e-A-1", "e-B-1"]);
     // retry of v1 keeps v2 blocked
     db.store
-        .retry(&[RetryItem {
-            token: c[0].token.clone(),
-            delay: Duration::ZERO,
-            error: "t".into(),
-        }])
+        .retry(&[crate::retry_item(&c[0].token, Duration::ZERO, "t")])
         .await
         .unwrap();
     db.store.ack(&[c[1].token.clone()]).await.unwrap();
@@ -1072,9 +1043,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
                 older_than: Duration::from_secs(3600),
-                batch: 100,
-                consumer: None,
-                dry_run: false
+                ..crate::purge_all(100)
             })
             .await
             .unwrap(),
@@ -1084,10 +1053,8 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
     assert_eq!(
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 100,
-                consumer: None,
-                dry_run: true
+                dry_run: true,
+                ..crate::purge_all(100)
             })
             .await
             .unwrap(),
@@ -1100,15 +1067,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         "dry run deletes nothing"
     );
     assert_eq!(
-        db.store
-            .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 2,
-                consumer: None,
-                dry_run: false
-            })
-            .await
-            .unwrap(),
+        db.store.purge_sent(&crate::purge_all(2)).await.unwrap(),
         3,
         "two bounded batches"
     );
@@ -1136,10 +1095,8 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         assert!(db
             .store
             .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 10,
                 consumer: Some("billing"),
-                dry_run: false
+                ..crate::purge_all(10)
             })
             .await
             .is_err());
@@ -1165,10 +1122,8 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
     assert_eq!(
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 10,
                 consumer: Some("billing"),
-                dry_run: false
+                ..crate::purge_all(10)
             })
             .await
             .unwrap(),
