@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::Criterion;
-use ferry_core::{ClaimRequest, NewEvent, OutboxStore, SLOT_COUNT};
+use ferry_core::{ClaimRequest, NewEvent, OutboxStore};
 use ferry_relay::{Metrics, NullSink, Relay, RelayConfig};
 use ferry_store::memory::MemoryStore;
 use ferry_store::Backend;
@@ -123,19 +123,12 @@ pub fn null_relay(
 /// Empties the store of SENT rows (outside a timed section); failures (a store without
 /// purge) only mean it grows.
 pub async fn purge_sent(store: &dyn OutboxStore) {
-    let _ = store
-        .purge_sent(&ferry_core::PurgeRequest {
-            older_than: Duration::ZERO,
-            batch: 10_000,
-            consumer: None,
-            dry_run: false,
-        })
-        .await;
+    let _ = store.purge_sent(&ferry_testkit::purge_all(10_000)).await;
 }
 
 /// A claim over every slot, unfenced.
 pub fn claim_all(limit: usize) -> ClaimRequest {
-    ClaimRequest::new((0..SLOT_COUNT).collect(), limit, Duration::from_secs(60))
+    ferry_testkit::claim_all(limit, Duration::from_secs(60))
 }
 
 /// A store under bench.
