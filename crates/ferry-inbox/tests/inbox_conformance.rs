@@ -86,6 +86,11 @@ fn effect<'c>(c: Conn<'c>, d: &'c Delivery) -> BoxFuture<'c, Result<(), BoxError
     })
 }
 
+/// Applies `d` through `inbox` with the test effect; the verdict.
+async fn apply(inbox: &Inbox, d: &Delivery) -> Verdict {
+    inbox.apply_once(d, effect).await.unwrap()
+}
+
 fn failing_effect<'c>(c: Conn<'c>, d: &'c Delivery) -> BoxFuture<'c, Result<(), BoxError>> {
     Box::pin(async move {
         effect(c, d).await?;
@@ -150,11 +155,8 @@ fn ids(v: &[&str]) -> HashSet<String> {
 async fn duplicate_applies_effect_once(db: TestDb) {
     let inbox = setup(&db, InboxConfig::default()).await;
     let d = Delivery::new("billing", "e-7-1", "order-7", 1);
-    assert_eq!(inbox.apply_once(&d, effect).await.unwrap(), Verdict::New);
-    assert_eq!(
-        inbox.apply_once(&d, effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&inbox, &d).await, Verdict::New);
+    assert_eq!(apply(&inbox, &d).await, Verdict::Duplicate);
     // and once more through the caller's own transaction
     assert_eq!(
         in_own_tx(&inbox, &d, true).await.unwrap(),
@@ -192,7 +194,7 @@ async fn rollback_leaves_no_record(db: TestDb) {
     assert_eq!(db.count("ferry_inbox").await, 0);
     assert_eq!(effects(&db, "e-7-1").await, 0);
     // the redelivery is new and applies once
-    assert_eq!(inbox.apply_once(&d, effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d).await, Verdict::New);
     assert_eq!(effects(&db, "e-7-1").await, 1);
     assert_eq!(projection(&inbox, "billing", "order-7").await, Some((1, 1)));
     assert_eq!(
@@ -535,7 +537,7 @@ async fn concurrent_versions_of_one_aggregate(db: TestDb) {
     );
     assert_eq!(inbox.gaps("hot").await.unwrap(), vec![]);
     let next = Delivery::new("hot", "h-31", "order-hot", 31);
-    assert_eq!(inbox.apply_once(&next, effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &next).await, Verdict::New);
 }
 
 // ---------------------------------------------------------------- version gaps
@@ -543,9 +545,9 @@ async fn concurrent_versions_of_one_aggregate(db: TestDb) {
 async fn gap_is_reported_and_closes(db: TestDb) {
     let inbox = setup(&db, InboxConfig::new(GapPolicy::Report)).await;
     let d = |v: i64| Delivery::new("proj", format!("e-a-{v}"), "order-a", v);
-    assert_eq!(inbox.apply_once(&d(1), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
     assert_eq!(
-        inbox.apply_once(&d(3), effect).await.unwrap(),
+        apply(&inbox, &d(3)).await,
         Verdict::Gap {
             expected: 2,
             got: 3
@@ -568,27 +570,24 @@ async fn gap_is_reported_and_closes(db: TestDb) {
     assert!(gaps[0].since_micros > 0);
     // v4 is still ahead of the gap
     assert_eq!(
-        inbox.apply_once(&d(4), effect).await.unwrap(),
+        apply(&inbox, &d(4)).await,
         Verdict::Gap {
             expected: 2,
             got: 4
         }
     );
     // a redelivered v3 is a duplicate, not a second gap
-    assert_eq!(
-        inbox.apply_once(&d(3), effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&inbox, &d(3)).await, Verdict::Duplicate);
     // v2 closes the gap and the mark moves over the recorded v3 and v4
-    assert_eq!(inbox.apply_once(&d(2), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(2)).await, Verdict::New);
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
-    assert_eq!(inbox.apply_once(&d(5), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(5)).await, Verdict::New);
     assert_eq!(projection(&inbox, "proj", "order-a").await, Some((5, 5)));
     assert_eq!(db.count("inbox_effects").await, 5);
     // a new event id reusing an applied version is not applied
     let reused = Delivery::new("proj", "e-a-3-again", "order-a", 3);
     assert_eq!(
-        inbox.apply_once(&reused, effect).await.unwrap(),
+        apply(&inbox, &reused).await,
         Verdict::Stale { applied_through: 5 }
     );
     assert_eq!(db.count("inbox_effects").await, 5);
@@ -602,11 +601,11 @@ async fn gap_is_reported_and_closes(db: TestDb) {
 async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
     let inbox = setup(&db, InboxConfig::new(GapPolicy::HoldBack)).await;
     let d = |v: i64| Delivery::new("proj", format!("e-b-{v}"), "order-b", v);
-    assert_eq!(inbox.apply_once(&d(1), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
     for _ in 0..2 {
         // held back each time it is delivered early, and nothing of it is recorded
         assert_eq!(
-            inbox.apply_once(&d(3), effect).await.unwrap(),
+            apply(&inbox, &d(3)).await,
             Verdict::Early {
                 expected: 2,
                 got: 3
@@ -619,10 +618,10 @@ async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
     let gaps = inbox.gaps("proj").await.unwrap();
     assert_eq!(gaps.len(), 1, "{gaps:?}");
     assert_eq!((gaps[0].applied_upto, gaps[0].max_seen), (1, 3));
-    assert_eq!(inbox.apply_once(&d(2), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(2)).await, Verdict::New);
     // v3 was never applied, so the gap stays open until its redelivery
     assert_eq!(inbox.gaps("proj").await.unwrap().len(), 1);
-    assert_eq!(inbox.apply_once(&d(3), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(3)).await, Verdict::New);
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
     assert_eq!(projection(&inbox, "proj", "order-b").await, Some((3, 3)));
     // the caller's own transaction sees the same verdict, and rolling it back keeps nothing
@@ -646,22 +645,19 @@ async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
 async fn accept_gap_repairs_a_lost_version(db: TestDb) {
     let inbox = setup(&db, InboxConfig::new(GapPolicy::HoldBack)).await;
     let d = |v: i64| Delivery::new("proj", format!("e-c-{v}"), "order-c", v);
-    assert_eq!(inbox.apply_once(&d(1), effect).await.unwrap(), Verdict::New);
-    assert!(matches!(
-        inbox.apply_once(&d(3), effect).await.unwrap(),
-        Verdict::Early { .. }
-    ));
+    assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
+    assert!(matches!(apply(&inbox, &d(3)).await, Verdict::Early { .. }));
     // v2 will never come: the operator accepts the gap through 2
     assert_eq!(inbox.accept_gap("proj", "order-c", 2).await.unwrap(), 2);
     // accepting an older mark changes nothing
     assert_eq!(inbox.accept_gap("proj", "order-c", 1).await.unwrap(), 2);
     // the gap stays listed until the held-back v3 is redelivered and applied
     assert_eq!(inbox.gaps("proj").await.unwrap().len(), 1);
-    assert_eq!(inbox.apply_once(&d(3), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(3)).await, Verdict::New);
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
     // the lost v2 turning up late is stale: not applied, not recorded
     assert_eq!(
-        inbox.apply_once(&d(2), effect).await.unwrap(),
+        apply(&inbox, &d(2)).await,
         Verdict::Stale { applied_through: 3 }
     );
     assert_eq!(effects(&db, "e-c-2").await, 0);
@@ -670,24 +666,12 @@ async fn accept_gap_repairs_a_lost_version(db: TestDb) {
     // under Report, accepting a gap moves the mark over the versions recorded ahead of it
     let report = Inbox::new(inbox.pool().clone(), InboxConfig::new(GapPolicy::Report));
     let r = |v: i64| Delivery::new("proj", format!("e-d-{v}"), "order-d", v);
-    assert_eq!(
-        report.apply_once(&r(1), effect).await.unwrap(),
-        Verdict::New
-    );
-    assert!(matches!(
-        report.apply_once(&r(3), effect).await.unwrap(),
-        Verdict::Gap { .. }
-    ));
-    assert!(matches!(
-        report.apply_once(&r(4), effect).await.unwrap(),
-        Verdict::Gap { .. }
-    ));
+    assert_eq!(apply(&report, &r(1)).await, Verdict::New);
+    assert!(matches!(apply(&report, &r(3)).await, Verdict::Gap { .. }));
+    assert!(matches!(apply(&report, &r(4)).await, Verdict::Gap { .. }));
     assert_eq!(report.accept_gap("proj", "order-d", 2).await.unwrap(), 4);
     assert!(report.gaps("proj").await.unwrap().is_empty());
-    assert_eq!(
-        report.apply_once(&r(5), effect).await.unwrap(),
-        Verdict::New
-    );
+    assert_eq!(apply(&report, &r(5)).await, Verdict::New);
 }
 
 async fn first_seen_baseline_starts_mid_stream(db: TestDb) {
@@ -734,27 +718,12 @@ async fn consumers_are_independent(db: TestDb) {
     let inbox = setup(&db, InboxConfig::default()).await;
     let e1 = |c: &str| Delivery::new(c, "e-7-1", "order-7", 1);
     let e2 = |c: &str| Delivery::new(c, "e-7-2", "order-7", 2);
-    assert_eq!(
-        inbox.apply_once(&e1("billing"), effect).await.unwrap(),
-        Verdict::New
-    );
-    assert_eq!(
-        inbox.apply_once(&e1("shipping"), effect).await.unwrap(),
-        Verdict::New
-    );
-    assert_eq!(
-        inbox.apply_once(&e1("billing"), effect).await.unwrap(),
-        Verdict::Duplicate
-    );
-    assert_eq!(
-        inbox.apply_once(&e2("billing"), effect).await.unwrap(),
-        Verdict::New
-    );
+    assert_eq!(apply(&inbox, &e1("billing")).await, Verdict::New);
+    assert_eq!(apply(&inbox, &e1("shipping")).await, Verdict::New);
+    assert_eq!(apply(&inbox, &e1("billing")).await, Verdict::Duplicate);
+    assert_eq!(apply(&inbox, &e2("billing")).await, Verdict::New);
     // shipping's gap tracking is its own: it has not seen v2
-    assert_eq!(
-        inbox.apply_once(&e1("shipping"), effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&inbox, &e1("shipping")).await, Verdict::Duplicate);
     assert_eq!(effects(&db, "e-7-1").await, 2);
     assert_eq!(effects(&db, "e-7-2").await, 1);
     assert_eq!(projection(&inbox, "billing", "order-7").await, Some((2, 2)));
@@ -779,17 +748,14 @@ async fn consumers_are_independent(db: TestDb) {
     );
     // ids are compared exactly (binary collation on MariaDB too)
     assert_eq!(
-        inbox
-            .apply_once(&Delivery::new("billing", "E-7-1", "order-x", 1), effect)
-            .await
-            .unwrap(),
+        apply(&inbox, &Delivery::new("billing", "E-7-1", "order-x", 1)).await,
         Verdict::New
     );
     // consumed() over more ids than one statement binds
     let many: Vec<String> = (0..2_500).map(|i| format!("bulk-{i}")).collect();
     for id in many.iter().step_by(500) {
         let d = Delivery::new("bulk", id.clone(), id.clone(), 1);
-        assert_eq!(inbox.apply_once(&d, effect).await.unwrap(), Verdict::New);
+        assert_eq!(apply(&inbox, &d).await, Verdict::New);
     }
     assert_eq!(inbox.consumed("bulk", &many).await.unwrap().len(), 5);
 }
@@ -822,11 +788,8 @@ async fn bad_input_writes_nothing(db: TestDb) {
     // with gap tracking off, unversioned messages are fine
     let off = Inbox::new(inbox.pool().clone(), InboxConfig::new(GapPolicy::Off));
     let d = Delivery::new("c", "plain", "", 0);
-    assert_eq!(off.apply_once(&d, effect).await.unwrap(), Verdict::New);
-    assert_eq!(
-        off.apply_once(&d, effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&off, &d).await, Verdict::New);
+    assert_eq!(apply(&off, &d).await, Verdict::Duplicate);
     assert_eq!(db.count("ferry_inbox_aggregate").await, 0);
 }
 
@@ -869,8 +832,8 @@ async fn fresh_concurrent_migrations(db: TestDb) {
     db.exec(EFFECTS).await.unwrap();
     db.exec(PROJECTION).await.unwrap();
     let d = Delivery::new("c", "e-1", "a", 1);
-    assert_eq!(b.apply_once(&d, effect).await.unwrap(), Verdict::New);
-    assert_eq!(c.apply_once(&d, effect).await.unwrap(), Verdict::Duplicate);
+    assert_eq!(apply(&b, &d).await, Verdict::New);
+    assert_eq!(apply(&c, &d).await, Verdict::Duplicate);
     // before migrating, a clear schema error
     for t in [
         "ferry_inbox",

@@ -346,9 +346,7 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_failed_aggregate_stays_busy_until_its_advance() {
-    let db = TestDb::open(ferry_store::Backend::Sqlite)
-        .await
-        .expect("SQLite is always available");
+    let db = TestDb::sqlite().await;
     failed_aggregate_stays_busy_until_its_advance(db).await;
 }
 

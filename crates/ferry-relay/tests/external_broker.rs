@@ -161,7 +161,7 @@ async fn external_broker_over_tls() {
         ("security.protocol".to_string(), "SSL".to_string()),
         ("ssl.ca.location".to_string(), ca),
     ];
-    let db = TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
+    let db = TestDb::sqlite().await;
     let topic = create_topic_with(&brokers, &tls).await;
     let verifier =
         Verifier::start_with(&brokers, &topic, PARTITIONS, &tls).expect("verifier over TLS");

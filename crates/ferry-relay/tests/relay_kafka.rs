@@ -421,7 +421,7 @@ ferry_testkit::backend_tests!(modes:
 /// stored headers (a W3C traceparent passes through untouched).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_record_carries_key_and_headers() {
-    let db = TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
+    let db = TestDb::sqlite().await;
     let kafka = EmbeddedKafka::start(1).unwrap();
     kafka.create_topic(TOPIC, 1).unwrap();
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
