@@ -91,6 +91,16 @@ async fn apply(inbox: &Inbox, d: &Delivery) -> Verdict {
     inbox.apply_once(d, effect).await.unwrap()
 }
 
+/// The verdict for version `got` when `expected` is the next one: applied and reported.
+fn gap(expected: i64, got: i64) -> Verdict {
+    Verdict::Gap { expected, got }
+}
+
+/// The verdict for version `got` when `expected` is the next one: held back.
+fn early(expected: i64, got: i64) -> Verdict {
+    Verdict::Early { expected, got }
+}
+
 fn failing_effect<'c>(c: Conn<'c>, d: &'c Delivery) -> BoxFuture<'c, Result<(), BoxError>> {
     Box::pin(async move {
         effect(c, d).await?;
@@ -546,13 +556,7 @@ async fn gap_is_reported_and_closes(db: TestDb) {
     let inbox = setup(&db, InboxConfig::new(GapPolicy::Report)).await;
     let d = |v: i64| Delivery::new("proj", format!("e-a-{v}"), "order-a", v);
     assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
-    assert_eq!(
-        apply(&inbox, &d(3)).await,
-        Verdict::Gap {
-            expected: 2,
-            got: 3
-        }
-    );
+    assert_eq!(apply(&inbox, &d(3)).await, gap(2, 3));
     // Report records and applies it
     assert_eq!(effects(&db, "e-a-3").await, 1);
     assert_eq!(projection(&inbox, "proj", "order-a").await, Some((2, 3)));
@@ -569,13 +573,7 @@ async fn gap_is_reported_and_closes(db: TestDb) {
     );
     assert!(gaps[0].since_micros > 0);
     // v4 is still ahead of the gap
-    assert_eq!(
-        apply(&inbox, &d(4)).await,
-        Verdict::Gap {
-            expected: 2,
-            got: 4
-        }
-    );
+    assert_eq!(apply(&inbox, &d(4)).await, gap(2, 4));
     // a redelivered v3 is a duplicate, not a second gap
     assert_eq!(apply(&inbox, &d(3)).await, Verdict::Duplicate);
     // v2 closes the gap and the mark moves over the recorded v3 and v4
@@ -604,13 +602,7 @@ async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
     assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
     for _ in 0..2 {
         // held back each time it is delivered early, and nothing of it is recorded
-        assert_eq!(
-            apply(&inbox, &d(3)).await,
-            Verdict::Early {
-                expected: 2,
-                got: 3
-            }
-        );
+        assert_eq!(apply(&inbox, &d(3)).await, early(2, 3));
         assert_eq!(effects(&db, "e-b-3").await, 0);
         assert!(inbox.consumed("proj", &["e-b-3"]).await.unwrap().is_empty());
     }
@@ -625,13 +617,7 @@ async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
     assert_eq!(projection(&inbox, "proj", "order-b").await, Some((3, 3)));
     // the caller's own transaction sees the same verdict, and rolling it back keeps nothing
-    assert_eq!(
-        in_own_tx(&inbox, &d(5), false).await.unwrap(),
-        Verdict::Early {
-            expected: 4,
-            got: 5
-        }
-    );
+    assert_eq!(in_own_tx(&inbox, &d(5), false).await.unwrap(), early(4, 5));
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
     assert_eq!(
         inbox
@@ -688,18 +674,12 @@ async fn first_seen_baseline_starts_mid_stream(db: TestDb) {
     );
     assert_eq!(
         from_one.apply_once(&d("early", 41), effect).await.unwrap(),
-        Verdict::Gap {
-            expected: 1,
-            got: 41
-        }
+        gap(1, 41)
     );
     // after the baseline, gaps count as usual
     assert_eq!(
         mid.apply_once(&d("late", 43), effect).await.unwrap(),
-        Verdict::Early {
-            expected: 42,
-            got: 43
-        }
+        early(42, 43)
     );
     assert_eq!(
         mid.apply_once(&d("late", 42), effect).await.unwrap(),

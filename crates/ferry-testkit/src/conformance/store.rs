@@ -32,6 +32,16 @@ async fn state(store: &dyn OutboxStore, id: &str) -> EventState {
 }
 
 /// Claims until something is returned (a lease must expire first), bounded by `max`.
+/// Extends the leases of `tokens` by `lease`; the per-item outcomes.
+async fn extend(
+    store: &dyn OutboxStore,
+    tokens: &[ClaimToken],
+    lease: Duration,
+) -> ferry_core::CasReport {
+    let ext = ferry_core::LeaseExtension::new(tokens, lease);
+    store.extend_lease(&ext).await.unwrap()
+}
+
 async fn claim_eventually(
     store: &dyn OutboxStore,
     r: &ClaimRequest,
@@ -125,13 +135,7 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
     assert_eq!(r.items, vec![(a[0].token.seq, CasResult::Fenced)]);
     for op in [
         db.store.release(&[a[0].token.clone()]).await.unwrap(),
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[a[0].token.clone()],
-                LONG,
-            ))
-            .await
-            .unwrap(),
+        extend(&*db.store, &[a[0].token.clone()], LONG).await,
         db.store
             .quarantine(&[(a[0].token.clone(), "x".into())])
             .await
@@ -173,14 +177,7 @@ pub async fn stale_and_live_token_of_one_row_in_one_batch(db: AnyDb) {
     let (stale, live) = (a[0].token.clone(), b[0].token.clone());
     assert_eq!(stale.seq, live.seq);
     assert_ne!(stale.claim_version, live.claim_version);
-    let r = db
-        .store
-        .extend_lease(&ferry_core::LeaseExtension::new(
-            &[stale.clone(), live.clone()],
-            LONG,
-        ))
-        .await
-        .unwrap();
+    let r = extend(&*db.store, &[stale.clone(), live.clone()], LONG).await;
     let (fenced, applied) = (CasResult::Fenced, CasResult::Applied);
     assert_eq!(
         r.items,
@@ -579,38 +576,27 @@ pub async fn lease_expiry_and_takeover(db: AnyDb) {
     assert!(db.store.claim(&req(1, LONG)).await.unwrap().is_empty());
     // heartbeat extends A's lease; the row stays A's
     assert_eq!(
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[a[0].token.clone()],
-                Duration::from_millis(300)
-            ))
-            .await
-            .unwrap()
-            .applied(),
+        extend(
+            &*db.store,
+            &[a[0].token.clone()],
+            Duration::from_millis(300)
+        )
+        .await
+        .applied(),
         1
     );
     let b = claim_eventually(&*db.store, &req(1, LONG), Duration::from_secs(10)).await;
     assert_eq!(b[0].token.claim_version, a[0].token.claim_version + 1);
     assert_eq!(b[0].payload, a[0].payload);
     assert_eq!(
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[a[0].token.clone()],
-                LONG
-            ))
+        extend(&*db.store, &[a[0].token.clone()], LONG)
             .await
-            .unwrap()
             .fenced(),
         1
     );
     assert_eq!(
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[b[0].token.clone()],
-                LONG
-            ))
+        extend(&*db.store, &[b[0].token.clone()], LONG)
             .await
-            .unwrap()
             .applied(),
         1
     );
