@@ -79,10 +79,7 @@ impl Drop for Proc {
 
 /// The mock cluster and a verifier on its topic.
 fn kafka() -> (EmbeddedKafka, Verifier) {
-    let k = EmbeddedKafka::start(1).unwrap();
-    k.create_topic(TOPIC, 2).unwrap();
-    let v = Verifier::start(k.bootstrap_servers(), TOPIC, 2).unwrap();
-    (k, v)
+    EmbeddedKafka::verified(1, TOPIC, 2)
 }
 
 /// `ferry enqueue` of [`EVENT`], stopping at `failpoint` if given.

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use ferry_core::{DispatchMode, NewEvent};
 use ferry_testkit::embedded::EmbeddedKafka;
-use ferry_testkit::verify::Verifier;
 use ferry_testkit::{wait_until, RelayProcess, Stdout, TestDb};
 
 const TOPIC: &str = "orders";
@@ -108,9 +107,7 @@ async fn graceful_shutdown_releases_everything(db: TestDb, mode: DispatchMode) {
 }
 
 async fn two_relays_split_slots_and_survive_sigkill(db: TestDb, mode: DispatchMode) {
-    let kafka = EmbeddedKafka::start(3).unwrap();
-    kafka.create_topic(TOPIC, 8).unwrap();
-    let verifier = Verifier::start(kafka.bootstrap_servers(), TOPIC, 8).unwrap();
+    let (kafka, verifier) = EmbeddedKafka::verified(3, TOPIC, 8);
     let sink = [
         "--sink",
         "kafka",

@@ -14,7 +14,6 @@ use std::time::Duration;
 use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
 use ferry_store::Backend;
 use ferry_testkit::embedded::EmbeddedKafka;
-use ferry_testkit::verify::Verifier;
 use ferry_testkit::{RelayTask, TestDb};
 
 fn example(name: &str) -> PathBuf {
@@ -116,9 +115,7 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
             );
         }
     }
-    let kafka = EmbeddedKafka::start(1).unwrap();
-    kafka.create_topic("orders", 4).unwrap();
-    let verifier = Verifier::start(kafka.bootstrap_servers(), "orders", 4).unwrap();
+    let (kafka, verifier) = EmbeddedKafka::verified(1, "orders", 4);
     let sink = KafkaSink::new(KafkaConfig {
         brokers: kafka.bootstrap_servers().to_string(),
         ordered: true,

@@ -69,10 +69,7 @@ fn start_relay(
 }
 
 fn setup() -> (EmbeddedKafka, Verifier) {
-    let kafka = EmbeddedKafka::start(3).unwrap();
-    kafka.create_topic(TOPIC, 4).unwrap();
-    let verifier = Verifier::start(kafka.bootstrap_servers(), TOPIC, 4).unwrap();
-    (kafka, verifier)
+    EmbeddedKafka::verified(3, TOPIC, 4)
 }
 
 async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
@@ -422,8 +419,7 @@ ferry_testkit::backend_tests!(modes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_record_carries_key_and_headers() {
     let db = TestDb::sqlite().await;
-    let kafka = EmbeddedKafka::start(1).unwrap();
-    kafka.create_topic(TOPIC, 1).unwrap();
+    let kafka = EmbeddedKafka::with_topic(1, TOPIC, 1).unwrap();
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let mut e = ev("order-42", 1);
     e.headers.insert("traceparent".into(), tp.into());
