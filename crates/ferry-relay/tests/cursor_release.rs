@@ -270,8 +270,7 @@ impl Sink for ScriptedSink {
 }
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(agg, v, "orders", "OrderChanged", format!(r#"{{"v":{v}}}"#))
-        .with_id(format!("e-{agg}-{v}"))
+    ferry_testkit::intent("orders", agg, v)
 }
 
 async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {

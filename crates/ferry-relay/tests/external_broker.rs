@@ -45,15 +45,9 @@ async fn create_topic_with(brokers: &str, properties: &[(String, String)]) -> St
     topic
 }
 
+/// [`ferry_testkit::intent`] with the topic in its id: the broker keeps every test's topics.
 fn ev(topic: &str, agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(
-        agg,
-        v,
-        topic,
-        "OrderChanged",
-        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
-    )
-    .with_id(format!("e-{topic}-{agg}-{v}"))
+    ferry_testkit::intent(topic, agg, v).with_id(format!("e-{topic}-{agg}-{v}"))
 }
 
 /// Versions 1..=`versions` of `aggs` aggregates `{prefix}-{a}`, one transaction per version.
