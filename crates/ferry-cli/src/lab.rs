@@ -216,7 +216,7 @@ impl Lab {
 async fn bump(conn: Conn<'_>, order: i64) -> Result<(), ferry_inbox::BoxError> {
     let sql = "UPDATE lab_projection SET effects = effects + 1 WHERE order_id = ?";
     let sql = ferry_testkit::placeholder(sql, matches!(conn, Conn::Postgres(_)));
-    ferry_testkit::on_inbox_conn!(conn, c => sqlx::query(&sql).bind(order).execute(c).await.map(drop))?;
+    ferry_testkit::on_inbox!(Conn, conn, c => sqlx::query(&sql).bind(order).execute(c).await.map(drop))?;
     Ok(())
 }
 

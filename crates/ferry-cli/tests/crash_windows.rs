@@ -288,7 +288,7 @@ async fn apply_through_inbox(db: &TestDb, brokers: &str, expect: usize) -> (usiz
             .apply_once(&d, |conn, _| {
                 Box::pin(async move {
                     let sql = "UPDATE crash_effects SET applied = applied + 1 WHERE id = 1";
-                    ferry_testkit::on_inbox_conn!(conn, c => sqlx::query(sql).execute(c).await.map(drop))?;
+                    ferry_testkit::on_inbox!(Conn, conn, c => sqlx::query(sql).execute(c).await.map(drop))?;
                     Ok(())
                 })
             })

@@ -122,7 +122,7 @@ async fn projection(inbox: &Inbox, consumer: &str, aggregate: &str) -> Option<(i
     let sql = "SELECT applied, last_version FROM inbox_projection \
                WHERE consumer = ? AND aggregate_id = ?";
     let sql = ferry_testkit::placeholder(sql, inbox.pool().backend() == Backend::Postgres);
-    ferry_testkit::on_inbox_pool!(inbox.pool(), p => sqlx::query_as(&sql)
+    ferry_testkit::on_inbox!(InboxPool, inbox.pool(), p => sqlx::query_as(&sql)
         .bind(consumer)
         .bind(aggregate)
         .fetch_optional(p)

@@ -92,33 +92,23 @@ macro_rules! backend_tests {
     };
 }
 
-/// Runs `$body` with `$p` bound to the sqlx pool of whichever backend a
-/// `ferry_inbox::InboxPool` holds: one statement written once for every backend (mind the
-/// placeholder: `$1` on PostgreSQL, `?` elsewhere, see [`placeholder`](crate::placeholder)).
-/// The calling crate needs `ferry-inbox` and `sqlx`.
+/// Runs `$body` with `$x` bound to the sqlx pool (or connection) of whichever backend a
+/// `ferry_inbox::InboxPool` (or the `ferry_inbox::Conn` an Inbox effect gets) holds: one
+/// statement written once for every backend (mind the placeholder: `$1` on PostgreSQL, `?`
+/// elsewhere, see [`placeholder`](crate::placeholder)). The calling crate needs `ferry-inbox`
+/// and `sqlx`.
 ///
 /// ```ignore
-/// let n: i64 = ferry_testkit::on_inbox_pool!(inbox.pool(), p => sqlx::query_scalar(sql).fetch_one(p).await)?;
+/// let n: i64 = ferry_testkit::on_inbox!(InboxPool, inbox.pool(), p => sqlx::query_scalar(sql).fetch_one(p).await)?;
+/// ferry_testkit::on_inbox!(Conn, conn, c => sqlx::query(sql).execute(c).await.map(drop))?;
 /// ```
 #[macro_export]
-macro_rules! on_inbox_pool {
-    ($pool:expr, $p:ident => $body:expr) => {
-        match $pool {
-            ::ferry_inbox::InboxPool::Postgres($p) => $body,
-            ::ferry_inbox::InboxPool::Mysql($p) => $body,
-            ::ferry_inbox::InboxPool::Sqlite($p) => $body,
-        }
-    };
-}
-
-/// [`on_inbox_pool!`] for the connection an Inbox effect gets (`ferry_inbox::Conn`).
-#[macro_export]
-macro_rules! on_inbox_conn {
-    ($conn:expr, $c:ident => $body:expr) => {
-        match $conn {
-            ::ferry_inbox::Conn::Postgres($c) => $body,
-            ::ferry_inbox::Conn::Mysql($c) => $body,
-            ::ferry_inbox::Conn::Sqlite($c) => $body,
+macro_rules! on_inbox {
+    ($kind:ident, $v:expr, $x:ident => $body:expr) => {
+        match $v {
+            ::ferry_inbox::$kind::Postgres($x) => $body,
+            ::ferry_inbox::$kind::Mysql($x) => $body,
+            ::ferry_inbox::$kind::Sqlite($x) => $body,
         }
     };
 }
