@@ -102,3 +102,26 @@ pub fn watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<(i6
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metadata helpers on the mock cluster (which has no admin API): its topic's partition
+    /// count and watermarks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_a_topics_partitions_and_watermarks() {
+        let cluster = crate::EmbeddedKafka::with_topic(1, "meta", 3).unwrap();
+        let brokers = cluster.bootstrap_servers().to_string();
+        let (partitions, marks) = tokio::task::spawn_blocking(move || {
+            (
+                partition_count(&brokers, "meta").unwrap(),
+                watermarks(&brokers, "meta", 3),
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(partitions, 3);
+        assert_eq!(marks, Some(vec![(0, 0); 3]));
+    }
+}
