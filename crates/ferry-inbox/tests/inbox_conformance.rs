@@ -91,6 +91,18 @@ async fn apply(inbox: &Inbox, d: &Delivery) -> Verdict {
     inbox.apply_once(d, effect).await.unwrap()
 }
 
+/// [`apply`], retrying transient failures (deadlocks, lock waits) up to 50 times.
+async fn apply_retrying(inbox: &Inbox, d: &Delivery) -> Verdict {
+    let mut tries = 0;
+    loop {
+        match inbox.apply_once(d, effect).await {
+            Ok(v) => return v,
+            Err(e) if e.is_transient() && tries < 50 => tries += 1,
+            Err(e) => panic!("{}: {e}", d.event_id),
+        }
+    }
+}
+
 /// The verdict for version `got` when `expected` is the next one: applied and reported.
 fn gap(expected: i64, got: i64) -> Verdict {
     Verdict::Gap { expected, got }
@@ -459,14 +471,7 @@ async fn racing_deliveries_apply_once(db: TestDb) {
             tasks.push(tokio::spawn(async move {
                 let mut verdicts = BTreeMap::new();
                 for d in mine {
-                    let mut tries = 0;
-                    let v = loop {
-                        match inbox.apply_once(&d, effect).await {
-                            Ok(v) => break v,
-                            Err(e) if e.is_transient() && tries < 50 => tries += 1,
-                            Err(e) => panic!("{}: {e}", d.event_id),
-                        }
-                    };
+                    let v = apply_retrying(&inbox, &d).await;
                     verdicts.insert(d.event_id.clone(), v);
                 }
                 verdicts
@@ -517,14 +522,7 @@ async fn concurrent_versions_of_one_aggregate(db: TestDb) {
         tasks.push(tokio::spawn(async move {
             let mut applied = 0;
             for d in mine {
-                let mut tries = 0;
-                let v = loop {
-                    match inbox.apply_once(&d, effect).await {
-                        Ok(v) => break v,
-                        Err(e) if e.is_transient() && tries < 50 => tries += 1,
-                        Err(e) => panic!("{}: {e}", d.event_id),
-                    }
-                };
+                let v = apply_retrying(&inbox, &d).await;
                 assert!(
                     matches!(v, Verdict::New | Verdict::Gap { .. } | Verdict::Duplicate),
                     "{}: {v:?}",

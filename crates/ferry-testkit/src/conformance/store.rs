@@ -308,15 +308,11 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
     );
     assert_eq!(q[0].last_error.as_deref(), Some("schema error"));
     // requeue keeps id and payload
-    db.store
-        .requeue(&ferry_core::OperatorAction::new("e-A-2", "alice"))
-        .await
-        .unwrap();
+    let alice = ferry_core::OperatorAction::new("e-A-2", "alice");
+    db.store.requeue(&alice).await.unwrap();
     let rec = db.store.record("e-A-2").await.unwrap().unwrap();
-    assert_eq!(
-        (rec.state, rec.resolved_by.as_deref()),
-        (EventState::Pending, Some("alice"))
-    );
+    let resolved = |r: &ferry_core::EventRecord| (r.state, r.resolved_by.clone());
+    assert_eq!(resolved(&rec), (EventState::Pending, Some("alice".into())));
     assert_eq!(rec.payload, r#"{"agg":"A","v":2}"#);
     let c = db.store.claim(&req(10, LONG)).await.unwrap();
     assert_eq!(ids(&c), vec!["e-A-2"]);
@@ -325,15 +321,10 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
         .await
         .unwrap();
     // skip releases the successor and records who skipped
-    db.store
-        .skip(&ferry_core::OperatorAction::new("e-A-2", "bob"))
-        .await
-        .unwrap();
+    let bob = ferry_core::OperatorAction::new("e-A-2", "bob");
+    db.store.skip(&bob).await.unwrap();
     let rec = db.store.record("e-A-2").await.unwrap().unwrap();
-    assert_eq!(
-        (rec.state, rec.resolved_by.as_deref()),
-        (EventState::Skipped, Some("bob"))
-    );
+    assert_eq!(resolved(&rec), (EventState::Skipped, Some("bob".into())));
     let c = db.store.claim(&req(10, LONG)).await.unwrap();
     assert_eq!(ids(&c), vec!["e-A-3"]);
     // operator actions on a non-quarantined event are refused with a clear message
