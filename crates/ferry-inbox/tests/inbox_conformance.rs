@@ -86,6 +86,18 @@ fn effect<'c>(c: Conn<'c>, d: &'c Delivery) -> BoxFuture<'c, Result<(), BoxError
     })
 }
 
+/// An inbox with `policy` on `db`; the effect tables are created with the first policy of a
+/// loop over policies ([`GapPolicy::Off`]).
+async fn connect_once_per_policy(db: &TestDb, policy: GapPolicy) -> Inbox {
+    if policy == GapPolicy::Off {
+        db.exec(EFFECTS).await.unwrap();
+        db.exec(PROJECTION).await.unwrap();
+    }
+    Inbox::connect(&db.url, InboxConfig::new(policy))
+        .await
+        .unwrap()
+}
+
 /// Applies `d` through `inbox` with the test effect; the verdict.
 async fn apply(inbox: &Inbox, d: &Delivery) -> Verdict {
     inbox.apply_once(d, effect).await.unwrap()
@@ -242,13 +254,7 @@ enum Iso {
 /// `New` that applies the effect twice.
 async fn concurrent_delivery_waits_for_the_first(db: TestDb) {
     for policy in [GapPolicy::Off, GapPolicy::Report, GapPolicy::HoldBack] {
-        let inbox = Inbox::connect(&db.url, InboxConfig::new(policy))
-            .await
-            .unwrap();
-        if policy == GapPolicy::Off {
-            db.exec(EFFECTS).await.unwrap();
-            db.exec(PROJECTION).await.unwrap();
-        }
+        let inbox = connect_once_per_policy(&db, policy).await;
         let isos: &[Iso] = match db.backend {
             Backend::Sqlite => &[Iso::Default],
             _ => &[Iso::Default, Iso::RepeatableRead],
@@ -445,13 +451,7 @@ async fn race_one(
 /// errors: every event is applied exactly once and exactly one delivery saw `New`.
 async fn racing_deliveries_apply_once(db: TestDb) {
     for policy in [GapPolicy::Off, GapPolicy::Report] {
-        let inbox = Inbox::connect(&db.url, InboxConfig::new(policy))
-            .await
-            .unwrap();
-        if policy == GapPolicy::Off {
-            db.exec(EFFECTS).await.unwrap();
-            db.exec(PROJECTION).await.unwrap();
-        }
+        let inbox = connect_once_per_policy(&db, policy).await;
         let events: Vec<Delivery> = (0..12)
             .map(|i| {
                 Delivery::new(

@@ -634,26 +634,18 @@ pub async fn bad_inputs_are_refused_and_write_nothing(db: AnyDb) {
         .enqueue(&[ev("order-1", 1).with_id("other-id")])
         .await
         .unwrap_err();
-    assert_eq!(
-        e,
-        EnqueueError::DuplicateVersion {
-            aggregate_id: "order-1".into(),
-            version: 1
-        }
-    );
+    let order_1_v1 = EnqueueError::DuplicateVersion {
+        aggregate_id: "order-1".into(),
+        version: 1,
+    };
+    assert_eq!(e, order_1_v1);
     // ... also inside a multi-row insert, and the rest of the batch is not written
     let e = db
         .store
         .enqueue(&[ev("order-2", 1), ev("order-1", 1).with_id("x2")])
         .await
         .unwrap_err();
-    assert_eq!(
-        e,
-        EnqueueError::DuplicateVersion {
-            aggregate_id: "order-1".into(),
-            version: 1
-        }
-    );
+    assert_eq!(e, order_1_v1);
     // ... and inside the caller's business transaction, which rolls back
     if let Some(sql) = db.sql() {
         let e = sql
