@@ -42,6 +42,12 @@ async fn extend(
     store.extend_lease(&ext).await.unwrap()
 }
 
+/// One claim of a single event with a lease of `lease_ms` (so another claimer takes it over soon).
+async fn claim_short(store: &dyn OutboxStore, lease_ms: u64) -> Vec<ferry_core::ClaimedEvent> {
+    let lease = Duration::from_millis(lease_ms);
+    store.claim(&req(1, lease)).await.unwrap()
+}
+
 async fn claim_eventually(
     store: &dyn OutboxStore,
     r: &ClaimRequest,
@@ -118,11 +124,7 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
             1
         );
     }
-    let a = db
-        .store
-        .claim(&req(1, Duration::from_millis(200)))
-        .await
-        .unwrap();
+    let a = claim_short(&*db.store, 200).await;
     assert_eq!(a[0].token.claim_version, 12);
     // B cannot take it while A's lease is live...
     assert!(db.store.claim(&req(1, LONG)).await.unwrap().is_empty());
@@ -168,11 +170,7 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
 /// applies; the report must not credit the stale one because its row was updated.
 pub async fn stale_and_live_token_of_one_row_in_one_batch(db: AnyDb) {
     db.store.enqueue(&[ev("twice", 1)]).await.unwrap();
-    let a = db
-        .store
-        .claim(&req(1, Duration::from_millis(200)))
-        .await
-        .unwrap();
+    let a = claim_short(&*db.store, 200).await;
     let b = claim_eventually(&*db.store, &req(1, LONG), Duration::from_secs(10)).await;
     let (stale, live) = (a[0].token.clone(), b[0].token.clone());
     assert_eq!(stale.seq, live.seq);
@@ -559,11 +557,7 @@ pub async fn claims_count_rows_skipped_as_locked(db: TestDb) {
 /// A claim whose lease expired is taken over by another claimer, and the first claimer is fenced.
 pub async fn lease_expiry_and_takeover(db: AnyDb) {
     db.store.enqueue(&[ev("X", 1)]).await.unwrap();
-    let a = db
-        .store
-        .claim(&req(1, Duration::from_millis(300)))
-        .await
-        .unwrap();
+    let a = claim_short(&*db.store, 300).await;
     assert!(db.store.claim(&req(1, LONG)).await.unwrap().is_empty());
     // heartbeat extends A's lease; the row stays A's
     assert_eq!(
