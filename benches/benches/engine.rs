@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use ferry_benches::{fill, quick, runtime, Feeder};
+use ferry_benches::{fill, null_relay, quick, runtime, Feeder};
 use ferry_core::OutboxStore;
-use ferry_relay::{NullSink, Relay, RelayConfig};
 use ferry_store::memory::MemoryStore;
-use tokio_util::sync::CancellationToken;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc; // as in the `ferry` binary
@@ -75,22 +73,14 @@ async fn drain(shape: &Shape) -> Duration {
         Some(a) => Feeder::chained("eng", a),
     };
     fill(&*store, &mut feeder, EVENTS).await;
-    let config = RelayConfig {
-        workers: shape.workers,
-        batch_size: shape.batch,
-        ..RelayConfig::default() // ownership on: fenced claims, as in production
-    };
-    let relay = Relay::new(store, Arc::new(NullSink), config).expect("relay config");
-    let metrics = relay.metrics();
-    let cancel = CancellationToken::new();
     let t0 = Instant::now();
-    let run = tokio::spawn(relay.run(cancel.clone()));
+    // ownership on: fenced claims, as in production
+    let (relay, metrics) = null_relay(store, shape.workers, shape.batch);
     while (metrics.sent.load(Ordering::Relaxed) as usize) < EVENTS {
         tokio::time::sleep(Duration::from_micros(500)).await;
     }
     let took = t0.elapsed();
-    cancel.cancel();
-    run.await.expect("relay task").expect("relay run");
+    relay.stop().await;
     assert_eq!(metrics.fenced.load(Ordering::Relaxed), 0);
     took
 }

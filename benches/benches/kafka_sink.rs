@@ -20,8 +20,7 @@ fn kafka_sink(c: &mut Criterion) {
     let rt = runtime();
     // The mock cluster keeps ~5 MiB per partition and drops older data; a producer-only bench
     // does not read back, so retention cannot show up as loss here.
-    let cluster = EmbeddedKafka::start(1).expect("mock Kafka cluster");
-    cluster.create_topic(TOPIC, 8).expect("create topic");
+    let cluster = EmbeddedKafka::with_topic(1, TOPIC, 8).expect("mock Kafka cluster");
     let mut g = c.benchmark_group("kafka_sink");
     for linger_ms in [0u64, 1] {
         let sink = {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use ferry_benches::{claim_all, fill, quick, runtime, Feeder, Store};
+use ferry_benches::{claim_all, fill, purge_sent, quick, runtime, Feeder, Store};
 use ferry_core::{ClaimToken, OutboxStore};
 
 const BATCHES: [usize; 4] = [1, 10, 100, 500];
@@ -29,17 +29,8 @@ impl Supply {
         if self.left >= need {
             return;
         }
-        // keep the table (or the memory store) from growing over thousands of iterations;
-        // failures (a store without purge) only mean it grows
-        let _ = s
-            .store
-            .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 10_000,
-                consumer: None,
-                dry_run: false,
-            })
-            .await;
+        // keep the table (or the memory store) from growing over thousands of iterations
+        purge_sent(&*s.store).await;
         let n = (need * 20).max(2_000);
         fill(&*s.store, &mut self.feeder, n).await;
         if !self.analyzed {
@@ -180,15 +171,7 @@ fn claim_contention(c: &mut Criterion) {
                     rt.block_on(async {
                         let mut timed = Duration::ZERO;
                         for _ in 0..iters {
-                            let _ = s
-                                .store
-                                .purge_sent(&ferry_core::PurgeRequest {
-                                    older_than: Duration::ZERO,
-                                    batch: 10_000,
-                                    consumer: None,
-                                    dry_run: false,
-                                })
-                                .await;
+                            purge_sent(&*s.store).await;
                             fill(&*s.store, &mut feeder, total as usize).await;
                             s.analyze().await;
                             let t0 = Instant::now();

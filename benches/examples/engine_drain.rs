@@ -7,11 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_benches::{fill, runtime, Feeder};
+use ferry_benches::{fill, null_relay, runtime, Feeder};
 use ferry_core::OutboxStore;
-use ferry_relay::{NullSink, Relay, RelayConfig};
 use ferry_store::memory::MemoryStore;
-use tokio_util::sync::CancellationToken;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -44,17 +42,9 @@ fn main() {
             // time to attach a profiler
             tokio::time::sleep(Duration::from_secs(s.parse().unwrap_or(0))).await;
         }
-        let config = RelayConfig {
-            workers,
-            batch_size: batch,
-            ..RelayConfig::default()
-        };
-        let relay = Relay::new(store, Arc::new(NullSink), config).expect("config");
-        let m = relay.metrics();
-        let cancel = CancellationToken::new();
         eprintln!("draining");
         let (t0, cpu0) = (Instant::now(), cpu_seconds());
-        let run = tokio::spawn(relay.run(cancel.clone()));
+        let (relay, m) = null_relay(store, workers, batch);
         let mut last = (0u64, t0);
         let mut first_sent = None;
         loop {
@@ -76,8 +66,7 @@ fn main() {
         }
         let took = t0.elapsed();
         let cpu = cpu_seconds() - cpu0;
-        cancel.cancel();
-        run.await.expect("task").expect("run");
+        relay.stop().await;
         let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         println!(
             "events {events} workers {workers} batch {batch}: {:.0} events/s overall ({took:?}), first SENT after {first_sent:?}",

@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::Criterion;
-use ferry_core::{ClaimRequest, NewEvent, OutboxStore, SLOT_COUNT};
+use ferry_core::{ClaimRequest, NewEvent, OutboxStore};
+use ferry_relay::{Metrics, NullSink, Relay, RelayConfig};
 use ferry_store::memory::MemoryStore;
 use ferry_store::Backend;
-use ferry_testkit::{Cleanup, TestDb};
+use ferry_testkit::{Cleanup, RelayTask, TestDb};
 
 /// The payload size of the performance goals (200 bytes, docs/performance.md).
 pub const PAYLOAD_BYTES: usize = 200;
@@ -102,9 +103,32 @@ pub async fn fill(store: &dyn OutboxStore, feeder: &mut Feeder, n: usize) {
     }
 }
 
+/// A running relay over `store` with `workers` workers and batches of `batch`, sending to the
+/// null sink (ownership on: fenced claims, as in production), and its metrics.
+pub fn null_relay(
+    store: Arc<dyn OutboxStore>,
+    workers: usize,
+    batch: usize,
+) -> (RelayTask, Arc<Metrics>) {
+    let config = RelayConfig {
+        workers,
+        batch_size: batch,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(store, Arc::new(NullSink), config).expect("relay config");
+    let metrics = relay.metrics();
+    (RelayTask::spawn(|cancel| relay.run(cancel)), metrics)
+}
+
+/// Empties the store of SENT rows (outside a timed section); failures (a store without
+/// purge) only mean it grows.
+pub async fn purge_sent(store: &dyn OutboxStore) {
+    let _ = store.purge_sent(&ferry_testkit::purge_all(10_000)).await;
+}
+
 /// A claim over every slot, unfenced.
 pub fn claim_all(limit: usize) -> ClaimRequest {
-    ClaimRequest::new((0..SLOT_COUNT).collect(), limit, Duration::from_secs(60))
+    ferry_testkit::claim_all(limit, Duration::from_secs(60))
 }
 
 /// A store under bench.

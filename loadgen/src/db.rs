@@ -16,7 +16,7 @@ use ferry_store::mysql::MyStore;
 use ferry_store::postgres::PgStore;
 use ferry_store::sqlite::SqliteStore;
 use ferry_store::{redact_url, ConnectOptions};
-use ferry_testkit::{Cleanup, TempDir};
+use ferry_testkit::{on_inbox, Cleanup, TempDir};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
@@ -26,19 +26,6 @@ use crate::cli::{Dispatch, FlagValue, SqliteSync, StoreKind};
 use crate::error::{Error, Result};
 use crate::spec::RunSpec;
 use crate::workload::Order;
-
-/// Runs `$body` with `$p` bound to the sqlx pool of whichever backend `$pool` holds (the same
-/// statement on every backend).
-macro_rules! on_pool {
-    ($pool:expr, $p:ident => $body:expr) => {
-        match $pool {
-            ferry_inbox::InboxPool::Postgres($p) => $body,
-            ferry_inbox::InboxPool::Mysql($p) => $body,
-            ferry_inbox::InboxPool::Sqlite($p) => $body,
-        }
-    };
-}
-pub(crate) use on_pool;
 
 /// The first bind parameter in `pool`'s dialect.
 pub fn param(pool: &Pool) -> &'static str {
@@ -86,7 +73,7 @@ impl PoolHandle {
     pub async fn close_idle(&self) {
         let mut quiet = 0;
         for _ in 0..20 {
-            let (closed, left) = on_pool!(&self.0, p => {
+            let (closed, left) = on_inbox!(InboxPool, &self.0, p => {
                 let mut n = 0u32;
                 while let Some(c) = p.try_acquire() {
                     let _ = c.close().await;
@@ -340,7 +327,7 @@ impl Database {
             StoreKind::Mysql => format!("{ORDERS_DDL} ENGINE = InnoDB"),
             StoreKind::Postgres => ORDERS_DDL.to_string(),
         };
-        on_pool!(&self.pool, p => p.execute(ddl.as_str()).await.map(drop))
+        on_inbox!(InboxPool, &self.pool, p => p.execute(ddl.as_str()).await.map(drop))
             .map_err(Error::sql("create loadgen_orders"))?;
         self.set_dispatch(run).await?;
         if self.kind == StoreKind::Postgres {
@@ -385,7 +372,7 @@ impl Database {
     }
 
     async fn scalar(&self, stmt: &str, what: &str) -> Result<i64> {
-        on_pool!(&self.pool, p => sqlx::query_scalar(stmt).fetch_one(p).await)
+        on_inbox!(InboxPool, &self.pool, p => sqlx::query_scalar(stmt).fetch_one(p).await)
             .map_err(Error::sql(what))
     }
 
@@ -481,7 +468,7 @@ impl Database {
             param(&self.pool)
         );
         let n: i64 =
-            on_pool!(&self.pool, p => sqlx::query_scalar(&stmt).bind(order_id).fetch_one(p).await)
+            on_inbox!(InboxPool, &self.pool, p => sqlx::query_scalar(&stmt).bind(order_id).fetch_one(p).await)
                 .map_err(Error::sql("look up an order"))?;
         Ok(n > 0)
     }
@@ -522,7 +509,7 @@ impl Database {
             self.state_table()
         );
         let rows: Vec<(String, String)> =
-            on_pool!(&self.pool, p => sqlx::query_as(&stmt).fetch_all(p).await)
+            on_inbox!(InboxPool, &self.pool, p => sqlx::query_as(&stmt).fetch_all(p).await)
                 .map_err(Error::sql("list unsent rows"))?;
         Ok(rows
             .into_iter()
@@ -557,7 +544,7 @@ impl Database {
         let stmt =
             format!("SELECT {us} FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL");
         let values: Vec<i64> =
-            on_pool!(&self.pool, p => sqlx::query_scalar(&stmt).fetch_all(p).await)
+            on_inbox!(InboxPool, &self.pool, p => sqlx::query_scalar(&stmt).fetch_all(p).await)
                 .map_err(Error::sql("read commit→SENT latencies"))?;
         let mut h = new_histogram();
         for v in values {
@@ -698,7 +685,7 @@ impl Database {
 
     /// Closes the producers' pool (its backends exit and flush their statistics).
     pub async fn close_pool(&self) {
-        on_pool!(&self.pool, p => p.close().await)
+        on_inbox!(InboxPool, &self.pool, p => p.close().await)
     }
 
     /// Server version and durability settings worth echoing in the report.
@@ -719,7 +706,7 @@ impl Database {
         let mut out = Vec::new();
         for (key, stmt) in queries {
             let v: std::result::Result<String, _> =
-                on_pool!(&self.pool, p => sqlx::query_scalar(stmt).fetch_one(p).await);
+                on_inbox!(InboxPool, &self.pool, p => sqlx::query_scalar(stmt).fetch_one(p).await);
             if let Ok(v) = v {
                 out.push((key.to_string(), v));
             }

@@ -54,7 +54,7 @@ use ferry_inbox::{
     Backend, BoxError, Conn, Delivery, Inbox, InboxConfig, InboxError, InboxPool, Verdict,
 };
 use ferry_store::redact_url;
-use ferry_testkit::{Received, TempDir, Verifier};
+use ferry_testkit::{on_inbox, Received, TempDir, Verifier};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::Executor;
 use tokio::sync::mpsc;
@@ -62,7 +62,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cli::SqliteSync;
-use crate::db::{on_pool, param};
+use crate::db::param;
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
@@ -387,7 +387,7 @@ impl InboxConsumer {
             param(pool)
         );
         let run: &str = &self.run;
-        on_pool!(pool, p => sqlx::query_scalar(&stmt).bind(run).fetch_all(p).await)
+        on_inbox!(InboxPool, pool, p => sqlx::query_scalar(&stmt).bind(run).fetch_all(p).await)
             .map_err(Error::sql("read loadgen_effects back"))
     }
 
@@ -402,7 +402,7 @@ impl InboxConsumer {
         );
         let run: &str = &self.run;
         let (n, bad): (i64, i64) =
-            on_pool!(pool, p => sqlx::query_as(&stmt).bind(run).fetch_one(p).await)
+            on_inbox!(InboxPool, pool, p => sqlx::query_as(&stmt).bind(run).fetch_one(p).await)
                 .map_err(Error::sql("read loadgen_projection back"))?;
         Ok((n.max(0) as u64, bad.max(0) as u64))
     }
@@ -429,8 +429,7 @@ impl InboxConsumer {
                 ("ferry_inbox_aggregate", "consumer", consumer),
             ] {
                 let stmt = format!("DELETE FROM {table} WHERE {col} = {}", param(pool));
-                if let Err(e) =
-                    on_pool!(pool, p => sqlx::query(&stmt).bind(v).execute(p).await.map(drop))
+                if let Err(e) = on_inbox!(InboxPool, pool, p => sqlx::query(&stmt).bind(v).execute(p).await.map(drop))
                 {
                     let e = Error::sql(format!("delete this run's rows from {table}"))(e);
                     eprintln!("loadgen: could not delete this run's Inbox rows: {e}");
@@ -438,7 +437,7 @@ impl InboxConsumer {
                 }
             }
         }
-        on_pool!(pool, p => p.close().await);
+        on_inbox!(InboxPool, pool, p => p.close().await);
         drop(self.dir.take());
     }
 }
@@ -499,9 +498,9 @@ async fn create_effect_tables(pool: &InboxPool) -> Result<()> {
     };
     for stmt in ddl {
         let stmt = format!("{stmt}{suffix}");
-        on_pool!(pool, p => p.execute(stmt.as_str()).await.map(drop)).map_err(Error::sql(
-            "create the effect tables loadgen_effects and loadgen_projection",
-        ))?;
+        on_inbox!(InboxPool, pool, p => p.execute(stmt.as_str()).await.map(drop)).map_err(
+            Error::sql("create the effect tables loadgen_effects and loadgen_projection"),
+        )?;
     }
     Ok(())
 }

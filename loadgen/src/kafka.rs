@@ -1,14 +1,8 @@
 //! The Kafka side of a run: the embedded mock cluster or an external broker, the topic, and
 //! the verifier that reads it back concurrently.
-use std::time::Duration;
-
 use ferry_testkit::embedded::EmbeddedKafka;
+use ferry_testkit::kafka;
 use ferry_testkit::verify::Verifier;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::types::RDKafkaErrorCode;
 
 use crate::error::{Error, Result};
 
@@ -53,36 +47,25 @@ impl KafkaTarget {
     /// auto-creation where the broker allows it). Blocking: call it from a blocking thread of
     /// the runtime.
     pub fn external(brokers: &str, topic: &str, partitions: i32) -> Result<Self> {
-        if let Err(e) = create_topic(brokers, topic, partitions) {
+        // replication: the broker's default (-1, KIP-464)
+        let created = kafka::create_topic(brokers, &[], topic, partitions, -1);
+        if let Err(e) = tokio::runtime::Handle::current().block_on(created) {
             tracing::warn!(error = %e, topic, "creating the topic through the admin API failed; relying on an existing topic or auto-creation");
         }
-        let consumer = metadata_client(brokers)?;
-        let mut last = String::from("no answer");
-        for _ in 0..10 {
-            match consumer.fetch_metadata(Some(topic), Duration::from_secs(5)) {
-                Ok(md) => {
-                    if let Some(t) = md.topics().iter().find(|t| t.name() == topic) {
-                        if t.error().is_none() && !t.partitions().is_empty() {
-                            return Ok(Self {
-                                brokers: brokers.to_string(),
-                                topic: topic.to_string(),
-                                partitions: t.partitions().len() as i32,
-                                embedded: false,
-                                _cluster: None,
-                            });
-                        }
-                        last = format!("{:?}", t.error());
-                    }
-                }
-                Err(e) => last = e.to_string(),
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        Err(Error::Kafka(format!(
-            "topic {topic} is not available on {brokers} ({last}); create it first \
-             (e.g. `kafka-topics --create --topic {topic} --partitions 16`) or enable topic \
-             auto-creation on the broker"
-        )))
+        let partitions = kafka::partition_count(brokers, topic).map_err(|last| {
+            Error::Kafka(format!(
+                "topic {topic} is not available on {brokers} ({last}); create it first \
+                 (e.g. `kafka-topics --create --topic {topic} --partitions 16`) or enable topic \
+                 auto-creation on the broker"
+            ))
+        })?;
+        Ok(Self {
+            brokers: brokers.to_string(),
+            topic: topic.to_string(),
+            partitions,
+            embedded: false,
+            _cluster: None,
+        })
     }
 
     /// Starts the verifier on every partition from the beginning.
@@ -92,66 +75,16 @@ impl KafkaTarget {
     }
 }
 
-/// `(low, high)` watermarks of every partition of `topic`; `None` if one could not be read.
-/// Blocking.
-fn watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<(i64, i64)>> {
-    let consumer = metadata_client(brokers).ok()?;
-    (0..partitions)
-        .map(|p| {
-            consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(5))
-                .ok()
-        })
-        .collect()
-}
-
 /// Partitions of `topic` whose log no longer starts at offset 0. On the mock cluster that means
 /// its ~5 MiB retention dropped old messages: if the verifier lagged that far behind, missing
 /// deliveries are retention drops, not relay loss, and the report says so. Blocking.
 pub fn truncated_partitions(brokers: &str, topic: &str, partitions: i32) -> Option<u32> {
-    let w = watermarks(brokers, topic, partitions)?;
+    let w = kafka::watermarks(brokers, topic, partitions)?;
     Some(w.iter().filter(|(low, _)| *low > 0).count() as u32)
 }
 
 /// The high watermark (next offset) of every partition of `topic`. Blocking.
 pub fn high_watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<i64>> {
-    let w = watermarks(brokers, topic, partitions)?;
+    let w = kafka::watermarks(brokers, topic, partitions)?;
     Some(w.into_iter().map(|(_, high)| high).collect())
-}
-
-/// `CreateTopics` through the admin API; an existing topic is not an error (its partition count
-/// is what it is). Replication is the broker's default (`-1`, KIP-464).
-fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .map_err(|e| Error::Kafka(format!("cannot create an admin client for {brokers}: {e}")))?;
-    let opts = AdminOptions::new()
-        .operation_timeout(Some(Duration::from_secs(10)))
-        .request_timeout(Some(Duration::from_secs(15)));
-    let results = tokio::runtime::Handle::current()
-        .block_on(admin.create_topics(
-            &[NewTopic::new(
-                topic,
-                partitions,
-                TopicReplication::Fixed(-1),
-            )],
-            &opts,
-        ))
-        .map_err(|e| Error::Kafka(format!("CreateTopics on {brokers}: {e}")))?;
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => return Err(Error::Kafka(format!("CreateTopics {t} on {brokers}: {e}"))),
-        }
-    }
-    Ok(())
-}
-
-fn metadata_client(brokers: &str) -> Result<BaseConsumer> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("allow.auto.create.topics", "true")
-        .create()
-        .map_err(|e| Error::Kafka(format!("cannot create a Kafka client for {brokers}: {e}")))
 }

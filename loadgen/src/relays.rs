@@ -6,9 +6,7 @@
 //! lease 60 s): loadgen measures the engine as shipped, and waits for the slots to settle
 //! before it starts the load instead of shortening the heartbeat (a 1 s heartbeat was tried:
 //! its slot-lease UPDATEs queue behind the claims' `FOR SHARE` on PostgreSQL).
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,11 +16,8 @@ use ferry_relay::{
     KafkaConfig, KafkaSink, Metrics, NullSink, Relay, RelayConfig, Sink, StdoutSink,
 };
 use ferry_store::redact_url;
-use ferry_testkit::OrderCheck;
+use ferry_testkit::{OrderCheck, RelayProcess, RelayTask, SpawnError, Stdout};
 use hdrhistogram::Histogram;
-use tokio::process::{Child, Command};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind};
 use crate::clock::CommitClock;
@@ -77,8 +72,7 @@ impl Sink for ObservedSink {
 /// One in-process relay.
 pub struct InProcess {
     pool: PoolHandle,
-    cancel: CancellationToken,
-    handle: JoinHandle<std::result::Result<(), ferry_core::StoreError>>,
+    task: RelayTask,
     metrics: Arc<Metrics>,
 }
 
@@ -88,9 +82,7 @@ pub struct Processes {
     args: Vec<String>,
     database_url: String,
     log_dir: PathBuf,
-    children: Vec<Child>,
-    /// `/metrics` port of each relay's current process.
-    ports: Vec<u16>,
+    children: Vec<RelayProcess>,
     pub kills: u64,
 }
 
@@ -220,14 +212,10 @@ impl Relays {
                     };
                     let relay =
                         Relay::new(store, sink, config).map_err(|e| Error::Relay(e.to_string()))?;
-                    let metrics = relay.metrics();
-                    let cancel = CancellationToken::new();
-                    let handle = tokio::spawn(relay.run(cancel.clone()));
                     relays.push(InProcess {
                         pool: pool_handle,
-                        cancel,
-                        handle,
-                        metrics,
+                        metrics: relay.metrics(),
+                        task: RelayTask::spawn(|cancel| relay.run(cancel)),
                     });
                 }
                 Ok(Relays::InProcess(relays, check))
@@ -273,7 +261,6 @@ impl Relays {
                     database_url: db.url.clone(),
                     log_dir: log_dir.to_path_buf(),
                     children: Vec::with_capacity(spec.relays),
-                    ports: vec![0; spec.relays],
                     kills: 0,
                 };
                 for k in 0..spec.relays {
@@ -341,7 +328,7 @@ impl Relays {
         match self {
             Relays::InProcess(relays, _) => {
                 for (k, r) in relays.iter().enumerate() {
-                    if r.handle.is_finished() && !r.cancel.is_cancelled() {
+                    if r.task.stopped_unasked() {
                         return Err(Error::Relay(format!(
                             "in-process relay {k} stopped unexpectedly (see the log above)"
                         )));
@@ -358,22 +345,22 @@ impl Relays {
         match self {
             Relays::InProcess(relays, _) => {
                 for r in &relays {
-                    r.cancel.cancel();
+                    r.task.cancel();
                 }
                 let mut first_err = None;
                 for (k, r) in relays.into_iter().enumerate() {
-                    let stopped = tokio::time::timeout(Duration::from_secs(30), r.handle).await;
+                    let stopped = r.task.join(Duration::from_secs(30)).await;
                     r.pool.close_idle().await;
                     match stopped {
-                        Ok(Ok(Ok(()))) => {}
-                        Ok(Ok(Err(e))) => {
+                        Some(Ok(Ok(()))) => {}
+                        Some(Ok(Err(e))) => {
                             first_err.get_or_insert(Error::Relay(format!("relay {k}: {e}")));
                         }
-                        Ok(Err(e)) => {
+                        Some(Err(e)) => {
                             first_err
                                 .get_or_insert(Error::Relay(format!("relay {k} panicked: {e}")));
                         }
-                        Err(_) => {
+                        None => {
                             first_err.get_or_insert(Error::Relay(format!(
                                 "relay {k} did not stop within 30s"
                             )));
@@ -400,50 +387,33 @@ impl Relays {
 }
 
 impl Processes {
-    fn spawn(&mut self, k: usize) -> Result<Child> {
+    /// Starts relay `k`, with its own metrics port (the default 9464 would collide); its
+    /// output goes to `relay-<k>.log` in the log directory.
+    fn spawn(&self, k: usize) -> Result<RelayProcess> {
+        let mut cmd = std::process::Command::new(&self.bin);
+        cmd.args(&self.args)
+            .env("FERRY_DATABASE_URL", &self.database_url);
         let log = self.log_dir.join(format!("relay-{k}.log"));
-        // Every relay needs its own metrics port (the default 9464 would collide); ask the OS
-        // for a free one. Another process could take it before the relay binds it: the relay
-        // then exits with a clear message and the liveness check reports it.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|source| Error::Io {
+        // Another process could take the free port before the relay binds it: the relay then
+        // exits with a clear message and the liveness check reports it.
+        let started = RelayProcess::spawn(cmd, &log, Stdout::Log).map_err(|e| match e {
+            SpawnError::Port(source) => Error::Io {
                 what: "find a free port for relay metrics on",
                 path: PathBuf::from("127.0.0.1"),
                 source,
-            })?;
-        self.ports[k] = port;
-        let open = |what| {
-            File::options()
-                .create(true)
-                .append(true)
-                .open(&log)
-                .map_err(|source| Error::Io {
-                    what,
-                    path: log.clone(),
-                    source,
-                })
-        };
-        let out = open("open the relay log")?;
-        let err = open("open the relay log")?;
-        Command::new(&self.bin)
-            .args(&self.args)
-            .arg("--metrics-listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .env("FERRY_DATABASE_URL", &self.database_url)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                Error::Relay(format!(
-                    "cannot start `{} relay` on {}: {e}",
-                    self.bin.display(),
-                    redact_url(&self.database_url)
-                ))
-            })
+            },
+            SpawnError::Log(source) => Error::Io {
+                what: "open the relay log",
+                path: log.clone(),
+                source,
+            },
+            SpawnError::Start(e) => Error::Relay(format!(
+                "cannot start `{} relay` on {}: {e}",
+                self.bin.display(),
+                redact_url(&self.database_url)
+            )),
+        })?;
+        Ok(started.keep_log())
     }
 
     /// Number of relay processes.
@@ -454,12 +424,9 @@ impl Processes {
     /// SIGKILLs relay `k`, waits for it to die, and starts a new one in its place (a new
     /// process, hence a new owner id: its old slots and claims expire and are taken over).
     pub async fn kill_and_restart(&mut self, k: usize) -> Result<()> {
-        let child = &mut self.children[k];
-        let _ = child.start_kill();
-        let _ = child.wait().await;
+        self.children[k].kill();
         self.kills += 1;
-        let new = self.spawn(k)?;
-        self.children[k] = new;
+        self.children[k] = self.spawn(k)?;
         Ok(())
     }
 
@@ -467,20 +434,19 @@ impl Processes {
     /// chaos are gone with them).
     async fn scrape(&self) -> RelayMetrics {
         let mut m = RelayMetrics::empty();
-        for port in &self.ports {
-            m.add(get_metrics(*port).await.as_deref());
+        for c in &self.children {
+            m.add(get_metrics(c.metrics_port()).await.as_deref());
         }
         m
     }
 
     fn check_alive(&mut self) -> Result<()> {
         for (k, c) in self.children.iter_mut().enumerate() {
-            if let Ok(Some(status)) = c.try_wait() {
-                let log = self.log_dir.join(format!("relay-{k}.log"));
+            if let Some(status) = c.try_exited() {
                 return Err(Error::Relay(format!(
                     "relay process {k} exited on its own ({status}); last lines of {}:\n{}",
-                    log.display(),
-                    tail(&log, 15)
+                    c.log().display(),
+                    c.tail(15)
                 )));
             }
         }
@@ -490,20 +456,11 @@ impl Processes {
     /// SIGTERM to all, then up to 20 s for a graceful drain, then SIGKILL.
     async fn stop_all(&mut self) {
         for c in &self.children {
-            if let Some(pid) = c.id() {
-                // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
-                unsafe {
-                    libc::kill(pid as libc::pid_t, libc::SIGTERM);
-                }
-            }
+            c.signal(libc::SIGTERM);
         }
         for c in &mut self.children {
-            if tokio::time::timeout(Duration::from_secs(20), c.wait())
-                .await
-                .is_err()
-            {
-                let _ = c.start_kill();
-                let _ = c.wait().await;
+            if !c.exited_within(Duration::from_secs(20)).await {
+                c.kill();
             }
         }
     }
@@ -525,13 +482,6 @@ async fn get_metrics(port: u16) -> Option<String> {
 /// A sample's value as a count, `None` when the exposition does not carry it.
 fn prom_opt(text: &str, name: &str) -> Option<u64> {
     ferry_relay::metrics::sample(text, name).map(|v| v.max(0.0) as u64)
-}
-
-/// The last `n` lines of a file (best effort).
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn make_sink(
@@ -588,6 +538,7 @@ fn ferry_binary(explicit: Option<&Path>) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_util::sync::CancellationToken;
 
     #[test]
     fn reads_prometheus_counters() {

@@ -8,32 +8,20 @@
 //! transaction as its dedupe record. Each case prints the durable facts it observed and whether
 //! the case's expectation held.
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_core::{
-    ClaimRequest, ClaimToken, ClaimedEvent, EventState, NewEvent, OutboxStore, Outcome, RetryItem,
-};
+use ferry_core::{ClaimToken, ClaimedEvent, EventState, NewEvent, OutboxStore, Outcome};
 use ferry_inbox::{Conn, Delivery, Inbox, InboxConfig, Verdict};
 use ferry_relay::{KafkaConfig, KafkaSink, Sink};
 use ferry_store::{Backend, ConnectOptions};
 use ferry_testkit::embedded::EmbeddedKafka;
-use ferry_testkit::{poll_until, Received, TestDb, Verifier};
+use ferry_testkit::{read_records, TestDb};
 use serde_json::{json, Value};
 
-/// Every case: the protocol's cases first, then the two that need real contention and a real
-/// broker (`two-sessions`, `kafka-duplicate`).
-pub const CASES: &[&str] = &[
-    "rollback",
-    "committed",
-    "send-before-mark",
-    "mark-before-send",
-    "stale-claim",
-    "stale-cursor",
-    "batch",
-    "two-sessions",
-    "kafka-duplicate",
-];
+// The case list, shared with the lab's test (tests/lab.rs includes the same file).
+#[path = "lab_cases.rs"]
+mod cases;
+pub use cases::CASES;
 
 /// The outcome of one case.
 #[derive(Debug, serde::Serialize)]
@@ -51,9 +39,6 @@ pub struct CaseResult {
 }
 
 type LabResult<T> = Result<T, String>;
-
-/// One consumed record's headers: (key, value).
-type RecordHeaders = Vec<(String, Option<Vec<u8>>)>;
 
 fn err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> String + '_ {
     move |e| format!("{what}: {e}")
@@ -135,11 +120,7 @@ impl Lab {
     async fn claim(&self, limit: usize, lease: Duration) -> LabResult<Vec<ClaimedEvent>> {
         self.db
             .store
-            .claim(&ClaimRequest::new(
-                (0..ferry_core::SLOT_COUNT).collect(),
-                limit,
-                lease,
-            ))
+            .claim(&ferry_testkit::claim_all(limit, lease))
             .await
             .map_err(err("claim"))
     }
@@ -153,11 +134,7 @@ impl Lab {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let got = store
-                .claim(&ClaimRequest::new(
-                    (0..ferry_core::SLOT_COUNT).collect(),
-                    limit,
-                    Duration::from_secs(60),
-                ))
+                .claim(&ferry_testkit::claim_all(limit, Duration::from_secs(60)))
                 .await
                 .map_err(err("claim"))?;
             if !got.is_empty() {
@@ -202,46 +179,21 @@ impl Lab {
     /// period for late duplicates), or `wait` passed; applies each delivery through the Inbox.
     /// Returns (deliveries, verdicts).
     async fn consume(&self, expect: usize, wait: Duration) -> LabResult<(usize, Vec<String>)> {
-        let seen: Arc<Mutex<Vec<RecordHeaders>>> = Arc::default();
-        let hook = {
-            let seen = seen.clone();
-            move |m: &Received<'_>| {
-                let headers = m
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.map(<[u8]>::to_vec)))
-                    .collect();
-                seen.lock().expect("lab consumer lock").push(headers);
-            }
-        };
-        let reader = Verifier::start_with_hook(
+        let messages = read_records(
             self.kafka.bootstrap_servers(),
             &self.topic,
             1,
-            &[],
-            Some(Box::new(hook)),
-        )
-        .map_err(err("consumer"))?;
-        let count = || seen.lock().expect("lab consumer lock").len();
-        let reached = poll_until(wait, Duration::from_millis(50), || async {
-            expect > 0 && count() >= expect
-        })
-        .await;
-        if reached {
+            expect,
+            wait,
             // a short grace period for late duplicates
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        tokio::task::spawn_blocking(move || drop(reader))
-            .await
-            .map_err(err("consumer thread"))?;
-        let messages = std::mem::take(&mut *seen.lock().expect("lab consumer lock"));
+            Duration::from_millis(500),
+        )
+        .await
+        .map_err(err("consumer"))?;
         let mut verdicts = Vec::new();
-        for headers in &messages {
-            let d = Delivery::from_headers(
-                "lab-consumer",
-                headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())),
-            )
-            .map_err(err("delivery headers"))?;
+        for m in &messages {
+            let d = Delivery::from_headers("lab-consumer", m.header_pairs())
+                .map_err(err("delivery headers"))?;
             let order: i64 = d
                 .aggregate_id
                 .trim_start_matches("order-")
@@ -262,26 +214,9 @@ impl Lab {
 
 /// The consumer's business effect, in the Inbox's transaction.
 async fn bump(conn: Conn<'_>, order: i64) -> Result<(), ferry_inbox::BoxError> {
-    match conn {
-        Conn::Postgres(c) => {
-            sqlx::query("UPDATE lab_projection SET effects = effects + 1 WHERE order_id = $1")
-                .bind(order)
-                .execute(c)
-                .await?;
-        }
-        Conn::Mysql(c) => {
-            sqlx::query("UPDATE lab_projection SET effects = effects + 1 WHERE order_id = ?")
-                .bind(order)
-                .execute(c)
-                .await?;
-        }
-        Conn::Sqlite(c) => {
-            sqlx::query("UPDATE lab_projection SET effects = effects + 1 WHERE order_id = ?")
-                .bind(order)
-                .execute(c)
-                .await?;
-        }
-    }
+    let sql = "UPDATE lab_projection SET effects = effects + 1 WHERE order_id = ?";
+    let sql = ferry_testkit::placeholder(sql, matches!(conn, Conn::Postgres(_)));
+    ferry_testkit::on_inbox!(Conn, conn, c => sqlx::query(&sql).bind(order).execute(c).await.map(drop))?;
     Ok(())
 }
 
@@ -541,11 +476,11 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             let retried = lab
                 .db
                 .store
-                .retry(&[RetryItem {
-                    token: batch[1].token.clone(),
-                    delay: Duration::ZERO,
-                    error: "simulated broker error".into(),
-                }])
+                .retry(&[ferry_testkit::retry_item(
+                    &batch[1].token,
+                    Duration::ZERO,
+                    "simulated broker error",
+                )])
                 .await
                 .map_err(err("retry"))?
                 .applied();
@@ -585,8 +520,8 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
                 lab.commit_order(o).await?;
             }
             let session_b = lab.db.reopen().await;
-            let req = ClaimRequest::new((0..ferry_core::SLOT_COUNT).collect(), 1, LEASE);
-            let req_b = ClaimRequest::new((0..ferry_core::SLOT_COUNT).collect(), 1, LEASE);
+            let req = ferry_testkit::claim_all(1, LEASE);
+            let req_b = ferry_testkit::claim_all(1, LEASE);
             let (a, b) = tokio::join!(lab.db.store.claim(&req), session_b.claim(&req_b));
             let (a, b) = (a.map_err(err("A's claim"))?, b.map_err(err("B's claim"))?);
             if a.len() != 1 || b.len() != 1 {

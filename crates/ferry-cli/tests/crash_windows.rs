@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ferry_core::{DispatchMode, EventState};
 use ferry_testkit::embedded::EmbeddedKafka;
-use ferry_testkit::verify::Verifier;
+use ferry_testkit::verify::{read_records, Verifier, VerifyReport};
 use ferry_testkit::TestDb;
 
 const TOPIC: &str = "orders";
@@ -77,24 +77,39 @@ impl Drop for Proc {
     }
 }
 
-fn relay_args<'a>(
-    url: &'a str,
-    brokers: &'a str,
-    owner: &'a str,
+/// The mock cluster and a verifier on its topic.
+fn kafka() -> (EmbeddedKafka, Verifier) {
+    EmbeddedKafka::verified(1, TOPIC, 2)
+}
+
+/// `ferry enqueue` of [`EVENT`], stopping at `failpoint` if given.
+fn enqueue(db: &TestDb, failpoint: Option<&str>) -> Proc {
+    ferry(
+        &["enqueue", "--database-url", &db.url, "--event", EVENT],
+        failpoint,
+    )
+}
+
+/// `ferry relay` as `owner` to the mock cluster `k`, stopping at `failpoint` if given.
+fn relay(
+    db: &TestDb,
+    k: &EmbeddedKafka,
+    owner: &str,
     mode: DispatchMode,
-) -> Vec<&'a str> {
-    vec![
+    failpoint: Option<&str>,
+) -> Proc {
+    let args: &[&str] = &[
         "relay",
         "--dispatch",
         mode.as_str(),
         "--database-url",
-        url,
+        &db.url,
         "--owner",
         owner,
         "--sink",
         "kafka",
         "--kafka-brokers",
-        brokers,
+        k.bootstrap_servers(),
         "--heartbeat",
         "200ms",
         "--slot-ttl",
@@ -108,14 +123,13 @@ fn relay_args<'a>(
         "--metrics-listen",
         "off",
         "--no-migrate",
-    ]
+    ];
+    ferry(args, failpoint)
 }
 
-fn kafka() -> (EmbeddedKafka, Verifier) {
-    let k = EmbeddedKafka::start(1).unwrap();
-    k.create_topic(TOPIC, 2).unwrap();
-    let v = Verifier::start(k.bootstrap_servers(), TOPIC, 2).unwrap();
-    (k, v)
+/// Waits until the verifier saw `pred` hold (or 30 s passed); the report.
+async fn delivered(v: &Verifier, pred: impl Fn(&VerifyReport) -> bool) -> VerifyReport {
+    v.wait_until(Duration::from_secs(30), pred).await
 }
 
 async fn state_of(db: &TestDb) -> Option<(EventState, i64)> {
@@ -165,29 +179,16 @@ fn claimed_state(mode: DispatchMode) -> (EventState, i64) {
 /// client re-submits with the same identity.
 async fn dies_before_commit(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
-    ferry(
-        &["enqueue", "--database-url", &db.url, "--event", EVENT],
-        Some("enqueue-before-commit"),
-    )
-    .kill_at("enqueue-before-commit");
+    enqueue(&db, Some("enqueue-before-commit")).kill_at("enqueue-before-commit");
     assert_eq!(
         state_of(&db).await,
         None,
         "an uncommitted intent must not exist"
     );
     assert_eq!(db.count("ferry_outbox").await, 0);
-    ferry(
-        &["enqueue", "--database-url", &db.url, "--event", EVENT],
-        None,
-    )
-    .wait_ok();
-    let _relay = ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "r1", mode),
-        None,
-    );
-    let r = v
-        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
-        .await;
+    enqueue(&db, None).wait_ok();
+    let _relay = relay(&db, &k, "r1", mode, None);
+    let r = delivered(&v, |r| r.delivered >= 1).await;
     wait_state(&db, EventState::Sent).await;
     assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
     db.cleanup().await;
@@ -196,21 +197,12 @@ async fn dies_before_commit(db: TestDb, mode: DispatchMode) {
 /// Window 2: dies after commit, before any claim → PENDING survives; a relay delivers it.
 async fn dies_after_commit_before_claim(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
-    ferry(
-        &["enqueue", "--database-url", &db.url, "--event", EVENT],
-        Some("enqueue-after-commit"),
-    )
-    .kill_at("enqueue-after-commit");
+    enqueue(&db, Some("enqueue-after-commit")).kill_at("enqueue-after-commit");
     assert_eq!(state_of(&db).await, Some((EventState::Pending, 0)));
-    let _relay = ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "r1", mode),
-        None,
-    );
+    let _relay = relay(&db, &k, "r1", mode, None);
     // row dispatch claimed it once; cursor dispatch wrote no claim at all
     assert_eq!(wait_state(&db, EventState::Sent).await, terms(mode, 1));
-    let r = v
-        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
-        .await;
+    let r = delivered(&v, |r| r.delivered >= 1).await;
     assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
     db.cleanup().await;
 }
@@ -219,31 +211,18 @@ async fn dies_after_commit_before_claim(db: TestDb, mode: DispatchMode) {
 /// lease another relay resends with the same event id.
 async fn dies_after_claim_before_ack(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
-    ferry(
-        &["enqueue", "--database-url", &db.url, "--event", EVENT],
-        None,
-    )
-    .wait_ok();
-    ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "dying", mode),
-        Some("relay-after-claim"),
-    )
-    .kill_at("relay-after-claim");
+    enqueue(&db, None).wait_ok();
+    relay(&db, &k, "dying", mode, Some("relay-after-claim")).kill_at("relay-after-claim");
     // row: CLAIMED under term 1; cursor: nothing written, the cursor has not moved
     assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
     assert_eq!(v.report().delivered, 0, "nothing was sent before the crash");
-    let _relay = ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "survivor", mode),
-        None,
-    );
+    let _relay = relay(&db, &k, "survivor", mode, None);
     assert_eq!(
         wait_state(&db, EventState::Sent).await,
         terms(mode, 2),
         "taken over under a new claim term (row) / from the durable cursor (cursor)"
     );
-    let r = v
-        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
-        .await;
+    let r = delivered(&v, |r| r.delivered >= 1).await;
     assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
     assert!(v.was_delivered("e-7-1"));
     db.cleanup().await;
@@ -253,29 +232,14 @@ async fn dies_after_claim_before_ack(db: TestDb, mode: DispatchMode) {
 /// still CLAIMED; the resend is a duplicate that the consumer dedupes by event id.
 async fn dies_after_ack_before_sent(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
-    ferry(
-        &["enqueue", "--database-url", &db.url, "--event", EVENT],
-        None,
-    )
-    .wait_ok();
-    ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "dying", mode),
-        Some("relay-after-ack"),
-    )
-    .kill_at("relay-after-ack");
+    enqueue(&db, None).wait_ok();
+    relay(&db, &k, "dying", mode, Some("relay-after-ack")).kill_at("relay-after-ack");
     assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
-    let r = v
-        .wait_until(Duration::from_secs(30), |r| r.delivered >= 1)
-        .await;
+    let r = delivered(&v, |r| r.delivered >= 1).await;
     assert_eq!(r.delivered, 1, "the broker had acked it: {r:?}");
-    let _relay = ferry(
-        &relay_args(&db.url, k.bootstrap_servers(), "survivor", mode),
-        None,
-    );
+    let _relay = relay(&db, &k, "survivor", mode, None);
     assert_eq!(wait_state(&db, EventState::Sent).await, terms(mode, 2));
-    let r = v
-        .wait_until(Duration::from_secs(30), |r| r.duplicates >= 1)
-        .await;
+    let r = delivered(&v, |r| r.duplicates >= 1).await;
     assert_eq!(
         (r.delivered, r.duplicates),
         (1, 1),
@@ -297,44 +261,20 @@ async fn dies_after_ack_before_sent(db: TestDb, mode: DispatchMode) {
 /// Reads `expect` messages from the topic and applies each through the Inbox with a counter
 /// effect; returns the (New, Duplicate) verdict counts.
 async fn apply_through_inbox(db: &TestDb, brokers: &str, expect: usize) -> (usize, usize) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Headers, Message};
     db.exec("CREATE TABLE crash_effects (id BIGINT PRIMARY KEY, applied BIGINT NOT NULL)")
         .await
         .unwrap();
     db.exec("INSERT INTO crash_effects VALUES (1, 0)")
         .await
         .unwrap();
-    let brokers = brokers.to_string();
-    let messages = tokio::task::spawn_blocking(move || {
-        let c: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .set("group.id", "crash-inbox")
-            .create()
-            .unwrap();
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..2 {
-            tpl.add_partition_offset(TOPIC, p, rdkafka::Offset::Beginning)
-                .unwrap();
-        }
-        c.assign(&tpl).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut out: Vec<Vec<(String, Option<Vec<u8>>)>> = Vec::new();
-        while out.len() < expect && Instant::now() < deadline {
-            if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
-                out.push(
-                    m.headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec())))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                );
-            }
-        }
-        out
-    })
+    let messages = read_records(
+        brokers,
+        TOPIC,
+        2,
+        expect,
+        Duration::from_secs(30),
+        Duration::ZERO,
+    )
     .await
     .unwrap();
     assert_eq!(messages.len(), expect, "deliveries at the broker");
@@ -342,27 +282,13 @@ async fn apply_through_inbox(db: &TestDb, brokers: &str, expect: usize) -> (usiz
         .await
         .unwrap();
     let (mut new, mut dup) = (0, 0);
-    for headers in &messages {
-        let d = ferry_inbox::Delivery::from_headers(
-            "crash-consumer",
-            headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())),
-        )
-        .unwrap();
+    for m in &messages {
+        let d = ferry_inbox::Delivery::from_headers("crash-consumer", m.header_pairs()).unwrap();
         let verdict = inbox
             .apply_once(&d, |conn, _| {
                 Box::pin(async move {
                     let sql = "UPDATE crash_effects SET applied = applied + 1 WHERE id = 1";
-                    match conn {
-                        ferry_inbox::Conn::Postgres(c) => {
-                            sqlx::query(sql).execute(c).await.map(|_| ())?
-                        }
-                        ferry_inbox::Conn::Mysql(c) => {
-                            sqlx::query(sql).execute(c).await.map(|_| ())?
-                        }
-                        ferry_inbox::Conn::Sqlite(c) => {
-                            sqlx::query(sql).execute(c).await.map(|_| ())?
-                        }
-                    }
+                    ferry_testkit::on_inbox!(Conn, conn, c => sqlx::query(sql).execute(c).await.map(drop))?;
                     Ok(())
                 })
             })

@@ -1,6 +1,9 @@
 //! `ferry lab --case all --json` passes on SQLite, PostgreSQL and MariaDB.
 use std::process::Command;
 
+#[path = "../src/lab_cases.rs"]
+mod lab_cases;
+
 fn lab(url: Option<&str>, case: &str) -> (Option<i32>, serde_json::Value, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
     cmd.args(["lab", "--case", case, "--json"])
@@ -26,17 +29,7 @@ fn assert_all_held(url: Option<&str>) {
         .iter()
         .map(|c| c["case"].as_str().unwrap())
         .collect();
-    let expected = vec![
-        "rollback",
-        "committed",
-        "send-before-mark",
-        "mark-before-send",
-        "stale-claim",
-        "stale-cursor",
-        "batch",
-        "two-sessions",
-        "kafka-duplicate",
-    ];
+    let expected = lab_cases::CASES.to_vec();
     assert_eq!(cases, expected);
     let case = |n: &str| {
         v["cases"]

@@ -2,13 +2,12 @@
 //! takeover, and fencing of a paused (stale) owner.
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use ferry_core::{DispatchMode, NewEvent};
 use ferry_testkit::embedded::EmbeddedKafka;
-use ferry_testkit::verify::Verifier;
-use ferry_testkit::{wait_until, TestDb};
+use ferry_testkit::{wait_until, RelayProcess, Stdout, TestDb};
 
 const TOPIC: &str = "orders";
 
@@ -16,30 +15,12 @@ fn ev(agg: &str, v: i64) -> NewEvent {
     ferry_testkit::intent(TOPIC, agg, v)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct RelayProc {
-    child: Child,
-    metrics: u16,
-    log: std::path::PathBuf,
-}
-
-fn spawn_relay(url: &str, sink: &[&str], owner: &str, mode: DispatchMode) -> RelayProc {
-    let metrics = free_port();
+fn spawn_relay(url: &str, sink: &[&str], owner: &str, mode: DispatchMode) -> RelayProcess {
     let log = std::env::temp_dir().join(format!("ferry-relay-{owner}-{}.log", std::process::id()));
-    let child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+    let _ = std::fs::remove_file(&log);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.args(["relay", "--database-url", url, "--owner", owner])
         .args([
-            "relay",
-            "--database-url",
-            url,
-            "--owner",
-            owner,
             "--workers",
             "2",
             "--batch-size",
@@ -54,80 +35,22 @@ fn spawn_relay(url: &str, sink: &[&str], owner: &str, mode: DispatchMode) -> Rel
             "1500ms",
             "--claim-lease",
             "4s",
-            "--poll-idle",
-            "50ms",
         ])
-        .args([
-            "--kafka-message-timeout",
-            "3s",
-            "--shutdown-timeout",
-            "5s",
-            "--no-migrate",
-        ])
-        .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
+        .args(["--poll-idle", "50ms", "--kafka-message-timeout", "3s"])
+        .args(["--shutdown-timeout", "5s", "--no-migrate"])
         .args(sink)
-        .env("FERRY_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn ferry relay");
-    RelayProc {
-        child,
-        metrics,
-        log,
-    }
+        .env("FERRY_LOG", "info");
+    RelayProcess::spawn(cmd, log, Stdout::Piped).expect("spawn ferry relay")
 }
 
-impl RelayProc {
-    fn signal(&self, sig: i32) {
-        unsafe {
-            libc::kill(self.child.id() as i32, sig);
-        }
-    }
-    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s.code();
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!(
-                    "relay did not exit; log:\n{}",
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    /// A sample from the relay's `/metrics`, scraped with the relay's own client; `None`
-    /// while the endpoint is not up or does not carry it.
-    async fn metric(&self, name: &str) -> Option<f64> {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.metrics));
-        let text = ferry_relay::metrics::scrape(addr, Duration::from_secs(5))
-            .await
-            .ok()?;
-        ferry_relay::metrics::sample(&text, name)
-    }
-}
-
-/// Kills the relay. A failing test prints the last 60 lines of its log; `KEEP_RELAY_LOGS=1`
-/// keeps the log file (in the temp directory, named by owner and test process id).
-impl Drop for RelayProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            // the test failed: show what the relay said (its last lines) before the log goes
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = lines[lines.len().saturating_sub(60)..].join("\n");
-            eprintln!("--- {} (last 60 lines):\n{tail}", self.log.display());
-        }
-        if std::env::var_os("KEEP_RELAY_LOGS").is_none() {
-            let _ = std::fs::remove_file(&self.log);
-        }
-    }
+/// A sample from a relay's `/metrics`, scraped with the relay's own client; `None` while the
+/// endpoint is not up or does not carry it.
+async fn metric(relay: &RelayProcess, name: &str) -> Option<f64> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], relay.metrics_port()));
+    let text = ferry_relay::metrics::scrape(addr, Duration::from_secs(5))
+        .await
+        .ok()?;
+    ferry_relay::metrics::sample(&text, name)
 }
 
 async fn owners(db: &TestDb) -> BTreeMap<String, usize> {
@@ -146,7 +69,7 @@ async fn graceful_shutdown_releases_everything(db: TestDb, mode: DispatchMode) {
         .await
         .unwrap();
     let mut relay = spawn_relay(&db.url, &["--sink", "stdout"], "solo", mode);
-    let mut out = BufReader::new(relay.child.stdout.take().unwrap());
+    let mut out = BufReader::new(relay.take_stdout().unwrap());
     let mut lines = Vec::new();
     for _ in 0..3 {
         let mut l = String::new();
@@ -162,7 +85,7 @@ async fn graceful_shutdown_releases_everything(db: TestDb, mode: DispatchMode) {
         order,
         vec![1, 2],
         "{lines:?}\nlog:\n{}",
-        std::fs::read_to_string(&relay.log).unwrap_or_default()
+        std::fs::read_to_string(relay.log()).unwrap_or_default()
     );
     wait_until("all SENT", Duration::from_secs(20), || async {
         db.store.status().await.unwrap().pending == 0
@@ -184,9 +107,7 @@ async fn graceful_shutdown_releases_everything(db: TestDb, mode: DispatchMode) {
 }
 
 async fn two_relays_split_slots_and_survive_sigkill(db: TestDb, mode: DispatchMode) {
-    let kafka = EmbeddedKafka::start(3).unwrap();
-    kafka.create_topic(TOPIC, 8).unwrap();
-    let verifier = Verifier::start(kafka.bootstrap_servers(), TOPIC, 8).unwrap();
+    let (kafka, verifier) = EmbeddedKafka::verified(3, TOPIC, 8);
     let sink = [
         "--sink",
         "kafka",
@@ -230,14 +151,10 @@ async fn two_relays_split_slots_and_survive_sigkill(db: TestDb, mode: DispatchMo
         r.delivered,
         total,
         "lost events: {r:?}\nB log:\n{}",
-        std::fs::read_to_string(&b.log).unwrap_or_default()
+        std::fs::read_to_string(b.log()).unwrap_or_default()
     );
     assert_eq!(r.ordering_violations, 0, "{r:?}");
-    wait_until("all SENT", Duration::from_secs(30), || async {
-        let s = db.store.status().await.unwrap();
-        s.pending == 0 && s.claimed == 0
-    })
-    .await;
+    db.wait_all_sent(Duration::from_secs(30)).await;
     db.cleanup().await;
 }
 
@@ -260,7 +177,7 @@ async fn paused_owner_is_fenced(db: TestDb, mode: DispatchMode) {
     wait_until(
         "A's stale slot renewals fenced",
         Duration::from_secs(20),
-        || async { a.metric("ferry_slot_fenced_total").await.unwrap_or(0.0) > 0.0 },
+        || async { metric(&a, "ferry_slot_fenced_total").await.unwrap_or(0.0) > 0.0 },
     )
     .await;
     wait_until("delivered", Duration::from_secs(20), || async {
@@ -285,43 +202,37 @@ ferry_testkit::backend_tests!(modes:
 // A SIGSTOPped SQLite writer may hold the single write lock, and no server times it out: the
 // paused-owner scenario is only meaningful on PostgreSQL and MariaDB (whose sessions abort after
 // 10 s idle in a transaction, releasing the stalled owner's locks).
-mod postgres_paused {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn paused_owner_is_fenced() {
-        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Postgres).await else {
-            return;
-        };
-        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Row).await;
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn paused_owner_is_fenced_cursor() {
-        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Postgres).await else {
-            return;
-        };
-        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Cursor).await;
+/// `paused_owner_is_fenced` on `backend`, in row and cursor dispatch.
+macro_rules! paused_owner_tests {
+    ($backend:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn paused_owner_is_fenced() {
+            super::paused_on(ferry_store::Backend::$backend, super::DispatchMode::Row).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn paused_owner_is_fenced_cursor() {
+            super::paused_on(ferry_store::Backend::$backend, super::DispatchMode::Cursor).await;
+        }
+    };
+}
+
+async fn paused_on(backend: ferry_store::Backend, mode: DispatchMode) {
+    if let Some(db) = TestDb::open(backend).await {
+        paused_owner_is_fenced(db, mode).await;
     }
 }
+
+mod postgres_paused {
+    paused_owner_tests!(Postgres);
+}
 mod mysql_paused {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn paused_owner_is_fenced() {
-        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
-            return;
-        };
-        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Row).await;
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn paused_owner_is_fenced_cursor() {
-        let Some(db) = ferry_testkit::TestDb::open(ferry_store::Backend::Mysql).await else {
-            return;
-        };
-        super::paused_owner_is_fenced(db, ferry_core::DispatchMode::Cursor).await;
-    }
+    paused_owner_tests!(Mysql);
     /// Starts relay B (cursor dispatch), enqueues two intents of `agg` and waits until B has
     /// delivered them. B needs the stale ticker to stay silent for 30 s before it replaces it
     /// (and, behind a stopped relay, that relay's slot leases to expire); alone this takes ~31 s,
     /// but in CI beside every other suite one run took longer than 90 s, so the bound leaves room
     /// for a loaded machine.
-    async fn b_delivers(db: &ferry_testkit::TestDb, agg: &str) -> super::RelayProc {
+    async fn b_delivers(db: &ferry_testkit::TestDb, agg: &str) -> ferry_testkit::RelayProcess {
         let b = super::spawn_relay(
             &db.url,
             &["--sink", "null"],
@@ -398,9 +309,7 @@ mod mysql_paused {
 /// `--oldest-warning`, then to critical past `--oldest-critical`; the SLO gauges are exported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn alert_level_follows_the_oldest_intent() {
-    let db = TestDb::open(ferry_store::Backend::Sqlite)
-        .await
-        .expect("SQLite");
+    let db = TestDb::sqlite().await;
     // Port 1: nothing listens there and no test's mock cluster can take it (they bind ephemeral
     // ports). A free port found now could be taken by another test's mock cluster while this
     // relay still retries it: the "stuck" event was then delivered there, so this test never
@@ -422,29 +331,32 @@ async fn alert_level_follows_the_oldest_intent() {
         DispatchMode::Cursor,
     );
     wait_until("endpoint up, level 0", Duration::from_secs(20), || async {
-        a.metric("ferry_alert_level").await == Some(0.0)
+        metric(&a, "ferry_alert_level").await == Some(0.0)
     })
     .await;
-    assert_eq!(a.metric("ferry_publish_within_slo_ratio").await, Some(1.0));
     assert_eq!(
-        a.metric("ferry_alert_oldest_warning_seconds").await,
+        metric(&a, "ferry_publish_within_slo_ratio").await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&a, "ferry_alert_oldest_warning_seconds").await,
         Some(2.0)
     );
     assert_eq!(
-        a.metric("ferry_alert_oldest_critical_seconds").await,
+        metric(&a, "ferry_alert_oldest_critical_seconds").await,
         Some(8.0)
     );
     assert_eq!(
-        a.metric("ferry_publish_slo_target_seconds").await,
+        metric(&a, "ferry_publish_slo_target_seconds").await,
         Some(30.0)
     );
     db.store.enqueue(&[ev("stuck", 1)]).await.unwrap();
     wait_until("warning", Duration::from_secs(30), || async {
-        a.metric("ferry_alert_level").await == Some(1.0)
+        metric(&a, "ferry_alert_level").await == Some(1.0)
     })
     .await;
     wait_until("critical", Duration::from_secs(30), || async {
-        a.metric("ferry_alert_level").await == Some(2.0)
+        metric(&a, "ferry_alert_level").await == Some(2.0)
     })
     .await;
     drop(a);

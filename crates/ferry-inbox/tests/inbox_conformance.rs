@@ -86,6 +86,45 @@ fn effect<'c>(c: Conn<'c>, d: &'c Delivery) -> BoxFuture<'c, Result<(), BoxError
     })
 }
 
+/// An inbox with `policy` on `db`; the effect tables are created with the first policy of a
+/// loop over policies ([`GapPolicy::Off`]).
+async fn connect_once_per_policy(db: &TestDb, policy: GapPolicy) -> Inbox {
+    if policy == GapPolicy::Off {
+        db.exec(EFFECTS).await.unwrap();
+        db.exec(PROJECTION).await.unwrap();
+    }
+    Inbox::connect(&db.url, InboxConfig::new(policy))
+        .await
+        .unwrap()
+}
+
+/// Applies `d` through `inbox` with the test effect; the verdict.
+async fn apply(inbox: &Inbox, d: &Delivery) -> Verdict {
+    inbox.apply_once(d, effect).await.unwrap()
+}
+
+/// [`apply`], retrying transient failures (deadlocks, lock waits) up to 50 times.
+async fn apply_retrying(inbox: &Inbox, d: &Delivery) -> Verdict {
+    let mut tries = 0;
+    loop {
+        match inbox.apply_once(d, effect).await {
+            Ok(v) => return v,
+            Err(e) if e.is_transient() && tries < 50 => tries += 1,
+            Err(e) => panic!("{}: {e}", d.event_id),
+        }
+    }
+}
+
+/// The verdict for version `got` when `expected` is the next one: applied and reported.
+fn gap(expected: i64, got: i64) -> Verdict {
+    Verdict::Gap { expected, got }
+}
+
+/// The verdict for version `got` when `expected` is the next one: held back.
+fn early(expected: i64, got: i64) -> Verdict {
+    Verdict::Early { expected, got }
+}
+
 fn failing_effect<'c>(c: Conn<'c>, d: &'c Delivery) -> BoxFuture<'c, Result<(), BoxError>> {
     Box::pin(async move {
         effect(c, d).await?;
@@ -104,30 +143,15 @@ async fn effects(db: &TestDb, event_id: &str) -> i64 {
 
 /// The projection counter of `(consumer, aggregate)`: `(applied, last_version)`.
 async fn projection(inbox: &Inbox, consumer: &str, aggregate: &str) -> Option<(i64, i64)> {
-    let sql_pg = "SELECT applied, last_version FROM inbox_projection \
-                  WHERE consumer = $1 AND aggregate_id = $2";
     let sql = "SELECT applied, last_version FROM inbox_projection \
                WHERE consumer = ? AND aggregate_id = ?";
-    match inbox.pool() {
-        InboxPool::Postgres(p) => sqlx::query_as(sql_pg)
-            .bind(consumer)
-            .bind(aggregate)
-            .fetch_optional(p)
-            .await
-            .unwrap(),
-        InboxPool::Mysql(p) => sqlx::query_as(sql)
-            .bind(consumer)
-            .bind(aggregate)
-            .fetch_optional(p)
-            .await
-            .unwrap(),
-        InboxPool::Sqlite(p) => sqlx::query_as(sql)
-            .bind(consumer)
-            .bind(aggregate)
-            .fetch_optional(p)
-            .await
-            .unwrap(),
-    }
+    let sql = ferry_testkit::placeholder(sql, inbox.pool().backend() == Backend::Postgres);
+    ferry_testkit::on_inbox!(InboxPool, inbox.pool(), p => sqlx::query_as(&sql)
+        .bind(consumer)
+        .bind(aggregate)
+        .fetch_optional(p)
+        .await
+        .unwrap())
 }
 
 /// The consumer's own transaction, by hand: begin, `record`, apply the effect when the verdict
@@ -165,11 +189,8 @@ fn ids(v: &[&str]) -> HashSet<String> {
 async fn duplicate_applies_effect_once(db: TestDb) {
     let inbox = setup(&db, InboxConfig::default()).await;
     let d = Delivery::new("billing", "e-7-1", "order-7", 1);
-    assert_eq!(inbox.apply_once(&d, effect).await.unwrap(), Verdict::New);
-    assert_eq!(
-        inbox.apply_once(&d, effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&inbox, &d).await, Verdict::New);
+    assert_eq!(apply(&inbox, &d).await, Verdict::Duplicate);
     // and once more through the caller's own transaction
     assert_eq!(
         in_own_tx(&inbox, &d, true).await.unwrap(),
@@ -207,7 +228,7 @@ async fn rollback_leaves_no_record(db: TestDb) {
     assert_eq!(db.count("ferry_inbox").await, 0);
     assert_eq!(effects(&db, "e-7-1").await, 0);
     // the redelivery is new and applies once
-    assert_eq!(inbox.apply_once(&d, effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d).await, Verdict::New);
     assert_eq!(effects(&db, "e-7-1").await, 1);
     assert_eq!(projection(&inbox, "billing", "order-7").await, Some((1, 1)));
     assert_eq!(
@@ -233,13 +254,7 @@ enum Iso {
 /// `New` that applies the effect twice.
 async fn concurrent_delivery_waits_for_the_first(db: TestDb) {
     for policy in [GapPolicy::Off, GapPolicy::Report, GapPolicy::HoldBack] {
-        let inbox = Inbox::connect(&db.url, InboxConfig::new(policy))
-            .await
-            .unwrap();
-        if policy == GapPolicy::Off {
-            db.exec(EFFECTS).await.unwrap();
-            db.exec(PROJECTION).await.unwrap();
-        }
+        let inbox = connect_once_per_policy(&db, policy).await;
         let isos: &[Iso] = match db.backend {
             Backend::Sqlite => &[Iso::Default],
             _ => &[Iso::Default, Iso::RepeatableRead],
@@ -436,13 +451,7 @@ async fn race_one(
 /// errors: every event is applied exactly once and exactly one delivery saw `New`.
 async fn racing_deliveries_apply_once(db: TestDb) {
     for policy in [GapPolicy::Off, GapPolicy::Report] {
-        let inbox = Inbox::connect(&db.url, InboxConfig::new(policy))
-            .await
-            .unwrap();
-        if policy == GapPolicy::Off {
-            db.exec(EFFECTS).await.unwrap();
-            db.exec(PROJECTION).await.unwrap();
-        }
+        let inbox = connect_once_per_policy(&db, policy).await;
         let events: Vec<Delivery> = (0..12)
             .map(|i| {
                 Delivery::new(
@@ -462,14 +471,7 @@ async fn racing_deliveries_apply_once(db: TestDb) {
             tasks.push(tokio::spawn(async move {
                 let mut verdicts = BTreeMap::new();
                 for d in mine {
-                    let mut tries = 0;
-                    let v = loop {
-                        match inbox.apply_once(&d, effect).await {
-                            Ok(v) => break v,
-                            Err(e) if e.is_transient() && tries < 50 => tries += 1,
-                            Err(e) => panic!("{}: {e}", d.event_id),
-                        }
-                    };
+                    let v = apply_retrying(&inbox, &d).await;
                     verdicts.insert(d.event_id.clone(), v);
                 }
                 verdicts
@@ -520,14 +522,7 @@ async fn concurrent_versions_of_one_aggregate(db: TestDb) {
         tasks.push(tokio::spawn(async move {
             let mut applied = 0;
             for d in mine {
-                let mut tries = 0;
-                let v = loop {
-                    match inbox.apply_once(&d, effect).await {
-                        Ok(v) => break v,
-                        Err(e) if e.is_transient() && tries < 50 => tries += 1,
-                        Err(e) => panic!("{}: {e}", d.event_id),
-                    }
-                };
+                let v = apply_retrying(&inbox, &d).await;
                 assert!(
                     matches!(v, Verdict::New | Verdict::Gap { .. } | Verdict::Duplicate),
                     "{}: {v:?}",
@@ -550,7 +545,7 @@ async fn concurrent_versions_of_one_aggregate(db: TestDb) {
     );
     assert_eq!(inbox.gaps("hot").await.unwrap(), vec![]);
     let next = Delivery::new("hot", "h-31", "order-hot", 31);
-    assert_eq!(inbox.apply_once(&next, effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &next).await, Verdict::New);
 }
 
 // ---------------------------------------------------------------- version gaps
@@ -558,14 +553,8 @@ async fn concurrent_versions_of_one_aggregate(db: TestDb) {
 async fn gap_is_reported_and_closes(db: TestDb) {
     let inbox = setup(&db, InboxConfig::new(GapPolicy::Report)).await;
     let d = |v: i64| Delivery::new("proj", format!("e-a-{v}"), "order-a", v);
-    assert_eq!(inbox.apply_once(&d(1), effect).await.unwrap(), Verdict::New);
-    assert_eq!(
-        inbox.apply_once(&d(3), effect).await.unwrap(),
-        Verdict::Gap {
-            expected: 2,
-            got: 3
-        }
-    );
+    assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
+    assert_eq!(apply(&inbox, &d(3)).await, gap(2, 3));
     // Report records and applies it
     assert_eq!(effects(&db, "e-a-3").await, 1);
     assert_eq!(projection(&inbox, "proj", "order-a").await, Some((2, 3)));
@@ -582,28 +571,19 @@ async fn gap_is_reported_and_closes(db: TestDb) {
     );
     assert!(gaps[0].since_micros > 0);
     // v4 is still ahead of the gap
-    assert_eq!(
-        inbox.apply_once(&d(4), effect).await.unwrap(),
-        Verdict::Gap {
-            expected: 2,
-            got: 4
-        }
-    );
+    assert_eq!(apply(&inbox, &d(4)).await, gap(2, 4));
     // a redelivered v3 is a duplicate, not a second gap
-    assert_eq!(
-        inbox.apply_once(&d(3), effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&inbox, &d(3)).await, Verdict::Duplicate);
     // v2 closes the gap and the mark moves over the recorded v3 and v4
-    assert_eq!(inbox.apply_once(&d(2), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(2)).await, Verdict::New);
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
-    assert_eq!(inbox.apply_once(&d(5), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(5)).await, Verdict::New);
     assert_eq!(projection(&inbox, "proj", "order-a").await, Some((5, 5)));
     assert_eq!(db.count("inbox_effects").await, 5);
     // a new event id reusing an applied version is not applied
     let reused = Delivery::new("proj", "e-a-3-again", "order-a", 3);
     assert_eq!(
-        inbox.apply_once(&reused, effect).await.unwrap(),
+        apply(&inbox, &reused).await,
         Verdict::Stale { applied_through: 5 }
     );
     assert_eq!(db.count("inbox_effects").await, 5);
@@ -617,16 +597,10 @@ async fn gap_is_reported_and_closes(db: TestDb) {
 async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
     let inbox = setup(&db, InboxConfig::new(GapPolicy::HoldBack)).await;
     let d = |v: i64| Delivery::new("proj", format!("e-b-{v}"), "order-b", v);
-    assert_eq!(inbox.apply_once(&d(1), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
     for _ in 0..2 {
         // held back each time it is delivered early, and nothing of it is recorded
-        assert_eq!(
-            inbox.apply_once(&d(3), effect).await.unwrap(),
-            Verdict::Early {
-                expected: 2,
-                got: 3
-            }
-        );
+        assert_eq!(apply(&inbox, &d(3)).await, early(2, 3));
         assert_eq!(effects(&db, "e-b-3").await, 0);
         assert!(inbox.consumed("proj", &["e-b-3"]).await.unwrap().is_empty());
     }
@@ -634,20 +608,14 @@ async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
     let gaps = inbox.gaps("proj").await.unwrap();
     assert_eq!(gaps.len(), 1, "{gaps:?}");
     assert_eq!((gaps[0].applied_upto, gaps[0].max_seen), (1, 3));
-    assert_eq!(inbox.apply_once(&d(2), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(2)).await, Verdict::New);
     // v3 was never applied, so the gap stays open until its redelivery
     assert_eq!(inbox.gaps("proj").await.unwrap().len(), 1);
-    assert_eq!(inbox.apply_once(&d(3), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(3)).await, Verdict::New);
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
     assert_eq!(projection(&inbox, "proj", "order-b").await, Some((3, 3)));
     // the caller's own transaction sees the same verdict, and rolling it back keeps nothing
-    assert_eq!(
-        in_own_tx(&inbox, &d(5), false).await.unwrap(),
-        Verdict::Early {
-            expected: 4,
-            got: 5
-        }
-    );
+    assert_eq!(in_own_tx(&inbox, &d(5), false).await.unwrap(), early(4, 5));
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
     assert_eq!(
         inbox
@@ -661,22 +629,19 @@ async fn gap_is_held_back_until_the_predecessor(db: TestDb) {
 async fn accept_gap_repairs_a_lost_version(db: TestDb) {
     let inbox = setup(&db, InboxConfig::new(GapPolicy::HoldBack)).await;
     let d = |v: i64| Delivery::new("proj", format!("e-c-{v}"), "order-c", v);
-    assert_eq!(inbox.apply_once(&d(1), effect).await.unwrap(), Verdict::New);
-    assert!(matches!(
-        inbox.apply_once(&d(3), effect).await.unwrap(),
-        Verdict::Early { .. }
-    ));
+    assert_eq!(apply(&inbox, &d(1)).await, Verdict::New);
+    assert!(matches!(apply(&inbox, &d(3)).await, Verdict::Early { .. }));
     // v2 will never come: the operator accepts the gap through 2
     assert_eq!(inbox.accept_gap("proj", "order-c", 2).await.unwrap(), 2);
     // accepting an older mark changes nothing
     assert_eq!(inbox.accept_gap("proj", "order-c", 1).await.unwrap(), 2);
     // the gap stays listed until the held-back v3 is redelivered and applied
     assert_eq!(inbox.gaps("proj").await.unwrap().len(), 1);
-    assert_eq!(inbox.apply_once(&d(3), effect).await.unwrap(), Verdict::New);
+    assert_eq!(apply(&inbox, &d(3)).await, Verdict::New);
     assert!(inbox.gaps("proj").await.unwrap().is_empty());
     // the lost v2 turning up late is stale: not applied, not recorded
     assert_eq!(
-        inbox.apply_once(&d(2), effect).await.unwrap(),
+        apply(&inbox, &d(2)).await,
         Verdict::Stale { applied_through: 3 }
     );
     assert_eq!(effects(&db, "e-c-2").await, 0);
@@ -685,24 +650,12 @@ async fn accept_gap_repairs_a_lost_version(db: TestDb) {
     // under Report, accepting a gap moves the mark over the versions recorded ahead of it
     let report = Inbox::new(inbox.pool().clone(), InboxConfig::new(GapPolicy::Report));
     let r = |v: i64| Delivery::new("proj", format!("e-d-{v}"), "order-d", v);
-    assert_eq!(
-        report.apply_once(&r(1), effect).await.unwrap(),
-        Verdict::New
-    );
-    assert!(matches!(
-        report.apply_once(&r(3), effect).await.unwrap(),
-        Verdict::Gap { .. }
-    ));
-    assert!(matches!(
-        report.apply_once(&r(4), effect).await.unwrap(),
-        Verdict::Gap { .. }
-    ));
+    assert_eq!(apply(&report, &r(1)).await, Verdict::New);
+    assert!(matches!(apply(&report, &r(3)).await, Verdict::Gap { .. }));
+    assert!(matches!(apply(&report, &r(4)).await, Verdict::Gap { .. }));
     assert_eq!(report.accept_gap("proj", "order-d", 2).await.unwrap(), 4);
     assert!(report.gaps("proj").await.unwrap().is_empty());
-    assert_eq!(
-        report.apply_once(&r(5), effect).await.unwrap(),
-        Verdict::New
-    );
+    assert_eq!(apply(&report, &r(5)).await, Verdict::New);
 }
 
 async fn first_seen_baseline_starts_mid_stream(db: TestDb) {
@@ -719,18 +672,12 @@ async fn first_seen_baseline_starts_mid_stream(db: TestDb) {
     );
     assert_eq!(
         from_one.apply_once(&d("early", 41), effect).await.unwrap(),
-        Verdict::Gap {
-            expected: 1,
-            got: 41
-        }
+        gap(1, 41)
     );
     // after the baseline, gaps count as usual
     assert_eq!(
         mid.apply_once(&d("late", 43), effect).await.unwrap(),
-        Verdict::Early {
-            expected: 42,
-            got: 43
-        }
+        early(42, 43)
     );
     assert_eq!(
         mid.apply_once(&d("late", 42), effect).await.unwrap(),
@@ -749,27 +696,12 @@ async fn consumers_are_independent(db: TestDb) {
     let inbox = setup(&db, InboxConfig::default()).await;
     let e1 = |c: &str| Delivery::new(c, "e-7-1", "order-7", 1);
     let e2 = |c: &str| Delivery::new(c, "e-7-2", "order-7", 2);
-    assert_eq!(
-        inbox.apply_once(&e1("billing"), effect).await.unwrap(),
-        Verdict::New
-    );
-    assert_eq!(
-        inbox.apply_once(&e1("shipping"), effect).await.unwrap(),
-        Verdict::New
-    );
-    assert_eq!(
-        inbox.apply_once(&e1("billing"), effect).await.unwrap(),
-        Verdict::Duplicate
-    );
-    assert_eq!(
-        inbox.apply_once(&e2("billing"), effect).await.unwrap(),
-        Verdict::New
-    );
+    assert_eq!(apply(&inbox, &e1("billing")).await, Verdict::New);
+    assert_eq!(apply(&inbox, &e1("shipping")).await, Verdict::New);
+    assert_eq!(apply(&inbox, &e1("billing")).await, Verdict::Duplicate);
+    assert_eq!(apply(&inbox, &e2("billing")).await, Verdict::New);
     // shipping's gap tracking is its own: it has not seen v2
-    assert_eq!(
-        inbox.apply_once(&e1("shipping"), effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&inbox, &e1("shipping")).await, Verdict::Duplicate);
     assert_eq!(effects(&db, "e-7-1").await, 2);
     assert_eq!(effects(&db, "e-7-2").await, 1);
     assert_eq!(projection(&inbox, "billing", "order-7").await, Some((2, 2)));
@@ -794,17 +726,14 @@ async fn consumers_are_independent(db: TestDb) {
     );
     // ids are compared exactly (binary collation on MariaDB too)
     assert_eq!(
-        inbox
-            .apply_once(&Delivery::new("billing", "E-7-1", "order-x", 1), effect)
-            .await
-            .unwrap(),
+        apply(&inbox, &Delivery::new("billing", "E-7-1", "order-x", 1)).await,
         Verdict::New
     );
     // consumed() over more ids than one statement binds
     let many: Vec<String> = (0..2_500).map(|i| format!("bulk-{i}")).collect();
     for id in many.iter().step_by(500) {
         let d = Delivery::new("bulk", id.clone(), id.clone(), 1);
-        assert_eq!(inbox.apply_once(&d, effect).await.unwrap(), Verdict::New);
+        assert_eq!(apply(&inbox, &d).await, Verdict::New);
     }
     assert_eq!(inbox.consumed("bulk", &many).await.unwrap().len(), 5);
 }
@@ -837,11 +766,8 @@ async fn bad_input_writes_nothing(db: TestDb) {
     // with gap tracking off, unversioned messages are fine
     let off = Inbox::new(inbox.pool().clone(), InboxConfig::new(GapPolicy::Off));
     let d = Delivery::new("c", "plain", "", 0);
-    assert_eq!(off.apply_once(&d, effect).await.unwrap(), Verdict::New);
-    assert_eq!(
-        off.apply_once(&d, effect).await.unwrap(),
-        Verdict::Duplicate
-    );
+    assert_eq!(apply(&off, &d).await, Verdict::New);
+    assert_eq!(apply(&off, &d).await, Verdict::Duplicate);
     assert_eq!(db.count("ferry_inbox_aggregate").await, 0);
 }
 
@@ -884,8 +810,8 @@ async fn fresh_concurrent_migrations(db: TestDb) {
     db.exec(EFFECTS).await.unwrap();
     db.exec(PROJECTION).await.unwrap();
     let d = Delivery::new("c", "e-1", "a", 1);
-    assert_eq!(b.apply_once(&d, effect).await.unwrap(), Verdict::New);
-    assert_eq!(c.apply_once(&d, effect).await.unwrap(), Verdict::Duplicate);
+    assert_eq!(apply(&b, &d).await, Verdict::New);
+    assert_eq!(apply(&c, &d).await, Verdict::Duplicate);
     // before migrating, a clear schema error
     for t in [
         "ferry_inbox",

@@ -17,8 +17,7 @@ use ferry_core::{
     ReconcileReport, ReconcileRequest, RetryItem, SlotCursor, SlotId, SlotLease, StoreError,
 };
 use ferry_relay::{Relay, RelayConfig, Sink, WorkerDefaults};
-use ferry_testkit::TestDb;
-use tokio_util::sync::CancellationToken;
+use ferry_testkit::{RelayTask, TestDb};
 
 /// A store whose cursor advances take `delay` longer; everything else is the inner store's.
 struct SlowAdvance {
@@ -271,8 +270,7 @@ impl Sink for ScriptedSink {
 }
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(agg, v, "orders", "OrderChanged", format!(r#"{{"v":{v}}}"#))
-        .with_id(format!("e-{agg}-{v}"))
+    ferry_testkit::intent("orders", agg, v)
 }
 
 async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
@@ -302,8 +300,7 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
     };
     store.enqueue(&[ev(FAIL_AGG, 1)]).await.unwrap();
     let relay = Relay::new(store.clone(), sink.clone(), cfg).unwrap();
-    let cancel = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(cancel.clone()));
+    let relay = RelayTask::spawn(|cancel| relay.run(cancel));
     // v1 is being sent (slowly, and will fail): commit its successors, plus other aggregates
     // that keep the relay reading
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -335,12 +332,7 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(30), handle)
-        .await
-        .expect("relay stops")
-        .unwrap()
-        .unwrap();
+    relay.stop().await;
     let order = sink.first_acks.lock().unwrap()[FAIL_AGG].clone();
     assert_eq!(
         order,
@@ -353,9 +345,7 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_failed_aggregate_stays_busy_until_its_advance() {
-    let db = TestDb::open(ferry_store::Backend::Sqlite)
-        .await
-        .expect("SQLite is always available");
+    let db = TestDb::sqlite().await;
     failed_aggregate_stays_busy_until_its_advance(db).await;
 }
 

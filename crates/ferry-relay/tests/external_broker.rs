@@ -12,11 +12,7 @@ use std::time::Duration;
 use ferry_core::{DispatchMode, NewEvent};
 use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
 use ferry_testkit::verify::Verifier;
-use ferry_testkit::TestDb;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::types::RDKafkaErrorCode;
-use tokio_util::sync::CancellationToken;
+use ferry_testkit::{RelayTask, TestDb};
 
 const PARTITIONS: i32 = 4;
 
@@ -43,43 +39,15 @@ async fn create_topic(brokers: &str) -> String {
 /// [`create_topic`] with extra client properties (TLS).
 async fn create_topic_with(brokers: &str, properties: &[(String, String)]) -> String {
     let topic = format!("ferry-ext-{}", uuid::Uuid::new_v4().simple());
-    let mut config = rdkafka::ClientConfig::new();
-    for (k, v) in properties {
-        config.set(k, v);
-    }
-    let admin: AdminClient<DefaultClientContext> = config
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin client");
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(
-                &topic,
-                PARTITIONS,
-                TopicReplication::Fixed(1),
-            )],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
+    ferry_testkit::kafka::create_topic(brokers, properties, &topic, PARTITIONS, 1)
         .await
-        .expect("CreateTopics request");
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => panic!("creating topic {t} on {brokers}: {e}"),
-        }
-    }
+        .unwrap_or_else(|e| panic!("creating topic {topic} on {brokers}: {e}"));
     topic
 }
 
+/// [`ferry_testkit::intent`] with the topic in its id: the broker keeps every test's topics.
 fn ev(topic: &str, agg: &str, v: i64) -> NewEvent {
-    NewEvent::new(
-        agg,
-        v,
-        topic,
-        "OrderChanged",
-        format!(r#"{{"agg":"{agg}","v":{v}}}"#),
-    )
-    .with_id(format!("e-{topic}-{agg}-{v}"))
+    ferry_testkit::intent(topic, agg, v).with_id(format!("e-{topic}-{agg}-{v}"))
 }
 
 /// Versions 1..=`versions` of `aggs` aggregates `{prefix}-{a}`, one transaction per version.
@@ -92,12 +60,7 @@ async fn enqueue_versions(db: &TestDb, topic: &str, prefix: &str, aggs: usize, v
     }
 }
 
-struct Running {
-    cancel: CancellationToken,
-    handle: tokio::task::JoinHandle<Result<(), ferry_core::StoreError>>,
-}
-
-fn start_relay(db: &TestDb, brokers: &str, mode: DispatchMode) -> Running {
+fn start_relay(db: &TestDb, brokers: &str, mode: DispatchMode) -> RelayTask {
     start_relay_with(db, brokers, mode, &[])
 }
 
@@ -107,7 +70,7 @@ fn start_relay_with(
     brokers: &str,
     mode: DispatchMode,
     properties: &[(String, String)],
-) -> Running {
+) -> RelayTask {
     let sink = KafkaSink::new(KafkaConfig {
         brokers: brokers.to_string(),
         ordered: mode == DispatchMode::Cursor,
@@ -125,20 +88,7 @@ fn start_relay_with(
         ..Default::default()
     };
     let relay = Relay::new(db.store.clone(), Arc::new(sink), cfg).expect("relay");
-    let cancel = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(cancel.clone()));
-    Running { cancel, handle }
-}
-
-impl Running {
-    async fn stop(self) {
-        self.cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.handle)
-            .await
-            .expect("relay stops")
-            .expect("relay task")
-            .expect("relay run");
-    }
+    RelayTask::spawn(|cancel| relay.run(cancel))
 }
 
 /// 60 aggregates × 10 versions committed while the relay runs: all delivered, first deliveries
@@ -154,18 +104,7 @@ async fn external_broker_gets_every_event_in_order(db: TestDb, mode: DispatchMod
         .await;
     assert_eq!(r.delivered, 600, "{r:?}");
     assert_eq!(r.ordering_violations, 0, "{r:?}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = db.store.status().await.unwrap();
-        if s.pending == 0 && s.claimed == 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not all SENT: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    db.wait_all_sent(Duration::from_secs(30)).await;
     relay.stop().await;
     db.cleanup().await;
 }
@@ -216,7 +155,7 @@ async fn external_broker_over_tls() {
         ("security.protocol".to_string(), "SSL".to_string()),
         ("ssl.ca.location".to_string(), ca),
     ];
-    let db = TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
+    let db = TestDb::sqlite().await;
     let topic = create_topic_with(&brokers, &tls).await;
     let verifier =
         Verifier::start_with(&brokers, &topic, PARTITIONS, &tls).expect("verifier over TLS");

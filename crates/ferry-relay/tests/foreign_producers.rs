@@ -14,9 +14,7 @@ use std::time::Duration;
 use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
 use ferry_store::Backend;
 use ferry_testkit::embedded::EmbeddedKafka;
-use ferry_testkit::verify::Verifier;
-use ferry_testkit::TestDb;
-use tokio_util::sync::CancellationToken;
+use ferry_testkit::{RelayTask, TestDb};
 
 fn example(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -117,9 +115,7 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
             );
         }
     }
-    let kafka = EmbeddedKafka::start(1).unwrap();
-    kafka.create_topic("orders", 4).unwrap();
-    let verifier = Verifier::start(kafka.bootstrap_servers(), "orders", 4).unwrap();
+    let (kafka, verifier) = EmbeddedKafka::verified(1, "orders", 4);
     let sink = KafkaSink::new(KafkaConfig {
         brokers: kafka.bootstrap_servers().to_string(),
         ordered: true,
@@ -133,20 +129,14 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
         ..Default::default()
     };
     let relay = Relay::new(db.store.clone(), Arc::new(sink), cfg).unwrap();
-    let cancel = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(cancel.clone()));
+    let relay = RelayTask::spawn(|cancel| relay.run(cancel));
     let r = verifier
         .wait_until(Duration::from_secs(60), |r| r.delivered >= expected)
         .await;
     assert_eq!(r.delivered, expected, "{r:?}");
     assert_eq!(r.ordering_violations, 0, "{r:?}");
     assert_eq!(r.foreign, 0, "every record carries ferry's headers: {r:?}");
-    cancel.cancel();
-    tokio::time::timeout(Duration::from_secs(30), handle)
-        .await
-        .expect("relay stops")
-        .unwrap()
-        .unwrap();
+    relay.stop().await;
     db.cleanup().await;
 }
 

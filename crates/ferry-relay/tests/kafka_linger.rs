@@ -28,8 +28,7 @@ async fn send(sink: &KafkaSink, batch: &[ClaimedEvent]) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_small_batch_skips_the_linger_and_a_large_one_waits_it() {
-    let cluster = EmbeddedKafka::start(1).expect("mock Kafka cluster");
-    cluster.create_topic(TOPIC, 4).expect("create topic");
+    let cluster = EmbeddedKafka::with_topic(1, TOPIC, 4).expect("mock Kafka cluster");
     let sink = KafkaSink::new(KafkaConfig {
         brokers: cluster.bootstrap_servers().to_string(),
         linger: LINGER,

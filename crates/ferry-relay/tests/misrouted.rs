@@ -6,8 +6,7 @@ use std::time::Duration;
 use ferry_core::DispatchMode;
 use ferry_relay::{NullSink, Relay, RelayConfig};
 use ferry_store::Backend;
-use ferry_testkit::TestDb;
-use tokio_util::sync::CancellationToken;
+use ferry_testkit::{RelayTask, TestDb};
 
 async fn misrouted_intent_is_counted(db: TestDb, mode: DispatchMode) {
     let right = ferry_core::slot_for("order-9");
@@ -34,8 +33,7 @@ async fn misrouted_intent_is_counted(db: TestDb, mode: DispatchMode) {
     };
     let relay = Relay::new(db.store.clone(), Arc::new(NullSink), cfg).unwrap();
     let metrics = relay.metrics();
-    let cancel = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(cancel.clone()));
+    let relay = RelayTask::spawn(|cancel| relay.run(cancel));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while metrics.sent.load(std::sync::atomic::Ordering::Relaxed) < 2 {
         assert!(tokio::time::Instant::now() < deadline, "not delivered");
@@ -46,8 +44,7 @@ async fn misrouted_intent_is_counted(db: TestDb, mode: DispatchMode) {
         1
     );
     assert!(metrics.render().contains("ferry_misrouted_events_total 1"));
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    relay.stop().await;
     db.cleanup().await;
 }
 

@@ -7,9 +7,8 @@ use ferry_core::{DispatchMode, EventState, NewEvent};
 use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
 use ferry_testkit::embedded::EmbeddedKafka;
 use ferry_testkit::verify::Verifier;
-use ferry_testkit::{wait_until, TestDb};
+use ferry_testkit::{read_records, wait_until, RelayTask, TestDb};
 use rdkafka::types::RDKafkaRespErr;
-use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "orders";
 
@@ -36,19 +35,13 @@ fn fast_config(mode: DispatchMode) -> RelayConfig {
 }
 
 struct Running {
-    cancel: CancellationToken,
-    handle: tokio::task::JoinHandle<Result<(), ferry_core::StoreError>>,
+    task: RelayTask,
     metrics: Arc<ferry_relay::Metrics>,
 }
 
 impl Running {
     async fn stop(self) {
-        self.cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.handle)
-            .await
-            .expect("relay stops")
-            .unwrap()
-            .unwrap();
+        self.task.stop().await
     }
 }
 
@@ -69,21 +62,14 @@ fn start_relay(
     }
     let sink = Arc::new(KafkaSink::new(kc).unwrap());
     let relay = Relay::new(db.store.clone(), sink, cfg).unwrap();
-    let metrics = relay.metrics();
-    let cancel = CancellationToken::new();
-    let handle = tokio::spawn(relay.run(cancel.clone()));
     Running {
-        cancel,
-        handle,
-        metrics,
+        metrics: relay.metrics(),
+        task: RelayTask::spawn(|cancel| relay.run(cancel)),
     }
 }
 
 fn setup() -> (EmbeddedKafka, Verifier) {
-    let kafka = EmbeddedKafka::start(3).unwrap();
-    kafka.create_topic(TOPIC, 4).unwrap();
-    let verifier = Verifier::start(kafka.bootstrap_servers(), TOPIC, 4).unwrap();
-    (kafka, verifier)
+    EmbeddedKafka::verified(3, TOPIC, 4)
 }
 
 async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
@@ -99,18 +85,7 @@ async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
         .await;
     assert_eq!(r.delivered, 600, "{r:?}");
     assert_eq!(r.ordering_violations, 0, "{r:?}");
-    let store = db.store.clone();
-    wait_until("all SENT", Duration::from_secs(30), move || {
-        let store = store.clone();
-        Box::pin(async move {
-            store
-                .status()
-                .await
-                .map(|s| s.pending == 0 && s.claimed == 0)
-                .unwrap_or(false)
-        })
-    })
-    .await;
+    db.wait_all_sent(Duration::from_secs(30)).await;
     // The worker counts a batch after its CAS returned, so the rows can be SENT a moment
     // before the counter is (seen under load: 570 of 600).
     let metrics = relay.metrics.clone();
@@ -259,18 +234,7 @@ async fn brokers_down_then_back_drains_backlog(db: TestDb, mode: DispatchMode) {
         .wait_until(Duration::from_secs(90), |r| r.delivered >= 201)
         .await;
     assert_eq!((r.delivered, r.ordering_violations), (201, 0), "{r:?}");
-    let store = db.store.clone();
-    wait_until("all SENT", Duration::from_secs(30), move || {
-        let store = store.clone();
-        Box::pin(async move {
-            store
-                .status()
-                .await
-                .map(|s| s.pending == 0 && s.claimed == 0)
-                .unwrap_or(false)
-        })
-    })
-    .await;
+    db.wait_all_sent(Duration::from_secs(30)).await;
     assert_eq!(db.store.status().await.unwrap().quarantined, 0);
     relay.stop().await;
     db.cleanup().await;
@@ -454,49 +418,27 @@ ferry_testkit::backend_tests!(modes:
 /// stored headers (a W3C traceparent passes through untouched).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kafka_record_carries_key_and_headers() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Headers, Message};
-    let db = TestDb::open(ferry_store::Backend::Sqlite).await.unwrap();
-    let kafka = EmbeddedKafka::start(1).unwrap();
-    kafka.create_topic(TOPIC, 1).unwrap();
+    let db = TestDb::sqlite().await;
+    let kafka = EmbeddedKafka::with_topic(1, TOPIC, 1).unwrap();
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let mut e = ev("order-42", 1);
     e.headers.insert("traceparent".into(), tp.into());
     db.store.enqueue(&[e]).await.unwrap();
     let relay = start_relay(&db, &kafka, fast_config(DispatchMode::Cursor), &[]);
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", kafka.bootstrap_servers())
-        .set("group.id", "headers-test")
-        .create()
-        .unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(TOPIC, 0, rdkafka::Offset::Beginning)
-        .unwrap();
-    consumer.assign(&tpl).unwrap();
-    let msg = tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                return m.detach();
-            }
-            assert!(std::time::Instant::now() < deadline, "no message");
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(msg.key(), Some("order-42".as_bytes()));
+    let wait = Duration::from_secs(30);
+    let read = read_records(kafka.bootstrap_servers(), TOPIC, 1, 1, wait, Duration::ZERO);
+    let msg = read.await.unwrap().into_iter().next().expect("no message");
+    assert_eq!(msg.key.as_deref(), Some("order-42".as_bytes()));
     assert_eq!(
-        msg.payload(),
+        msg.payload.as_deref(),
         Some(r#"{"agg":"order-42","v":1}"#.as_bytes())
     );
-    let headers: std::collections::BTreeMap<String, String> = msg
-        .headers()
-        .unwrap()
-        .iter()
-        .map(|h| {
+    let headers: std::collections::BTreeMap<&str, String> = msg
+        .header_pairs()
+        .map(|(k, v)| {
             (
-                h.key.to_string(),
-                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                k,
+                String::from_utf8_lossy(v.unwrap_or_default()).into_owned(),
             )
         })
         .collect();

@@ -179,6 +179,13 @@ impl TestDb {
         .await
     }
 
+    /// A fresh SQLite database (always available: no server).
+    pub async fn sqlite() -> TestDb {
+        Self::open(Backend::Sqlite)
+            .await
+            .expect("SQLite is always available")
+    }
+
     /// Runs one statement (no parameters) and returns the affected row count.
     pub async fn exec(&self, sql: &str) -> Result<u64, StoreError> {
         Ok(match &self.kind {
@@ -319,6 +326,15 @@ impl TestDb {
             }
             Kind::Lite(_) => None,
         }
+    }
+
+    /// Waits until every intent is SENT (nothing PENDING or CLAIMED); panics after `timeout`.
+    pub async fn wait_all_sent(&self, timeout: std::time::Duration) {
+        crate::wait_until("all SENT", timeout, || async {
+            let s = self.store.status().await;
+            s.is_ok_and(|s| s.pending == 0 && s.claimed == 0)
+        })
+        .await
     }
 
     /// A second, independent store on the same database (a new pool: "reopen the connection").

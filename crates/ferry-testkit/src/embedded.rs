@@ -91,6 +91,26 @@ impl EmbeddedKafka {
         })
     }
 
+    /// Starts a mock cluster with `brokers` brokers and `topic` of `partitions` partitions.
+    pub fn with_topic(
+        brokers: i32,
+        topic: &str,
+        partitions: i32,
+    ) -> Result<Self, EmbeddedKafkaError> {
+        let cluster = Self::start(brokers)?;
+        cluster.create_topic(topic, partitions)?;
+        Ok(cluster)
+    }
+
+    /// [`Self::with_topic`] and a [`Verifier`](crate::Verifier) reading the topic back from the
+    /// beginning (for tests: panics if either cannot start).
+    pub fn verified(brokers: i32, topic: &str, partitions: i32) -> (Self, crate::Verifier) {
+        let cluster = Self::with_topic(brokers, topic, partitions).expect("mock Kafka cluster");
+        let verifier = crate::Verifier::start(cluster.bootstrap_servers(), topic, partitions)
+            .expect("verifier");
+        (cluster, verifier)
+    }
+
     /// `bootstrap.servers` of the cluster.
     pub fn bootstrap_servers(&self) -> &str {
         &self.bootstrap

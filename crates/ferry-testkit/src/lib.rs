@@ -7,9 +7,13 @@
 //! * [`backend_tests!`]: the one per-backend test macro (modules `sqlite`, `postgres`, `mysql`,
 //!   optionally `memory`, or `row::…`/`cursor::…` per dispatch mode).
 //! * [`wait_until`]: tests wait on conditions, never on fixed sleeps.
-//! * [`EmbeddedKafka`]: librdkafka's mock cluster on its own thread.
+//! * [`EmbeddedKafka`]: librdkafka's mock cluster on its own thread; [`kafka`]: topics and
+//!   watermarks of an external broker through its admin API.
 //! * [`Verifier`]: a Kafka consumer that reads a topic back and checks duplicates and
-//!   per-aggregate order ([`OrderCheck`]), with an optional per-message hook.
+//!   per-aggregate order ([`OrderCheck`]), with an optional per-message hook;
+//!   [`read_records`] reads a topic's messages back.
+//! * [`RelayTask`]: an in-process relay on a task of its own, stopped through its token;
+//!   [`RelayProcess`]: a `ferry relay` child process (free metrics port, log file, signals).
 //! * [`conformance`]: the store and cursor conformance suites as exported exercises, one
 //!   `pub async fn` per case ([`store_conformance!`] / [`cursor_conformance!`] instantiate them).
 //!
@@ -26,7 +30,10 @@
 pub mod conformance;
 mod db;
 pub mod embedded;
+pub mod kafka;
 mod macros;
+pub mod process;
+mod task;
 pub mod verify;
 mod wait;
 
@@ -36,10 +43,61 @@ pub use db::{
 pub use embedded::{EmbeddedKafka, EmbeddedKafkaError};
 pub use ferry_core::DispatchMode;
 pub use ferry_store::Backend;
+pub use process::{RelayProcess, SpawnError, Stdout};
+pub use task::{Joined, RelayTask};
 pub use verify::{
-    Hook, OrderCheck, Received, Verifier, VerifyError, VerifyReport, COMMIT_TS_HEADER,
+    read_records, Hook, OrderCheck, Received, Record, Verifier, VerifyError, VerifyReport,
+    COMMIT_TS_HEADER,
 };
 pub use wait::{poll_until, wait_until, wait_until_every};
+
+/// `sql` with its `?` placeholders written as PostgreSQL's `$1, $2, …` when `postgres`: one
+/// statement text for every backend.
+pub fn placeholder(sql: &str, postgres: bool) -> std::borrow::Cow<'_, str> {
+    if !postgres {
+        return sql.into();
+    }
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for ch in sql.chars() {
+        if ch == '?' {
+            n += 1;
+            out.push_str(&format!("${n}"));
+        } else {
+            out.push(ch);
+        }
+    }
+    out.into()
+}
+
+/// An unfenced claim over every slot of up to `limit` events, leased for `lease`.
+pub fn claim_all(limit: usize, lease: std::time::Duration) -> ferry_core::ClaimRequest {
+    ferry_core::ClaimRequest::new((0..ferry_core::SLOT_COUNT).collect(), limit, lease)
+}
+
+/// A retry outcome for `token`: due again after `delay`, with `error` as its `last_error`.
+pub fn retry_item(
+    token: &ferry_core::ClaimToken,
+    delay: std::time::Duration,
+    error: &str,
+) -> ferry_core::RetryItem {
+    ferry_core::RetryItem {
+        token: token.clone(),
+        delay,
+        error: error.into(),
+    }
+}
+
+/// A purge of every SENT row (no age limit, no consumer filter), `batch` rows per delete
+/// transaction; set other fields with struct update syntax.
+pub fn purge_all(batch: usize) -> ferry_core::PurgeRequest<'static> {
+    ferry_core::PurgeRequest {
+        older_than: std::time::Duration::ZERO,
+        batch,
+        consumer: None,
+        dry_run: false,
+    }
+}
 
 /// `n` claimed events for sending straight to a sink (no store): aggregates `order-{i}` for `i`
 /// in `first..first + n`, each at version 1, keyed by its aggregate, with `payload`.
@@ -85,4 +143,17 @@ pub fn intent(topic: &str, agg: &str, v: i64) -> ferry_core::NewEvent {
         format!(r#"{{"agg":"{agg}","v":{v}}}"#),
     )
     .with_id(format!("e-{agg}-{v}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn placeholders_are_numbered_for_postgres() {
+        let sql = "UPDATE t SET a = ? WHERE b = ?";
+        assert_eq!(super::placeholder(sql, false), sql);
+        assert_eq!(
+            super::placeholder(sql, true),
+            "UPDATE t SET a = $1 WHERE b = $2"
+        );
+    }
 }

@@ -91,3 +91,24 @@ macro_rules! backend_tests {
         $crate::backend_tests!(@memory [$($p)*] $($rest),*);
     };
 }
+
+/// Runs `$body` with `$x` bound to the sqlx pool (or connection) of whichever backend a
+/// `ferry_inbox::InboxPool` (or the `ferry_inbox::Conn` an Inbox effect gets) holds: one
+/// statement written once for every backend (mind the placeholder: `$1` on PostgreSQL, `?`
+/// elsewhere, see [`placeholder`](crate::placeholder)). The calling crate needs `ferry-inbox`
+/// and `sqlx`.
+///
+/// ```ignore
+/// let n: i64 = ferry_testkit::on_inbox!(InboxPool, inbox.pool(), p => sqlx::query_scalar(sql).fetch_one(p).await)?;
+/// ferry_testkit::on_inbox!(Conn, conn, c => sqlx::query(sql).execute(c).await.map(drop))?;
+/// ```
+#[macro_export]
+macro_rules! on_inbox {
+    ($kind:ident, $v:expr, $x:ident => $body:expr) => {
+        match $v {
+            ::ferry_inbox::$kind::Postgres($x) => $body,
+            ::ferry_inbox::$kind::Mysql($x) => $body,
+            ::ferry_inbox::$kind::Sqlite($x) => $body,
+        }
+    };
+}

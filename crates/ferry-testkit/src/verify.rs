@@ -86,6 +86,8 @@ pub struct Received<'a> {
     pub partition: i32,
     /// Offset in the partition.
     pub offset: i64,
+    /// The message key.
+    pub key: Option<&'a [u8]>,
     /// Every header, in order (`ferry-event-id`, `ferry-aggregate-id`, … and any others).
     pub headers: &'a [(&'a str, Option<&'a [u8]>)],
     /// The message value.
@@ -196,6 +198,7 @@ impl Verifier {
                             hook(&Received {
                                 partition: msg.partition(),
                                 offset: msg.offset(),
+                                key: msg.key(),
                                 headers: &headers,
                                 payload: msg.payload(),
                             });
@@ -257,6 +260,69 @@ impl Verifier {
         .await;
         self.report()
     }
+}
+
+/// One consumed message, owned ([`read_records`]).
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// The message key.
+    pub key: Option<Vec<u8>>,
+    /// The message value.
+    pub payload: Option<Vec<u8>>,
+    /// Every header, in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Record {
+    /// The headers as `(key, value)` pairs (what `ferry_inbox::Delivery::from_headers` takes).
+    pub fn header_pairs(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> {
+        self.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref()))
+    }
+}
+
+/// Reads `topic` (all `partitions`) from the beginning until `expect` messages arrived, then
+/// `grace` longer (for late duplicates), or until `wait` passed (with `expect` 0: all of it);
+/// returns every message read.
+pub async fn read_records(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    expect: usize,
+    wait: Duration,
+    grace: Duration,
+) -> Result<Vec<Record>, VerifyError> {
+    let seen: Arc<Mutex<Vec<Record>>> = Arc::default();
+    let hook = {
+        let seen = seen.clone();
+        move |m: &Received<'_>| {
+            let owned = |b: Option<&[u8]>| b.map(<[u8]>::to_vec);
+            let record = Record {
+                key: owned(m.key),
+                payload: owned(m.payload),
+                headers: m
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), owned(*v)))
+                    .collect(),
+            };
+            seen.lock().expect("reader lock").push(record);
+        }
+    };
+    let reader = Verifier::start_with_hook(brokers, topic, partitions, &[], Some(Box::new(hook)))?;
+    let count = || seen.lock().expect("reader lock").len();
+    let reached = crate::poll_until(wait, Duration::from_millis(50), || async {
+        expect > 0 && count() >= expect
+    })
+    .await;
+    if reached {
+        tokio::time::sleep(grace).await;
+    }
+    // joining the consumer thread waits out its current poll
+    tokio::task::spawn_blocking(move || drop(reader))
+        .await
+        .map_err(|e| VerifyError(e.to_string()))?;
+    let records = std::mem::take(&mut *seen.lock().expect("reader lock"));
+    Ok(records)
 }
 
 impl State {

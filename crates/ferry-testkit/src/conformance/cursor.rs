@@ -4,9 +4,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use ferry_core::{
-    AdvanceResult, CasResult, ClaimRequest, CursorAdvance, CursorPos, CursorRead, CursorStore,
-    DispatchMode, EventState, ExceptionKind, ExceptionOutcomes, NewEvent, NewException, RetryItem,
-    SlotAdvance, SlotCursor, SlotFence, SlotId, Watermark, SLOT_COUNT,
+    AdvanceResult, CasResult, CursorAdvance, CursorPos, CursorRead, CursorStore, DispatchMode,
+    EventState, ExceptionKind, ExceptionOutcomes, NewEvent, NewException, SlotAdvance, SlotCursor,
+    SlotFence, SlotId, Watermark, SLOT_COUNT,
 };
 
 use super::Case;
@@ -307,7 +307,7 @@ pub async fn exceptions_hold_successors_in_order(db: TestDb) {
     assert_eq!(b3.events.len(), 1);
     assert!(b3.events[0].held);
     // the held successor is not claimable while p-1 is quarantined
-    let mut req = ClaimRequest::new(all_slots(), 10, LONG);
+    let mut req = crate::claim_all(10, LONG);
     req.fence = Some(SlotFence { owner: "a".into() });
     assert!(cs(&db).claim_exceptions(&req).await.unwrap().is_empty());
     // operator requeue: p-1 first, then p-2 (one per claim: the predecessor rule)
@@ -340,11 +340,11 @@ pub async fn exceptions_hold_successors_in_order(db: TestDb) {
     // a retry pushes it back with attempts + 1
     let r = cs(&db)
         .settle_exceptions(&ExceptionOutcomes {
-            retry: vec![RetryItem {
-                token: c2[0].token.clone(),
-                delay: Duration::from_millis(200),
-                error: "broker busy".into(),
-            }],
+            retry: vec![crate::retry_item(
+                &c2[0].token,
+                Duration::from_millis(200),
+                "broker busy",
+            )],
             ..Default::default()
         })
         .await
@@ -419,24 +419,13 @@ pub async fn reconcile_and_purge_use_derived_states(db: TestDb) {
     let dry = db
         .store
         .purge_sent(&ferry_core::PurgeRequest {
-            older_than: Duration::ZERO,
-            batch: 10,
-            consumer: None,
             dry_run: true,
+            ..crate::purge_all(10)
         })
         .await
         .unwrap();
     assert_eq!(dry, 2);
-    let n = db
-        .store
-        .purge_sent(&ferry_core::PurgeRequest {
-            older_than: Duration::ZERO,
-            batch: 1,
-            consumer: None,
-            dry_run: false,
-        })
-        .await
-        .unwrap();
+    let n = db.store.purge_sent(&crate::purge_all(1)).await.unwrap();
     assert_eq!(n, 2);
     assert!(db.store.record("e-r-1").await.unwrap().is_none());
     assert_eq!(state(&db, "e-r-2").await, Some(EventState::Pending));
@@ -609,11 +598,7 @@ pub async fn mode_switch_converts_state(db: TestDb) {
         .await
         .unwrap();
     // row mode: n-1 sent, m-1 quarantined, m-2 pending
-    let claimed = db
-        .store
-        .claim(&ClaimRequest::new(all_slots(), 10, LONG))
-        .await
-        .unwrap();
+    let claimed = db.store.claim(&crate::claim_all(10, LONG)).await.unwrap();
     let tok = |id: &str| {
         claimed
             .iter()
@@ -703,11 +688,7 @@ pub async fn mode_switch_converts_state(db: TestDb) {
         .requeue(&ferry_core::OperatorAction::new("e-m-1", "op"))
         .await
         .unwrap();
-    let again = db
-        .store
-        .claim(&ClaimRequest::new(all_slots(), 10, LONG))
-        .await
-        .unwrap();
+    let again = db.store.claim(&crate::claim_all(10, LONG)).await.unwrap();
     let ids: Vec<&str> = again.iter().map(|e| e.token.event_id.as_str()).collect();
     assert_eq!(ids, vec!["e-m-1"]);
     db.cleanup().await;
@@ -1122,12 +1103,7 @@ pub async fn restored_elsewhere_rebases_cursors(db: TestDb) {
     backwards(db.store.status().await.unwrap_err());
     backwards(
         db.store
-            .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 10,
-                consumer: None,
-                dry_run: false,
-            })
+            .purge_sent(&crate::purge_all(10))
             .await
             .unwrap_err(),
     );

@@ -8,22 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore,
-    RetryItem, SlotFence,
+    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore, SlotFence,
 };
 
 use super::Case;
 use crate::{AnyDb, TestDb};
 
-use super::all_slots;
-
 fn ev(agg: &str, v: i64) -> NewEvent {
     crate::intent("orders", agg, v)
 }
 
-fn req(limit: usize, lease: Duration) -> ClaimRequest {
-    ClaimRequest::new(all_slots(), limit, lease)
-}
+use crate::claim_all as req;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -37,6 +32,22 @@ async fn state(store: &dyn OutboxStore, id: &str) -> EventState {
 }
 
 /// Claims until something is returned (a lease must expire first), bounded by `max`.
+/// Extends the leases of `tokens` by `lease`; the per-item outcomes.
+async fn extend(
+    store: &dyn OutboxStore,
+    tokens: &[ClaimToken],
+    lease: Duration,
+) -> ferry_core::CasReport {
+    let ext = ferry_core::LeaseExtension::new(tokens, lease);
+    store.extend_lease(&ext).await.unwrap()
+}
+
+/// One claim of a single event with a lease of `lease_ms` (so another claimer takes it over soon).
+async fn claim_short(store: &dyn OutboxStore, lease_ms: u64) -> Vec<ferry_core::ClaimedEvent> {
+    let lease = Duration::from_millis(lease_ms);
+    store.claim(&req(1, lease)).await.unwrap()
+}
+
 async fn claim_eventually(
     store: &dyn OutboxStore,
     r: &ClaimRequest,
@@ -113,11 +124,7 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
             1
         );
     }
-    let a = db
-        .store
-        .claim(&req(1, Duration::from_millis(200)))
-        .await
-        .unwrap();
+    let a = claim_short(&*db.store, 200).await;
     assert_eq!(a[0].token.claim_version, 12);
     // B cannot take it while A's lease is live...
     assert!(db.store.claim(&req(1, LONG)).await.unwrap().is_empty());
@@ -130,23 +137,13 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
     assert_eq!(r.items, vec![(a[0].token.seq, CasResult::Fenced)]);
     for op in [
         db.store.release(&[a[0].token.clone()]).await.unwrap(),
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[a[0].token.clone()],
-                LONG,
-            ))
-            .await
-            .unwrap(),
+        extend(&*db.store, &[a[0].token.clone()], LONG).await,
         db.store
             .quarantine(&[(a[0].token.clone(), "x".into())])
             .await
             .unwrap(),
         db.store
-            .retry(&[RetryItem {
-                token: a[0].token.clone(),
-                delay: Duration::ZERO,
-                error: "x".into(),
-            }])
+            .retry(&[crate::retry_item(&a[0].token, Duration::ZERO, "x")])
             .await
             .unwrap(),
     ] {
@@ -173,55 +170,28 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
 /// applies; the report must not credit the stale one because its row was updated.
 pub async fn stale_and_live_token_of_one_row_in_one_batch(db: AnyDb) {
     db.store.enqueue(&[ev("twice", 1)]).await.unwrap();
-    let a = db
-        .store
-        .claim(&req(1, Duration::from_millis(200)))
-        .await
-        .unwrap();
+    let a = claim_short(&*db.store, 200).await;
     let b = claim_eventually(&*db.store, &req(1, LONG), Duration::from_secs(10)).await;
     let (stale, live) = (a[0].token.clone(), b[0].token.clone());
     assert_eq!(stale.seq, live.seq);
     assert_ne!(stale.claim_version, live.claim_version);
-    let r = db
-        .store
-        .extend_lease(&ferry_core::LeaseExtension::new(
-            &[stale.clone(), live.clone()],
-            LONG,
-        ))
-        .await
-        .unwrap();
+    let r = extend(&*db.store, &[stale.clone(), live.clone()], LONG).await;
+    let (fenced, applied) = (CasResult::Fenced, CasResult::Applied);
     assert_eq!(
         r.items,
-        vec![
-            (stale.seq, CasResult::Fenced),
-            (live.seq, CasResult::Applied)
-        ],
+        [(stale.seq, fenced), (live.seq, applied)],
         "extend_lease"
     );
     let r = db
         .store
         .retry(&[
-            RetryItem {
-                token: live.clone(),
-                delay: LONG,
-                error: "x".into(),
-            },
-            RetryItem {
-                token: stale.clone(),
-                delay: LONG,
-                error: "x".into(),
-            },
+            crate::retry_item(&live, LONG, "x"),
+            crate::retry_item(&stale, LONG, "x"),
         ])
         .await
         .unwrap();
-    assert_eq!(
-        r.items,
-        vec![
-            (live.seq, CasResult::Applied),
-            (stale.seq, CasResult::Fenced)
-        ],
-        "retry (per-item values)"
-    );
+    let per_item = [(live.seq, applied), (stale.seq, fenced)];
+    assert_eq!(r.items, per_item, "retry (per-item values)");
     let rec = db.store.record("e-twice-1").await.unwrap().unwrap();
     assert_eq!(rec.state, EventState::Pending);
 }
@@ -238,11 +208,11 @@ pub async fn batch_with_mixed_outcomes_confirms_only_acked(db: AnyDb) {
     assert_eq!(acked.applied(), 2);
     let retried = db
         .store
-        .retry(&[RetryItem {
-            token: t[2].clone(),
-            delay: Duration::from_secs(3600),
-            error: "broker busy".into(),
-        }])
+        .retry(&[crate::retry_item(
+            &t[2],
+            Duration::from_secs(3600),
+            "broker busy",
+        )])
         .await
         .unwrap();
     assert_eq!(retried.applied(), 1);
@@ -313,11 +283,7 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
     assert_eq!(ids(&c), vec!["e-A-1", "e-B-1"]);
     // retry of v1 keeps v2 blocked
     db.store
-        .retry(&[RetryItem {
-            token: c[0].token.clone(),
-            delay: Duration::ZERO,
-            error: "t".into(),
-        }])
+        .retry(&[crate::retry_item(&c[0].token, Duration::ZERO, "t")])
         .await
         .unwrap();
     db.store.ack(&[c[1].token.clone()]).await.unwrap();
@@ -340,15 +306,11 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
     );
     assert_eq!(q[0].last_error.as_deref(), Some("schema error"));
     // requeue keeps id and payload
-    db.store
-        .requeue(&ferry_core::OperatorAction::new("e-A-2", "alice"))
-        .await
-        .unwrap();
+    let alice = ferry_core::OperatorAction::new("e-A-2", "alice");
+    db.store.requeue(&alice).await.unwrap();
     let rec = db.store.record("e-A-2").await.unwrap().unwrap();
-    assert_eq!(
-        (rec.state, rec.resolved_by.as_deref()),
-        (EventState::Pending, Some("alice"))
-    );
+    let resolved = |r: &ferry_core::EventRecord| (r.state, r.resolved_by.clone());
+    assert_eq!(resolved(&rec), (EventState::Pending, Some("alice".into())));
     assert_eq!(rec.payload, r#"{"agg":"A","v":2}"#);
     let c = db.store.claim(&req(10, LONG)).await.unwrap();
     assert_eq!(ids(&c), vec!["e-A-2"]);
@@ -357,15 +319,10 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
         .await
         .unwrap();
     // skip releases the successor and records who skipped
-    db.store
-        .skip(&ferry_core::OperatorAction::new("e-A-2", "bob"))
-        .await
-        .unwrap();
+    let bob = ferry_core::OperatorAction::new("e-A-2", "bob");
+    db.store.skip(&bob).await.unwrap();
     let rec = db.store.record("e-A-2").await.unwrap().unwrap();
-    assert_eq!(
-        (rec.state, rec.resolved_by.as_deref()),
-        (EventState::Skipped, Some("bob"))
-    );
+    assert_eq!(resolved(&rec), (EventState::Skipped, Some("bob".into())));
     let c = db.store.claim(&req(10, LONG)).await.unwrap();
     assert_eq!(ids(&c), vec!["e-A-3"]);
     // operator actions on a non-quarantined event are refused with a clear message
@@ -600,46 +557,31 @@ pub async fn claims_count_rows_skipped_as_locked(db: TestDb) {
 /// A claim whose lease expired is taken over by another claimer, and the first claimer is fenced.
 pub async fn lease_expiry_and_takeover(db: AnyDb) {
     db.store.enqueue(&[ev("X", 1)]).await.unwrap();
-    let a = db
-        .store
-        .claim(&req(1, Duration::from_millis(300)))
-        .await
-        .unwrap();
+    let a = claim_short(&*db.store, 300).await;
     assert!(db.store.claim(&req(1, LONG)).await.unwrap().is_empty());
     // heartbeat extends A's lease; the row stays A's
     assert_eq!(
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[a[0].token.clone()],
-                Duration::from_millis(300)
-            ))
-            .await
-            .unwrap()
-            .applied(),
+        extend(
+            &*db.store,
+            &[a[0].token.clone()],
+            Duration::from_millis(300)
+        )
+        .await
+        .applied(),
         1
     );
     let b = claim_eventually(&*db.store, &req(1, LONG), Duration::from_secs(10)).await;
     assert_eq!(b[0].token.claim_version, a[0].token.claim_version + 1);
     assert_eq!(b[0].payload, a[0].payload);
     assert_eq!(
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[a[0].token.clone()],
-                LONG
-            ))
+        extend(&*db.store, &[a[0].token.clone()], LONG)
             .await
-            .unwrap()
             .fenced(),
         1
     );
     assert_eq!(
-        db.store
-            .extend_lease(&ferry_core::LeaseExtension::new(
-                &[b[0].token.clone()],
-                LONG
-            ))
+        extend(&*db.store, &[b[0].token.clone()], LONG)
             .await
-            .unwrap()
             .applied(),
         1
     );
@@ -686,26 +628,18 @@ pub async fn bad_inputs_are_refused_and_write_nothing(db: AnyDb) {
         .enqueue(&[ev("order-1", 1).with_id("other-id")])
         .await
         .unwrap_err();
-    assert_eq!(
-        e,
-        EnqueueError::DuplicateVersion {
-            aggregate_id: "order-1".into(),
-            version: 1
-        }
-    );
+    let order_1_v1 = EnqueueError::DuplicateVersion {
+        aggregate_id: "order-1".into(),
+        version: 1,
+    };
+    assert_eq!(e, order_1_v1);
     // ... also inside a multi-row insert, and the rest of the batch is not written
     let e = db
         .store
         .enqueue(&[ev("order-2", 1), ev("order-1", 1).with_id("x2")])
         .await
         .unwrap_err();
-    assert_eq!(
-        e,
-        EnqueueError::DuplicateVersion {
-            aggregate_id: "order-1".into(),
-            version: 1
-        }
-    );
+    assert_eq!(e, order_1_v1);
     // ... and inside the caller's business transaction, which rolls back
     if let Some(sql) = db.sql() {
         let e = sql
@@ -1072,9 +1006,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
                 older_than: Duration::from_secs(3600),
-                batch: 100,
-                consumer: None,
-                dry_run: false
+                ..crate::purge_all(100)
             })
             .await
             .unwrap(),
@@ -1084,10 +1016,8 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
     assert_eq!(
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 100,
-                consumer: None,
-                dry_run: true
+                dry_run: true,
+                ..crate::purge_all(100)
             })
             .await
             .unwrap(),
@@ -1100,15 +1030,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         "dry run deletes nothing"
     );
     assert_eq!(
-        db.store
-            .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 2,
-                consumer: None,
-                dry_run: false
-            })
-            .await
-            .unwrap(),
+        db.store.purge_sent(&crate::purge_all(2)).await.unwrap(),
         3,
         "two bounded batches"
     );
@@ -1136,10 +1058,8 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         assert!(db
             .store
             .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 10,
                 consumer: Some("billing"),
-                dry_run: false
+                ..crate::purge_all(10)
             })
             .await
             .is_err());
@@ -1165,10 +1085,8 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
     assert_eq!(
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
-                older_than: Duration::ZERO,
-                batch: 10,
                 consumer: Some("billing"),
-                dry_run: false
+                ..crate::purge_all(10)
             })
             .await
             .unwrap(),
