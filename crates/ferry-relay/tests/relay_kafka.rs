@@ -72,6 +72,56 @@ fn setup() -> (EmbeddedKafka, Verifier) {
     EmbeddedKafka::verified(3, TOPIC, 4)
 }
 
+/// Why `expected` is not what the verifier saw, for a failure message: for each event the
+/// verifier has not delivered, its row's state in the store and whether a fresh read of the
+/// whole topic finds it (in the log but not seen: the verifier missed it; SENT but not in the
+/// log: the relay acked something the broker does not have), plus the relay's counters.
+async fn explain(
+    db: &TestDb,
+    kafka: &EmbeddedKafka,
+    verifier: &Verifier,
+    relay: &Running,
+    expected: impl IntoIterator<Item = String>,
+) -> String {
+    let seen = verifier.delivered_ids();
+    let missing: Vec<String> = expected.into_iter().filter(|id| !seen.contains(id)).collect();
+    let brokers = kafka.bootstrap_servers();
+    let log = read_records(brokers, TOPIC, 4, 0, Duration::from_secs(5), Duration::ZERO).await;
+    let in_log: std::collections::HashSet<String> = log
+        .as_ref()
+        .map(|records| {
+            records
+                .iter()
+                .filter_map(|r| {
+                    r.header_pairs()
+                        .find(|(k, _)| *k == "ferry-event-id")
+                        .and_then(|(_, v)| v.map(|v| String::from_utf8_lossy(v).into_owned()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = format!(
+        "verifier {:?}; topic re-read: {} records ({:?}); watermarks {:?}; relay sent {} \
+         retried {} quarantined {} fenced {}",
+        verifier.report(),
+        log.as_ref().map_or(0, Vec::len),
+        log.as_ref().err(),
+        ferry_testkit::kafka::watermarks(brokers, TOPIC, 4),
+        relay.metrics.sent.load(Ordering::Relaxed),
+        relay.metrics.retried.load(Ordering::Relaxed),
+        relay.metrics.quarantined.load(Ordering::Relaxed),
+        relay.metrics.fenced.load(Ordering::Relaxed),
+    );
+    for id in missing.iter().take(20) {
+        let row = db.store.record(id).await;
+        let row = row.map(|r| {
+            r.map(|r| (r.state, r.claim_version, r.attempts, r.last_error))
+        });
+        out += &format!("\n  {id}: in the re-read log: {}; row {row:?}", in_log.contains(id));
+    }
+    out
+}
+
 async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
     let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
@@ -122,7 +172,10 @@ async fn transient_produce_errors_are_retried(db: TestDb, mode: DispatchMode) {
     let r = verifier
         .wait_until(Duration::from_secs(60), |r| r.delivered >= 100)
         .await;
-    assert_eq!((r.delivered, r.ordering_violations), (100, 0), "{r:?}");
+    if (r.delivered, r.ordering_violations) != (100, 0) {
+        let ids = (1..=5).flat_map(|v| (0..20).map(move |a| format!("e-t-{a}-{v}")));
+        panic!("{}", explain(&db, &kafka, &verifier, &relay, ids).await);
+    }
     assert_eq!(relay.metrics.quarantined.load(Ordering::Relaxed), 0);
     assert_eq!(db.store.status().await.unwrap().quarantined, 0);
     relay.stop().await;
@@ -397,8 +450,10 @@ async fn mid_batch_faults_keep_first_delivery_order(db: TestDb, mode: DispatchMo
     let r = verifier
         .wait_until(Duration::from_secs(120), |r| r.delivered >= total)
         .await;
-    assert_eq!(r.ordering_violations, 0, "{r:?}");
-    assert_eq!(r.delivered, total, "{r:?}");
+    if (r.delivered, r.ordering_violations) != (total, 0) {
+        let ids = (1..=per).flat_map(|v| (0..aggs).map(move |a| format!("e-f-{a}-{v}")));
+        panic!("{}", explain(&db, &kafka, &verifier, &relay, ids).await);
+    }
     assert_eq!(db.store.status().await.unwrap().quarantined, 0);
     relay.stop().await;
     db.cleanup().await;
