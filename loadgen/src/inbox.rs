@@ -44,18 +44,17 @@
 //! are deleted afterwards unless `--keep-db`). SQLite has one writer: the pool has a single
 //! connection (more would only sleep in SQLite's busy handler) and the workers queue on it.
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_core::{Backoff, BoxFuture};
 use ferry_inbox::{
-    Backend, BoxError, Conn, Delivery, Inbox, InboxConfig, InboxError, InboxPool, Verdict,
+    Backend, BoxError, Conn, Delivery, Inbox, InboxConfig, InboxError, InboxPool, PoolOptions,
+    Verdict,
 };
 use ferry_store::redact_url;
 use ferry_testkit::{on_inbox, Received, TempDir, Verifier};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::Executor;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -456,22 +455,15 @@ impl Drop for InboxConsumer {
 /// A SQLite Inbox pool of one connection (one writer: more connections would only sleep in
 /// the busy handler), WAL, `synchronous` as asked.
 async fn sqlite_pool(url: &str, sync: SqliteSync) -> Result<InboxPool> {
-    let opts = SqliteConnectOptions::from_str(url)
-        .map_err(|e| Error::Setup(format!("--inbox-url {}: {e}", redact_url(url))))?
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(sync.into())
-        .busy_timeout(Duration::from_secs(10));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(30))
-        .connect_with(opts)
-        .await
-        .map_err(Error::sql(format!(
-            "open the Inbox database {}",
-            redact_url(url)
-        )))?;
-    Ok(InboxPool::Sqlite(pool))
+    // one connection: SQLite has one writer, and the workers queue on it (hence the long wait)
+    let options = PoolOptions {
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(30),
+        sqlite_synchronous: sync.into(),
+    };
+    InboxPool::connect_with(url, &options).await.map_err(|e| {
+        Error::Setup(format!("open the Inbox database {}: {e}", redact_url(url)))
+    })
 }
 
 /// `loadgen_effects` and `loadgen_projection` on a server (MySQL adds its engine).

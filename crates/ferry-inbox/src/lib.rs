@@ -80,7 +80,7 @@ use std::time::Duration;
 use ferry_core::{BoxFuture, StoreError, StoreErrorKind};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{
     Executor, MySqlConnection, MySqlPool, PgConnection, PgPool, SqliteConnection, SqlitePool,
 };
@@ -95,6 +95,7 @@ pub mod sqlite;
 pub use error::{BoxError, InboxError};
 pub use ferry_store::Backend;
 pub use migrate::{MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
+pub use sqlx::sqlite::SqliteSynchronous;
 
 /// The longest consumer name, event id or aggregate id accepted (the columns' width).
 pub const MAX_IDENT_LEN: usize = 255;
@@ -351,19 +352,52 @@ pub enum InboxPool {
     Sqlite(SqlitePool),
 }
 
+/// How [`InboxPool::connect_with`] opens its pool.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Connections at most (at least 1). Default 10.
+    pub max_connections: u32,
+    /// How long a caller waits for a free connection before the call fails. Default 10 s: long
+    /// enough for a busy server, short enough to report a wrong host promptly.
+    pub acquire_timeout: Duration,
+    /// SQLite only: when a commit is durable. Default `Full` (fsync of the WAL on every commit:
+    /// a recorded delivery survives power loss); `Normal` survives process crashes only.
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+            sqlite_synchronous: SqliteSynchronous::Full,
+        }
+    }
+}
+
 impl InboxPool {
-    /// Opens a pool on `url` (the scheme picks the backend) with `max_connections`.
-    /// MySQL sessions use `READ COMMITTED` (as the store's do: fewer gap locks); SQLite uses
-    /// WAL, `synchronous = FULL` and a 10 s busy timeout.
+    /// Opens a pool on `url` (the scheme picks the backend) with `max_connections` and the
+    /// other [`PoolOptions`] at their defaults.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, InboxError> {
+        let options = PoolOptions {
+            max_connections,
+            ..PoolOptions::default()
+        };
+        Self::connect_with(url, &options).await
+    }
+
+    /// Opens a pool on `url` (the scheme picks the backend). MySQL sessions use `READ
+    /// COMMITTED` (as the store's do: fewer gap locks); SQLite uses WAL, a 10 s busy timeout and
+    /// `options.sqlite_synchronous`.
+    pub async fn connect_with(url: &str, options: &PoolOptions) -> Result<Self, InboxError> {
+        let max_connections = options.max_connections.max(1);
         let bad = |e: sqlx::Error| {
             InboxError::Database(StoreError::new(
                 StoreErrorKind::InvalidInput,
                 format!("invalid database URL {}: {e}", ferry_store::redact_url(url)),
             ))
         };
-        // 10 s: long enough for a busy server, short enough to report a wrong host promptly.
-        let acquire = Duration::from_secs(10);
+        let acquire = options.acquire_timeout;
         Ok(match Backend::from_url(url)? {
             Backend::Postgres => Self::Postgres(
                 PgPoolOptions::new()
@@ -390,14 +424,14 @@ impl InboxPool {
             ),
             Backend::Sqlite => Self::Sqlite(
                 SqlitePoolOptions::new()
-                    .max_connections(max_connections.max(1))
+                    .max_connections(max_connections)
                     .acquire_timeout(acquire)
                     .connect_with(
                         SqliteConnectOptions::from_str(url)
                             .map_err(bad)?
                             .create_if_missing(true)
                             .journal_mode(SqliteJournalMode::Wal)
-                            .synchronous(SqliteSynchronous::Full)
+                            .synchronous(options.sqlite_synchronous)
                             .busy_timeout(Duration::from_secs(10)),
                     )
                     .await
