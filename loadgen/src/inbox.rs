@@ -461,9 +461,9 @@ async fn sqlite_pool(url: &str, sync: SqliteSync) -> Result<InboxPool> {
         acquire_timeout: Duration::from_secs(30),
         sqlite_synchronous: sync.into(),
     };
-    InboxPool::connect_with(url, &options).await.map_err(|e| {
-        Error::Setup(format!("open the Inbox database {}: {e}", redact_url(url)))
-    })
+    InboxPool::connect_with(url, &options)
+        .await
+        .map_err(|e| Error::Setup(format!("open the Inbox database {}: {e}", redact_url(url))))
 }
 
 /// `loadgen_effects` and `loadgen_projection` on a server (MySQL adds its engine).

@@ -84,7 +84,10 @@ async fn explain(
     expected: impl IntoIterator<Item = String>,
 ) -> String {
     let seen = verifier.delivered_ids();
-    let missing: Vec<String> = expected.into_iter().filter(|id| !seen.contains(id)).collect();
+    let missing: Vec<String> = expected
+        .into_iter()
+        .filter(|id| !seen.contains(id))
+        .collect();
     let brokers = kafka.bootstrap_servers();
     let log = read_records(brokers, TOPIC, 4, 0, Duration::from_secs(5), Duration::ZERO).await;
     let in_log: std::collections::HashSet<String> = log
@@ -114,10 +117,11 @@ async fn explain(
     );
     for id in missing.iter().take(20) {
         let row = db.store.record(id).await;
-        let row = row.map(|r| {
-            r.map(|r| (r.state, r.claim_version, r.attempts, r.last_error))
-        });
-        out += &format!("\n  {id}: in the re-read log: {}; row {row:?}", in_log.contains(id));
+        let row = row.map(|r| r.map(|r| (r.state, r.claim_version, r.attempts, r.last_error)));
+        out += &format!(
+            "\n  {id}: in the re-read log: {}; row {row:?}",
+            in_log.contains(id)
+        );
     }
     out
 }
