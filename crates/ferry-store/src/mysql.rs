@@ -404,26 +404,46 @@ impl MyStore {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| db_err("status: cursors", e))?;
-        let r: StatusRow = sqlx::query_as(
-            "SELECT CAST(coalesce(sum(u.state = 'PENDING'), 0) AS SIGNED), \
-               CAST(coalesce(sum(u.state = 'CLAIMED'), 0) AS SIGNED), \
-               CAST(coalesce(sum(u.state = 'QUARANTINED'), 0) AS SIGNED), \
-               CAST(TIMESTAMPDIFF(MICROSECOND, min(u.created_at), UTC_TIMESTAMP(6)) AS SIGNED), \
-               count(DISTINCT CASE WHEN u.state = 'QUARANTINED' THEN u.aggregate_id END) \
-             FROM (SELECT 'PENDING' AS state, o.created_at, o.aggregate_id FROM ferry_outbox o \
-                     JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-                   WHERE o.seq > ? AND o.seq > l.cursor_seq \
-                   UNION ALL \
-                   SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
-                     JOIN ferry_outbox o ON o.seq = x.seq \
-                   WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) u",
+        // The backlog behind the cursors and the exception rows in two statements: one
+        // aggregate over a `UNION ALL` of both materialised the backlog first and cost half as
+        // much again (0.8 s against 0.5 s of server CPU for 200,000 intents behind; log:
+        // 2026-12-03, session 23). Each is a consistent read of its own: an intent that an
+        // advance turns into an exception row between them is counted in both (gauges only).
+        let (behind, behind_age): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT CAST(count(*) AS SIGNED), \
+               CAST(TIMESTAMPDIFF(MICROSECOND, min(o.created_at), UTC_TIMESTAMP(6)) AS SIGNED) \
+             FROM ferry_outbox o JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
+             WHERE o.seq > ? AND o.seq > l.cursor_seq",
         )
         // no cursor yet (no slot was ever owned in cursor mode): nothing is behind one
         .bind(low.unwrap_or(i64::MAX))
         .fetch_one(&self.pool)
         .await
-        .map_err(|e| db_err("status", e))?;
-        Ok(status_from(r))
+        .map_err(|e| db_err("status: backlog", e))?;
+        let (pending, claimed, quarantined, age, blocked): StatusRow = sqlx::query_as(
+            "SELECT CAST(coalesce(sum(x.state = 'PENDING'), 0) AS SIGNED), \
+               CAST(coalesce(sum(x.state = 'CLAIMED'), 0) AS SIGNED), \
+               CAST(coalesce(sum(x.state = 'QUARANTINED'), 0) AS SIGNED), \
+               CAST(TIMESTAMPDIFF(MICROSECOND, min(o.created_at), UTC_TIMESTAMP(6)) AS SIGNED), \
+               count(DISTINCT CASE WHEN x.state = 'QUARANTINED' THEN x.aggregate_id END) \
+             FROM ferry_outbox_exception x JOIN ferry_outbox o ON o.seq = x.seq \
+             WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| db_err("status: exceptions", e))?;
+        // the oldest unfinished intent of either part: the larger age
+        let oldest = match (behind_age, age) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(status_from((
+            behind + pending,
+            claimed,
+            quarantined,
+            oldest,
+            blocked,
+        )))
     }
 
     async fn operator_update(
