@@ -34,6 +34,13 @@ pub struct VerifyReport {
     pub foreign: u64,
     /// A few example violations.
     pub examples: Vec<String>,
+    /// Errors the consumer reported instead of a message (a broker down, a fetch that
+    /// failed). Not part of the verdict: shown when a wait for deliveries comes up short.
+    #[serde(skip)]
+    pub consumer_errors: u64,
+    /// The first few of those errors.
+    #[serde(skip)]
+    pub consumer_error_examples: Vec<String>,
 }
 
 /// Per-aggregate order of first appearances: v(n+1) seen before v(n) is a violation; a version
@@ -172,7 +179,17 @@ impl Verifier {
                         let Some(msg) = consumer.poll(Duration::from_millis(50)) else {
                             continue;
                         };
-                        let Ok(msg) = msg else { continue };
+                        let msg = match msg {
+                            Ok(m) => m,
+                            Err(e) => {
+                                let mut st = state.lock().expect("verifier lock");
+                                st.report.consumer_errors += 1;
+                                if st.report.consumer_error_examples.len() < 5 {
+                                    st.report.consumer_error_examples.push(e.to_string());
+                                }
+                                continue;
+                            }
+                        };
                         let headers: Vec<(&str, Option<&[u8]>)> = msg
                             .headers()
                             .map(|h| h.iter().map(|h| (h.key, h.value)).collect())
