@@ -432,11 +432,8 @@ impl MyStore {
         .fetch_one(&self.pool)
         .await
         .map_err(|e| db_err("status: exceptions", e))?;
-        // the oldest unfinished intent of either part: the larger age
-        let oldest = match (behind_age, age) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        // the oldest unfinished intent of either part: the larger age (`None` < `Some`)
+        let oldest = behind_age.max(age);
         Ok(status_from((
             behind + pending,
             claimed,
