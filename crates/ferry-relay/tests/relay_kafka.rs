@@ -157,13 +157,22 @@ async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
     db.cleanup().await;
 }
 
+/// Every Produce request fails a few times with retriable errors first, all of them errors the
+/// mock cluster can inject faithfully. Not `REQUEST_TIMED_OUT`: librdkafka
+/// reads it as "possibly persisted", and when a later request of the same partition then
+/// succeeds it infers the earlier one was persisted too and reports its messages delivered
+/// (`rd_kafka_dr_implicit_ack`; a real broker would have refused the later request with
+/// `OUT_OF_ORDER_SEQUENCE_NUMBER`). The mock never appends a request it fails and does not check
+/// an idempotent producer's sequences, so that inference acks messages it does not have: the
+/// cause of this file's rare "v(n+1) first delivered before v(n)" failures under load, found by
+/// [`explain`] (the missing version `SENT` in the store, absent from a full re-read of the
+/// topic). Timeouts are exercised where the mock is faithful: a broker slower than
+/// `request.timeout.ms`, which has appended the request when the client gives up on it.
 async fn transient_produce_errors_are_retried(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
-    // Every Produce request fails a few times with retriable errors first.
     kafka
         .produce_errors(&[
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
         ])
@@ -433,12 +442,12 @@ async fn mid_batch_faults_keep_first_delivery_order(db: TestDb, mode: DispatchMo
     let relay = start_relay(&db, &kafka, cfg, &[("request.timeout.ms", "400")]);
     use RDKafkaRespErr as E;
     for round in 0..4 {
-        // retriable and non-retriable produce errors, then a slow broker
+        // retriable and non-retriable produce errors (not REQUEST_TIMED_OUT: see
+        // `transient_produce_errors_are_retried`), then a slow broker
         kafka
             .produce_errors(&[
                 E::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
                 E::RD_KAFKA_RESP_ERR_POLICY_VIOLATION,
-                E::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
                 E::RD_KAFKA_RESP_ERR_UNKNOWN,
                 E::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
             ])
