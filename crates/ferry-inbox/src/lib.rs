@@ -78,9 +78,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{BoxFuture, StoreError, StoreErrorKind};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use ferry_store::PING_IDLE_AFTER;
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{
     Executor, MySqlConnection, MySqlPool, PgConnection, PgPool, SqliteConnection, SqlitePool,
 };
@@ -400,17 +401,17 @@ impl InboxPool {
         let acquire = options.acquire_timeout;
         Ok(match Backend::from_url(url)? {
             Backend::Postgres => Self::Postgres(
-                PgPoolOptions::new()
-                    .max_connections(max_connections)
-                    .acquire_timeout(acquire)
-                    .connect_with(PgConnectOptions::from_str(url).map_err(bad)?)
-                    .await
-                    .map_err(|e| error::db_err("cannot connect to PostgreSQL", e))?,
+                ferry_store::pool_options::<sqlx::Postgres>(
+                    max_connections,
+                    acquire,
+                    PING_IDLE_AFTER,
+                )
+                .connect_with(PgConnectOptions::from_str(url).map_err(bad)?)
+                .await
+                .map_err(|e| error::db_err("cannot connect to PostgreSQL", e))?,
             ),
             Backend::Mysql => Self::Mysql(
-                MySqlPoolOptions::new()
-                    .max_connections(max_connections)
-                    .acquire_timeout(acquire)
+                ferry_store::pool_options::<sqlx::MySql>(max_connections, acquire, PING_IDLE_AFTER)
                     .after_connect(|c, _| {
                         Box::pin(async move {
                             c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -423,19 +424,21 @@ impl InboxPool {
                     .map_err(|e| error::db_err("cannot connect to MySQL/MariaDB", e))?,
             ),
             Backend::Sqlite => Self::Sqlite(
-                SqlitePoolOptions::new()
-                    .max_connections(max_connections)
-                    .acquire_timeout(acquire)
-                    .connect_with(
-                        SqliteConnectOptions::from_str(url)
-                            .map_err(bad)?
-                            .create_if_missing(true)
-                            .journal_mode(SqliteJournalMode::Wal)
-                            .synchronous(options.sqlite_synchronous)
-                            .busy_timeout(Duration::from_secs(10)),
-                    )
-                    .await
-                    .map_err(|e| error::db_err("cannot open SQLite database", e))?,
+                ferry_store::pool_options::<sqlx::Sqlite>(
+                    max_connections,
+                    acquire,
+                    PING_IDLE_AFTER,
+                )
+                .connect_with(
+                    SqliteConnectOptions::from_str(url)
+                        .map_err(bad)?
+                        .create_if_missing(true)
+                        .journal_mode(SqliteJournalMode::Wal)
+                        .synchronous(options.sqlite_synchronous)
+                        .busy_timeout(Duration::from_secs(10)),
+                )
+                .await
+                .map_err(|e| error::db_err("cannot open SQLite database", e))?,
             ),
         })
     }

@@ -98,6 +98,40 @@ impl Backend {
     }
 }
 
+/// How long a pooled connection may sit idle before [`pool_options`]' pools check it with a
+/// ping on acquire (30 s).
+pub const PING_IDLE_AFTER: Duration = Duration::from_secs(30);
+
+/// The pool options of every ferry pool (the stores', the Inbox's): `max_connections`,
+/// `acquire_timeout`, and a liveness check only for connections idle at least
+/// `ping_idle_after`.
+///
+/// sqlx's default pings every connection it hands out, on top of the ping it always sends when
+/// a connection goes back to the pool (sqlx 0.8): two extra round trips per statement run on
+/// the pool. A connection that broke while in use is still found by that return ping and
+/// discarded. One that breaks while idle (a server restart, a proxy's idle cut-off) is found by
+/// the ping on acquire once it has been idle `ping_idle_after`; one that breaks sooner fails its
+/// next statement once, which every caller already treats as a store error (the relay retries).
+/// Tests: `idle_connections_killed_by_the_server_are_replaced_*` (tests/pool.rs).
+pub fn pool_options<DB: sqlx::Database>(
+    max_connections: u32,
+    acquire_timeout: Duration,
+    ping_idle_after: Duration,
+) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= ping_idle_after {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// How to open a store.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {

@@ -27,7 +27,7 @@ use ferry_core::{
     Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
     StoreError, StoreErrorKind, ValidatedEvent,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
 use crate::common::{
@@ -245,23 +245,25 @@ impl MyStore {
         conn: MySqlConnectOptions,
         opts: &ConnectOptions,
     ) -> Result<Self, StoreError> {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(opts.max_connections)
-            .acquire_timeout(opts.acquire_timeout)
-            .after_connect(|c, _| {
-                Box::pin(async move {
-                    c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    // MariaDB 10.3+: abort a session idle for 10 s inside a transaction, so a
-                    // stalled relay cannot hold its row locks (and block a takeover) forever.
-                    // MySQL has no such variable; the error is ignored there.
-                    let _ = c.execute("SET SESSION idle_transaction_timeout = 10").await;
-                    Ok(())
-                })
+        let pool = crate::pool_options::<MySql>(
+            opts.max_connections,
+            opts.acquire_timeout,
+            crate::PING_IDLE_AFTER,
+        )
+        .after_connect(|c, _| {
+            Box::pin(async move {
+                c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                // MariaDB 10.3+: abort a session idle for 10 s inside a transaction, so a
+                // stalled relay cannot hold its row locks (and block a takeover) forever.
+                // MySQL has no such variable; the error is ignored there.
+                let _ = c.execute("SET SESSION idle_transaction_timeout = 10").await;
+                Ok(())
             })
-            .connect_with(conn)
-            .await
-            .map_err(|e| db_err("cannot connect to MySQL/MariaDB", e))?;
+        })
+        .connect_with(conn)
+        .await
+        .map_err(|e| db_err("cannot connect to MySQL/MariaDB", e))?;
         let store = Self {
             pool,
             limits: opts.limits,

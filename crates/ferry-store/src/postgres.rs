@@ -15,7 +15,7 @@ use ferry_core::{
     Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
     StoreError, ValidatedEvent,
 };
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, PgPool, Row, Transaction};
 
 use crate::common::{
@@ -121,12 +121,14 @@ impl PgStore {
         } else {
             conn
         };
-        let pool = PgPoolOptions::new()
-            .max_connections(opts.max_connections)
-            .acquire_timeout(opts.acquire_timeout)
-            .connect_with(conn)
-            .await
-            .map_err(|e| db_err("cannot connect to PostgreSQL", e))?;
+        let pool = crate::pool_options::<sqlx::Postgres>(
+            opts.max_connections,
+            opts.acquire_timeout,
+            crate::PING_IDLE_AFTER,
+        )
+        .connect_with(conn)
+        .await
+        .map_err(|e| db_err("cannot connect to PostgreSQL", e))?;
         let store = Self {
             pool,
             limits: opts.limits,

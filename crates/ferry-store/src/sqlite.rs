@@ -24,7 +24,7 @@ use ferry_core::{
     EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId,
     SlotLease, StoreError, ValidatedEvent,
 };
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
@@ -260,12 +260,14 @@ impl SqliteStore {
             // database file once (docs/tuning.md, "Per store").
             .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string())
             .busy_timeout(Duration::from_secs(30));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(opts.max_connections.max(1))
-            .acquire_timeout(opts.acquire_timeout)
-            .connect_with(conn)
-            .await
-            .map_err(|e| db_err("cannot open SQLite database", e))?;
+        let pool = crate::pool_options::<Sqlite>(
+            opts.max_connections.max(1),
+            opts.acquire_timeout,
+            crate::PING_IDLE_AFTER,
+        )
+        .connect_with(conn)
+        .await
+        .map_err(|e| db_err("cannot open SQLite database", e))?;
         let store = Self {
             gate: write_gate(&pool),
             pool,
