@@ -38,6 +38,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(2, "due_index", "mysql/0002_due_index"),
     migration!(3, "cursor", "mysql/0003_cursor"),
     migration!(4, "plain_insert", "mysql/0004_plain_insert"),
+    migration!(5, "status_cache", "mysql/0005_status_cache"),
 ];
 
 /// SQLite migrations, in order.

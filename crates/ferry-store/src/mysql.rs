@@ -828,9 +828,37 @@ impl ferry_core::OperatorActions for MyStore {
     }
 }
 
+/// `ferry_status_cache` on MariaDB ([`crate::common::shared_status`]; migration 5).
+const STATUS_CACHE: crate::common::StatusCacheSql = crate::common::StatusCacheSql {
+    lease: "UPDATE ferry_status_cache SET computing_until = UTC_TIMESTAMP(6) + INTERVAL 60 SECOND \
+            WHERE id = 1 AND (computed_at IS NULL OR computed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+              AND (computing_until IS NULL OR computing_until < UTC_TIMESTAMP(6))",
+    stored: "SELECT pending, claimed, quarantined, \
+               oldest_age_us + TIMESTAMPDIFF(MICROSECOND, computed_at, UTC_TIMESTAMP(6)), blocked \
+             FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
+    clear: "UPDATE ferry_status_cache SET computing_until = NULL WHERE id = 1",
+    store: "UPDATE ferry_status_cache SET pending = ?, claimed = ?, quarantined = ?, \
+              oldest_age_us = ?, blocked = ?, computed_at = UTC_TIMESTAMP(6), computing_until = NULL \
+            WHERE id = 1",
+};
+
 impl ferry_core::OutboxStore for MyStore {
     fn backend(&self) -> &'static str {
         "mysql"
+    }
+
+    fn shared_status(
+        &self,
+        max_age: std::time::Duration,
+    ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
+        use ferry_core::OperatorActions;
+        Box::pin(crate::common::shared_status(
+            &self.pool,
+            &STATUS_CACHE,
+            sqlx::mysql::MySqlQueryResult::rows_affected,
+            max_age,
+            self.status(),
+        ))
     }
 
     fn purge_sent<'a>(

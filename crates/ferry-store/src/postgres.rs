@@ -599,6 +599,20 @@ impl ferry_core::OperatorActions for PgStore {
     }
 }
 
+/// `ferry_status_cache` on PostgreSQL ([`crate::common::shared_status`]).
+const STATUS_CACHE: crate::common::StatusCacheSql = crate::common::StatusCacheSql {
+    lease: "UPDATE ferry_status_cache SET computing_until = now() + interval '60 seconds' \
+            WHERE id = 1 AND (computed_at IS NULL OR computed_at < now() - make_interval(secs => $1::float8 / 1e6)) \
+              AND (computing_until IS NULL OR computing_until < now())",
+    stored: "SELECT pending, claimed, quarantined, \
+               oldest_age_us + (extract(epoch from (now() - computed_at)) * 1000000)::int8, blocked \
+             FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
+    clear: "UPDATE ferry_status_cache SET computing_until = NULL WHERE id = 1",
+    store: "UPDATE ferry_status_cache SET pending = $1, claimed = $2, quarantined = $3, \
+              oldest_age_us = $4, blocked = $5, computed_at = now(), computing_until = NULL \
+            WHERE id = 1",
+};
+
 impl ferry_core::OutboxStore for PgStore {
     fn backend(&self) -> &'static str {
         "postgres"
@@ -608,67 +622,14 @@ impl ferry_core::OutboxStore for PgStore {
         &self,
         max_age: std::time::Duration,
     ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
-        Box::pin(async move {
-            use ferry_core::OperatorActions;
-            // A count takes the computing lease only when the stored one is older than max_age
-            // and no other relay holds the lease (a relay that dies while counting loses it
-            // after 60 s). A statement that updates nothing writes no WAL: the relays that
-            // read the stored count pay one index lookup.
-            let max_age_us = max_age.as_micros().min(i64::MAX as u128) as i64;
-            let won = sqlx::query(
-                "UPDATE ferry_status_cache SET computing_until = now() + interval '60 seconds' \
-                 WHERE id = 1 AND (computed_at IS NULL OR computed_at < now() - make_interval(secs => $1::float8 / 1e6)) \
-                   AND (computing_until IS NULL OR computing_until < now())",
-            )
-            .bind(max_age_us)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("status: lease", e))?
-            .rows_affected()
-                == 1;
-            if !won {
-                let stored: Option<StatusRow> = sqlx::query_as(
-                    "SELECT pending, claimed, quarantined, \
-                       oldest_age_us + (extract(epoch from (now() - computed_at)) * 1000000)::int8, blocked \
-                     FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
-                )
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| db_err("status: stored", e))?;
-                if let Some(r) = stored {
-                    return Ok(status_from(r));
-                }
-                // nothing stored yet (another relay is counting for the first time)
-                return self.status().await;
-            }
-            let counted = self.status().await;
-            let s = match counted {
-                Ok(s) => s,
-                Err(e) => {
-                    // give the lease back so that another relay (or the next poll) counts
-                    let _ = sqlx::query(
-                        "UPDATE ferry_status_cache SET computing_until = NULL WHERE id = 1",
-                    )
-                    .execute(&self.pool)
-                    .await;
-                    return Err(e);
-                }
-            };
-            sqlx::query(
-                "UPDATE ferry_status_cache SET pending = $1, claimed = $2, quarantined = $3, \
-                   oldest_age_us = $4, blocked = $5, computed_at = now(), computing_until = NULL \
-                 WHERE id = 1",
-            )
-            .bind(s.pending)
-            .bind(s.claimed)
-            .bind(s.quarantined)
-            .bind(s.oldest_unfinished_age_us)
-            .bind(s.blocked_aggregates)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("status: store", e))?;
-            Ok(s)
-        })
+        use ferry_core::OperatorActions;
+        Box::pin(crate::common::shared_status(
+            &self.pool,
+            &STATUS_CACHE,
+            sqlx::postgres::PgQueryResult::rows_affected,
+            max_age,
+            self.status(),
+        ))
     }
 
     fn listen_commits(
