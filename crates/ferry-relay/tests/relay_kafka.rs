@@ -157,17 +157,27 @@ async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
     db.cleanup().await;
 }
 
-/// Every Produce request fails a few times with retriable errors first, all of them errors the
-/// mock cluster can inject faithfully. Not `REQUEST_TIMED_OUT`: librdkafka
-/// reads it as "possibly persisted", and when a later request of the same partition then
-/// succeeds it infers the earlier one was persisted too and reports its messages delivered
-/// (`rd_kafka_dr_implicit_ack`; a real broker would have refused the later request with
-/// `OUT_OF_ORDER_SEQUENCE_NUMBER`). The mock never appends a request it fails and does not check
-/// an idempotent producer's sequences, so that inference acks messages it does not have: the
-/// cause of this file's rare "v(n+1) first delivered before v(n)" failures under load, found by
-/// [`explain`] (the missing version `SENT` in the store, absent from a full re-read of the
-/// topic). Timeouts are exercised where the mock is faithful: a broker slower than
-/// `request.timeout.ms`, which has appended the request when the client gives up on it.
+/// Librdkafka settings of the relay's producer in the tests that inject produce errors into the
+/// mock cluster. One request in flight per connection: when a request fails and a later request
+/// of the same partition that was already in flight succeeds, librdkafka takes the earlier
+/// messages as written and reports them delivered (`rd_kafka_handle_idempotent_Produce_success`
+/// → `rd_kafka_dr_implicit_ack`, whatever the error). Against Apache Kafka that is sound: the
+/// broker checks an idempotent producer's sequences and would have refused the later request
+/// with `OUT_OF_ORDER_SEQUENCE_NUMBER`. The mock cluster checks them only for a transactional
+/// producer and never appends a request it fails on purpose, so there the inference acks
+/// messages it does not have: the cause of this file's rare "v(n+1) first delivered before
+/// v(n)" failures under load, found by [`explain`] (the missing version `SENT` in the store,
+/// absent from a full re-read of the topic; seen with `REQUEST_TIMED_OUT` injected and, after
+/// that was taken out, with `NOT_LEADER_FOR_PARTITION` and its kind). With one request in flight
+/// the failed messages are the head of the next request, so no later request can succeed
+/// before them. The relay's pipelining (several batches in flight per worker) is unchanged.
+const FAULT_PRODUCER: &[(&str, &str)] = &[("max.in.flight.requests.per.connection", "1")];
+
+/// Every Produce request fails a few times with retriable errors first. Not
+/// `REQUEST_TIMED_OUT`: the mock never appends a request it fails, and librdkafka reads that
+/// error as "possibly persisted". Timeouts are exercised where the mock is faithful: a broker
+/// slower than `request.timeout.ms`, which has appended the request when the client gives up on
+/// it (`mid_batch_faults_keep_first_delivery_order`). See [`FAULT_PRODUCER`].
 async fn transient_produce_errors_are_retried(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
     kafka
@@ -177,7 +187,7 @@ async fn transient_produce_errors_are_retried(db: TestDb, mode: DispatchMode) {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
         ])
         .unwrap();
-    let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
+    let relay = start_relay(&db, &kafka, fast_config(mode), FAULT_PRODUCER);
     for v in 1..=5 {
         let evs: Vec<NewEvent> = (0..20).map(|a| ev(&format!("t-{a}"), v)).collect();
         db.store.enqueue(&evs).await.unwrap();
@@ -439,7 +449,8 @@ async fn mid_batch_faults_keep_first_delivery_order(db: TestDb, mode: DispatchMo
         cfg.max_in_flight = d.max_in_flight;
     }
     // requests time out quickly while a broker is slow; messages never do in cursor mode
-    let relay = start_relay(&db, &kafka, cfg, &[("request.timeout.ms", "400")]);
+    let props = [&[("request.timeout.ms", "400")], FAULT_PRODUCER].concat();
+    let relay = start_relay(&db, &kafka, cfg, &props);
     use RDKafkaRespErr as E;
     for round in 0..4 {
         // retriable and non-retriable produce errors (not REQUEST_TIMED_OUT: see
