@@ -416,7 +416,9 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
     /// Capability: a status shared between the relays of one database. Returns counts some
     /// relay computed at most `max_age` ago (the oldest age moved on by the time since), or
     /// computes and stores them when there are none that fresh and no other relay is computing
-    /// them. The default computes them on every call ([`OperatorActions::status`]).
+    /// them; while another relay computes them, older stored counts, or a `Conflict` error when
+    /// none is stored yet (ask again later). The default computes them on every call
+    /// ([`OperatorActions::status`]).
     fn shared_status(
         &self,
         max_age: std::time::Duration,

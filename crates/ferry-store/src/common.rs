@@ -633,8 +633,9 @@ pub(crate) struct StatusCacheSql {
 
 /// [`ferry_core::OutboxStore::shared_status`] over a `ferry_status_cache` row: the relay that
 /// wins the lease counts with `count` and stores the result; the others read the stored count
-/// while it is younger than `max_age`, or count themselves while nothing is stored yet. A winner
-/// whose count fails gives the lease back; one that dies holds it for the lease's 60 s.
+/// (younger than `max_age`, or older while the winner counts), or get a `Conflict` error while
+/// nothing is stored yet. A winner whose count fails gives the lease back; one that dies holds
+/// it for the lease's 60 s.
 pub(crate) async fn shared_status<DB, F>(
     pool: &sqlx::Pool<DB>,
     sql: &StatusCacheSql,
@@ -668,8 +669,13 @@ where
             .map_err(|e| db_err("status: stored", e))?;
         return match stored {
             Some(r) => Ok(status_from(r)),
-            // nothing stored yet (another relay is counting for the first time)
-            None => count.await,
+            // Nothing stored yet: another relay is counting for the first time. Counting here
+            // too would repeat the walk once per relay, at once, when a fleet starts on a large
+            // backlog; the caller keeps its gauges and asks again next interval.
+            None => Err(StoreError::new(
+                StoreErrorKind::Conflict,
+                "status: another relay is counting; no count stored yet",
+            )),
         };
     }
     let s = match count.await {

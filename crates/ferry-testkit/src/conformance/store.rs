@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::{
-    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore, SlotFence,
+    CasResult, ClaimRequest, ClaimToken, EnqueueError, EventState, NewEvent, OutboxStore,
+    SlotFence, StoreErrorKind,
 };
 
 use super::Case;
@@ -1225,6 +1226,31 @@ pub async fn shared_status_is_counted_once_per_max_age(db: AnyDb) {
     assert_eq!(fresh.pending, db.store.status().await.unwrap().pending);
     // the stored count moved on: a long max_age now returns 3
     assert_eq!(db.store.shared_status(hour).await.unwrap().pending, 3);
+    if !shared {
+        return;
+    }
+    // Another relay holds the counting lease. With a count stored, the stored count comes
+    // back, even an old one; with none stored yet, a Conflict to ask again later, not a
+    // second walk of the backlog.
+    let sql = db.sql().expect("a SQL database");
+    let lease = if db.store.backend() == "postgres" {
+        "UPDATE ferry_status_cache SET computing_until = now() + interval '1 minute'"
+    } else {
+        "UPDATE ferry_status_cache SET computing_until = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE"
+    };
+    sql.exec(lease).await.unwrap();
+    db.store.enqueue(&[ev("s-4", 1)]).await.unwrap();
+    let stored = db.store.shared_status(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        stored.pending, 3,
+        "the stored count while another relay counts"
+    );
+    sql.exec("UPDATE ferry_status_cache SET computed_at = NULL")
+        .await
+        .unwrap();
+    let busy = db.store.shared_status(Duration::ZERO).await.unwrap_err();
+    assert_eq!(busy.kind(), StoreErrorKind::Conflict, "{busy}");
+    assert_eq!(db.store.status().await.unwrap().pending, 4);
 }
 
 /// Every case, in order: the [`AnyDb`] cases first (they run on the in-memory store too), then
