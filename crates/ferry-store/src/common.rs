@@ -653,8 +653,8 @@ where
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
 {
     let max_age_us = max_age.as_micros().min(i64::MAX as u128) as i64;
-    // A lease statement that matches nothing changes nothing: the relays that read the stored
-    // count pay one primary-key lookup and no log write.
+    // A lease statement that matches nothing changes no row: the relays that read the stored
+    // count pay a primary-key lookup for it.
     let leased = sqlx::query(sql.lease)
         .bind(max_age_us)
         .execute(pool)
