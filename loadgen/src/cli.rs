@@ -26,7 +26,7 @@ pub enum StoreKind {
     Sqlite,
     /// PostgreSQL (a fresh schema per run).
     Postgres,
-    /// MySQL 8 / MariaDB 10.6+ (a fresh database per run).
+    /// MariaDB 10.6+ (a fresh database per run; MySQL is not supported).
     #[value(alias = "mariadb")]
     Mysql,
 }
@@ -207,8 +207,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = SinkKind::Kafka)]
     pub sink: SinkKind,
 
-    /// An external Kafka bootstrap list instead of the in-process mock cluster. The topic
-    /// must exist (see --topic) or the broker must auto-create topics.
+    /// An external Kafka bootstrap list instead of the in-process mock cluster. The topic is
+    /// created through the admin API (--partitions) unless it exists; if that is refused, it
+    /// must exist already or the broker must auto-create topics.
     #[arg(long, value_parser = parse_nonempty)]
     pub kafka_brokers: Option<String>,
 

@@ -53,9 +53,13 @@ impl std::fmt::Display for ConfigError {
     }
 }
 
-/// Parses `500ms`, `30s`, `5m`, `1h`, `7d`, `0s`.
+/// Parses `500ms`, `30s`, `5m`, `1h`, `7d`, `0s`; a bare `0` is zero (any other number needs a
+/// unit).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
     let split = s
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(s.len());
@@ -598,6 +602,8 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert!(parse_duration("5").unwrap_err().contains("no unit"));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("0.5").unwrap_err().contains("no unit"));
         assert!(parse_duration("5x").unwrap_err().contains("unknown unit"));
         assert!(parse_duration("abc").is_err());
     }
