@@ -82,7 +82,7 @@ pub struct Claims {
     /// Items with unknown outcome, released for resend.
     pub unknown: u64,
     pub quarantined: u64,
-    /// Store operations that failed and were retried.
+    /// Store operations that failed (retried, or their items left to the lease).
     pub store_errors: u64,
     /// Due rows claims passed over because a concurrent transaction held their lock (SKIP
     /// LOCKED) or took them mid-claim; always 0 on SQLite (one writer, nothing to skip), `null`

@@ -230,13 +230,15 @@ pub enum AdvanceResult {
     Fenced,
 }
 
-/// The oldest open write transaction (PostgreSQL). It delays only its own intents, but every
-/// read re-walks the intents committed since it began (the window's lower snapshot keeps it).
+/// The oldest open write transaction (PostgreSQL, MariaDB). PostgreSQL: it delays only its own
+/// intents, but every read re-walks the intents committed since it began (the window's lower
+/// snapshot keeps it). MariaDB: every intent committed after it began waits for it (the commit
+/// gate's horizon).
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct HorizonInfo {
     /// Age of the oldest transaction with an xid (µs), if any is open.
     pub oldest_xact_age_us: Option<i64>,
-    /// Its backend pid (0 for a prepared transaction).
+    /// Its backend pid (PostgreSQL; 0 for a prepared transaction) or connection id (MariaDB).
     pub oldest_xact_pid: Option<i64>,
 }
 
@@ -299,14 +301,15 @@ pub trait CursorStore: Send + Sync {
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>>;
 
-    /// Applies exception outcomes with the per-row compare-and-set, in one transaction. The
-    /// report lists acked, retry, quarantine, release items in that order.
+    /// Applies exception outcomes with the per-row compare-and-set, in one transaction
+    /// (MariaDB: one per category, in the order below). The report lists acked, retry,
+    /// quarantine, release items in that order.
     fn settle_exceptions<'a>(
         &'a self,
         out: &'a ExceptionOutcomes,
     ) -> BoxFuture<'a, Result<CasReport, StoreError>>;
 
-    /// What holds the horizon back (PostgreSQL); default: nothing to report.
+    /// What holds the horizon back (PostgreSQL, MariaDB); default: nothing to report.
     fn horizon(&self) -> BoxFuture<'_, Result<HorizonInfo, StoreError>> {
         Box::pin(async { Ok(HorizonInfo::default()) })
     }

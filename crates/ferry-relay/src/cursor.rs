@@ -484,8 +484,6 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) {
     }
 }
 
-/// Forgets every in-memory position: waits for the sends still in flight (their results are
-/// ignored; the events will be read and sent again) and clears the state.
 /// Queues an advance with nothing to send (the read moved past rows of no interest), so the
 /// cursors follow the read in order behind the batches still in flight.
 fn queue_cursor_move(st: &mut State, to: Vec<(SlotId, CursorPos)>) {
@@ -517,6 +515,8 @@ async fn wait_for_completion(
     }
 }
 
+/// Forgets every in-memory position: waits for the sends still in flight (their results are
+/// ignored; the events will be read and sent again) and clears the state.
 async fn reset(st: &mut State) {
     st.gen += 1;
     if let Some(a) = st.advancing.take() {
@@ -804,8 +804,8 @@ async fn finish_advance(ctx: &Ctx, st: &mut State) -> bool {
     }
 }
 
-/// One advance, retried on store errors for up to the claim lease; a lost commit response is
-/// resolved with [`CursorStore::lookup_advance`].
+/// One advance, retried on store errors (except `InvalidInput`, which gives up at once) for up
+/// to the claim lease; a lost commit response is resolved with [`CursorStore::lookup_advance`].
 async fn advance(ctx: &Ctx, cs: &dyn CursorStore, adv: &CursorAdvance) -> Option<AdvanceResult> {
     let deadline = Instant::now() + ctx.config.claim_lease;
     let mut backoff = Duration::from_millis(20);

@@ -113,7 +113,8 @@ pub struct Metrics {
     pub quarantined: AtomicU64,
     /// Items whose outcome was unknown (left for release/lease expiry).
     pub unknown: AtomicU64,
-    /// CAS outcomes that updated zero rows (stale token), plus fenced lease renewals.
+    /// CAS outcomes that updated zero rows (stale token), plus fenced lease renewals and, in
+    /// cursor dispatch, the events of a fenced cursor advance.
     pub fenced: AtomicU64,
     /// Claim transactions run.
     pub claims: AtomicU64,
@@ -127,7 +128,8 @@ pub struct Metrics {
     pub skipped_locked_known: std::sync::atomic::AtomicBool,
     /// Items claimed.
     pub claimed_items: AtomicU64,
-    /// Store errors (claims/outcomes that failed and were retried).
+    /// Failed store operations (claims, reads, outcome updates, ownership heartbeats), whether or
+    /// not they were retried.
     pub store_errors: AtomicU64,
     /// Slots currently owned by this process.
     pub slots_owned: AtomicI64,
@@ -151,10 +153,11 @@ pub struct Metrics {
     /// written by a producer that computed the slot itself, wrongly. Their aggregate's order is
     /// not guaranteed (see [`Metrics::note_misrouted`]).
     pub misrouted: AtomicU64,
-    /// Cursor mode (PostgreSQL): age of the oldest open write transaction (µs), which holds the
-    /// read horizon back; -1 when none or not applicable.
+    /// Cursor mode (PostgreSQL, MariaDB): age of the oldest open write transaction (µs), which
+    /// holds the read horizon back; -1 when none or not applicable.
     pub horizon_blocker_age_us: AtomicI64,
-    /// Its backend pid (0: a prepared transaction; -1: none).
+    /// Its backend pid (PostgreSQL; 0: a prepared transaction) or connection id (MariaDB); -1:
+    /// none.
     pub horizon_blocker_pid: AtomicI64,
     /// 1 in cursor dispatch, 0 in row dispatch.
     pub dispatch_cursor: AtomicI64,
@@ -389,7 +392,7 @@ impl Collector for Exposition {
         counter(
             e,
             "ferry_store_errors_total",
-            "Store operations that failed and were retried.",
+            "Store operations that failed (claims, reads, outcome updates, ownership heartbeats); each is retried or its items are left to the lease.",
             l(&m.store_errors),
         )?;
         counter(

@@ -819,8 +819,8 @@ async fn process_batch(
     ctx.in_flight.lock().expect("in-flight lock").remove(&id);
 }
 
-/// Applies one outcome CAS, retrying transient store errors for up to the claim lease (after
-/// that the items are someone else's to resend anyway). Counts fenced items.
+/// Applies one outcome CAS, retrying every store error (transient or not) for up to the claim
+/// lease (after that the items are someone else's to resend anyway). Counts fenced items.
 async fn apply<'a, F>(ctx: &'a Ctx, what: &str, op: impl Fn() -> F) -> Option<CasReport>
 where
     F: std::future::Future<Output = Result<CasReport, StoreError>> + 'a,
