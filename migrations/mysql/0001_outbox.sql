@@ -1,4 +1,5 @@
--- ferry outbox schema, MySQL 8.0.1+ / MariaDB 10.6+ (SKIP LOCKED); tested on MariaDB 10.11.
+-- ferry outbox schema, MariaDB 10.6+ (SKIP LOCKED); tested on 10.11. MySQL is not supported
+-- (later migrations use MariaDB-only DDL).
 CREATE TABLE IF NOT EXISTS ferry_outbox (
     seq               BIGINT       NOT NULL AUTO_INCREMENT,
     event_id          VARCHAR(255) NOT NULL,

@@ -1,5 +1,4 @@
--- Cursor dispatch on MySQL/MariaDB (docs/architecture.md, "Cursor dispatch on MariaDB: the
--- commit gate"). Existing installs start in 'row' mode; a relay started in cursor mode converts
+-- Cursor dispatch on MariaDB (docs/schema.md §5.3, "MariaDB: the commit gate"). Existing installs start in 'row' mode; a relay started in cursor mode converts
 -- the outbox once (ferry_store::mysql::MyStore, CursorStore::set_dispatch_mode).
 CREATE TABLE IF NOT EXISTS ferry_dispatch (
     id         TINYINT     NOT NULL PRIMARY KEY,

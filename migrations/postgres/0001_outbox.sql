@@ -1,4 +1,4 @@
--- ferry outbox schema, PostgreSQL 12+ (tested on 15).
+-- ferry outbox schema, PostgreSQL 13+ (tested on 15).
 CREATE TABLE IF NOT EXISTS ferry_outbox (
     -- insertion sequence: primary key, claim order within a slot, reconciliation watermark
     seq               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -1,4 +1,4 @@
--- ferry outbox schema, SQLite 3.35+ (RETURNING); bundled 3.46 via libsqlite3-sys.
+-- ferry outbox schema, SQLite 3.38+ (RETURNING 3.35, ->> 3.38); bundled 3.46 via libsqlite3-sys.
 -- Timestamps are INTEGER microseconds since the Unix epoch.
 CREATE TABLE IF NOT EXISTS ferry_outbox (
     seq               INTEGER PRIMARY KEY AUTOINCREMENT,

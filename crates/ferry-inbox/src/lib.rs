@@ -1,6 +1,6 @@
 //! The consumer-side Inbox of ferry: a downstream business effect is committed **exactly once**
-//! per consumer, however many times the relay delivers the event (invariant 3 of the outbox
-//! contract: "the same intent may be delivered more than once").
+//! per consumer, however many times the relay delivers the event (the relay delivers at least
+//! once: docs/architecture.md, "The four crash windows" and "Consumers: the Inbox").
 //!
 //! # Contract
 //!

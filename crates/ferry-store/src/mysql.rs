@@ -1,4 +1,5 @@
-//! MySQL 8.0.1+ / MariaDB 10.6+ backend (tested on MariaDB 10.11).
+//! MariaDB 10.6+ backend (tested on 10.11). MySQL is not supported: the migrations use
+//! MariaDB-only DDL.
 //!
 //! Sessions run at `READ COMMITTED`; all times are `UTC_TIMESTAMP(6)` so the session time zone
 //! of an application's connection never shifts them. Claim, in one short transaction:
@@ -13,9 +14,9 @@
 //!    is the locked row's version + 1, read while the lock is held;
 //! 5. commit.
 //!
-//! MariaDB has no `UPDATE … RETURNING`: outcome CAS updates run as one statement per batch and,
-//! when the affected-row count is short, the batch is redone row-locked to say which items were
-//! fenced.
+//! MariaDB has no `UPDATE … RETURNING`: ack, release and extend run one statement per chunk of
+//! 1,000 tokens and, when the affected-row count is short, are redone row-locked to say which
+//! items were fenced; retry and quarantine run one statement per item.
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +39,8 @@ use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::{Outcome, Transition};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_MYSQL};
 
-/// Rows per multi-row statement (11 placeholders per row stays far below MySQL's 65,535).
+/// Rows per multi-row statement (9 placeholders per row: 9,000 per statement, far below the
+/// protocol's 65,535).
 const CHUNK: usize = 1000;
 
 crate::common::enqueue_fns!(MySqlConnection);

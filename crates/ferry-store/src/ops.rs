@@ -310,7 +310,8 @@ pub(crate) async fn purge_sent(
         "o"
     };
     // Cursor mode: a row is SENT when it is behind its slot's cursor with no open exception
-    // (the view derives it); its age is its commit time, no per-row sent_at exists.
+    // (the view derives it); its age is its `created_at` (insert time): the view has `sent_at`
+    // only for exception rows.
     let source = if cursor {
         "ferry_outbox_cursor_view o"
     } else if d == Dialect::My {

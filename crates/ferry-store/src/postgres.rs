@@ -1,9 +1,9 @@
 //! PostgreSQL backend (13+: cursor dispatch needs pg_current_xact_id and pg_snapshot; tested on 15).
 //!
-//! Claim: one statement — a CTE selects due, predecessor-free rows of the requested slots in
-//! `seq` order `FOR UPDATE SKIP LOCKED`, and the outer `UPDATE … RETURNING` increments
-//! `claim_version`, sets `claim_id`/`lease_until` and returns each token, all inside one short
-//! transaction. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
+//! Claim: one short transaction of two statements — a `set_config` that turns bitmap and
+//! sequential scans off for it, then a CTE that selects due, predecessor-free rows of the
+//! requested slots in `seq` order `FOR UPDATE SKIP LOCKED`, whose outer `UPDATE … RETURNING`
+//! increments `claim_version`, sets `claim_id`/`lease_until` and returns each token. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -197,7 +197,8 @@ const TICK_RETENTION_EVERY: i64 = 16;
 
 /// Most windows one read statement spans. Several relays (or a reader that fell behind) find
 /// many small windows ahead of them, one per tick another reader took; reading up to this many
-/// in one statement keeps a read at two statements however many ticks exist ahead.
+/// in one statement costs two statements per span (its ticks, its rows); a reader more than
+/// `MAX_SPAN` ticks behind reads further spans in the same call, two statements each.
 const MAX_SPAN: i64 = 16;
 
 /// The windows one read statement covers: `first..=last`, bounded by the snapshots of ticks

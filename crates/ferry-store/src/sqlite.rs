@@ -1,4 +1,4 @@
-//! SQLite backend (3.35+; libsqlite3-sys bundles 3.46): the embedded default.
+//! SQLite backend (3.38+: `->>`; libsqlite3-sys bundles 3.46): the embedded default.
 //!
 //! SQLite has one writer at a time, so a claim is one `BEGIN IMMEDIATE` transaction (the write
 //! lock is taken up front; no other claimer can interleave) running a single
