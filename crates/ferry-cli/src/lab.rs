@@ -552,7 +552,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
                 .map_err(err("B's ack"))?
                 .applied();
             Ok((
-                "two sessions claim different events at once (SKIP LOCKED); after A's lease B takes A's event over; A's stale SENT update affects 0 rows".into(),
+                "two sessions claim different events at once (SKIP LOCKED; on SQLite one at a time under its write lock); after A's lease B takes A's event over; A's stale SENT update affects 0 rows".into(),
                 disjoint && taken.len() == 1 && taken[0].token.event_id == a_token.event_id
                     && taken[0].token.claim_version == a_token.claim_version + 1 && a_rows == 0 && b_rows == 1,
                 json!({ "a_claimed": a_token.event_id, "a_claim_id": a_token.claim_id, "a_claim_version": a_token.claim_version,

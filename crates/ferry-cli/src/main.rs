@@ -2,7 +2,9 @@
 //!
 //! Settings come from built-in defaults, then a TOML file (`--config`), then `FERRY_*`
 //! environment variables, then flags (each later source wins). Exit codes: 0 success, 1 runtime
-//! error, 2 bad usage or configuration; `status` exits 2 at a warning and 3 at a critical alert.
+//! error, 2 bad usage or configuration; `status` exits 2 at a warning and 3 at a critical alert;
+//! `reconcile` exits 2 with unknown or quarantined intents and 3 with business rows that have no
+//! intent; `lab` exits 1 if an expectation did not hold.
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -45,7 +47,7 @@ struct Cli {
     )]
     database_url: Option<String>,
     /// Log filter (tracing EnvFilter syntax), e.g. info, ferry_relay=debug. PostgreSQL notices
-    /// (sqlx::postgres::notice) are logged from warn unless the filter names them.
+    /// (sqlx::postgres::notice) are logged from warn unless the filter mentions sqlx.
     #[arg(long, global = true, env = "FERRY_LOG", default_value = config::DEFAULT_LOG)]
     log: String,
     /// Log format: text (colours only when stderr is a terminal) or json (one object per line,
@@ -80,8 +82,9 @@ enum Cmd {
     /// Classify every intent under a fixed watermark into mutually exclusive classes.
     Reconcile(cmd::reconcile::ReconcileArgs),
     /// The reliability lab: run the outbox's failure cases (rollback, crash windows, stale claims,
-    /// partial batches) on a fresh database (temporary SQLite file by default, or a new
-    /// schema/database on --database-url) with a real Kafka receiver (the embedded mock cluster)
+    /// partial batches) on a fresh database (a temporary SQLite file by default or with a
+    /// sqlite:// URL; with a PostgreSQL or MariaDB --database-url, a new schema/database there,
+    /// dropped afterwards) with a real Kafka receiver (the embedded mock cluster)
     /// and a consumer Inbox; print the durable facts; exit 1 if an expectation did not hold.
     Lab(cmd::lab::LabArgs),
 }

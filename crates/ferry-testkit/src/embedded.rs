@@ -2,8 +2,8 @@
 //! that handles to it are `Send` and usable from any task.
 //!
 //! It speaks the real Kafka protocol over loopback and can inject broker errors. Mind its
-//! retention: each partition keeps only the last ~5 MiB, so consumers must read while producers
-//! write (see docs/notes/2026-12-02-performance-log.md).
+//! retention: each partition keeps only the last ~5 MiB or 100,000 messages (librdkafka's
+//! `rdkafka_mock.c`), so consumers must read while producers write.
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;

@@ -26,8 +26,8 @@ where
     }
 }
 
-/// Polls `cond` every 20 ms until it holds; panics with "timed out waiting for {what}" after
-/// `timeout`.
+/// Polls `cond` every 20 ms until it holds; panics with "timed out after {timeout:?} waiting for
+/// {what}" after `timeout`.
 pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, cond: F)
 where
     F: FnMut() -> Fut,

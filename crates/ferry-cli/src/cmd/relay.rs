@@ -116,7 +116,8 @@ pub struct RelayArgs {
 }
 
 pub async fn run(args: &RelayArgs, file: &FileConfig, db: &Database) -> Result<u8, Failure> {
-    // Validate every setting before touching the database.
+    // Validate the settings before touching the database (the librdkafka properties are checked
+    // when the producer is created, after the store opened: the sink depends on its mode).
     let settings = config::relay(args, file, db.backend)?;
     let store = db.open(!args.no_migrate, args.measure_contention).await?;
     run_relay(settings, store).await

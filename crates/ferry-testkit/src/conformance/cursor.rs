@@ -166,7 +166,7 @@ pub async fn reads_are_cut_at_the_limit_and_resume(db: TestDb) {
     db.cleanup().await;
 }
 
-/// The seed's stale-claim case at batch granularity: A reads, loses the slot, B takes over
+/// The stale-claim case (docs/operations.md) at batch granularity: A reads, loses the slot, B takes over
 /// (epoch + 1) and reads the same events; A's advance changes nothing, B's applies.
 pub async fn stale_owner_advance_is_fenced(db: TestDb) {
     let c = cs(&db);

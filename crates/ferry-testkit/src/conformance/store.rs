@@ -32,7 +32,6 @@ async fn state(store: &dyn OutboxStore, id: &str) -> EventState {
         .state
 }
 
-/// Claims until something is returned (a lease must expire first), bounded by `max`.
 /// Extends the leases of `tokens` by `lease`; the per-item outcomes.
 async fn extend(
     store: &dyn OutboxStore,
@@ -49,6 +48,7 @@ async fn claim_short(store: &dyn OutboxStore, lease_ms: u64) -> Vec<ferry_core::
     store.claim(&req(1, lease)).await.unwrap()
 }
 
+/// Claims until something is returned (a lease must expire first), bounded by `max`.
 async fn claim_eventually(
     store: &dyn OutboxStore,
     r: &ClaimRequest,
@@ -113,7 +113,8 @@ pub async fn committed_intent_visible_after_reconnect(db: TestDb) {
 /// An outcome under a claim token that was superseded (lease expired, row reclaimed) is fenced: it writes nothing.
 pub async fn stale_claim_is_fenced(db: AnyDb) {
     db.store.enqueue(&[ev("order-7", 1)]).await.unwrap();
-    // Bring claim_version to 11 so A's claim is term 12, as in the seed.
+    // Bring claim_version to 11 so A's claim is term 12, as in the documented stale-claim
+    // example (docs/operations.md).
     for _ in 0..11 {
         let c = db.store.claim(&req(1, LONG)).await.unwrap();
         assert_eq!(
@@ -890,7 +891,8 @@ pub async fn slot_leases_fence_claims(db: AnyDb) {
         owner: "relay-b".into(),
     });
     assert!(db.store.claim(&rb).await.unwrap().is_empty());
-    // after A's lease expires, A's fenced claims get nothing even though nobody took over
+    // after A's lease expires B takes the slot over (epoch + 1); A's fenced claims then get
+    // nothing, B's get the event
     let deadline = Instant::now() + Duration::from_secs(10);
     let b = loop {
         let got = db
