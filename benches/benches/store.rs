@@ -114,8 +114,8 @@ async fn drain(store: &Arc<dyn OutboxStore>, k: usize, total: u64, seen: &Arc<Se
                         Err(e) => panic!("claim: {e}"),
                     };
                     if got.is_empty() {
-                        // everything due is held by the other claimers right now; back off like
-                        // a relay worker (poll_min 2 ms) instead of spinning on the store
+                        // everything due is held by the other claimers right now; back off
+                        // (1 ms, below a relay worker's poll_min of 2 ms) instead of spinning
                         let c = if claimed.load(Ordering::Relaxed) < total {
                             &seen.contended
                         } else {

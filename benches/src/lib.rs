@@ -1,7 +1,7 @@
 //! Shared fixtures of the ferry criterion benches (`cargo bench -p ferry-benches`).
 //!
-//! Benches measure; they assert nothing about speed. Every bench runs on the in-memory store
-//! and SQLite (a file in a temporary directory); PostgreSQL and MariaDB join when
+//! Benches measure; they assert nothing about speed. The store benches run on the in-memory
+//! store and SQLite (a file in a temporary directory); PostgreSQL and MariaDB join when
 //! `FERRY_TEST_POSTGRES_URL` / `FERRY_TEST_MYSQL_URL` name a server (a fresh schema/database
 //! per bench, dropped at the end, via `ferry_testkit::TestDb`).
 //!
@@ -39,9 +39,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// A JSON payload of exactly `bytes` bytes (at least 16).
+/// A JSON payload of exactly `bytes` bytes (at least 11).
 pub fn payload(bytes: usize) -> String {
-    let pad = bytes.saturating_sub(11).max(1);
+    let pad = bytes.saturating_sub(10).max(1);
     let p = format!(r#"{{"pad":"{}"}}"#, "x".repeat(pad));
     debug_assert_eq!(p.len(), pad + 10);
     p

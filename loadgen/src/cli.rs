@@ -153,8 +153,8 @@ pub struct Args {
     pub store: Option<StoreKind>,
 
     /// Database URL (postgres://, mysql://, sqlite://). PostgreSQL gets a fresh schema and
-    /// MySQL a fresh database per run, dropped afterwards; an explicit SQLite file is emptied
-    /// first (only if loadgen created it).
+    /// MariaDB a fresh database per run, dropped afterwards; an explicit SQLite file is emptied
+    /// first, but only if it holds loadgen's own table or no outbox rows.
     #[arg(long, env = "LOADGEN_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -168,8 +168,8 @@ pub struct Args {
 
     /// PostgreSQL: run ANALYZE on the outbox 1 s into the load and then at this interval; 0
     /// disables it. A stand-in for autovacuum's analyze, whose one-minute naptime never comes
-    /// round in a short run on a fresh schema (and this machine's server runs with autovacuum
-    /// off): statistics keep the planner's estimates for the outbox realistic.
+    /// round in a short run on a fresh schema: statistics keep the planner's estimates for the
+    /// outbox realistic.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub pg_analyze_every: Duration,
 
@@ -195,7 +195,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Skew::Uniform)]
     pub skew: Skew,
 
-    /// Zipf exponent s (with --skew zipf): 1.0 makes the hottest key ~1/ln(N) of the traffic.
+    /// Zipf exponent s (with --skew zipf). Each of the P producers draws over its own N/P
+    /// aggregates, so there are P equally hot keys; with 1.0 each takes ~1/(P·ln(N/P)) of the
+    /// traffic.
     #[arg(long, default_value_t = 1.0, value_parser = parse_zipf_s, allow_negative_numbers = true)]
     pub zipf_s: f64,
 
@@ -214,7 +216,8 @@ pub struct Args {
     pub kafka_brokers: Option<String>,
 
     /// Topic to produce to [default: a fresh `loadgen-<run id>` per run]. With an external
-    /// broker, an existing topic should be empty: old messages count as foreign deliveries.
+    /// broker, an existing topic should be empty: old loadgen messages count as deliveries of
+    /// events this run did not commit, messages without ferry headers as foreign.
     #[arg(long, value_parser = parse_topic)]
     pub topic: Option<String>,
 
@@ -353,7 +356,7 @@ pub struct Args {
     pub inbox_workers: u32,
 
     /// Time between chaos kills.
-    #[arg(long, default_value = "3s", value_parser = parse_duration_positive)]
+    #[arg(long, default_value = "3s", value_parser = parse_duration_positive, requires = "chaos")]
     pub chaos_interval: Duration,
 
     /// Also write the report as JSON to this file.
@@ -428,6 +431,11 @@ impl Args {
                     }
                 ),
             ));
+        }
+        if self.chart.is_some() && self.sweep_batch.is_none() && self.sweep_relays.is_none() {
+            return conflict(
+                "'--chart' draws a sweep: add '--sweep-batch' or '--sweep-relays'".to_string(),
+            );
         }
         if self.chaos && self.relay_mode != RelayMode::Process {
             return conflict(
@@ -612,6 +620,19 @@ mod tests {
         args(v).check()
     }
 
+    #[test]
+    fn chaos_interval_needs_chaos() {
+        assert!(rejected(&["--chaos-interval", "1s"]));
+        let ok = [
+            "--relay-mode",
+            "process",
+            "--chaos",
+            "--chaos-interval",
+            "1s",
+        ];
+        assert!(!rejected(&ok));
+    }
+
     fn rejected(v: &[&str]) -> bool {
         Args::try_parse_from(std::iter::once("loadgen").chain(v.iter().copied())).is_err()
     }
@@ -647,7 +668,8 @@ mod tests {
     fn combinations_name_the_flags() {
         let mysql_pg = ["--store", "mysql", "--database-url", "postgres://u:pw@h/db"];
         let bad_inbox = ["--inbox", "--inbox-url", "redis://u:pw@h"];
-        let cases: [(&[&str], &str); 11] = [
+        let cases: [(&[&str], &str); 12] = [
+            (&["--chart", "x.svg"], "--sweep-batch"),
             (&["--chaos"], "--relay-mode process"),
             (&["--store", "postgres"], "--database-url"),
             (&mysql_pg, "does not match"),

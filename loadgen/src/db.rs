@@ -27,12 +27,9 @@ use crate::error::{Error, Result};
 use crate::spec::RunSpec;
 use crate::workload::Order;
 
-/// The first bind parameter in `pool`'s dialect.
-pub fn param(pool: &Pool) -> &'static str {
-    match pool {
-        Pool::Postgres(_) => "$1",
-        _ => "?",
-    }
+/// `sql` with `?` placeholders in `pool`'s dialect.
+pub fn dialect<'a>(pool: &Pool, sql: &'a str) -> std::borrow::Cow<'a, str> {
+    ferry_testkit::placeholder(sql, matches!(pool, Pool::Postgres(_)))
 }
 
 /// Rows per multi-row business insert (6 placeholders per row, far below SQLite's 32,766).
@@ -463,9 +460,9 @@ impl Database {
     /// Whether order `order_id` exists: resolves a transaction whose COMMIT outcome was lost
     /// (the order row and its intents commit together).
     pub async fn order_exists(&self, order_id: i64) -> Result<bool> {
-        let stmt = format!(
-            "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = {}",
-            param(&self.pool)
+        let stmt = dialect(
+            &self.pool,
+            "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = ?",
         );
         let n: i64 =
             on_inbox!(InboxPool, &self.pool, p => sqlx::query_scalar(&stmt).bind(order_id).fetch_one(p).await)
@@ -671,7 +668,8 @@ impl Database {
         .ok()
     }
 
-    /// `ANALYZE` the outbox and the business table (PostgreSQL; a no-op elsewhere). Returns
+    /// `ANALYZE` the outbox, the slot leases and the business table (PostgreSQL; a no-op
+    /// elsewhere). Returns
     /// whether it ran.
     pub async fn pg_analyze(&self) -> Result<bool> {
         let Pool::Postgres(p) = &self.pool else {

@@ -32,6 +32,9 @@ pub enum Error {
     /// A producer gave up (repeated failures, or a commit outcome it could not determine).
     #[error("producer {producer}: {reason}")]
     Producer { producer: usize, reason: String },
+    /// A producer of the producer-only baseline phase gave up (the producer's own error).
+    #[error("baseline phase: {0}")]
+    Baseline(String),
     /// Relays could not be started or died.
     #[error("relay: {0}")]
     Relay(String),

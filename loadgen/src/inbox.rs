@@ -61,7 +61,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cli::SqliteSync;
-use crate::db::param;
+use crate::db::dialect;
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
@@ -381,9 +381,9 @@ impl InboxConsumer {
     /// Event ids of this run's effect rows.
     async fn effect_ids(&self) -> Result<Vec<String>> {
         let pool = self.inbox.pool();
-        let stmt = format!(
-            "SELECT event_id FROM loadgen_effects WHERE run_id = {}",
-            param(pool)
+        let stmt = dialect(
+            pool,
+            "SELECT event_id FROM loadgen_effects WHERE run_id = ?",
         );
         let run: &str = &self.run;
         on_inbox!(InboxPool, pool, p => sqlx::query_scalar(&stmt).bind(run).fetch_all(p).await)
@@ -394,10 +394,10 @@ impl InboxConsumer {
     async fn projection(&self) -> Result<(u64, u64)> {
         let pool = self.inbox.pool();
         // COUNT and a CASE count (not SUM: NUMERIC/DECIMAL on the servers)
-        let stmt = format!(
+        let stmt = dialect(
+            pool,
             "SELECT COUNT(*), COUNT(CASE WHEN applied <> version THEN 1 END) \
-             FROM loadgen_projection WHERE run_id = {}",
-            param(pool)
+             FROM loadgen_projection WHERE run_id = ?",
         );
         let run: &str = &self.run;
         let (n, bad): (i64, i64) =
@@ -427,7 +427,8 @@ impl InboxConsumer {
                 ("ferry_inbox", "consumer", consumer),
                 ("ferry_inbox_aggregate", "consumer", consumer),
             ] {
-                let stmt = format!("DELETE FROM {table} WHERE {col} = {}", param(pool));
+                let stmt = format!("DELETE FROM {table} WHERE {col} = ?");
+                let stmt = dialect(pool, &stmt);
                 if let Err(e) = on_inbox!(InboxPool, pool, p => sqlx::query(&stmt).bind(v).execute(p).await.map(drop))
                 {
                     let e = Error::sql(format!("delete this run's rows from {table}"))(e);
@@ -698,9 +699,8 @@ mod tests {
 
     #[tokio::test]
     async fn duplicates_are_skipped_and_a_second_application_fails_loudly() {
-        let dir = std::env::temp_dir().join(format!("loadgen-inbox-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite://{}", dir.join("inbox.db").display());
+        let dir = TempDir::new("loadgen-inbox-test").unwrap();
+        let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
         let inbox = Inbox::new(
             sqlite_pool(&url, SqliteSync::Normal).await.unwrap(),
             InboxConfig::default(),
@@ -761,15 +761,15 @@ mod tests {
         .unwrap();
         assert_eq!((n, v), (3, 2));
         p.close().await;
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
-    fn one_aggregate_one_task() {
+    fn aggregates_spread_over_every_task() {
         for n in [1, 3, 8] {
-            let a = shard("lg-abc123-a17", n);
-            assert!(a < n);
-            assert_eq!(a, shard("lg-abc123-a17", n));
+            let used: std::collections::BTreeSet<usize> = (0..200)
+                .map(|i| shard(&format!("lg-abc123-a{i}"), n))
+                .collect();
+            assert_eq!(used, (0..n).collect(), "{n} tasks");
         }
     }
 }

@@ -99,7 +99,7 @@ impl Sampler {
     }
 
     /// Samples, records and (maybe) prints one line.
-    pub async fn tick(&mut self, live: &Live<'_>, phase: &'static str) -> Totals {
+    pub async fn tick(&mut self, live: &Live<'_>, phase: &'static str) {
         let now = Instant::now();
         let dt = now.duration_since(self.last_at).as_secs_f64().max(1e-3);
         let t = live.totals().await;
@@ -163,7 +163,6 @@ impl Sampler {
         if hist.is_some() {
             self.last_hist = hist;
         }
-        t
     }
 
     /// Ends a `\r`-updated line.

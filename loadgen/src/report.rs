@@ -1,7 +1,7 @@
 //! The report of a run: one value serialized to JSON (`--json`) and printed as a table.
 //!
-//! JSON field names are a contract for scripts (CI checks `lost` and `ordering_violations`);
-//! add fields, do not rename them.
+//! JSON field names are a contract for scripts (`lost`, `ordering_violations`, ...); add fields,
+//! do not rename them. CI relies on the exit code, which the same verdict sets.
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -54,7 +54,8 @@ pub struct Latencies {
     /// Commit timestamp header (taken before the producer's transaction) → first delivery to
     /// the verifying consumer.
     pub commit_to_consumed: Option<Quantiles>,
-    /// One business transaction, begin → COMMIT returned.
+    /// One business transaction, begin → COMMIT returned, its retries and their backoff
+    /// included.
     pub producer_tx: Option<Quantiles>,
     /// One claim transaction (in-process relays; cursor mode: one cursor read).
     pub claim: Option<Quantiles>,
@@ -118,7 +119,7 @@ impl BatchStats {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Verification {
     /// `kafka-consumer` (read back from the topic), or `store` (no consumer: every committed
-    /// row must be SENT, and successive versions SENT in order).
+    /// row must be SENT, and in row dispatch successive versions SENT in order).
     pub method: String,
     /// Why consumer verification was skipped, if it was.
     pub consumer_skipped: Option<String>,
@@ -140,7 +141,7 @@ pub struct Verification {
 /// The store's view at the end of the run.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StoreCheck {
-    /// Outbox rows (must equal `enqueued`).
+    /// Outbox rows (fewer than `enqueued` is an error, more a note).
     pub rows: i64,
     pub sent_rows: i64,
     /// Up to ten rows not SENT, `event_id (STATE)`.
@@ -181,8 +182,8 @@ pub struct DbCosts {
 /// Row writes per committed intent: what the dispatch mode costs the database.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RowWrites {
-    /// `pg_stat_user_tables` (PostgreSQL: exact counters), `sqlite-estimate` (row counts and
-    /// claim versions) or `n/a` (MySQL).
+    /// `pg_stat_user_tables` (PostgreSQL: exact counters) or `sqlite-estimate` (row counts and
+    /// claim versions); MariaDB reports no costs (`db_costs` is null).
     pub source: String,
     /// Committed intents the ratios divide by.
     pub events: u64,
@@ -361,7 +362,8 @@ pub struct RunReport {
     pub claims: Option<Claims>,
     /// Items per claim (in-process relays).
     pub batch_size: Option<BatchStats>,
-    /// Events each in-process relay marked SENT.
+    /// Events each relay marked SENT (in-process relays, or the relay processes still
+    /// answering at the end).
     pub per_relay_sent: Vec<u64>,
     /// Relay processes killed by `--chaos`.
     pub chaos_kills: Option<u64>,
@@ -378,7 +380,7 @@ pub struct RunReport {
     /// Peak resident set size of loadgen (VmHWM; includes in-process relays, the verifier and
     /// the mock cluster, not relay processes).
     pub peak_rss_mb: f64,
-    /// What stopped the run early, if anything.
+    /// Failures found during or after the run (each fails the verdict).
     pub errors: Vec<String>,
     /// Things worth knowing when reading the numbers.
     pub notes: Vec<String>,

@@ -6,7 +6,8 @@
 //! The verifier starts before anything is produced and reads concurrently (the mock cluster
 //! keeps only ~5 MiB per partition). Loss is computed from what the producers know they
 //! committed — event numbers `0..committed` of each producer — against the ids the consumer
-//! saw, never from the store's own bookkeeping.
+//! saw, never from the store's own bookkeeping. Without a consumer (`--sink null|stdout`) the
+//! store is all there is: loss is what the producers committed less the rows SENT.
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -142,10 +143,7 @@ pub async fn baseline(
         db.finish().await;
     }
     if let Some(e) = errors.into_iter().next() {
-        return Err(Error::Producer {
-            producer: 0,
-            reason: format!("baseline phase: {e}"),
-        });
+        return Err(Error::Baseline(e));
     }
     Ok(Some((elapsed, n)))
 }
@@ -662,7 +660,7 @@ impl<'a> Run<'a> {
     /// Waits until every committed intent is SENT and, with a consumer, delivered. Returns
     /// whether that happened before `timeout`, and the ids still missing at the last exact
     /// check. (The Inbox consumer catches up afterwards, once the relays have stopped: see
-    /// `inbox::finish`.)
+    /// `InboxConsumer::finish`.)
     async fn drain(
         &self,
         live: &Live<'_>,

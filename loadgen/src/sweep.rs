@@ -93,7 +93,7 @@ pub async fn run(
         duplicates: sum(|p| p.duplicates),
         lost: sum(|p| p.lost),
         ordering_violations: sum(|p| p.ordering_violations),
-        chart: Some(chart_path.display().to_string()),
+        chart: (!points.is_empty()).then(|| chart_path.display().to_string()),
         points,
     })
 }
@@ -133,6 +133,15 @@ fn write_chart(kind: SweepKind, xs: &[u32], points: &[RunReport], path: &Path) -
     };
     let throughput: Vec<f64> = points.iter().map(|p| p.sent_per_sec).collect();
     let lat: Vec<Option<f64>> = points.iter().map(p99).collect();
+    let acked = points
+        .iter()
+        .filter(|p| p.latency_ms.commit_to_ack.is_some())
+        .count();
+    let latency_label = match acked {
+        n if n == points.len() => "commit→ack",
+        0 => "commit→consumed",
+        _ => "commit→ack (commit→consumed where no ack was measured)",
+    };
     let svg = Chart {
         title,
         subtitle: &subtitle,
@@ -140,7 +149,7 @@ fn write_chart(kind: SweepKind, xs: &[u32], points: &[RunReport], path: &Path) -
         xs,
         throughput: &throughput,
         p99_ms: &lat,
-        latency_label: "commit→ack",
+        latency_label,
     }
     .render();
     std::fs::write(path, svg).map_err(|source| Error::Io {
