@@ -1,6 +1,7 @@
-//! The seed's four crash windows, with real processes: a failpoint stops `ferry` at exactly the
-//! window, the test SIGKILLs it, then checks the durable state the seed's table predicts and
-//! that recovery delivers with no loss (a duplicate only where the seed says so).
+//! The four crash windows (docs/operations.md, "Crash windows"), with real processes: a
+//! failpoint stops `ferry` at exactly the window, the test SIGKILLs it, then checks the durable
+//! state the table predicts and that recovery delivers with no loss (a duplicate only where the
+//! table says so).
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
