@@ -264,7 +264,8 @@ pub struct Args {
     pub ferry_bin: Option<PathBuf>,
 
     /// Extra argument passed to every `ferry relay` process (repeatable), e.g.
-    /// --relay-arg=--claim-lease=10s.
+    /// --relay-arg=--claim-lease=10s --relay-arg=--kafka-message-timeout=5s (the Kafka message
+    /// timeout must stay below the claim lease).
     #[arg(long = "relay-arg", allow_hyphen_values = true, value_name = "ARG")]
     pub relay_args: Vec<String>,
 
