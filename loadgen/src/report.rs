@@ -75,7 +75,7 @@ pub struct Claims {
     pub empty_ratio: f64,
     /// Events claimed (more than sent when claims were released or fenced).
     pub claimed_items: u64,
-    /// Compare-and-set outcomes rejected by a stale token.
+    /// Updates fenced by another relay (stale outcome CAS, lease renewals, fenced advances).
     pub fenced: u64,
     /// Slot leases found taken over by another relay.
     pub slot_fenced: u64,

@@ -34,7 +34,7 @@ pub struct OutboxStatus {
     pub quarantined: i64,
     /// Age of the oldest unfinished (pending/claimed/quarantined) intent, µs.
     pub oldest_unfinished_age_us: Option<i64>,
-    /// Aggregates blocked behind a quarantined event.
+    /// Aggregates with at least one QUARANTINED event (its successors wait behind it).
     pub blocked_aggregates: i64,
 }
 

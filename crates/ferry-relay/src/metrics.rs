@@ -141,7 +141,7 @@ pub struct Metrics {
     pub claimed: AtomicI64,
     /// Rows in QUARANTINED.
     pub quarantined_rows: AtomicI64,
-    /// Aggregates blocked behind a quarantined event.
+    /// Aggregates with at least one QUARANTINED event (its successors wait behind it).
     pub blocked_aggregates: AtomicI64,
     /// Age of the oldest unfinished intent (µs), -1 when none.
     pub oldest_unfinished_age_us: AtomicI64,
@@ -365,7 +365,7 @@ impl Collector for Exposition {
         counter(
             e,
             "ferry_fenced_total",
-            "Compare-and-set outcomes rejected because the claim token was stale.",
+            "Updates fenced by another relay: stale outcome CAS, lease renewals and releases, and the events of fenced cursor advances.",
             l(&m.fenced),
         )?;
         counter(e, "ferry_claims_total", "Claim transactions.", l(&m.claims))?;
@@ -416,7 +416,7 @@ impl Collector for Exposition {
         gauge(
             e,
             "ferry_claimed_events",
-            "Outbox rows in CLAIMED: unknown exposure.",
+            "Outbox rows in CLAIMED: unknown exposure (cursor dispatch: exception rows being retried).",
             g(&m.claimed),
         )?;
         gauge(
@@ -428,7 +428,7 @@ impl Collector for Exposition {
         gauge(
             e,
             "ferry_blocked_aggregates",
-            "Aggregates blocked behind a quarantined event.",
+            "Aggregates with at least one QUARANTINED event.",
             g(&m.blocked_aggregates),
         )?;
         // the ages are kept in µs with -1 for none; exposed in seconds, 0 for none
@@ -520,7 +520,7 @@ impl Collector for Exposition {
         gauge(
             e,
             "ferry_publish_within_slo_ratio",
-            "Share of events this relay SENT within the SLO target since start (1 before any).",
+            "Share of the events this relay SENT since it started that went from created_at to SENT within the SLO target (1 before any).",
             m.within_slo_ratio(),
         )?;
         gauge(
