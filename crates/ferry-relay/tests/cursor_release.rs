@@ -6,7 +6,13 @@
 //! The store's advances are slowed down (500 ms) and the sink fails the aggregate's first
 //! version once, slowly, while later versions are committed: any early release of that
 //! aggregate sends a later version first, which the sink's record of first acks shows.
+//!
+//! And a fenced advance (nothing written, as another owner's takeover leaves it) makes the worker
+//! drop its in-memory positions and everything in flight, and read again from the durable
+//! cursors: every event is delivered, each aggregate's versions first in order, the fenced
+//! batches' events a second time.
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,10 +25,13 @@ use ferry_core::{
 use ferry_relay::{Relay, RelayConfig, Sink, WorkerDefaults};
 use ferry_testkit::{RelayTask, TestDb};
 
-/// A store whose cursor advances take `delay` longer; everything else is the inner store's.
+/// A store whose cursor advances take `delay` longer, and whose `fence`-th advance (counting from
+/// 1; 0: none) comes back `Fenced` with nothing written; everything else is the inner store's.
 struct SlowAdvance {
     inner: Arc<dyn OutboxStore>,
     delay: Duration,
+    fence: usize,
+    advances: AtomicUsize,
 }
 
 impl SlowAdvance {
@@ -195,6 +204,9 @@ impl CursorStore for SlowAdvance {
     ) -> BoxFuture<'a, Result<AdvanceResult, StoreError>> {
         Box::pin(async move {
             tokio::time::sleep(self.delay).await;
+            if self.advances.fetch_add(1, Ordering::SeqCst) + 1 == self.fence {
+                return Ok(AdvanceResult::Fenced);
+            }
             self.cs().advance(req).await
         })
     }
@@ -277,6 +289,8 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
     let store: Arc<dyn OutboxStore> = Arc::new(SlowAdvance {
         inner: db.store.clone(),
         delay: Duration::from_millis(500),
+        fence: 0,
+        advances: AtomicUsize::new(0),
     });
     let sink = Arc::new(ScriptedSink {
         slow: Duration::from_millis(400),
@@ -355,4 +369,118 @@ async fn postgres_failed_aggregate_stays_busy_until_its_advance() {
         return;
     };
     failed_aggregate_stays_busy_until_its_advance(db).await;
+}
+
+/// Acks everything; records every send and each aggregate's versions in first-ack order.
+#[derive(Default)]
+struct RecordingSink {
+    sends: AtomicUsize,
+    first_acks: Mutex<HashMap<String, Vec<i64>>>,
+}
+
+impl Sink for RecordingSink {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+    fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            self.sends.fetch_add(items.len(), Ordering::SeqCst);
+            let mut acks = self.first_acks.lock().unwrap();
+            for e in items {
+                let seen = acks.entry(e.aggregate_id.clone()).or_default();
+                if !seen.contains(&e.aggregate_version) {
+                    seen.push(e.aggregate_version);
+                }
+            }
+            vec![Outcome::Acked; items.len()]
+        })
+    }
+}
+
+const AGGREGATES: i64 = 10;
+const VERSIONS: i64 = 30;
+
+async fn a_fenced_advance_rereads_from_the_durable_cursors(db: TestDb) {
+    let slow = Arc::new(SlowAdvance {
+        inner: db.store.clone(),
+        delay: Duration::from_millis(30),
+        fence: 2,
+        advances: AtomicUsize::new(0),
+    });
+    let store: Arc<dyn OutboxStore> = slow.clone();
+    let sink = Arc::new(RecordingSink::default());
+    let d = WorkerDefaults::for_mode(DispatchMode::Cursor, ferry_store::Backend::Postgres);
+    let cfg = RelayConfig {
+        dispatch: Some(DispatchMode::Cursor),
+        workers: d.workers,
+        max_in_flight: d.max_in_flight,
+        batch_size: 20,
+        heartbeat: Duration::from_millis(200),
+        slot_ttl: Duration::from_secs(5),
+        poll_idle: Duration::from_millis(20),
+        claim_lease: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let relay = Relay::new(store.clone(), sink.clone(), cfg).unwrap();
+    let metrics = relay.metrics();
+    let relay = RelayTask::spawn(|cancel| relay.run(cancel));
+    // versions committed in order, a few at a time, while the relay reads, sends and advances
+    for v in 1..=VERSIONS {
+        let batch: Vec<NewEvent> = (0..AGGREGATES)
+            .map(|a| ev(&format!("agg-{a}"), v))
+            .collect();
+        store.enqueue(&batch).await.unwrap();
+        if v % 5 == 0 {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+    }
+    let total = (AGGREGATES * VERSIONS) as usize;
+    let delivered = || -> usize { sink.first_acks.lock().unwrap().values().map(Vec::len).sum() };
+    let done =
+        ferry_testkit::poll_until(Duration::from_secs(30), Duration::from_millis(20), || {
+            let n = delivered();
+            async move { n == total }
+        })
+        .await;
+    relay.stop().await;
+    assert!(done, "{} of {total} events delivered", delivered());
+    assert!(
+        slow.advances.load(Ordering::SeqCst) >= 3,
+        "the relay never advanced past the fenced advance"
+    );
+    assert!(
+        metrics.fenced.load(Ordering::Relaxed) > 0,
+        "the fenced advance was not counted"
+    );
+    let want: Vec<i64> = (1..=VERSIONS).collect();
+    for (agg, order) in sink.first_acks.lock().unwrap().iter() {
+        assert_eq!(order, &want, "{agg}: versions first delivered out of order");
+    }
+    assert!(
+        sink.sends.load(Ordering::SeqCst) > total,
+        "nothing was sent again after the fenced advance"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_a_fenced_advance_rereads_from_the_durable_cursors() {
+    let db = TestDb::sqlite().await;
+    a_fenced_advance_rereads_from_the_durable_cursors(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_fenced_advance_rereads_from_the_durable_cursors() {
+    let Some(db) = TestDb::open(ferry_store::Backend::Postgres).await else {
+        return;
+    };
+    a_fenced_advance_rereads_from_the_durable_cursors(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_fenced_advance_rereads_from_the_durable_cursors() {
+    let Some(db) = TestDb::open(ferry_store::Backend::Mysql).await else {
+        return;
+    };
+    a_fenced_advance_rereads_from_the_durable_cursors(db).await;
 }
