@@ -1,6 +1,7 @@
 -- A producer in plain SQL (MariaDB 10.6+; MySQL is not supported): the business row and its intent in one transaction.
 -- ferry fills shard_slot, msg_key, event_id and headers; created_at defaults to UTC_TIMESTAMP(6).
--- Run: mysql -h 127.0.0.1 -u root DATABASE < docs/examples/produce_mysql.sql
+-- Run (after `ferry migrate --database-url mysql://root@127.0.0.1:3306/DATABASE`):
+--   mysql -h 127.0.0.1 -u root DATABASE < docs/examples/produce_mysql.sql
 CREATE TABLE IF NOT EXISTS demo_orders (
     order_id VARCHAR(64) PRIMARY KEY,
     status   VARCHAR(16) NOT NULL,

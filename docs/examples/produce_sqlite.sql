@@ -2,7 +2,12 @@
 -- foreign producers insert into the view ferry_outbox_insert; its INSTEAD OF trigger fills
 -- shard_slot, msg_key, event_id, headers and the timestamps and writes ferry_outbox in the same
 -- transaction. BEGIN IMMEDIATE takes the write lock up front (no upgrade deadlock).
--- Run: sqlite3 outbox.db < docs/examples/produce_sqlite.sql
+-- Run (after `ferry migrate --database-url sqlite://outbox.db`):
+--   sqlite3 outbox.db < docs/examples/produce_sqlite.sql
+-- Stop at the first error (the shell would otherwise go on and COMMIT the business row without
+-- its intent), and wait for the write lock as ferry does instead of failing at once:
+.bail on
+.timeout 30000
 CREATE TABLE IF NOT EXISTS demo_orders (
     order_id TEXT PRIMARY KEY,
     status   TEXT NOT NULL,

@@ -1,6 +1,8 @@
-"""A producer in Python (PyMySQL, MariaDB / MySQL): the business row and its intent in one
-transaction, with a plain INSERT; ferry fills shard_slot, msg_key, event_id and headers.
+"""A producer in Python (PyMySQL, MariaDB 10.6+; MySQL is not supported): the business row and
+its intent in one transaction, with a plain INSERT; ferry fills shard_slot, msg_key, event_id
+and headers.
 
+    ferry migrate --database-url mysql://root@127.0.0.1:3306/test
     pip install PyMySQL
     DATABASE_URL=mysql://root@127.0.0.1:3306/test python3 docs/examples/producer_mysql.py
 """

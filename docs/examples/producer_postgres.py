@@ -1,6 +1,7 @@
 """A producer in Python (psycopg 3, PostgreSQL): the business row and its intent in one
 transaction, with a plain INSERT; ferry fills shard_slot, msg_key and event_id.
 
+    ferry migrate --database-url postgres://postgres@127.0.0.1:5432/test
     pip install "psycopg[binary]"
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test python3 docs/examples/producer_postgres.py
 """

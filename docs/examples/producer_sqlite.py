@@ -2,6 +2,7 @@
 transaction. SQLite triggers cannot change the row being inserted, so the intent goes into the
 view ferry_outbox_insert, which fills shard_slot, msg_key, event_id, headers and the timestamps.
 
+    ferry migrate --database-url sqlite://outbox.db
     DATABASE_PATH=outbox.db python3 docs/examples/producer_sqlite.py
 """
 import json
