@@ -133,6 +133,16 @@ async fn delivered(v: &Verifier, pred: impl Fn(&VerifyReport) -> bool) -> Verify
     v.wait_until(Duration::from_secs(30), pred).await
 }
 
+/// Messages the broker holds in the topic (high minus low watermark, summed over its two
+/// partitions): an exact count, independent of how far the verifier has read.
+fn on_broker(k: &EmbeddedKafka) -> i64 {
+    ferry_testkit::kafka::watermarks(k.bootstrap_servers(), TOPIC, 2)
+        .expect("topic watermarks")
+        .iter()
+        .map(|(lo, hi)| hi - lo)
+        .sum()
+}
+
 async fn state_of(db: &TestDb) -> Option<(EventState, i64)> {
     db.store
         .record("e-7-1")
@@ -192,6 +202,7 @@ async fn dies_before_commit(db: TestDb, mode: DispatchMode) {
     let r = delivered(&v, |r| r.delivered >= 1).await;
     wait_state(&db, EventState::Sent).await;
     assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
+    assert_eq!(on_broker(&k), 1, "sent once");
     db.cleanup().await;
 }
 
@@ -205,6 +216,7 @@ async fn dies_after_commit_before_claim(db: TestDb, mode: DispatchMode) {
     assert_eq!(wait_state(&db, EventState::Sent).await, terms(mode, 1));
     let r = delivered(&v, |r| r.delivered >= 1).await;
     assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
+    assert_eq!(on_broker(&k), 1, "sent once");
     db.cleanup().await;
 }
 
@@ -216,7 +228,11 @@ async fn dies_after_claim_before_ack(db: TestDb, mode: DispatchMode) {
     relay(&db, &k, "dying", mode, Some("relay-after-claim")).kill_at("relay-after-claim");
     // row: CLAIMED under term 1; cursor: nothing written, the cursor has not moved
     assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
-    assert_eq!(v.report().delivered, 0, "nothing was sent before the crash");
+    assert_eq!(
+        on_broker(&k),
+        0,
+        "nothing reached the broker before the crash"
+    );
     let _relay = relay(&db, &k, "survivor", mode, None);
     assert_eq!(
         wait_state(&db, EventState::Sent).await,
@@ -226,6 +242,7 @@ async fn dies_after_claim_before_ack(db: TestDb, mode: DispatchMode) {
     let r = delivered(&v, |r| r.delivered >= 1).await;
     assert_eq!((r.delivered, r.duplicates), (1, 0), "{r:?}");
     assert!(v.was_delivered("e-7-1"));
+    assert_eq!(on_broker(&k), 1, "sent once, by the survivor");
     db.cleanup().await;
 }
 
@@ -236,6 +253,7 @@ async fn dies_after_ack_before_sent(db: TestDb, mode: DispatchMode) {
     enqueue(&db, None).wait_ok();
     relay(&db, &k, "dying", mode, Some("relay-after-ack")).kill_at("relay-after-ack");
     assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
+    assert_eq!(on_broker(&k), 1, "the broker had acked it before the crash");
     let r = delivered(&v, |r| r.delivered >= 1).await;
     assert_eq!(r.delivered, 1, "the broker had acked it: {r:?}");
     let _relay = relay(&db, &k, "survivor", mode, None);
@@ -246,6 +264,7 @@ async fn dies_after_ack_before_sent(db: TestDb, mode: DispatchMode) {
         (1, 1),
         "one event, delivered twice, deduped by id: {r:?}"
     );
+    assert_eq!(on_broker(&k), 2, "the original and the one resend");
     // The consumer side: both deliveries go through the Inbox (Inbox + effect in one
     // transaction, in the outbox's own database); the effect is applied once.
     let effects = apply_through_inbox(&db, k.bootstrap_servers(), 2).await;
