@@ -192,10 +192,17 @@ async fn a_scrape_waits_for_a_free_slot_and_answers() {
         s.write_all(b"GET /met").await.unwrap();
         holders.push(s);
     }
+    let asked = std::time::Instant::now();
     let text = scrape(ep.addr, PROMPT)
         .await
         .expect("a scrape answers once a slot frees");
     assert!(sample(&text, "ferry_alert_level").is_some());
+    // the holders' head timeout (500 ms from their connect) had to free a slot first
+    assert!(
+        asked.elapsed() >= Duration::from_millis(300),
+        "answered after {:?}: the connection limit did not hold the scrape back",
+        asked.elapsed()
+    );
     for mut s in holders {
         read_until_closed(&mut s, PROMPT).await;
     }
