@@ -43,8 +43,7 @@ pub struct Case<D> {
 #[macro_export]
 macro_rules! store_conformance {
     () => {
-        $crate::backend_tests!(
-            in [$crate::conformance::store];
+        $crate::store_conformance!(@cases
             // Run on every store, the in-memory one included.
             everywhere: [
                 stale_claim_is_fenced,
@@ -84,34 +83,24 @@ macro_rules! store_conformance {
                 plain_insert_fills_what_the_rust_api_fills,
             ],
         );
+    };
+    (@cases everywhere: [$($any:ident),* $(,)?], sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
+        $crate::backend_tests!(
+            in [$crate::conformance::store];
+            everywhere: [$($any),*],
+            sql_only: [$($sql),*],
+        );
 
+        /// The instantiated list (the one above) is exactly `CASES`, in order, with the same
+        /// `sql_only` flags.
         #[test]
         fn every_store_case_is_instantiated() {
-            let listed: &[&str] = &[
-                stringify!(stale_claim_is_fenced),
-                stringify!(batch_with_mixed_outcomes_confirms_only_acked),
-                stringify!(stale_and_live_token_of_one_row_in_one_batch),
-                stringify!(predecessor_blocks_successors),
-                stringify!(predecessor_rule_under_concurrency),
-                stringify!(concurrent_claimers_deliver_each_event_once),
-                stringify!(lease_expiry_and_takeover),
-                stringify!(lost_claim_commit_is_recovered_by_claim_id),
-                stringify!(bad_inputs_are_refused_and_write_nothing),
-                stringify!(slot_leases_fence_claims),
-                stringify!(purge_deletes_only_old_sent_rows),
-                stringify!(shared_status_is_counted_once_per_max_age),
-                stringify!(rollback_leaves_neither_order_nor_intent),
-                stringify!(committed_intent_visible_after_reconnect),
-                stringify!(intent_columns_are_immutable),
-                stringify!(concurrent_migrations_apply_once),
-                stringify!(fresh_concurrent_migrations),
-                stringify!(multi_row_enqueue_in_caller_transaction),
-                stringify!(reconcile_classifies_every_intent_once),
-                stringify!(claims_count_rows_skipped_as_locked),
-                stringify!(plain_insert_fills_what_the_rust_api_fills),
-            ];
-            let cases: ::std::vec::Vec<&str> =
-                $crate::conformance::store::CASES.iter().map(|c| c.name).collect();
+            let listed: &[(&str, bool)] =
+                &[$((stringify!($any), false),)* $((stringify!($sql), true),)*];
+            let cases: ::std::vec::Vec<(&str, bool)> = $crate::conformance::store::CASES
+                .iter()
+                .map(|c| (c.name, c.sql_only))
+                .collect();
             assert_eq!(cases, listed);
         }
     };
@@ -122,8 +111,7 @@ macro_rules! store_conformance {
 #[macro_export]
 macro_rules! cursor_conformance {
     () => {
-        $crate::backend_tests!(
-            in [$crate::conformance::cursor];
+        $crate::cursor_conformance!(@cases
             read_advance_derives_sent,
             reads_are_cut_at_the_limit_and_resume,
             stale_owner_advance_is_fenced,
@@ -137,23 +125,14 @@ macro_rules! cursor_conformance {
             a_reader_behind_many_ticks_misses_nothing,
             restored_elsewhere_rebases_cursors,
         );
+    };
+    (@cases $($case:ident),* $(,)?) => {
+        $crate::backend_tests!(in [$crate::conformance::cursor]; $($case),*);
 
+        /// The instantiated list (the one above) is exactly `CASES`, in order.
         #[test]
         fn every_cursor_case_is_instantiated() {
-            let listed: &[&str] = &[
-                stringify!(read_advance_derives_sent),
-                stringify!(reads_are_cut_at_the_limit_and_resume),
-                stringify!(stale_owner_advance_is_fenced),
-                stringify!(lookup_advance_finds_a_committed_advance),
-                stringify!(exceptions_hold_successors_in_order),
-                stringify!(reconcile_and_purge_use_derived_states),
-                stringify!(open_transactions_delay_only_their_own_rows),
-                stringify!(mode_switch_converts_state),
-                stringify!(slot_subset_readers_get_exactly_their_slots),
-                stringify!(a_lagging_slot_holds_the_others_back_no_longer),
-                stringify!(a_reader_behind_many_ticks_misses_nothing),
-                stringify!(restored_elsewhere_rebases_cursors),
-            ];
+            let listed: &[&str] = &[$(stringify!($case)),*];
             let cases: ::std::vec::Vec<&str> =
                 $crate::conformance::cursor::CASES.iter().map(|c| c.name).collect();
             assert_eq!(cases, listed);
