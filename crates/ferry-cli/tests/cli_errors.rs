@@ -51,8 +51,10 @@ mod ferry_store_dir {
 fn assert_one_clear_line(o: &Output, code: i32, needles: &[&str]) {
     let text = err_of(o);
     assert_eq!(o.status.code(), Some(code), "exit code for: {text}");
+    // everything a user needs is on the first line (clap may add its usage footer below)
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     for n in needles {
-        assert!(text.contains(n), "expected {n:?} in: {text}");
+        assert!(first.contains(n), "expected {n:?} on the first line of: {text}");
     }
 }
 
