@@ -54,7 +54,10 @@ fn assert_one_clear_line(o: &Output, code: i32, needles: &[&str]) {
     // everything a user needs is on the first line (clap may add its usage footer below)
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     for n in needles {
-        assert!(first.contains(n), "expected {n:?} on the first line of: {text}");
+        assert!(
+            first.contains(n),
+            "expected {n:?} on the first line of: {text}"
+        );
     }
 }
 
