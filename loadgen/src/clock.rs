@@ -52,9 +52,12 @@ impl CommitClock {
         let mut early = 0;
         for id in ids {
             match self.committed.entry(id.to_string()) {
-                Entry::Occupied(o) => {
+                Entry::Occupied(o) if matches!(o.get(), Mark::AckedFirst) => {
                     o.remove();
                     early += 1;
+                }
+                Entry::Occupied(mut o) => {
+                    o.insert(Mark::Committed(at));
                 }
                 Entry::Vacant(v) => {
                     v.insert(Mark::Committed(at));
