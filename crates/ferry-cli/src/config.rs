@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use ferry_core::{Backoff, DispatchMode, Limits};
+use ferry_core::{parse_duration, Backoff, DispatchMode, Limits};
 use ferry_relay::metrics::AlertThresholds;
 use ferry_relay::{KafkaConfig, RelayConfig, WorkerDefaults};
 use ferry_store::Backend;
@@ -51,39 +51,6 @@ impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
-}
-
-/// Parses `500ms`, `30s`, `5m`, `1h`, `7d`, `0s`; a bare `0` is zero (any other number needs a
-/// unit).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration; use e.g. 500ms, 30s, 5m, 1h"))?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86_400.0,
-        "" => return Err(format!("{s:?} has no unit; use e.g. 500ms, 30s, 5m, 1h")),
-        u => {
-            return Err(format!(
-                "{s:?} has unknown unit {u:?}; use ms, s, m, h or d"
-            ))
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{s:?} is not a valid duration"));
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// The TOML file. Unknown keys are refused so that typos do not silently fall back to defaults.
@@ -298,11 +265,7 @@ pub fn relay(
 
 /// The dispatch mode a relay on `backend` runs in when not told.
 fn default_dispatch(backend: Backend) -> DispatchMode {
-    ferry_relay::preferred_dispatch(match backend {
-        Backend::Mysql => "mysql",
-        Backend::Postgres => "postgres",
-        Backend::Sqlite => "sqlite",
-    })
+    ferry_relay::preferred_dispatch(backend.as_str())
 }
 
 /// The worker settings of `dispatch` (else the default mode) on `backend`.
@@ -594,19 +557,6 @@ fn fill_help(cmd: clap::Command, defaults: &[(&'static str, String)]) -> clap::C
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
-        assert!(parse_duration("5").unwrap_err().contains("no unit"));
-        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
-        assert!(parse_duration("0.5").unwrap_err().contains("no unit"));
-        assert!(parse_duration("5x").unwrap_err().contains("unknown unit"));
-        assert!(parse_duration("abc").is_err());
-    }
 
     /// The repository's `ferry.example.toml` (also shown in docs/operations.md) parses with
     /// unknown keys refused, and every value in it is valid.

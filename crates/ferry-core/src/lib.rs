@@ -72,6 +72,7 @@
 mod backoff;
 mod claim;
 mod cursor;
+mod duration;
 mod error;
 mod event;
 pub mod failpoint;
@@ -86,6 +87,7 @@ pub use cursor::{
     DispatchMode, ExceptionKind, ExceptionOutcomes, HorizonInfo, NewException, SlotAdvance,
     SlotCursor,
 };
+pub use duration::parse_duration;
 pub use error::{EnqueueError, StoreError, StoreErrorKind};
 pub use event::{
     new_event_id, validate_batch, EventState, Limits, NewEvent, ValidatedEvent, MAX_IDENT_LEN,

@@ -82,17 +82,39 @@ pub enum Backend {
 impl Backend {
     /// The backend of `url`, or a clear error naming the accepted schemes.
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
-        match scheme.as_str() {
-            "postgres" | "postgresql" => Ok(Self::Postgres),
-            "mysql" | "mariadb" => Ok(Self::Mysql),
-            "sqlite" => Ok(Self::Sqlite),
-            _ => Err(StoreError::new(
+        let scheme = url.split(':').next().unwrap_or("");
+        scheme.parse().map_err(|_| {
+            StoreError::new(
                 StoreErrorKind::InvalidInput,
                 format!(
                     "database URL {} has an unsupported scheme; use postgres://, mysql:// (MariaDB) or sqlite://",
                     redact_url(url)
                 ),
+            )
+        })
+    }
+
+    /// `postgres`, `mysql` or `sqlite`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::Mysql => "mysql",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// A backend by name: `postgres` (or `postgresql`), `mysql` (or `mariadb`), `sqlite`; case is
+/// ignored.
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => Ok(Self::Postgres),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
+            "sqlite" => Ok(Self::Sqlite),
+            _ => Err(format!(
+                "unknown database {s:?}; use postgres, mysql (MariaDB) or sqlite"
             )),
         }
     }

@@ -25,7 +25,7 @@ pub struct PurgeArgs {
 }
 
 pub async fn run(a: PurgeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
-    let older = config::parse_duration(&a.older_than)
+    let older = ferry_core::parse_duration(&a.older_than)
         .map_err(|e| fail(2, format!("invalid --older-than: {e}")))?;
     if a.batch == 0 || a.batch > 100_000 {
         return Err(fail(2, "invalid --batch: must be between 1 and 100000"));
