@@ -3,8 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::error::ErrorKind;
 use clap::{value_parser, CommandFactory, Parser, ValueEnum};
+use ferry_core::{parse_duration, DispatchMode};
+use ferry_store::Backend;
 use serde::Serialize;
 
 /// The flag spelling of a value (clap's name for it, as `ferry relay` takes it too).
@@ -17,39 +20,6 @@ pub trait FlagValue: ValueEnum {
 }
 
 impl<T: ValueEnum> FlagValue for T {}
-
-/// Which database holds the outbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreKind {
-    /// A SQLite file (default: a fresh file in a temporary directory).
-    Sqlite,
-    /// PostgreSQL (a fresh schema per run).
-    Postgres,
-    /// MariaDB 10.6+ (a fresh database per run; MySQL is not supported).
-    #[value(alias = "mariadb")]
-    Mysql,
-}
-
-impl StoreKind {
-    /// The backend a database URL names, by scheme.
-    pub fn from_url(url: &str) -> Option<Self> {
-        match ferry_store::Backend::from_url(url).ok()? {
-            ferry_store::Backend::Sqlite => Some(Self::Sqlite),
-            ferry_store::Backend::Postgres => Some(Self::Postgres),
-            ferry_store::Backend::Mysql => Some(Self::Mysql),
-        }
-    }
-
-    /// The store's backend.
-    pub fn backend(self) -> ferry_store::Backend {
-        match self {
-            Self::Sqlite => ferry_store::Backend::Sqlite,
-            Self::Postgres => ferry_store::Backend::Postgres,
-            Self::Mysql => ferry_store::Backend::Mysql,
-        }
-    }
-}
 
 /// Where relays send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -93,35 +63,6 @@ pub enum SqliteSync {
     Normal,
 }
 
-/// How relays move intents to the sink (`ferry relay --dispatch`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dispatch {
-    /// A durable cursor per slot: outbox rows are only INSERTed; each batch advances the
-    /// cursors of the slots it read (every SQL store; MariaDB behind the commit gate).
-    Cursor,
-    /// Per-row claims: every row is INSERTed, claimed and marked SENT (every store).
-    Row,
-}
-
-impl Dispatch {
-    /// The relay's mode.
-    pub fn mode(self) -> ferry_core::DispatchMode {
-        match self {
-            Self::Cursor => ferry_core::DispatchMode::Cursor,
-            Self::Row => ferry_core::DispatchMode::Row,
-        }
-    }
-
-    /// What a relay picks when not told ([`ferry_relay::preferred_dispatch`]): cursor.
-    pub fn preferred(store: StoreKind) -> Self {
-        match ferry_relay::preferred_dispatch(&store.as_str()) {
-            ferry_core::DispatchMode::Cursor => Self::Cursor,
-            ferry_core::DispatchMode::Row => Self::Row,
-        }
-    }
-}
-
 /// Values of a sweep, in the order given.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SweepValues(pub Vec<u32>);
@@ -136,7 +77,7 @@ pub struct SweepValues(pub Vec<u32>);
 #[derive(Debug, Clone, Parser)]
 #[command(name = "loadgen", version, max_term_width = 100)]
 pub struct Args {
-    /// Length of the load phase (per point when sweeping): 30s, 500ms, 2m or plain seconds.
+    /// Length of the load phase (per point when sweeping): 30s, 500ms, 2m.
     /// Ignored with --preload (no load phase).
     #[arg(long, default_value = "30s", value_parser = parse_duration_positive)]
     pub duration: Duration,
@@ -148,9 +89,13 @@ pub struct Args {
     #[arg(long, value_parser = parse_duration_positive)]
     pub drain_timeout: Option<Duration>,
 
-    /// Outbox database [default: from --database-url, else sqlite].
-    #[arg(long, value_enum)]
-    pub store: Option<StoreKind>,
+    /// Outbox database: sqlite (a fresh file in a temporary directory unless --database-url
+    /// names one), postgres (a fresh schema per run) or mysql, alias mariadb (MariaDB 10.6+, a
+    /// fresh database per run; MySQL is not supported) [default: from --database-url, else
+    /// sqlite].
+    #[arg(long, value_parser = PossibleValuesParser::new(["sqlite", "postgres", "mysql", "mariadb"])
+        .map(|s| s.parse::<Backend>().expect("a listed database")))]
+    pub store: Option<Backend>,
 
     /// Database URL (postgres://, mysql://, sqlite://). PostgreSQL gets a fresh schema and
     /// MariaDB a fresh database per run, dropped afterwards; an explicit SQLite file is emptied
@@ -235,8 +180,9 @@ pub struct Args {
     /// INSERTed) or `row` (per-row claims: INSERT, claim UPDATE, SENT UPDATE). Passed to
     /// in-process relays and to `ferry relay --dispatch`; the outbox is put in this mode before
     /// anything is produced [default: cursor].
-    #[arg(long, value_enum)]
-    pub dispatch: Option<Dispatch>,
+    #[arg(long, value_parser = PossibleValuesParser::new(["cursor", "row"])
+        .map(|s| s.parse::<DispatchMode>().expect("a listed mode")))]
+    pub dispatch: Option<DispatchMode>,
 
     /// Queue burn-down instead of a load phase: commit this many intents first, as fast as the
     /// producers can, with no relay running; then start the relays and time how long they take
@@ -385,23 +331,27 @@ impl Args {
     }
 
     /// The dispatch mode: `--dispatch`, else the store's preferred one.
-    pub fn dispatch(&self) -> Dispatch {
-        self.dispatch
-            .unwrap_or_else(|| Dispatch::preferred(self.store_kind()))
+    pub fn dispatch(&self) -> DispatchMode {
+        let preferred = || ferry_relay::preferred_dispatch(self.backend().as_str());
+        self.dispatch.unwrap_or_else(preferred)
     }
 
     /// The store, from `--store` or the URL's scheme.
-    pub fn store_kind(&self) -> StoreKind {
+    pub fn backend(&self) -> Backend {
         self.store
-            .or_else(|| self.database_url.as_deref().and_then(StoreKind::from_url))
-            .unwrap_or(StoreKind::Sqlite)
+            .or_else(|| {
+                self.database_url
+                    .as_deref()
+                    .and_then(|u| Backend::from_url(u).ok())
+            })
+            .unwrap_or(Backend::Sqlite)
     }
 
     /// Checks combinations a single value parser cannot see.
     fn check(&self) -> Result<(), (ErrorKind, String)> {
         let conflict = |m: String| Err((ErrorKind::ArgumentConflict, m));
         if let Some(url) = &self.database_url {
-            let Some(from_url) = StoreKind::from_url(url) else {
+            let Ok(from_url) = Backend::from_url(url) else {
                 return Err((
                     ErrorKind::InvalidValue,
                     format!(
@@ -419,13 +369,13 @@ impl Args {
                     ));
                 }
             }
-        } else if matches!(self.store, Some(StoreKind::Postgres | StoreKind::Mysql)) {
+        } else if matches!(self.store, Some(Backend::Postgres | Backend::Mysql)) {
             return Err((
                 ErrorKind::MissingRequiredArgument,
                 format!(
                     "'--store {}' needs '--database-url', e.g. {}",
-                    self.store_kind().as_str(),
-                    if self.store == Some(StoreKind::Postgres) {
+                    self.backend().as_str(),
+                    if self.store == Some(Backend::Postgres) {
                         "postgres://postgres@127.0.0.1:5432/test"
                     } else {
                         "mysql://root@127.0.0.1:3306/test"
@@ -500,28 +450,6 @@ impl Args {
         }
         Ok(())
     }
-}
-
-/// `30s`, `500ms`, `2m`, `1.5s` or plain seconds (`30`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("expected a duration like 30s, 500ms, 2m or 30 (seconds), got '{s}'");
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => (&s[..i], s[i..].trim()),
-        None => (s, "s"),
-    };
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" | "sec" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(bad()),
-    };
-    if !secs.is_finite() || !(0.0..=86_400.0 * 7.0).contains(&secs) {
-        return Err(format!("duration '{s}' is out of range (0 to 7 days)"));
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 fn parse_duration_positive(s: &str) -> Result<Duration, String> {
@@ -640,18 +568,16 @@ mod tests {
 
     #[test]
     fn durations() {
-        for (s, ms) in [
-            ("30", 30_000),
-            ("30s", 30_000),
-            ("500ms", 500),
-            ("2m", 120_000),
-            ("1.5s", 1500),
-        ] {
-            assert_eq!(parse_duration(s).unwrap(), Duration::from_millis(ms), "{s}");
-        }
-        assert!(parse_duration("abc").unwrap_err().contains("30s"));
-        assert!(parse_duration("5 parsecs").is_err());
+        // the syntax is ferry's (ferry_core::parse_duration); loadgen adds the lower bound
+        assert_eq!(
+            args(&["--duration", "1.5s"]).duration,
+            Duration::from_millis(1500)
+        );
+        assert!(rejected(&["--duration", "30"]));
         assert!(parse_duration_positive("0").is_err());
+        assert!(parse_duration_positive("50ms")
+            .unwrap_err()
+            .contains("100ms"));
     }
 
     #[test]
@@ -748,15 +674,15 @@ mod tests {
             Some(Duration::from_millis(10))
         );
         assert_eq!(args(&[]).poll_min, None);
-        assert_eq!(args(&[]).dispatch(), Dispatch::Cursor);
+        assert_eq!(args(&[]).dispatch(), DispatchMode::Cursor);
         assert_eq!(
             args(&["--database-url", "postgres://u@h/db"]).dispatch(),
-            Dispatch::Cursor
+            DispatchMode::Cursor
         );
         assert_eq!(
             args(&["--database-url", "mysql://u@h/db"]).dispatch(),
-            Dispatch::Cursor
+            DispatchMode::Cursor
         );
-        assert_eq!(args(&["--dispatch", "row"]).dispatch(), Dispatch::Row);
+        assert_eq!(args(&["--dispatch", "row"]).dispatch(), DispatchMode::Row);
     }
 }

@@ -10,19 +10,19 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{now_micros, Limits, NewEvent, OutboxStore};
+use ferry_core::{now_micros, DispatchMode, Limits, NewEvent, OutboxStore};
 use ferry_inbox::InboxPool as Pool;
 use ferry_store::mysql::MyStore;
 use ferry_store::postgres::PgStore;
 use ferry_store::sqlite::SqliteStore;
-use ferry_store::{redact_url, ConnectOptions};
+use ferry_store::{redact_url, Backend, ConnectOptions};
 use ferry_testkit::{on_inbox, Cleanup, TempDir};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sqlx::{Connection, Executor, MySql, QueryBuilder, Sqlite};
 
-use crate::cli::{Dispatch, FlagValue, SqliteSync, StoreKind};
+use crate::cli::SqliteSync;
 use crate::error::{Error, Result};
 use crate::spec::RunSpec;
 use crate::workload::Order;
@@ -37,7 +37,7 @@ const CHUNK: usize = 1000;
 
 /// The run's database, with a pool for the producers' business transactions.
 pub struct Database {
-    pub kind: StoreKind,
+    pub kind: Backend,
     /// URL of the isolated namespace (may contain a password: print only through [`redact_url`]).
     pub url: String,
     /// The outbox store over the producers' pool (status, slot leases).
@@ -46,7 +46,7 @@ pub struct Database {
     /// The producers' pool's size (it grows to this as the producers start).
     pool_size: u32,
     /// The outbox's dispatch mode (set at creation).
-    pub dispatch: Dispatch,
+    pub dispatch: DispatchMode,
     sqlite_sync: SqliteSync,
     /// The PostgreSQL schema or MariaDB database of the run.
     namespace: Option<Cleanup>,
@@ -228,7 +228,7 @@ impl Database {
         let sqlite_sync = flags.sqlite_synchronous;
         let (mut dir, mut namespace) = (None, None);
         let url = match (spec.store, &flags.database_url) {
-            (StoreKind::Sqlite, None) => {
+            (Backend::Sqlite, None) => {
                 let d = TempDir::new(&format!("loadgen-{run}")).map_err(|source| Error::Io {
                     what: "create a temporary directory in",
                     path: std::env::temp_dir(),
@@ -238,10 +238,10 @@ impl Database {
                 dir = Some(d);
                 url
             }
-            (StoreKind::Sqlite, Some(url)) => url.clone(),
+            (Backend::Sqlite, Some(url)) => url.clone(),
             (kind, Some(admin)) => {
                 let name = format!("loadgen_{run}");
-                let (url, cleanup) = ferry_testkit::create_namespace(kind.backend(), admin, &name)
+                let (url, cleanup) = ferry_testkit::create_namespace(kind, admin, &name)
                     .await
                     .map_err(|source| Error::Connect {
                         url: redact_url(admin),
@@ -320,14 +320,14 @@ impl Database {
             .map_err(Error::sql("empty the SQLite file"))?;
         }
         let ddl = match self.kind {
-            StoreKind::Sqlite => ORDERS_DDL_SQLITE.to_string(),
-            StoreKind::Mysql => format!("{ORDERS_DDL} ENGINE = InnoDB"),
-            StoreKind::Postgres => ORDERS_DDL.to_string(),
+            Backend::Sqlite => ORDERS_DDL_SQLITE.to_string(),
+            Backend::Mysql => format!("{ORDERS_DDL} ENGINE = InnoDB"),
+            Backend::Postgres => ORDERS_DDL.to_string(),
         };
         on_inbox!(InboxPool, &self.pool, p => p.execute(ddl.as_str()).await.map(drop))
             .map_err(Error::sql("create loadgen_orders"))?;
         self.set_dispatch(run).await?;
-        if self.kind == StoreKind::Postgres {
+        if self.kind == Backend::Postgres {
             // A backend reports its table statistics at most once a second and, when idle,
             // up to 10 s later; at exit at once. Reconnecting makes the setup's writes
             // (migrations, the dispatch switch) reach pg_stat_user_tables before the run's
@@ -347,7 +347,7 @@ impl Database {
     /// every unsent row into an exception row: a preloaded queue would then be drained through
     /// the exception path, not the cursor.
     async fn set_dispatch(&self, run: &str) -> Result<()> {
-        let mode = self.dispatch.mode();
+        let mode = self.dispatch;
         let Some(cs) = self.store.cursor() else {
             if mode == ferry_core::DispatchMode::Row {
                 return Ok(());
@@ -379,16 +379,16 @@ impl Database {
     /// will not say.
     pub async fn free_connections(&self) -> Option<u32> {
         let stmt = match self.kind {
-            StoreKind::Postgres => {
+            Backend::Postgres => {
                 "SELECT current_setting('max_connections')::int8 \
                    - current_setting('superuser_reserved_connections')::int8 \
                    - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
             }
-            StoreKind::Mysql => {
+            Backend::Mysql => {
                 "SELECT CAST(@@max_connections AS SIGNED) \
                    - (SELECT COUNT(*) FROM information_schema.PROCESSLIST)"
             }
-            StoreKind::Sqlite => return None,
+            Backend::Sqlite => return None,
         };
         let free = self.scalar(stmt, "count free connections").await.ok()?;
         Some((free - i64::from(self.pool_size + 6)).max(0) as u32)
@@ -474,8 +474,8 @@ impl Database {
     /// cursor view (an exception row's state, else SENT behind the slot's cursor) in cursor mode.
     fn state_table(&self) -> &'static str {
         match self.dispatch {
-            Dispatch::Row => "ferry_outbox",
-            Dispatch::Cursor => "ferry_outbox_cursor_view",
+            DispatchMode::Row => "ferry_outbox",
+            DispatchMode::Cursor => "ferry_outbox_cursor_view",
         }
     }
 
@@ -498,7 +498,7 @@ impl Database {
     pub async fn unsent_examples(&self) -> Result<Vec<String>> {
         // MySQL: event ids are binary strings
         let cols = match self.kind {
-            StoreKind::Mysql => "CAST(event_id AS CHAR), CAST(state AS CHAR)",
+            Backend::Mysql => "CAST(event_id AS CHAR), CAST(state AS CHAR)",
             _ => "event_id, state",
         };
         let stmt = format!(
@@ -517,7 +517,7 @@ impl Database {
     /// Pairs of successive versions marked SENT out of order (see [`SENT_ORDER_VIOLATIONS`]);
     /// `None` in cursor mode, where rows dispatched by the cursor carry no `sent_at`.
     pub async fn sent_order_violations(&self) -> Result<Option<i64>> {
-        if self.dispatch == Dispatch::Cursor {
+        if self.dispatch == DispatchMode::Cursor {
             return Ok(None);
         }
         let n = self
@@ -530,13 +530,13 @@ impl Database {
     /// run as processes and their metrics are out of reach). Values in µs. `None` in cursor
     /// mode: rows dispatched by the cursor are never updated, so they have no `sent_at`.
     pub async fn commit_to_ack_from_rows(&self) -> Result<Option<Histogram<u64>>> {
-        if self.dispatch == Dispatch::Cursor {
+        if self.dispatch == DispatchMode::Cursor {
             return Ok(None);
         }
         let us = match self.kind {
-            StoreKind::Postgres => "(extract(epoch from (sent_at - created_at)) * 1000000)::int8",
-            StoreKind::Mysql => "CAST(TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) AS SIGNED)",
-            StoreKind::Sqlite => "sent_at - created_at",
+            Backend::Postgres => "(extract(epoch from (sent_at - created_at)) * 1000000)::int8",
+            Backend::Mysql => "CAST(TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) AS SIGNED)",
+            Backend::Sqlite => "sent_at - created_at",
         };
         let stmt =
             format!("SELECT {us} FROM ferry_outbox WHERE state = 'SENT' AND sent_at IS NOT NULL");
@@ -554,7 +554,7 @@ impl Database {
     /// connection: pooled backends flush their table statistics only about once a second (or
     /// when they exit), so read this after closing the pools for exact end-of-run figures.
     pub async fn pg_costs(&self) -> Result<Option<PgCosts>> {
-        if self.kind != StoreKind::Postgres {
+        if self.kind != Backend::Postgres {
             return Ok(None);
         }
         let mut conn = ferry_store::postgres::connect_one(&self.url).await?;
@@ -614,7 +614,7 @@ impl Database {
     /// flush()` would not help here: it only affects the backend that calls it.) Returns the
     /// costs and whether they settled.
     pub async fn pg_costs_settled(&self, min_wait: Duration) -> Result<Option<(PgCosts, bool)>> {
-        if self.kind != StoreKind::Postgres {
+        if self.kind != Backend::Postgres {
             return Ok(None);
         }
         tokio::time::sleep(min_wait).await;
@@ -656,7 +656,7 @@ impl Database {
 
     /// `n_dead_tup` of the outbox right now (PostgreSQL; sampled once a second).
     pub async fn pg_dead_tuples(&self) -> Option<i64> {
-        if self.kind != StoreKind::Postgres {
+        if self.kind != Backend::Postgres {
             return None;
         }
         self.scalar(
@@ -689,17 +689,17 @@ impl Database {
     /// Server version and durability settings worth echoing in the report.
     pub async fn server_info(&self) -> Vec<(String, String)> {
         let queries: &[(&str, &str)] = match self.kind {
-            StoreKind::Postgres => &[
+            Backend::Postgres => &[
                 ("server_version", "SHOW server_version"),
                 ("synchronous_commit", "SHOW synchronous_commit"),
                 ("fsync", "SHOW fsync"),
             ],
-            StoreKind::Mysql => &[(
+            Backend::Mysql => &[(
                 "server",
                 "SELECT CAST(CONCAT(VERSION(), ' flush_log_at_trx_commit=', \
                  @@innodb_flush_log_at_trx_commit) AS CHAR)",
             )],
-            StoreKind::Sqlite => &[("sqlite_version", "SELECT sqlite_version()")],
+            Backend::Sqlite => &[("sqlite_version", "SELECT sqlite_version()")],
         };
         let mut out = Vec::new();
         for (key, stmt) in queries {
@@ -709,7 +709,7 @@ impl Database {
                 out.push((key.to_string(), v));
             }
         }
-        if self.kind == StoreKind::Sqlite {
+        if self.kind == Backend::Sqlite {
             let sync = format!("{:?}", self.sqlite_sync).to_lowercase();
             out.push(("synchronous".to_string(), sync));
         }
@@ -743,23 +743,23 @@ pub fn new_histogram() -> Histogram<u64> {
 }
 
 async fn open(
-    kind: StoreKind,
+    kind: Backend,
     url: &str,
     sync: SqliteSync,
     opts: &ConnectOptions,
 ) -> Result<(Arc<dyn OutboxStore>, Pool)> {
     Ok(match kind {
-        StoreKind::Postgres => {
+        Backend::Postgres => {
             let s = PgStore::connect(url, opts).await?;
             let pool = Pool::Postgres(s.pool().clone());
             (Arc::new(s), pool)
         }
-        StoreKind::Mysql => {
+        Backend::Mysql => {
             let s = MyStore::connect(url, opts).await?;
             let pool = Pool::Mysql(s.pool().clone());
             (Arc::new(s), pool)
         }
-        StoreKind::Sqlite => {
+        Backend::Sqlite => {
             let conn = SqliteConnectOptions::from_str(url).map_err(|e| {
                 Error::Setup(format!(
                     "invalid SQLite URL {}: {e} (use sqlite:///absolute/path.db)",

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_core::{BoxFuture, ClaimedEvent, Outcome};
+use ferry_core::{BoxFuture, ClaimedEvent, DispatchMode, Outcome};
 use ferry_relay::{
     KafkaConfig, KafkaSink, Metrics, NullSink, Relay, RelayConfig, Sink, StdoutSink,
 };
@@ -19,7 +19,7 @@ use ferry_store::redact_url;
 use ferry_testkit::{OrderCheck, RelayProcess, RelayTask, SpawnError, Stdout};
 use hdrhistogram::Histogram;
 
-use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind};
+use crate::cli::{FlagValue, RelayMode, SinkKind};
 use crate::clock::CommitClock;
 use crate::db::{new_histogram, Database, PoolHandle};
 use crate::error::{Error, Result};
@@ -204,7 +204,7 @@ impl Relays {
                         workers: spec.workers,
                         batch_size: spec.batch_size,
                         max_in_flight: spec.in_flight,
-                        dispatch: Some(dispatch.mode()),
+                        dispatch: Some(dispatch),
                         poll_min: flags.poll_min.unwrap_or(RelayConfig::default().poll_min),
                         read_linger: run_spec.read_linger(),
                         read_interval: spec.read_interval,
@@ -487,7 +487,7 @@ fn prom_opt(text: &str, name: &str) -> Option<u64> {
 fn make_sink(
     kind: SinkKind,
     brokers: Option<&str>,
-    dispatch: Dispatch,
+    dispatch: DispatchMode,
     kafka_linger: Option<std::time::Duration>,
 ) -> Result<Arc<dyn Sink>> {
     Ok(match kind {
@@ -499,7 +499,7 @@ fn make_sink(
             let sink = KafkaSink::new(KafkaConfig {
                 brokers: brokers.to_string(),
                 // cursor mode has several versions of one key in flight: no gaps allowed
-                ordered: dispatch == Dispatch::Cursor,
+                ordered: dispatch == DispatchMode::Cursor,
                 linger: kafka_linger.unwrap_or(KafkaConfig::default().linger),
                 ..KafkaConfig::default()
             })

@@ -5,10 +5,11 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use ferry_core::DispatchMode;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::cli::{Dispatch, FlagValue};
+use crate::cli::FlagValue;
 use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
 use crate::spec::ConfigEcho;
@@ -324,7 +325,7 @@ pub struct RunReport {
     /// No loss, no ordering violation, no error (and with `--inbox`, effects exactly once).
     pub ok: bool,
     /// Dispatch mode: `cursor` or `row`.
-    pub dispatch: Dispatch,
+    pub dispatch: DispatchMode,
     /// The queue burn-down, with `--preload` (then the "load phase" is the preload: relays
     /// stopped, so `sent_per_sec` is 0 and `drain_secs` is the burn-down).
     pub preload: Option<PreloadReport>,
@@ -487,7 +488,7 @@ impl RunReport {
             _ => String::new(),
         };
         let _ = writeln!(o, "  sink      {}{kafka}", r.sink.as_str());
-        let cursor = d.dispatch == Dispatch::Cursor;
+        let cursor = d.dispatch == DispatchMode::Cursor;
         let linger = if cursor {
             format!(
                 ", read linger {} ms, read interval {} ms",

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_core::DispatchMode;
 use ferry_relay::ownership::desired_slots;
 use ferry_testkit::verify::Verifier;
 use hdrhistogram::Histogram;
@@ -21,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{Dispatch, FlagValue, RelayMode, SinkKind, StoreKind};
+use crate::cli::{FlagValue, RelayMode, SinkKind};
 use crate::db::{new_histogram, Database, PgCosts, SqliteWrites};
 use crate::error::{Error, Result};
 use crate::inbox::InboxConsumer;
@@ -35,6 +36,7 @@ use crate::report::{
 };
 use crate::spec::{Preload, RunSpec};
 use crate::workload::Ids;
+use ferry_store::Backend;
 
 impl RunSpec {
     /// The producers' plan; `flat_out` ignores `--rate` (the baseline, a preload).
@@ -55,7 +57,7 @@ impl RunSpec {
 
     /// ANALYZE stands in for autovacuum (PostgreSQL, unless `--pg-analyze-every 0`).
     fn analyze(&self) -> bool {
-        self.db.store == StoreKind::Postgres && !self.flags.pg_analyze_every.is_zero()
+        self.db.store == Backend::Postgres && !self.flags.pg_analyze_every.is_zero()
     }
 }
 
@@ -833,8 +835,8 @@ impl<'a> Run<'a> {
                     _ => "NOT the order: rows dispatched by the cursor carry no sent_at and relay processes' sinks are out of reach (use --sink kafka or in-process relays)",
                 };
                 let sent = match db.dispatch {
-                    Dispatch::Row => "SENT",
-                    Dispatch::Cursor => "SENT (behind its slot's cursor or by its exception row: ferry_outbox_cursor_view)",
+                    DispatchMode::Row => "SENT",
+                    DispatchMode::Cursor => "SENT (behind its slot's cursor or by its exception row: ferry_outbox_cursor_view)",
                 };
                 verification.consumer_skipped = Some(format!(
                     "--sink {} has no consumer; checked instead that every committed intent is {sent}, and {order}",
@@ -896,8 +898,8 @@ impl<'a> Run<'a> {
         // the relays must have run in the mode asked for (a relay reports it as
         // ferry_dispatch_cursor)
         let (want, other) = match dispatch {
-            Dispatch::Cursor => (m.dispatch_cursor, m.dispatch_row),
-            Dispatch::Row => (m.dispatch_row, m.dispatch_cursor),
+            DispatchMode::Cursor => (m.dispatch_cursor, m.dispatch_row),
+            DispatchMode::Row => (m.dispatch_row, m.dispatch_cursor),
         };
         if other > 0 {
             self.error(format!(
@@ -1066,7 +1068,7 @@ fn claims(m: &RelayMetrics, secs: f64) -> Claims {
 /// The costs section: PostgreSQL sizes and per-table statistics (deltas over the run), or what
 /// SQLite can tell cheaply; row writes per event from either.
 fn costs(
-    kind: StoreKind,
+    kind: Backend,
     events: u64,
     before: CostSnapshot,
     sqlite_after: Option<SqliteWrites>,
@@ -1075,7 +1077,7 @@ fn costs(
 ) -> Option<DbCosts> {
     let per = |n: i64| Some(round3(n as f64 / events.max(1) as f64));
     match kind {
-        StoreKind::Postgres => {
+        Backend::Postgres => {
             let (before, (after, settled)) = (before.pg?, pg_after?);
             let growth = after.outbox_total_bytes - before.outbox_total_bytes;
             let tables: Vec<_> = after
@@ -1114,7 +1116,7 @@ fn costs(
                 after: Some(after),
             })
         }
-        StoreKind::Sqlite => {
+        Backend::Sqlite => {
             let d = sqlite_after?.since(&before.sqlite?);
             // INSERTs exact; every claim is one UPDATE and its outcome (SENT, retry, release)
             // another; cursor advances move cursor_version (one UPDATE per slot moved)
@@ -1136,6 +1138,6 @@ fn costs(
                 ..DbCosts::default()
             })
         }
-        StoreKind::Mysql => None,
+        Backend::Mysql => None,
     }
 }

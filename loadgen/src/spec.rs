@@ -4,12 +4,13 @@
 //! spec serialized ([`ConfigEcho`]). No setting is copied into a third shape.
 use std::time::Duration;
 
+use ferry_core::DispatchMode;
 use ferry_relay::RelayConfig;
-use ferry_store::redact_url;
 use rand::Rng;
 use serde::{Serialize, Serializer};
 
-use crate::cli::{Args, Dispatch, RelayMode, SinkKind, Skew, StoreKind};
+use crate::cli::{Args, RelayMode, SinkKind, Skew};
+use ferry_store::{redact_url, Backend};
 
 /// Everything one run needs; sweeps clone it and change one field. Serialized (flattened into
 /// [`ConfigEcho`]) under the report's field names.
@@ -48,9 +49,10 @@ pub struct RunSpec {
 /// How to get the run's database.
 #[derive(Debug, Clone, Serialize)]
 pub struct DbSpec {
-    pub store: StoreKind,
+    #[serde(serialize_with = "backend")]
+    pub store: Backend,
     /// The dispatch mode the outbox is put in before anything is produced, and the relays'.
-    pub dispatch: Dispatch,
+    pub dispatch: DispatchMode,
 }
 
 /// How the relays of a run are set up (their dispatch mode is the outbox's, [`DbSpec`]).
@@ -136,12 +138,12 @@ impl Preload {
 impl RunSpec {
     /// The run the flags describe.
     pub fn from_args(a: &Args) -> Self {
-        let store = a.store_kind();
+        let store = a.backend();
         let producers = a.producers.map(|p| p as usize).unwrap_or(match store {
             // SQLite has one writer: more producers only queue on its lock.
-            StoreKind::Sqlite => 2,
+            Backend::Sqlite => 2,
             // Server databases overlap commits (group commit); 8 keeps 2 cores busy.
-            StoreKind::Postgres | StoreKind::Mysql => 8,
+            Backend::Postgres | Backend::Mysql => 8,
         });
         let drain_timeout = a.drain_timeout.unwrap_or(if a.preload.is_some() {
             // the whole burn-down happens in the drain; it ends as soon as the queue is empty
@@ -154,7 +156,7 @@ impl RunSpec {
         });
         let dispatch = a.dispatch();
         // the relay's worker settings for this dispatch mode, where the flags leave them unset
-        let defaults = ferry_relay::WorkerDefaults::for_mode(dispatch.mode(), store.backend());
+        let defaults = ferry_relay::WorkerDefaults::for_mode(dispatch, store);
         Self {
             label: "run".to_string(),
             duration: a.duration,
@@ -283,6 +285,10 @@ fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error
 
 fn ms<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(d.as_millis() as u64)
+}
+
+fn backend<S: Serializer>(b: &Backend, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(b.as_str())
 }
 
 #[cfg(test)]
