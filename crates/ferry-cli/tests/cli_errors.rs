@@ -81,6 +81,19 @@ fn unparsable_values_name_the_flag() {
     assert_one_clear_line(&o, 2, &["relay.claim_lease", "unknown unit"]);
     let o = ferry(&["relay", "--database-url", &url, "--heartbeat", "10"]);
     assert_one_clear_line(&o, 2, &["relay.heartbeat", "no unit"]);
+    // too large to be meant: refused before any deadline arithmetic could overflow
+    let o = ferry(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--heartbeat",
+        "9300000000000000000s",
+    ]);
+    assert_one_clear_line(&o, 2, &["heartbeat", "at most 7d"]);
+    let o = ferry(&["relay", "--database-url", &url, "--slot-ttl", "8d"]);
+    assert_one_clear_line(&o, 2, &["slot_ttl", "at most 7d"]);
+    let o = ferry(&["relay", "--database-url", &url, "--claim-lease", "1e30s"]);
+    assert_one_clear_line(&o, 2, &["relay.claim_lease"]);
     let o = ferry(&["relay", "--database-url", &url, "--sink", "kafkaa"]);
     assert_one_clear_line(&o, 2, &["sink.kind", "kafka, stdout or null"]);
     let o = ferry(&[
@@ -233,6 +246,18 @@ fn enqueue_status_and_quarantine_commands() {
     assert_one_clear_line(&o, 2, &["no outbox event"]);
     let o = ferry(&["quarantine", "list", "--database-url", &url]);
     assert!(o.status.success() && err_of(&o).contains("no quarantined events"));
+    // a limit the server would refuse (or read as "no limit") is refused by the flag
+    for limit in ["0", "18446744073709551615"] {
+        let o = ferry(&[
+            "quarantine",
+            "list",
+            "--limit",
+            limit,
+            "--database-url",
+            &url,
+        ]);
+        assert_one_clear_line(&o, 2, &["--limit"]);
+    }
 }
 
 #[test]
@@ -302,6 +327,16 @@ fn purge_and_reconcile_commands() {
         "orders;--",
     ]);
     assert_one_clear_line(&o, 2, &["invalid business table"]);
+    let o = ferry(&[
+        "reconcile",
+        "--database-url",
+        &url,
+        "--watermark",
+        "1",
+        "--list-limit",
+        "18446744073709551615",
+    ]);
+    assert_one_clear_line(&o, 2, &["--list-limit"]);
 }
 
 /// The `relay started` log line of `ferry relay <extra>` on a fresh SQLite file (the relay is

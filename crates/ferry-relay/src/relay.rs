@@ -157,6 +157,9 @@ pub fn default_owner() -> String {
     )
 }
 
+/// The longest value of any duration in [`RelayConfig`]: 7 days.
+const MAX_DURATION_SETTING: Duration = Duration::from_secs(7 * 86_400);
+
 /// A configuration value out of range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid relay setting {key}: {reason}")]
@@ -187,6 +190,25 @@ impl RelayConfig {
         }
         if self.max_in_flight == 0 || self.max_in_flight > 64 {
             return bad("max_in_flight", "must be between 1 and 64");
+        }
+        // Longer settings make no sense for a relay, and unbounded ones overflow deadline
+        // arithmetic (`Instant + lease`, `2 × heartbeat`) and the stores' microsecond columns.
+        for (key, d) in [
+            ("claim_lease", self.claim_lease),
+            ("slot_ttl", self.slot_ttl),
+            ("heartbeat", self.heartbeat),
+            ("poll_min", self.poll_min),
+            ("poll_idle", self.poll_idle),
+            ("read_linger", self.read_linger),
+            ("read_interval", self.read_interval),
+            ("backoff_base", self.backoff.base),
+            ("backoff_max", self.backoff.max),
+            ("shutdown_timeout", self.shutdown_timeout),
+            ("status_interval", self.status_interval),
+        ] {
+            if d > MAX_DURATION_SETTING {
+                return bad(key, "must be at most 7d");
+            }
         }
         if self.claim_lease < Duration::from_millis(100) {
             return bad("claim_lease", "must be at least 100ms");
@@ -853,5 +875,42 @@ where
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every duration setting is refused above 7 days, by its own name, before a relation
+    /// between settings (`slot_ttl ≥ 2 × heartbeat`) is computed with it.
+    #[test]
+    fn every_duration_is_bounded() {
+        assert_eq!(RelayConfig::default().validate(), Ok(()));
+        type Set = fn(&mut RelayConfig, Duration);
+        let settings: [(&str, Set); 11] = [
+            ("claim_lease", |c, d| c.claim_lease = d),
+            ("slot_ttl", |c, d| c.slot_ttl = d),
+            ("heartbeat", |c, d| c.heartbeat = d),
+            ("poll_min", |c, d| c.poll_min = d),
+            ("poll_idle", |c, d| c.poll_idle = d),
+            ("read_linger", |c, d| c.read_linger = d),
+            ("read_interval", |c, d| c.read_interval = d),
+            ("backoff_base", |c, d| c.backoff.base = d),
+            ("backoff_max", |c, d| c.backoff.max = d),
+            ("shutdown_timeout", |c, d| c.shutdown_timeout = d),
+            ("status_interval", |c, d| c.status_interval = d),
+        ];
+        for (key, set) in settings {
+            let mut c = RelayConfig::default();
+            set(&mut c, Duration::MAX);
+            assert_eq!(c.validate().map_err(|e| e.key), Err(key), "{key}");
+            let mut c = RelayConfig::default();
+            set(&mut c, MAX_DURATION_SETTING + Duration::from_millis(1));
+            assert_eq!(c.validate().map_err(|e| e.key), Err(key), "{key}");
+        }
+        let mut c = RelayConfig::default();
+        c.claim_lease = MAX_DURATION_SETTING;
+        assert_eq!(c.validate(), Ok(()));
     }
 }

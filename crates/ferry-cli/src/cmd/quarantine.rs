@@ -1,6 +1,7 @@
 //! `ferry quarantine`: inspect and resolve quarantined events.
 use std::sync::Arc;
 
+use clap::builder::TypedValueParser;
 use clap::Subcommand;
 use ferry_core::OutboxStore;
 
@@ -11,8 +12,9 @@ use crate::config;
 pub enum QuarantineCmd {
     /// List quarantined events, oldest first.
     List {
-        /// Max rows.
-        #[arg(long, default_value_t = config::DEFAULT_QUARANTINE_LIST_LIMIT)]
+        /// Max rows (1 to 100000).
+        #[arg(long, default_value_t = config::DEFAULT_QUARANTINE_LIST_LIMIT,
+              value_parser = clap::value_parser!(u64).range(1..=100_000).map(|n| n as usize))]
         limit: usize,
         /// Print JSON.
         #[arg(long)]

@@ -1,6 +1,7 @@
 //! `ferry reconcile`: classify every intent under a fixed watermark.
 use std::sync::Arc;
 
+use clap::builder::TypedValueParser;
 use clap::Args;
 use ferry_core::OutboxStore;
 
@@ -28,8 +29,9 @@ pub struct ReconcileArgs {
     /// Only business rows with id <= this.
     #[arg(long)]
     pub business_max_id: Option<i64>,
-    /// Ids listed per class that must be listed.
-    #[arg(long, default_value_t = config::DEFAULT_LIST_LIMIT)]
+    /// Ids listed per class that must be listed (0 to 100000).
+    #[arg(long, default_value_t = config::DEFAULT_LIST_LIMIT,
+          value_parser = clap::value_parser!(u64).range(0..=100_000).map(|n| n as usize))]
     pub list_limit: usize,
     /// Print JSON.
     #[arg(long)]
