@@ -146,8 +146,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_parser = parse_zipf_s, allow_negative_numbers = true)]
     pub zipf_s: f64,
 
-    /// Payload size in bytes (valid JSON, padded to exactly this size).
-    #[arg(long, default_value_t = 200, value_parser = value_parser!(u32).range(128..=1_048_576))]
+    /// Payload size in bytes (valid JSON, padded to exactly this size; at most ferry's default
+    /// payload limit, 983040).
+    #[arg(long, default_value_t = 200, value_parser = value_parser!(u32).range(128..=983_040))]
     pub payload_bytes: u32,
 
     /// Where relays send: kafka (verified by a consumer), null or stdout.

@@ -60,17 +60,24 @@ impl FromStr for EventState {
 /// Limits applied to every enqueue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest accepted payload in bytes (default 1 MiB, Kafka's default `message.max.bytes`).
+    /// Largest accepted payload in bytes (default 960 KiB, 983,040 bytes: with a key and
+    /// identifiers of at most [`MAX_IDENT_LEN`] bytes, headers of at most [`MAX_HEADERS_BYTES`]
+    /// and the record framing, a message stays under librdkafka's default `message.max.bytes`
+    /// of 1,000,000 bytes and Kafka brokers' default of 1,048,588; a larger message would be
+    /// accepted here and then refused by the broker, i.e. quarantined).
     pub max_payload_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_payload_bytes: 1024 * 1024,
+            max_payload_bytes: 960 * 1024,
         }
     }
 }
+
+/// Largest accepted headers, as their stored JSON object (8 KiB).
+pub const MAX_HEADERS_BYTES: usize = 8 * 1024;
 
 /// Longest accepted identifier (event id, aggregate id, topic, key, event type): the column width.
 pub const MAX_IDENT_LEN: usize = 255;
@@ -164,6 +171,13 @@ impl NewEvent {
             });
         }
         let headers = serde_json::to_string(&self.headers).expect("string map serializes");
+        if headers.len() > MAX_HEADERS_BYTES {
+            return Err(EnqueueError::TooLong {
+                field: "headers",
+                len: headers.len(),
+                limit: MAX_HEADERS_BYTES,
+            });
+        }
         Ok(ValidatedEvent {
             shard_slot: slot_for(&self.aggregate_id),
             event_id,
@@ -305,6 +319,20 @@ mod tests {
                 ..
             })
         ));
+        let mut e = ev();
+        e.headers.insert("h".into(), "x".repeat(MAX_HEADERS_BYTES));
+        assert!(matches!(
+            e.validate(&l),
+            Err(EnqueueError::TooLong {
+                field: "headers",
+                limit: MAX_HEADERS_BYTES,
+                ..
+            })
+        ));
+        // `{"h":"…"}`: the value and 8 bytes
+        e.headers
+            .insert("h".into(), "x".repeat(MAX_HEADERS_BYTES - 8));
+        assert_eq!(e.validate(&l).unwrap().headers.len(), MAX_HEADERS_BYTES);
     }
 
     #[test]

@@ -528,3 +528,40 @@ async fn kafka_record_carries_key_and_headers() {
     assert_eq!(headers["traceparent"], tp);
     relay.stop().await;
 }
+
+/// An event at every enqueue limit (the default payload limit, identifiers of
+/// `MAX_IDENT_LEN` bytes, `MAX_HEADERS_BYTES` of headers) fits a Kafka message with the sink's
+/// default settings: it is delivered, not quarantined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_at_every_enqueue_limit_is_delivered() {
+    use ferry_core::{Limits, MAX_HEADERS_BYTES, MAX_IDENT_LEN};
+    let db = TestDb::sqlite().await;
+    let kafka = EmbeddedKafka::with_topic(1, TOPIC, 1).unwrap();
+    let ident = |c: &str| c.repeat(MAX_IDENT_LEN);
+    let payload = format!(
+        "\"{}\"",
+        "p".repeat(Limits::default().max_payload_bytes - 2)
+    );
+    let mut e = NewEvent::new(ident("a"), 1, TOPIC, ident("t"), payload).with_id(ident("i"));
+    e.key = Some(ident("k"));
+    // `{"h":"…"}`: the value and 8 bytes
+    e.headers
+        .insert("h".into(), "h".repeat(MAX_HEADERS_BYTES - 8));
+    let v = e
+        .validate(&Limits::default())
+        .expect("at the limits, not over");
+    assert_eq!(v.headers.len(), MAX_HEADERS_BYTES);
+    db.store.enqueue(&[e]).await.unwrap();
+    let relay = start_relay(&db, &kafka, fast_config(DispatchMode::Cursor), &[]);
+    let wait = Duration::from_secs(30);
+    let read = read_records(kafka.bootstrap_servers(), TOPIC, 1, 1, wait, Duration::ZERO);
+    let msg = read.await.unwrap().into_iter().next();
+    let quarantined = relay.metrics.quarantined.load(Ordering::Relaxed);
+    relay.stop().await;
+    let msg = msg.unwrap_or_else(|| panic!("not delivered ({quarantined} quarantined)"));
+    assert_eq!(
+        msg.payload.map(|p| p.len()),
+        Some(Limits::default().max_payload_bytes)
+    );
+    assert_eq!(msg.key.as_deref(), Some(ident("k").as_bytes()));
+}

@@ -163,7 +163,7 @@ pub struct ConnectOptions {
     pub acquire_timeout: Duration,
     /// Apply the embedded migrations on connect (default true).
     pub migrate: bool,
-    /// Enqueue limits: payload size (default 1 MiB), checked before anything is written.
+    /// Enqueue limits: payload size (default 960 KiB), checked before anything is written.
     pub limits: Limits,
     /// Count the rows claims skip as locked
     /// ([`rows_skipped_locked`](ferry_core::RowDispatch::rows_skipped_locked)) where that costs
