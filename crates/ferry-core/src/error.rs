@@ -54,6 +54,17 @@ pub enum EnqueueError {
         /// The limit.
         limit: usize,
     },
+    /// A text field holds what its column or the broker cannot take (a NUL character, which
+    /// PostgreSQL cannot store; a topic name Kafka refuses).
+    #[error("{field} {value:?} is invalid: {reason}")]
+    InvalidText {
+        /// The field.
+        field: &'static str,
+        /// The value.
+        value: String,
+        /// What is accepted.
+        reason: &'static str,
+    },
     /// Aggregate versions start at 1.
     #[error("aggregate {aggregate_id:?} version {version} is invalid: versions start at 1")]
     BadVersion {
@@ -75,7 +86,7 @@ pub enum StoreErrorKind {
     Unavailable,
     /// Serialization failure or deadlock: the transaction may simply be retried.
     Conflict,
-    /// The schema is missing or too old: run `ferry migrate`.
+    /// The schema is missing or too old (run `ferry migrate`), or newer than this build knows.
     Schema,
     /// A bad argument (unknown event id, wrong state for the operation, ...).
     InvalidInput,

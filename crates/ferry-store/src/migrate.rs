@@ -82,6 +82,19 @@ macro_rules! apply_pending {
             .map_err(|e| db_err("migrate: read applied", e))?
             .into_iter()
             .collect();
+        // A version this build does not know: a newer ferry migrated the database, and this
+        // one cannot tell what that migration changed.
+        let known = $migrations.iter().map(|m| m.version).max().unwrap_or(0);
+        if let Some(newer) = done.iter().copied().filter(|v| *v > known).max() {
+            return Err(StoreError::new(
+                StoreErrorKind::Schema,
+                format!(
+                    "{} records migration {newer}, but this ferry knows migrations up to {known}: \
+                     a newer ferry migrated this database; run that version (or a later one)",
+                    $table
+                ),
+            ));
+        }
         let mut applied = Vec::new();
         for m in $migrations.iter().filter(|m| !done.contains(&m.version)) {
             sqlx::raw_sql(m.sql)
