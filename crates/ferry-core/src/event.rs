@@ -150,7 +150,7 @@ impl NewEvent {
                 version: self.aggregate_version,
             });
         }
-        check_ident("topic", &self.topic)?;
+        check_topic(&self.topic)?;
         let key = self
             .key
             .clone()
@@ -201,6 +201,29 @@ fn check_ident(field: &'static str, value: &str) -> Result<(), EnqueueError> {
             field,
             len: value.len(),
             limit: MAX_IDENT_LEN,
+        });
+    }
+    if value.contains('\0') {
+        return Err(EnqueueError::InvalidText {
+            field,
+            value: value.to_string(),
+            reason: "contains a NUL character, which PostgreSQL cannot store",
+        });
+    }
+    Ok(())
+}
+
+/// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..` (the Kafka
+/// sink could never deliver to another name: the intent would be quarantined).
+fn check_topic(topic: &str) -> Result<(), EnqueueError> {
+    check_ident("topic", topic)?;
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if topic.len() > 249 || topic == "." || topic == ".." || !topic.chars().all(legal) {
+        return Err(EnqueueError::InvalidText {
+            field: "topic",
+            value: topic.to_string(),
+            reason: "a Kafka topic is 1 to 249 characters of letters, digits, '.', '_' and '-', \
+                     and not '.' or '..'",
         });
     }
     Ok(())
@@ -316,6 +339,29 @@ mod tests {
             Err(EnqueueError::PayloadTooLarge {
                 size: 22,
                 limit: 16,
+                ..
+            })
+        ));
+        for topic in ["orders v1", "a/b", ".", "..", &"t".repeat(250)] {
+            let mut e = ev();
+            e.topic = topic.to_string();
+            assert!(
+                matches!(
+                    e.validate(&l),
+                    Err(EnqueueError::InvalidText { field: "topic", .. })
+                ),
+                "{topic}"
+            );
+        }
+        let mut e = ev();
+        e.topic = format!("Orders.v1_{}", "-".repeat(239));
+        assert!(e.validate(&Limits::default()).is_ok());
+        let mut e = ev();
+        e.aggregate_id = "order\07".into();
+        assert!(matches!(
+            e.validate(&l),
+            Err(EnqueueError::InvalidText {
+                field: "aggregate_id",
                 ..
             })
         ));

@@ -67,7 +67,8 @@ macro_rules! store_conformance {
             //   memory store is not durable by design (a second store is empty);
             // - intent_columns_are_immutable: a SQL `UPDATE` against the immutability trigger; in memory
             //   no API can change an intent column at all;
-            // - concurrent_migrations_apply_once, fresh_concurrent_migrations: there is no schema;
+            // - concurrent_migrations_apply_once, fresh_concurrent_migrations,
+            //   a_newer_schema_is_refused: there is no schema;
             // - claims_count_rows_skipped_as_locked: it holds SQL row locks from a second transaction;
             // - reconcile_classifies_every_intent_once: it needs the Inbox and business tables (the
             //   memory store refuses a reconcile naming them and is unit-tested without them).
@@ -77,6 +78,7 @@ macro_rules! store_conformance {
                 intent_columns_are_immutable,
                 concurrent_migrations_apply_once,
                 fresh_concurrent_migrations,
+                a_newer_schema_is_refused,
                 multi_row_enqueue_in_caller_transaction,
                 reconcile_classifies_every_intent_once,
                 claims_count_rows_skipped_as_locked,

@@ -683,6 +683,22 @@ pub async fn bad_inputs_are_refused_and_write_nothing(db: AnyDb) {
         db.store.enqueue(&[e1]).await.unwrap_err(),
         EnqueueError::Empty { field: "topic" }
     );
+    // the same refusals on every backend: PostgreSQL cannot store a NUL, the others could
+    let mut nul = ev("order-3", 1);
+    nul.aggregate_id = "order\03".into();
+    assert!(matches!(
+        db.store.enqueue(&[nul]).await,
+        Err(EnqueueError::InvalidText {
+            field: "aggregate_id",
+            ..
+        })
+    ));
+    let mut topic = ev("order-3", 1);
+    topic.topic = "orders v1".into();
+    assert!(matches!(
+        db.store.enqueue(&[topic]).await,
+        Err(EnqueueError::InvalidText { field: "topic", .. })
+    ));
     let mut e2 = ev("order-3", 1);
     e2.key = Some("  ".into());
     assert_eq!(
@@ -861,6 +877,36 @@ pub async fn fresh_concurrent_migrations(db: TestDb) {
         "one migrate applied everything, the other waited for its lock (got {a:?} and {b:?})"
     );
     assert_eq!(db.count("ferry_slot_lease").await, 256);
+}
+
+/// A database migrated by a newer ferry (a version this build does not know) is refused with a
+/// message naming both versions, and nothing is applied.
+pub async fn a_newer_schema_is_refused(db: TestDb) {
+    let newer = embedded_versions(&db).into_iter().max().unwrap() + 1;
+    db.exec(&format!(
+        "INSERT INTO ferry_schema_migrations (version, name{}) VALUES ({newer}, 'from_the_future'{})",
+        if db.backend == ferry_store::Backend::Sqlite { ", applied_at" } else { "" },
+        if db.backend == ferry_store::Backend::Sqlite { ", 0" } else { "" },
+    ))
+    .await
+    .unwrap();
+    let e = ferry_store::migrate_url(&db.url).await.unwrap_err();
+    assert_eq!(e.kind(), ferry_core::StoreErrorKind::Schema, "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("migration {newer}"))
+            && msg.contains(&format!("up to {}", newer - 1)),
+        "{msg}"
+    );
+    db.exec(&format!(
+        "DELETE FROM ferry_schema_migrations WHERE version = {newer}"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        ferry_store::migrate_url(&db.url).await.unwrap(),
+        Vec::<i64>::new()
+    );
 }
 
 // ---------------------------------------------------------------- slot leases
@@ -1366,6 +1412,15 @@ pub const CASES: &[Case<AnyDb>] = &[
         sql_only: true,
         run: |db| {
             Box::pin(fresh_concurrent_migrations(
+                db.into_sql().expect("a SQL database"),
+            ))
+        },
+    },
+    Case {
+        name: "a_newer_schema_is_refused",
+        sql_only: true,
+        run: |db| {
+            Box::pin(a_newer_schema_is_refused(
                 db.into_sql().expect("a SQL database"),
             ))
         },
