@@ -25,6 +25,14 @@ pub enum InboxError {
         /// The limit.
         limit: usize,
     },
+    /// A field holds a NUL character, which PostgreSQL cannot store (refused on every backend).
+    #[error("{field} {value:?} contains a NUL character")]
+    Nul {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+    },
     /// Gap tracking needs versions from 1.
     #[error("aggregate {aggregate_id:?} version {version} is invalid: gap detection needs versions starting at 1 (use GapPolicy::Off for unversioned messages)")]
     BadVersion {
@@ -48,7 +56,8 @@ pub enum InboxError {
         value: String,
     },
     /// The database failed; [`StoreError::kind`] classifies it (`Conflict` and `Unavailable`
-    /// are retryable, `Schema` means the inbox migrations were not applied).
+    /// are retryable, `Schema` means the inbox migrations were not applied, or were applied by
+    /// a newer ferry).
     #[error(transparent)]
     Database(#[from] StoreError),
     /// The caller's effect failed; its transaction was rolled back.

@@ -196,6 +196,12 @@ impl Delivery {
                     limit: MAX_IDENT_LEN,
                 });
             }
+            if value.contains('\0') {
+                return Err(InboxError::Nul {
+                    field,
+                    value: value.clone(),
+                });
+            }
         }
         if tracked && self.aggregate_version < 1 {
             return Err(InboxError::BadVersion {
@@ -665,6 +671,13 @@ mod tests {
                 field: "event_id",
                 len: 256,
                 limit: 255
+            })
+        ));
+        assert!(matches!(
+            Delivery::new("c", "e\01", "a", 1).validate(&off),
+            Err(InboxError::Nul {
+                field: "event_id",
+                ..
             })
         ));
     }
