@@ -174,6 +174,8 @@ fn database_url_problems_are_clear_and_redacted() {
         err_of(&o)
     );
     assert!(!err_of(&o).contains("hunter2"), "{}", err_of(&o));
+    // the cause, not only the pool's "timed out"
+    assert!(err_of(&o).contains("refused"), "{}", err_of(&o));
     // --help never prints an env var's secret value
     let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(["relay", "--help"])

@@ -407,27 +407,31 @@ impl InboxPool {
         let acquire = options.acquire_timeout;
         Ok(match Backend::from_url(url)? {
             Backend::Postgres => Self::Postgres(
-                ferry_store::pool_options::<sqlx::Postgres>(
-                    max_connections,
-                    acquire,
-                    PING_IDLE_AFTER,
+                ferry_store::open_pool(
+                    ferry_store::pool_options(max_connections, acquire, PING_IDLE_AFTER),
+                    PgConnectOptions::from_str(url).map_err(bad)?,
                 )
-                .connect_with(PgConnectOptions::from_str(url).map_err(bad)?)
                 .await
                 .map_err(|e| error::db_err("cannot connect to PostgreSQL", e))?,
             ),
             Backend::Mysql => Self::Mysql(
-                ferry_store::pool_options::<sqlx::MySql>(max_connections, acquire, PING_IDLE_AFTER)
+                ferry_store::open_pool(
+                    ferry_store::pool_options::<sqlx::MySql>(
+                        max_connections,
+                        acquire,
+                        PING_IDLE_AFTER,
+                    )
                     .after_connect(|c, _| {
                         Box::pin(async move {
                             c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                                 .await?;
                             Ok(())
                         })
-                    })
-                    .connect_with(MySqlConnectOptions::from_str(url).map_err(bad)?)
-                    .await
-                    .map_err(|e| error::db_err("cannot connect to MySQL/MariaDB", e))?,
+                    }),
+                    MySqlConnectOptions::from_str(url).map_err(bad)?,
+                )
+                .await
+                .map_err(|e| error::db_err("cannot connect to MySQL/MariaDB", e))?,
             ),
             Backend::Sqlite => Self::Sqlite(
                 ferry_store::pool_options::<sqlx::Sqlite>(

@@ -154,6 +154,27 @@ pub fn pool_options<DB: sqlx::Database>(
         })
 }
 
+/// Opens `pool` on `options`. sqlx retries a failing first connection until the pool's acquire
+/// timeout and then reports only `PoolTimedOut`; one direct connection attempt then names the
+/// cause instead (connection refused, unknown host, TLS, ...).
+pub async fn open_pool<DB: sqlx::Database>(
+    pool: sqlx::pool::PoolOptions<DB>,
+    options: <DB::Connection as sqlx::Connection>::Options,
+) -> Result<sqlx::Pool<DB>, sqlx::Error> {
+    match pool.connect_with(options.clone()).await {
+        Err(sqlx::Error::PoolTimedOut) => {
+            match <DB::Connection as sqlx::Connection>::connect_with(&options).await {
+                Err(cause) => Err(cause),
+                Ok(conn) => {
+                    let _ = sqlx::Connection::close(conn).await;
+                    Err(sqlx::Error::PoolTimedOut)
+                }
+            }
+        }
+        opened => opened,
+    }
+}
+
 /// How to open a store.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {

@@ -262,10 +262,10 @@ impl MyStore {
                 let _ = c.execute("SET SESSION idle_transaction_timeout = 10").await;
                 Ok(())
             })
-        })
-        .connect_with(conn)
-        .await
-        .map_err(|e| db_err("cannot connect to MySQL/MariaDB", e))?;
+        });
+        let pool = crate::open_pool(pool, conn)
+            .await
+            .map_err(|e| db_err("cannot connect to MySQL/MariaDB", e))?;
         let store = Self {
             pool,
             limits: opts.limits,

@@ -125,10 +125,10 @@ impl PgStore {
             opts.max_connections,
             opts.acquire_timeout,
             crate::PING_IDLE_AFTER,
-        )
-        .connect_with(conn)
-        .await
-        .map_err(|e| db_err("cannot connect to PostgreSQL", e))?;
+        );
+        let pool = crate::open_pool(pool, conn)
+            .await
+            .map_err(|e| db_err("cannot connect to PostgreSQL", e))?;
         let store = Self {
             pool,
             limits: opts.limits,
