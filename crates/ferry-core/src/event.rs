@@ -357,7 +357,7 @@ mod tests {
         e.topic = format!("Orders.v1_{}", "-".repeat(239));
         assert!(e.validate(&Limits::default()).is_ok());
         let mut e = ev();
-        e.aggregate_id = "order\07".into();
+        e.aggregate_id = "order\0-7".into();
         assert!(matches!(
             e.validate(&l),
             Err(EnqueueError::InvalidText {

@@ -678,7 +678,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            Delivery::new("c", "e\01", "a", 1).validate(&off),
+            Delivery::new("c", "e\0-1", "a", 1).validate(&off),
             Err(InboxError::Nul {
                 field: "event_id",
                 ..

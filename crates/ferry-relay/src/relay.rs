@@ -909,8 +909,10 @@ mod tests {
             set(&mut c, MAX_DURATION_SETTING + Duration::from_millis(1));
             assert_eq!(c.validate().map_err(|e| e.key), Err(key), "{key}");
         }
-        let mut c = RelayConfig::default();
-        c.claim_lease = MAX_DURATION_SETTING;
+        let c = RelayConfig {
+            claim_lease: MAX_DURATION_SETTING,
+            ..RelayConfig::default()
+        };
         assert_eq!(c.validate(), Ok(()));
     }
 }

@@ -685,7 +685,7 @@ pub async fn bad_inputs_are_refused_and_write_nothing(db: AnyDb) {
     );
     // the same refusals on every backend: PostgreSQL cannot store a NUL, the others could
     let mut nul = ev("order-3", 1);
-    nul.aggregate_id = "order\03".into();
+    nul.aggregate_id = "order\0-3".into();
     assert!(matches!(
         db.store.enqueue(&[nul]).await,
         Err(EnqueueError::InvalidText {
