@@ -6,7 +6,7 @@
 //! and releases the slots it should no longer own. Claims are fenced in the database by the
 //! owner's live lease, so a process that lost a slot (partition, pause) claims nothing from it,
 //! and its in-flight outcomes are fenced by their claim tokens.
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,6 +107,54 @@ pub async fn run(
             _ = tokio::time::sleep(cfg.heartbeat) => {}
         }
     }
+}
+
+/// Refuses to run beside a live process that uses the same owner id. Two such processes would
+/// hold every slot lease together, unfenced against each other (each batch sent twice). Leases
+/// already held under this id are a crashed previous run's or such a process's; a live process
+/// renews its leases every heartbeat, so if any lease moves on within one and a half heartbeats,
+/// it is alive and this start is refused. (A clean shutdown releases its leases: a restart after
+/// one does not wait. Two processes started at the same instant are not told apart.)
+pub(crate) async fn check_owner_unique(
+    store: &dyn OutboxStore,
+    cfg: &OwnershipConfig,
+    cancel: &CancellationToken,
+) -> Result<(), ferry_core::StoreError> {
+    let held = |leases: Vec<ferry_core::SlotLease>| -> BTreeMap<SlotId, i64> {
+        leases
+            .into_iter()
+            .filter(|l| l.owner == cfg.owner)
+            .map(|l| (l.slot, l.lease_until))
+            .collect()
+    };
+    let before = held(store.slot_leases().await?);
+    if before.is_empty() {
+        return Ok(());
+    }
+    tracing::info!(
+        owner = %cfg.owner,
+        slots = before.len(),
+        "slot leases under this owner id exist (a previous run's, or another process's with the same id): checking that nobody renews them"
+    );
+    tokio::select! {
+        _ = cancel.cancelled() => return Ok(()),
+        _ = tokio::time::sleep(cfg.heartbeat * 3 / 2) => {}
+    }
+    let after = held(store.slot_leases().await?);
+    if after
+        .iter()
+        .any(|(slot, until)| before.get(slot).is_some_and(|b| until > b))
+    {
+        return Err(ferry_core::StoreError::new(
+            ferry_core::StoreErrorKind::InvalidInput,
+            format!(
+                "another relay process is running with owner id {:?} (it renewed its slot leases); \
+                 owner ids must be unique per process: leave `owner` unset for <host>-<pid>-<random>",
+                cfg.owner
+            ),
+        ));
+    }
+    Ok(())
 }
 
 async fn tick(

@@ -326,13 +326,15 @@ impl Relay {
         let mut aux = Vec::new();
         let ownership = config.ownership || mode == DispatchMode::Cursor;
         if ownership {
+            let owning = OwnershipConfig {
+                owner: config.owner.clone(),
+                ttl: config.slot_ttl,
+                heartbeat: config.heartbeat,
+            };
+            ownership::check_owner_unique(&*store, &owning, &cancel).await?;
             aux.push(tokio::spawn(ownership::run(
                 store.clone(),
-                OwnershipConfig {
-                    owner: config.owner.clone(),
-                    ttl: config.slot_ttl,
-                    heartbeat: config.heartbeat,
-                },
+                owning,
                 metrics.clone(),
                 slots_tx,
                 stop_aux.clone(),
