@@ -398,6 +398,12 @@ fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
                     "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over".into(),
                 ));
             }
+            // librdkafka's own range for linger.ms, named here rather than in its words
+            if kc.linger > Duration::from_secs(900) {
+                return Err(ConfigError(
+                    "invalid sink.linger (--kafka-linger): must be at most 15m (librdkafka's linger.ms range)".into(),
+                ));
+            }
             SinkSpec::Kafka(kc)
         }
     };

@@ -90,6 +90,8 @@ fn unparsable_values_name_the_flag() {
         "9300000000000000000s",
     ]);
     assert_one_clear_line(&o, 2, &["heartbeat", "at most 7d"]);
+    let o = ferry(&["relay", "--database-url", &url, "--kafka-linger", "16m"]);
+    assert_one_clear_line(&o, 2, &["sink.linger", "at most 15m"]);
     let o = ferry(&["relay", "--database-url", &url, "--slot-ttl", "8d"]);
     assert_one_clear_line(&o, 2, &["slot_ttl", "at most 7d"]);
     let o = ferry(&["relay", "--database-url", &url, "--claim-lease", "1e30s"]);
