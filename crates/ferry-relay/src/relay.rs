@@ -231,6 +231,9 @@ impl RelayConfig {
         if self.owner.trim().is_empty() || self.owner.len() > 255 {
             return bad("owner", "must be 1 to 255 characters");
         }
+        if self.owner.contains('\0') {
+            return bad("owner", "must not contain a NUL character");
+        }
         Ok(())
     }
 }
@@ -885,9 +888,10 @@ mod tests {
     use super::*;
 
     /// Every duration setting is refused above 7 days, by its own name, before a relation
-    /// between settings (`slot_ttl ≥ 2 × heartbeat`) is computed with it.
+    /// between settings (`slot_ttl ≥ 2 × heartbeat`) is computed with it; an owner id with a
+    /// NUL (which PostgreSQL cannot store: every heartbeat would fail) is refused too.
     #[test]
-    fn every_duration_is_bounded() {
+    fn durations_are_bounded_and_the_owner_is_storable() {
         assert_eq!(RelayConfig::default().validate(), Ok(()));
         type Set = fn(&mut RelayConfig, Duration);
         let settings: [(&str, Set); 11] = [
@@ -916,5 +920,10 @@ mod tests {
             ..RelayConfig::default()
         };
         assert_eq!(c.validate(), Ok(()));
+        let c = RelayConfig {
+            owner: "relay\0-1".into(),
+            ..RelayConfig::default()
+        };
+        assert_eq!(c.validate().map_err(|e| e.key), Err("owner"));
     }
 }
