@@ -247,18 +247,18 @@ pub struct Args {
     /// Cursor dispatch: a relay worker's wait after a partial read of 16+ events, per other
     /// reader of the database (`ferry relay --read-linger`; 0ms turns it off) [default: the
     /// relay's, 25ms].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_relay_wait)]
     pub read_linger: Option<Duration>,
 
     /// Cursor dispatch: after a partial read of 16+ events, a relay worker's next read starts
     /// no sooner than this after that read started (`ferry relay --read-interval`) [default:
     /// the relay's, 25ms on SQLite, 0ms on PostgreSQL and MariaDB].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_relay_wait)]
     pub read_interval: Option<Duration>,
 
     /// The Kafka sink's `linger.ms` (`ferry relay --kafka-linger`; fractions such as 0.2ms are
     /// kept) [default: the relay's].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_kafka_linger)]
     pub kafka_linger: Option<Duration>,
 
     /// First run the same producers flat out (ignoring --rate) with no relay, and state relay
@@ -457,6 +457,27 @@ fn parse_duration_positive(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_millis(100) {
         return Err(format!("duration '{s}' is too short: at least 100ms"));
+    }
+    Ok(d)
+}
+
+/// A relay wait (`--read-linger`, `--read-interval`): 0 up to 1m, so a typo is refused here (exit
+/// 2) and not by the relay at start.
+fn parse_relay_wait(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > Duration::from_secs(60) {
+        return Err(format!("'{s}' is out of range: at most 1m"));
+    }
+    Ok(d)
+}
+
+/// librdkafka's range for `linger.ms`: 0 to 15m.
+fn parse_kafka_linger(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d > Duration::from_secs(900) {
+        return Err(format!(
+            "'{s}' is out of range: at most 15m (librdkafka's linger.ms)"
+        ));
     }
     Ok(d)
 }
@@ -663,6 +684,9 @@ mod tests {
             &["--versions-per-aggregate", "0"],
             &["--poll-min", "0ms"],
             &["--poll-min", "2s"],
+            &["--read-linger", "8d"],
+            &["--read-interval", "2m"],
+            &["--kafka-linger", "16m"],
         ] {
             assert!(rejected(bad), "{bad:?}");
         }
