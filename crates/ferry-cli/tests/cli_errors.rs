@@ -61,67 +61,61 @@ fn assert_one_clear_line(o: &Output, code: i32, needles: &[&str]) {
     }
 }
 
+/// `ferry relay --database-url <a fresh SQLite file> FLAG VALUE` exits 2 with `needles` on its
+/// first line, for each `(FLAG, VALUE, needles)`.
+fn relay_refuses(cases: &[(&str, &str, &[&str])]) {
+    let (_d, url) = sqlite_url();
+    for (flag, value, needles) in cases {
+        let o = ferry(&["relay", "--database-url", &url, flag, value]);
+        assert_one_clear_line(&o, 2, needles);
+    }
+}
+
 #[test]
 fn relay_values_out_of_range_name_the_key() {
-    let (_d, url) = sqlite_url();
-    let o = ferry(&["relay", "--database-url", &url, "--batch-size", "0"]);
-    assert_one_clear_line(&o, 2, &["batch_size", "between 1 and 10000"]);
-    let o = ferry(&["relay", "--database-url", &url, "--workers", "300"]);
-    assert_one_clear_line(&o, 2, &["workers", "between 1 and 256"]);
-    let o = ferry(&["relay", "--database-url", &url, "--in-flight", "0"]);
-    assert_one_clear_line(&o, 2, &["max_in_flight"]);
+    relay_refuses(&[
+        ("--batch-size", "0", &["batch_size", "between 1 and 10000"]),
+        ("--workers", "300", &["workers", "between 1 and 256"]),
+        ("--in-flight", "0", &["max_in_flight"]),
+        // too large to be meant: refused before any deadline arithmetic could overflow
+        (
+            "--heartbeat",
+            "9300000000000000000s",
+            &["heartbeat", "at most 7d"],
+        ),
+        ("--slot-ttl", "8d", &["slot_ttl", "at most 7d"]),
+        ("--kafka-linger", "16m", &["sink.linger", "at most 15m"]),
+        (
+            "--kafka-message-timeout",
+            "90s",
+            &["sink.message_timeout", "claim_lease"],
+        ),
+    ]);
 }
 
 #[test]
 fn unparsable_values_name_the_flag() {
-    let (_d, url) = sqlite_url();
-    let o = ferry(&["relay", "--database-url", &url, "--workers", "abc"]);
-    assert_one_clear_line(&o, 2, &["--workers"]);
-    let o = ferry(&["relay", "--database-url", &url, "--claim-lease", "5x"]);
-    assert_one_clear_line(&o, 2, &["relay.claim_lease", "unknown unit"]);
-    let o = ferry(&["relay", "--database-url", &url, "--heartbeat", "10"]);
-    assert_one_clear_line(&o, 2, &["relay.heartbeat", "no unit"]);
-    // too large to be meant: refused before any deadline arithmetic could overflow
-    let o = ferry(&[
-        "relay",
-        "--database-url",
-        &url,
-        "--heartbeat",
-        "9300000000000000000s",
+    relay_refuses(&[
+        ("--workers", "abc", &["--workers"]),
+        (
+            "--claim-lease",
+            "5x",
+            &["relay.claim_lease", "unknown unit"],
+        ),
+        ("--claim-lease", "1e30s", &["relay.claim_lease"]),
+        ("--heartbeat", "10", &["relay.heartbeat", "no unit"]),
+        ("--sink", "kafkaa", &["sink.kind", "kafka, stdout or null"]),
+        (
+            "--metrics-listen",
+            "everywhere",
+            &["metrics.listen", "host:port"],
+        ),
+        (
+            "--kafka-property",
+            "novalue",
+            &["--kafka-property", "KEY=VALUE"],
+        ),
     ]);
-    assert_one_clear_line(&o, 2, &["heartbeat", "at most 7d"]);
-    let o = ferry(&["relay", "--database-url", &url, "--kafka-linger", "16m"]);
-    assert_one_clear_line(&o, 2, &["sink.linger", "at most 15m"]);
-    let o = ferry(&["relay", "--database-url", &url, "--slot-ttl", "8d"]);
-    assert_one_clear_line(&o, 2, &["slot_ttl", "at most 7d"]);
-    let o = ferry(&["relay", "--database-url", &url, "--claim-lease", "1e30s"]);
-    assert_one_clear_line(&o, 2, &["relay.claim_lease"]);
-    let o = ferry(&["relay", "--database-url", &url, "--sink", "kafkaa"]);
-    assert_one_clear_line(&o, 2, &["sink.kind", "kafka, stdout or null"]);
-    let o = ferry(&[
-        "relay",
-        "--database-url",
-        &url,
-        "--metrics-listen",
-        "everywhere",
-    ]);
-    assert_one_clear_line(&o, 2, &["metrics.listen", "host:port"]);
-    let o = ferry(&[
-        "relay",
-        "--database-url",
-        &url,
-        "--kafka-property",
-        "novalue",
-    ]);
-    assert_one_clear_line(&o, 2, &["--kafka-property", "KEY=VALUE"]);
-    let o = ferry(&[
-        "relay",
-        "--database-url",
-        &url,
-        "--kafka-message-timeout",
-        "90s",
-    ]);
-    assert_one_clear_line(&o, 2, &["sink.message_timeout", "claim_lease"]);
 }
 
 #[test]
@@ -296,50 +290,31 @@ fn purge_and_reconcile_commands() {
         "0",
     ]);
     assert_one_clear_line(&o, 2, &["--batch"]);
+    let reconcile = |args: &[&str]| {
+        let mut all = vec!["reconcile", "--database-url", &url];
+        all.extend_from_slice(args);
+        ferry(&all)
+    };
     // one pending intent under the watermark, and it is listed as not yet published
-    let o = ferry(&[
-        "reconcile",
-        "--database-url",
-        &url,
-        "--watermark",
-        "1",
-        "--json",
-    ]);
+    let o = reconcile(&["--watermark", "1", "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["report"]["total"], 1);
     assert_eq!(v["report"]["not_yet_published"], 1);
-    let o = ferry(&[
-        "reconcile",
-        "--database-url",
-        &url,
-        "--watermark",
-        "last tuesday",
-    ]);
+    let o = reconcile(&["--watermark", "last tuesday"]);
     assert_one_clear_line(
         &o,
         2,
         &["--watermark", "RFC", "seq"].map(|s| if s == "RFC" { "UTC time" } else { s }),
     );
-    let o = ferry(&[
-        "reconcile",
-        "--database-url",
-        &url,
+    let o = reconcile(&[
         "--watermark",
         "2999-01-01T00:00:00Z",
         "--business-table",
         "orders;--",
     ]);
     assert_one_clear_line(&o, 2, &["invalid business table"]);
-    let o = ferry(&[
-        "reconcile",
-        "--database-url",
-        &url,
-        "--watermark",
-        "1",
-        "--list-limit",
-        "18446744073709551615",
-    ]);
+    let o = reconcile(&["--watermark", "1", "--list-limit", "18446744073709551615"]);
     assert_one_clear_line(&o, 2, &["--list-limit"]);
 }
 
