@@ -509,15 +509,9 @@ fn parse_nonempty(s: &str) -> Result<String, String> {
     Ok(s.trim().to_string())
 }
 
-/// Kafka's topic rule: 1..=249 characters of `[a-zA-Z0-9._-]`.
+/// Kafka's topic rule ([`ferry_core::is_kafka_topic`], as every enqueue checks it).
 fn parse_topic(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 249
-        && s != "."
-        && s != ".."
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
+    if ferry_core::is_kafka_topic(s) {
         Ok(s.to_string())
     } else {
         Err(format!(

@@ -213,12 +213,17 @@ fn check_ident(field: &'static str, value: &str) -> Result<(), EnqueueError> {
     Ok(())
 }
 
-/// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..` (the Kafka
-/// sink could never deliver to another name: the intent would be quarantined).
+/// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn is_kafka_topic(topic: &str) -> bool {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    (1..=249).contains(&topic.len()) && topic != "." && topic != ".." && topic.chars().all(legal)
+}
+
+/// A topic the Kafka sink can deliver to ([`is_kafka_topic`]); any other would leave the intent
+/// quarantined.
 fn check_topic(topic: &str) -> Result<(), EnqueueError> {
     check_ident("topic", topic)?;
-    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    if topic.len() > 249 || topic == "." || topic == ".." || !topic.chars().all(legal) {
+    if !is_kafka_topic(topic) {
         return Err(EnqueueError::InvalidText {
             field: "topic",
             value: topic.to_string(),

@@ -90,8 +90,8 @@ pub use cursor::{
 pub use duration::parse_duration;
 pub use error::{EnqueueError, StoreError, StoreErrorKind};
 pub use event::{
-    new_event_id, validate_batch, EventState, Limits, NewEvent, ValidatedEvent, MAX_HEADERS_BYTES,
-    MAX_IDENT_LEN,
+    is_kafka_topic, new_event_id, validate_batch, EventState, Limits, NewEvent, ValidatedEvent,
+    MAX_HEADERS_BYTES, MAX_IDENT_LEN,
 };
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
