@@ -474,7 +474,7 @@ fn parse_relay_wait(s: &str) -> Result<Duration, String> {
 /// librdkafka's range for `linger.ms`: 0 to 15m.
 fn parse_kafka_linger(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
-    if d > Duration::from_secs(900) {
+    if d > ferry_relay::MAX_KAFKA_LINGER {
         return Err(format!(
             "'{s}' is out of range: at most 15m (librdkafka's linger.ms)"
         ));

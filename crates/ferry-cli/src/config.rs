@@ -399,7 +399,7 @@ fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
                 ));
             }
             // librdkafka's own range for linger.ms, named here rather than in its words
-            if kc.linger > Duration::from_secs(900) {
+            if kc.linger > ferry_relay::MAX_KAFKA_LINGER {
                 return Err(ConfigError(
                     "invalid sink.linger (--kafka-linger): must be at most 15m (librdkafka's linger.ms range)".into(),
                 ));

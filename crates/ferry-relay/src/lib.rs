@@ -62,5 +62,5 @@ pub use metrics::Metrics;
 pub use relay::{
     default_owner, preferred_dispatch, ConfigError, Relay, RelayConfig, WorkerDefaults,
 };
-pub use sink::kafka::{KafkaConfig, KafkaSink};
+pub use sink::kafka::{KafkaConfig, KafkaSink, MAX_KAFKA_LINGER};
 pub use sink::{NullSink, Sink, StdoutSink};

@@ -24,6 +24,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 
 use super::Sink;
 
+/// The longest [`KafkaConfig::linger`] librdkafka takes (`linger.ms` at most 900,000): 15 min.
+pub const MAX_KAFKA_LINGER: Duration = Duration::from_secs(900);
+
 /// Kafka producer settings. `Debug` redacts the values of secret properties (`sasl.password`,
 /// `ssl.key.password`, `…secret…`), so a logged config never carries a credential.
 #[derive(Clone)]
