@@ -90,6 +90,9 @@ pub enum StoreErrorKind {
     Schema,
     /// A bad argument (unknown event id, wrong state for the operation, ...).
     InvalidInput,
+    /// The relay owner id is held by another live relay process (its membership row has not
+    /// expired): owner ids must be unique per process.
+    OwnerInUse,
     /// Anything else.
     Other,
 }

@@ -207,16 +207,29 @@ impl<'a> SlotRelease<'a> {
 /// [`SlotOwnership::heartbeat_member`]: register or renew a relay process.
 #[derive(Debug, Clone, Copy)]
 pub struct MemberHeartbeat<'a> {
-    /// The relay process.
+    /// The relay process's owner id.
     pub owner: &'a str,
+    /// Which start of a process holds `owner` (a random id per run): the membership row is held
+    /// by one instance at a time, so two processes configured with the same owner id cannot
+    /// both run.
+    pub instance: &'a str,
     /// Membership lease length: the member counts as live until now + `ttl` unless renewed.
     pub ttl: Duration,
 }
 
 impl<'a> MemberHeartbeat<'a> {
-    /// `owner` is alive for `ttl`.
+    /// `owner` is alive for `ttl` (instance `""`: tools and tests that run one instance).
     pub fn new(owner: &'a str, ttl: Duration) -> Self {
-        Self { owner, ttl }
+        Self {
+            owner,
+            instance: "",
+            ttl,
+        }
+    }
+
+    /// The same heartbeat from `instance`.
+    pub fn instance(self, instance: &'a str) -> Self {
+        Self { instance, ..self }
     }
 }
 
@@ -336,7 +349,9 @@ pub trait SlotOwnership: Send + Sync {
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Registers/renews a relay process in the membership table; returns the live members
-    /// (including the caller), sorted.
+    /// (including the caller), sorted. The row of `req.owner` is taken only when it is absent,
+    /// held by `req.instance` or expired; while another instance holds it live, the call
+    /// changes nothing and fails with [`StoreErrorKind::OwnerInUse`](crate::StoreErrorKind).
     fn heartbeat_member<'a>(
         &'a self,
         req: &'a MemberHeartbeat<'a>,

@@ -37,6 +37,10 @@
 //!   (`crates/ferry-cli/tests/relay_processes.rs`).
 //! * **Every slot has exactly one desired owner** among the live members
 //!   ([`ownership::desired_slots`]). Test: `rendezvous_partitions_every_slot_once`.
+//! * **One process at a time holds an owner id**: its membership row names the holding
+//!   instance and is taken only when absent, the caller's or expired; a start finding it live
+//!   is refused, a relay finding it taken stops without touching the other's slots. Tests:
+//!   conformance `one_instance_holds_an_owner_id`, `tests/owner_id.rs`.
 //! * **A send outstanding keeps its claim**: row-dispatch leases are renewed every lease/3
 //!   while a batch is in flight, and the CLI refuses `sink.message_timeout` ≥
 //!   `relay.claim_lease`.

@@ -6,7 +6,7 @@
 //! and releases the slots it should no longer own. Claims are fenced in the database by the
 //! owner's live lease, so a process that lost a slot (partition, pause) claims nothing from it,
 //! and its in-flight outcomes are fenced by their claim tokens.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +53,9 @@ pub fn desired_slots(owner: &str, members: &[String]) -> Vec<SlotId> {
 pub struct OwnershipConfig {
     /// Owner id of this process (unique per process start).
     pub owner: String,
+    /// This start of the process (random): the owner id's membership row is held by one
+    /// instance at a time.
+    pub instance: String,
     /// Slot and membership lease (default 15 s: three missed heartbeats at 5 s).
     pub ttl: Duration,
     /// Heartbeat interval (default 5 s).
@@ -61,16 +64,29 @@ pub struct OwnershipConfig {
 
 /// Runs the ownership loop, publishing the owned slots on `tx`, until `cancel`.
 /// Does not release slots on exit: the relay does that after its workers drained.
-pub async fn run(
+///
+/// If another process with this owner id took the membership row (possible only after this
+/// process failed to renew it for a whole `ttl`: a pause, a partition), this process is no
+/// longer the owner id's holder: it publishes no slots, cancels `displaced` and returns the
+/// error; the relay then stops without releasing the other process's slots.
+pub(crate) async fn run(
     store: Arc<dyn OutboxStore>,
     cfg: OwnershipConfig,
     metrics: Arc<Metrics>,
     tx: watch::Sender<Vec<SlotId>>,
     cancel: CancellationToken,
-) {
+    displaced: CancellationToken,
+) -> Option<ferry_core::StoreError> {
     let mut held: BTreeSet<SlotId> = BTreeSet::new();
     loop {
         match tick(&*store, &cfg, &held).await {
+            Err(e) if e.kind() == ferry_core::StoreErrorKind::OwnerInUse => {
+                tracing::error!(owner = %cfg.owner, error = %e, "another relay process took this owner id: stopping");
+                metrics.slots_owned.store(0, Ordering::Relaxed);
+                let _ = tx.send(Vec::new());
+                displaced.cancel();
+                return Some(e);
+            }
             Ok((now_held, lost)) => {
                 if lost > 0 {
                     metrics
@@ -103,58 +119,59 @@ pub async fn run(
             }
         }
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return None,
             _ = tokio::time::sleep(cfg.heartbeat) => {}
         }
     }
 }
 
-/// Refuses to run beside a live process that uses the same owner id. Two such processes would
-/// hold every slot lease together, unfenced against each other (each batch sent twice). Leases
-/// already held under this id are a crashed previous run's or such a process's; a live process
-/// renews its leases every heartbeat, so if any lease moves on within one and a half heartbeats,
-/// it is alive and this start is refused. (A clean shutdown releases its leases: a restart after
-/// one does not wait. Two processes started at the same instant are not told apart.)
-pub(crate) async fn check_owner_unique(
+/// Takes the owner id's membership row for this instance, or refuses to run beside a live
+/// process that holds it. Two processes with one owner id would hold every slot lease together,
+/// unfenced against each other (each batch sent twice). The row is taken with a compare-and-set
+/// (absent, already this instance's, or expired), so of two processes started at the same
+/// instant one holds it. A row held by another instance is a live process's or a crashed run's;
+/// a crashed run's expires within `ttl`, so this start retries for `ttl` plus one heartbeat and
+/// is refused only if the row was renewed all that time. (A clean shutdown deletes the row: a
+/// restart after one does not wait.) `Ok(false)`: `cancel` came first, nothing is held.
+pub(crate) async fn claim_owner(
     store: &dyn OutboxStore,
     cfg: &OwnershipConfig,
     cancel: &CancellationToken,
-) -> Result<(), ferry_core::StoreError> {
-    let held = |leases: Vec<ferry_core::SlotLease>| -> BTreeMap<SlotId, i64> {
-        leases
-            .into_iter()
-            .filter(|l| l.owner == cfg.owner)
-            .map(|l| (l.slot, l.lease_until))
-            .collect()
-    };
-    let before = held(store.slot_leases().await?);
-    if before.is_empty() {
-        return Ok(());
+) -> Result<bool, ferry_core::StoreError> {
+    let beat = ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl).instance(&cfg.instance);
+    let deadline = tokio::time::Instant::now() + cfg.ttl + cfg.heartbeat;
+    let mut waiting = false;
+    loop {
+        let e = match store.heartbeat_member(&beat).await {
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == ferry_core::StoreErrorKind::OwnerInUse => e,
+            Err(e) => return Err(e),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ferry_core::StoreError::new(
+                ferry_core::StoreErrorKind::InvalidInput,
+                format!(
+                    "another relay process is running with owner id {:?} (it kept its membership \
+                     alive for {:?}); owner ids must be unique per process: leave `owner` unset \
+                     for <host>-<pid>-<random>",
+                    cfg.owner,
+                    cfg.ttl + cfg.heartbeat
+                ),
+            ));
+        }
+        if !waiting {
+            waiting = true;
+            tracing::info!(
+                owner = %cfg.owner,
+                error = %e,
+                "waiting for the owner id's membership to expire (a crashed run's), or refusing if another process renews it"
+            );
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(false),
+            _ = tokio::time::sleep((cfg.heartbeat / 2).min(Duration::from_millis(500))) => {}
+        }
     }
-    tracing::info!(
-        owner = %cfg.owner,
-        slots = before.len(),
-        "slot leases under this owner id exist (a previous run's, or another process's with the same id): checking that nobody renews them"
-    );
-    tokio::select! {
-        _ = cancel.cancelled() => return Ok(()),
-        _ = tokio::time::sleep(cfg.heartbeat * 3 / 2) => {}
-    }
-    let after = held(store.slot_leases().await?);
-    if after
-        .iter()
-        .any(|(slot, until)| before.get(slot).is_some_and(|b| until > b))
-    {
-        return Err(ferry_core::StoreError::new(
-            ferry_core::StoreErrorKind::InvalidInput,
-            format!(
-                "another relay process is running with owner id {:?} (it renewed its slot leases); \
-                 owner ids must be unique per process: leave `owner` unset for <host>-<pid>-<random>",
-                cfg.owner
-            ),
-        ));
-    }
-    Ok(())
 }
 
 async fn tick(
@@ -163,7 +180,9 @@ async fn tick(
     held: &BTreeSet<SlotId>,
 ) -> Result<(BTreeSet<SlotId>, usize), ferry_core::StoreError> {
     let members = store
-        .heartbeat_member(&ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl))
+        .heartbeat_member(
+            &ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl).instance(&cfg.instance),
+        )
         .await?;
     let desired = desired_slots(&cfg.owner, &members);
     let got: BTreeSet<SlotId> = store

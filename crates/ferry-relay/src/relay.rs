@@ -327,20 +327,27 @@ impl Relay {
         let (slots_tx, slots_rx) = watch::channel::<Vec<SlotId>>(Vec::new());
         let stop_aux = CancellationToken::new();
         let mut aux = Vec::new();
+        // the workers stop on `cancel`, or when another process takes this owner id
+        let stop = cancel.child_token();
         let ownership = config.ownership || mode == DispatchMode::Cursor;
+        let mut owner_task = None;
         if ownership {
             let owning = OwnershipConfig {
                 owner: config.owner.clone(),
+                instance: uuid::Uuid::new_v4().simple().to_string(),
                 ttl: config.slot_ttl,
                 heartbeat: config.heartbeat,
             };
-            ownership::check_owner_unique(&*store, &owning, &cancel).await?;
-            aux.push(tokio::spawn(ownership::run(
+            if !ownership::claim_owner(&*store, &owning, &cancel).await? {
+                return Ok(());
+            }
+            owner_task = Some(tokio::spawn(ownership::run(
                 store.clone(),
                 owning,
                 metrics.clone(),
                 slots_tx,
                 stop_aux.clone(),
+                stop.clone(),
             )));
         } else {
             let _ = slots_tx.send((0..ferry_core::SLOT_COUNT).collect());
@@ -391,13 +398,13 @@ impl Relay {
         let workers: Vec<_> = (0..config.workers)
             .map(|w| match mode {
                 DispatchMode::Row => {
-                    tokio::spawn(worker(ctx.clone(), w, slots_rx.clone(), cancel.clone()))
+                    tokio::spawn(worker(ctx.clone(), w, slots_rx.clone(), stop.clone()))
                 }
                 DispatchMode::Cursor => tokio::spawn(crate::cursor::worker(
                     ctx.clone(),
                     w,
                     slots_rx.clone(),
-                    cancel.clone(),
+                    stop.clone(),
                 )),
             })
             .collect();
@@ -432,6 +439,14 @@ impl Relay {
         stop_aux.cancel();
         for a in aux {
             let _ = a.await;
+        }
+        let displaced = match owner_task {
+            Some(t) => t.await.ok().flatten(),
+            None => None,
+        };
+        if let Some(e) = displaced {
+            // the slot leases and the membership under this owner id are the other process's
+            return Err(e);
         }
         if ownership {
             let all: Vec<SlotId> = (0..ferry_core::SLOT_COUNT).collect();

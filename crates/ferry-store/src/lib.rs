@@ -296,6 +296,14 @@ pub fn error_kind(e: &sqlx::Error) -> StoreErrorKind {
     }
 }
 
+/// A heartbeat of `owner` found its membership row held, live, by another instance.
+pub(crate) fn owner_in_use(owner: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::OwnerInUse,
+        format!("owner id {owner:?} is held by another live relay process (its membership has not expired)"),
+    )
+}
+
 /// Maps a sqlx error to the store's classification, keeping the source.
 pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
     let kind = error_kind(&e);

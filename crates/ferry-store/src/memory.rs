@@ -283,7 +283,8 @@ struct LeaseRow {
 
 struct SlotTable {
     leases: Vec<LeaseRow>,
-    members: BTreeMap<String, Micros>,
+    /// owner id → (instance holding it, membership lease)
+    members: BTreeMap<String, (String, Micros)>,
 }
 
 fn key_of(seq: i64) -> u64 {
@@ -1197,13 +1198,22 @@ impl ferry_core::SlotOwnership for MemoryStore {
         Box::pin(async move {
             let now = now_micros();
             let mut table = self.slots_write();
-            table
-                .members
-                .insert(owner.to_string(), now.saturating_add(micros(ttl)));
+            let until = now.saturating_add(micros(ttl));
+            match table.members.get_mut(owner) {
+                Some((instance, held)) if *instance == req.instance || *held <= now => {
+                    (*instance, *held) = (req.instance.to_string(), until);
+                }
+                Some(_) => return Err(crate::owner_in_use(owner)),
+                None => {
+                    table
+                        .members
+                        .insert(owner.to_string(), (req.instance.to_string(), until));
+                }
+            }
             Ok(table
                 .members
                 .iter()
-                .filter(|(_, until)| **until > now)
+                .filter(|(_, (_, until))| *until > now)
                 .map(|(m, _)| m.clone())
                 .collect())
         })

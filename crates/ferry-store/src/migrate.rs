@@ -30,6 +30,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(4, "status_cache", "postgres/0004_status_cache"),
     migration!(5, "plain_insert", "postgres/0005_plain_insert"),
     migration!(6, "gated_notify", "postgres/0006_gated_notify"),
+    migration!(7, "member_instance", "postgres/0007_member_instance"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -39,6 +40,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(3, "cursor", "mysql/0003_cursor"),
     migration!(4, "plain_insert", "mysql/0004_plain_insert"),
     migration!(5, "status_cache", "mysql/0005_status_cache"),
+    migration!(6, "member_instance", "mysql/0006_member_instance"),
 ];
 
 /// SQLite migrations, in order.
@@ -46,6 +48,7 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(1, "outbox", "sqlite/0001_outbox"),
     migration!(2, "cursor", "sqlite/0002_cursor"),
     migration!(3, "plain_insert", "sqlite/0003_plain_insert"),
+    migration!(4, "member_instance", "sqlite/0004_member_instance"),
 ];
 
 // ---------------------------------------------------------------- the runner

@@ -659,15 +659,31 @@ impl ferry_core::SlotOwnership for MyStore {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         let (owner, ttl) = (req.owner, req.ttl);
         Box::pin(async move {
+            // the row is locked by the upsert; assignments run left to right, so `instance` is
+            // ours afterwards exactly when the row was ours or expired, and only then is the
+            // lease renewed
             sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE lease_until = VALUES(lease_until)",
+                "INSERT INTO ferry_relay_member (owner, instance, lease_until) \
+                 VALUES (?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                 instance = IF(instance = VALUES(instance) OR lease_until <= UTC_TIMESTAMP(6), VALUES(instance), instance), \
+                 lease_until = IF(instance = VALUES(instance), VALUES(lease_until), lease_until)",
             )
             .bind(owner)
+            .bind(req.instance)
             .bind(micros(ttl))
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?;
+            let holder: Option<Vec<u8>> =
+                sqlx::query_scalar("SELECT instance FROM ferry_relay_member WHERE owner = ?")
+                    .bind(owner)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|e| db_err("member heartbeat", e))?;
+            if holder.as_deref() != Some(req.instance.as_bytes()) {
+                return Err(crate::owner_in_use(owner));
+            }
             let owners: Vec<Vec<u8>> =
                 sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner")
                     .fetch_all(&self.pool)

@@ -443,15 +443,24 @@ impl ferry_core::SlotOwnership for PgStore {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         let (owner, ttl) = (req.owner, req.ttl);
         Box::pin(async move {
-            sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, lease_until) VALUES ($1, now() + $2 * interval '1 microsecond') \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+            // ON CONFLICT DO UPDATE locks the row and checks WHERE against its latest version:
+            // of two instances racing for an expired row, one takes it
+            let held = sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, instance, lease_until) \
+                 VALUES ($1, $3, now() + $2 * interval '1 microsecond') \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until, instance = EXCLUDED.instance \
+                 WHERE ferry_relay_member.instance = EXCLUDED.instance OR ferry_relay_member.lease_until <= now()",
             )
             .bind(owner)
             .bind(micros(ttl))
+            .bind(req.instance)
             .execute(&self.pool)
             .await
-            .map_err(|e| db_err("member heartbeat", e))?;
+            .map_err(|e| db_err("member heartbeat", e))?
+            .rows_affected();
+            if held == 0 {
+                return Err(crate::owner_in_use(owner));
+            }
             sqlx::query_scalar(
                 "SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner",
             )

@@ -526,17 +526,23 @@ impl ferry_core::SlotOwnership for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let gate = self.gate.lock().await;
-            sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, lease_until, joined_at) VALUES (?1, ?2 + ?3, ?2) \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until",
+            let held = sqlx::query(
+                "INSERT INTO ferry_relay_member (owner, instance, lease_until, joined_at) VALUES (?1, ?4, ?2 + ?3, ?2) \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until, instance = excluded.instance \
+                 WHERE ferry_relay_member.instance = excluded.instance OR ferry_relay_member.lease_until <= ?2",
             )
             .bind(owner)
             .bind(now)
             .bind(micros(ttl))
+            .bind(req.instance)
             .execute(&self.pool)
             .await
-            .map_err(|e| db_err("member heartbeat", e))?;
+            .map_err(|e| db_err("member heartbeat", e))?
+            .rows_affected();
             drop(gate);
+            if held == 0 {
+                return Err(crate::owner_in_use(owner));
+            }
             sqlx::query_scalar(
                 "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
             )

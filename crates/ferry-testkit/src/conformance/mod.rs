@@ -56,6 +56,7 @@ macro_rules! store_conformance {
                 lost_claim_commit_is_recovered_by_claim_id,
                 bad_inputs_are_refused_and_write_nothing,
                 slot_leases_fence_claims,
+                one_instance_holds_an_owner_id,
                 purge_deletes_only_old_sent_rows,
                 shared_status_is_counted_once_per_max_age,
             ],

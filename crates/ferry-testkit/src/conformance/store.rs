@@ -1005,6 +1005,50 @@ pub async fn slot_leases_fence_claims(db: AnyDb) {
     );
 }
 
+/// An owner id's membership row is held by one instance at a time: another instance's heartbeat
+/// is refused with `OwnerInUse` and changes nothing while the row is live, and takes the row
+/// once it has expired; of two instances racing for one row, exactly one gets it.
+pub async fn one_instance_holds_an_owner_id(db: AnyDb) {
+    use ferry_core::{MemberHeartbeat, StoreErrorKind};
+    let store = &db.store;
+    let beat = |owner: &str, instance: &str, ttl| {
+        let (owner, instance) = (owner.to_string(), instance.to_string());
+        async move {
+            store
+                .heartbeat_member(&MemberHeartbeat::new(&owner, ttl).instance(&instance))
+                .await
+        }
+    };
+    let members = beat("relay-o", "i-1", LONG).await.unwrap();
+    assert_eq!(members, vec!["relay-o".to_string()]);
+    let e = beat("relay-o", "i-2", LONG).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::OwnerInUse, "{e}");
+    assert!(e.to_string().contains("\"relay-o\""), "{e}");
+    // the refused heartbeat changed nothing: i-1 still holds (and renews) the row
+    assert_eq!(beat("relay-o", "i-1", LONG).await.unwrap().len(), 1);
+    assert!(beat("relay-o", "i-2", LONG).await.is_err());
+    // an expired row is taken over, and its old instance is then refused
+    beat("relay-p", "i-1", Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let members = beat("relay-p", "i-2", LONG).await.unwrap();
+    assert_eq!(members, vec!["relay-o".to_string(), "relay-p".to_string()]);
+    let e = beat("relay-p", "i-1", LONG).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::OwnerInUse, "{e}");
+    // a race for one free row: one instance wins, the other is refused
+    for round in 0..5 {
+        let owner = format!("relay-race-{round}");
+        let (a, b) = tokio::join!(beat(&owner, "i-a", LONG), beat(&owner, "i-b", LONG));
+        assert!(a.is_ok() != b.is_ok(), "round {round}: {a:?} / {b:?}");
+        let loser = if a.is_ok() { b } else { a };
+        assert_eq!(loser.unwrap_err().kind(), StoreErrorKind::OwnerInUse);
+    }
+    // a clean shutdown deletes the row: any instance may take it at once
+    db.store.leave_member("relay-o").await.unwrap();
+    beat("relay-o", "i-3", LONG).await.unwrap();
+}
+
 /// Several intents enqueued in the caller's own transaction commit together with its business row.
 pub async fn multi_row_enqueue_in_caller_transaction(db: TestDb) {
     let evs: Vec<NewEvent> = (1..=250).map(|v| ev("bulk", v)).collect();
@@ -1360,6 +1404,11 @@ pub const CASES: &[Case<AnyDb>] = &[
         name: "slot_leases_fence_claims",
         sql_only: false,
         run: |db| Box::pin(slot_leases_fence_claims(db)),
+    },
+    Case {
+        name: "one_instance_holds_an_owner_id",
+        sql_only: false,
+        run: |db| Box::pin(one_instance_holds_an_owner_id(db)),
     },
     Case {
         name: "purge_deletes_only_old_sent_rows",
