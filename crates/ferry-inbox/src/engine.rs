@@ -194,15 +194,21 @@ pub(crate) fn gap_info(
     }
 }
 
-/// `SELECT event_id FROM ferry_inbox WHERE consumer = ? AND event_id IN (?, …)`, one bind per
-/// id: the statement of `consumed` on the backends without array binds (MariaDB, SQLite).
-pub(crate) fn consumed_in<'a, DB, S>(consumer: &'a str, ids: &'a [S]) -> QueryBuilder<'a, DB>
+/// `<head> FROM ferry_inbox WHERE consumer = ? AND event_id IN (?, …)`, one bind per id: the
+/// statements of `consumed` (`SELECT event_id`) and `prune` (`DELETE`) on the backends without
+/// array binds (MariaDB, SQLite).
+pub(crate) fn keys_in<'a, DB, S>(
+    head: &'static str,
+    consumer: &'a str,
+    ids: &'a [S],
+) -> QueryBuilder<'a, DB>
 where
     DB: Database,
     &'a str: Encode<'a, DB> + Type<DB>,
     S: AsRef<str>,
 {
-    let mut qb = QueryBuilder::new("SELECT event_id FROM ferry_inbox WHERE consumer = ");
+    let mut qb = QueryBuilder::new(head);
+    qb.push(" FROM ferry_inbox WHERE consumer = ");
     qb.push_bind(consumer).push(" AND event_id IN (");
     let mut list = qb.separated(", ");
     for id in ids {

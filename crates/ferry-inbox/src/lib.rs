@@ -34,6 +34,9 @@
 //!   are tracked) is refused before any statement runs. Test: `bad_input_writes_nothing`.
 //! * [`Inbox::apply_once`] is the whole pattern in one call on a pool: begin, record, run the
 //!   effect closure only when the verdict says so, commit.
+//! * [`Inbox::prune`] deletes only rows older than its window **and** covered by their
+//!   aggregate's contiguous mark, which never decreases: a pruned event delivered again is
+//!   `Stale`, never `New`. Test: `prune_deletes_only_what_the_mark_covers`.
 //!
 //! ## What the caller does with each verdict
 //!
@@ -97,6 +100,9 @@ pub use error::{BoxError, InboxError};
 pub use ferry_store::Backend;
 pub use migrate::{MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 pub use sqlx::sqlite::SqliteSynchronous;
+
+/// Rows [`Inbox::prune`] deletes per statement.
+pub const PRUNE_BATCH: usize = 1_000;
 
 /// The longest consumer name, event id or aggregate id accepted (the columns' width).
 pub const MAX_IDENT_LEN: usize = 255;
@@ -578,6 +584,35 @@ impl Inbox {
     /// Number of consumed events per consumer.
     pub async fn consumed_counts(&self) -> Result<BTreeMap<String, i64>, InboxError> {
         with_conn!(self, |c, m| m::consumed_counts(c).await)
+    }
+
+    /// Inbox retention: deletes the dedupe rows of `consumer` recorded more than `older_than`
+    /// ago whose version is covered by their aggregate's contiguous mark (`applied_upto`), in
+    /// batches of [`PRUNE_BATCH`] rows, each one short statement, so deliveries are not held
+    /// up. Returns the rows deleted.
+    ///
+    /// Safe against redelivery: a pruned event delivered again is [`Verdict::Stale`] (its
+    /// version is covered), so its effect is not applied twice. Kept: rows above the mark
+    /// (recorded past an open gap, still needed to close it) and every row of a consumer that
+    /// records with [`GapPolicy::Off`] (no mark: the row is the only dedupe record).
+    /// [`Inbox::consumed`] and [`Inbox::consumed_counts`] count rows, so they no longer count
+    /// a pruned event; `ferry purge --consumer` and `ferry reconcile --consumer` count a
+    /// version covered by the mark as consumed, with or without its row.
+    pub async fn prune(&self, consumer: &str, older_than: Duration) -> Result<u64, InboxError> {
+        Delivery::new(consumer, "-", "-", 1).validate(&InboxConfig::new(GapPolicy::Off))?;
+        let older_than_us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let (mut total, mut after) = (0u64, String::new());
+        loop {
+            let (n, next) = with_conn!(self, |c, m| {
+                m::prune_batch(c, consumer, older_than_us, &after, PRUNE_BATCH).await
+            })?;
+            total += n;
+            match next {
+                Some(last) => after = last,
+                None => return Ok(total),
+            }
+            tracing::debug!(consumer, deleted = total, "inbox prune: batch done");
+        }
     }
 
     /// Aggregates with an open gap for `consumer`, oldest gap first.

@@ -30,7 +30,7 @@ pub async fn consumed<S: AsRef<str>>(
     let mut out = HashSet::new();
     // 1 000 placeholders per statement: well under the protocol's 65 535.
     for chunk in event_ids.chunks(1_000) {
-        let rows: Vec<Vec<u8>> = engine::consumed_in::<MySql, _>(consumer, chunk)
+        let rows: Vec<Vec<u8>> = engine::keys_in::<MySql, _>("SELECT event_id", consumer, chunk)
             .build_query_scalar()
             .fetch_all(&mut *conn)
             .await
@@ -38,6 +38,41 @@ pub async fn consumed<S: AsRef<str>>(
         out.extend(rows.into_iter().map(text));
     }
     Ok(out)
+}
+
+/// One batch of [`Inbox::prune`](crate::Inbox::prune); see `postgres::prune_batch`.
+pub(crate) async fn prune_batch(
+    conn: &mut MySqlConnection,
+    consumer: &str,
+    older_than_us: i64,
+    after: &str,
+    limit: usize,
+) -> Result<(u64, Option<String>), InboxError> {
+    let ids: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT i.event_id FROM ferry_inbox i JOIN ferry_inbox_aggregate a \
+         ON a.consumer = i.consumer AND a.aggregate_id = i.aggregate_id \
+         WHERE i.consumer = ? AND i.event_id > ? \
+         AND i.recorded_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+         AND i.aggregate_version <= a.applied_upto ORDER BY i.event_id LIMIT ?",
+    )
+    .bind(consumer)
+    .bind(after)
+    .bind(older_than_us)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| db_err("prune", e))?;
+    let ids: Vec<String> = ids.into_iter().map(text).collect();
+    if ids.is_empty() {
+        return Ok((0, None));
+    }
+    let n = engine::keys_in::<MySql, _>("DELETE", consumer, &ids)
+        .build()
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| db_err("prune", e))?
+        .rows_affected();
+    Ok((n, (ids.len() == limit).then(|| ids[ids.len() - 1].clone())))
 }
 
 /// Number of consumed events per consumer.

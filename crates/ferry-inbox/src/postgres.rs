@@ -38,6 +38,44 @@ pub async fn consumed<S: AsRef<str>>(
     Ok(out)
 }
 
+/// One batch of [`Inbox::prune`](crate::Inbox::prune): deletes up to `limit` rows of
+/// `consumer` with event ids after `after`, recorded more than `older_than_us` ago, whose
+/// version the aggregate's contiguous mark covers. Returns the rows deleted and, when the batch
+/// was full, the last event id it examined (the next batch starts after it).
+pub(crate) async fn prune_batch(
+    conn: &mut PgConnection,
+    consumer: &str,
+    older_than_us: i64,
+    after: &str,
+    limit: usize,
+) -> Result<(u64, Option<String>), InboxError> {
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT i.event_id FROM ferry_inbox i JOIN ferry_inbox_aggregate a \
+         ON a.consumer = i.consumer AND a.aggregate_id = i.aggregate_id \
+         WHERE i.consumer = $1 AND i.event_id > $2 \
+         AND i.recorded_at < now() - $3 * interval '1 microsecond' \
+         AND i.aggregate_version <= a.applied_upto ORDER BY i.event_id LIMIT $4",
+    )
+    .bind(consumer)
+    .bind(after)
+    .bind(older_than_us)
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| db_err("prune", e))?;
+    if ids.is_empty() {
+        return Ok((0, None));
+    }
+    let n = sqlx::query("DELETE FROM ferry_inbox WHERE consumer = $1 AND event_id = ANY($2)")
+        .bind(consumer)
+        .bind(&ids)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| db_err("prune", e))?
+        .rows_affected();
+    Ok((n, (ids.len() == limit).then(|| ids[ids.len() - 1].clone())))
+}
+
 /// Number of consumed events per consumer.
 pub async fn consumed_counts(conn: &mut PgConnection) -> Result<BTreeMap<String, i64>, InboxError> {
     let rows: Vec<(String, i64)> =

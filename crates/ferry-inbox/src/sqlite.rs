@@ -26,7 +26,7 @@ pub async fn consumed<S: AsRef<str>>(
     let mut out = HashSet::new();
     // 1 000 placeholders per statement: under SQLite's 32 766 host-parameter limit.
     for chunk in event_ids.chunks(1_000) {
-        let rows: Vec<String> = engine::consumed_in::<Sqlite, _>(consumer, chunk)
+        let rows: Vec<String> = engine::keys_in::<Sqlite, _>("SELECT event_id", consumer, chunk)
             .build_query_scalar()
             .fetch_all(&mut *conn)
             .await
@@ -34,6 +34,39 @@ pub async fn consumed<S: AsRef<str>>(
         out.extend(rows);
     }
     Ok(out)
+}
+
+/// One batch of [`Inbox::prune`](crate::Inbox::prune); see `postgres::prune_batch`.
+pub(crate) async fn prune_batch(
+    conn: &mut SqliteConnection,
+    consumer: &str,
+    older_than_us: i64,
+    after: &str,
+    limit: usize,
+) -> Result<(u64, Option<String>), InboxError> {
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT i.event_id FROM ferry_inbox i JOIN ferry_inbox_aggregate a \
+         ON a.consumer = i.consumer AND a.aggregate_id = i.aggregate_id \
+         WHERE i.consumer = ? AND i.event_id > ? AND i.recorded_at < ? \
+         AND i.aggregate_version <= a.applied_upto ORDER BY i.event_id LIMIT ?",
+    )
+    .bind(consumer)
+    .bind(after)
+    .bind(now_micros().saturating_sub(older_than_us))
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| db_err("prune", e))?;
+    if ids.is_empty() {
+        return Ok((0, None));
+    }
+    let n = engine::keys_in::<Sqlite, _>("DELETE", consumer, &ids)
+        .build()
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| db_err("prune", e))?
+        .rows_affected();
+    Ok((n, (ids.len() == limit).then(|| ids[ids.len() - 1].clone())))
 }
 
 /// Number of consumed events per consumer.

@@ -829,7 +829,94 @@ async fn fresh_concurrent_migrations(db: TestDb) {
     assert!(e.to_string().contains("migrate"), "{e}");
 }
 
+/// Inbox retention: `prune` deletes only old rows covered by their aggregate's contiguous
+/// mark; a pruned event delivered again applies nothing (`Stale`); rows above the mark and the
+/// rows of a consumer without gap tracking are kept; many rows go in several batches.
+async fn prune_deletes_only_what_the_mark_covers(db: TestDb) {
+    let off = connect_once_per_policy(&db, GapPolicy::Off).await;
+    let inbox = Inbox::connect(&db.url, InboxConfig::default())
+        .await
+        .unwrap();
+    for v in 1..=3 {
+        let d = Delivery::new("c", format!("a-{v}"), "A", v);
+        assert_eq!(apply(&inbox, &d).await, Verdict::New);
+    }
+    assert_eq!(
+        apply(&inbox, &Delivery::new("c", "b-1", "B", 1)).await,
+        Verdict::New
+    );
+    // b-3 before b-2: recorded above B's mark (1)
+    let b3 = Delivery::new("c", "b-3", "B", 3);
+    assert_eq!(apply(&inbox, &b3).await, gap(2, 3));
+    assert_eq!(
+        apply(&off, &Delivery::new("o", "e-1", "", 0)).await,
+        Verdict::New
+    );
+
+    // nothing is older than an hour
+    assert_eq!(
+        inbox.prune("c", Duration::from_secs(3600)).await.unwrap(),
+        0
+    );
+    // a-1..a-3 and b-1 are covered; b-3 is above the mark
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(inbox.prune("c", Duration::ZERO).await.unwrap(), 4);
+    let counts = inbox.consumed_counts().await.unwrap();
+    assert_eq!(counts.get("c"), Some(&1), "{counts:?}");
+    // the pruned a-2 delivered again: covered, not applied a second time
+    let a2 = Delivery::new("c", "a-2", "A", 2);
+    assert_eq!(
+        apply(&inbox, &a2).await,
+        Verdict::Stale { applied_through: 3 }
+    );
+    assert_eq!(effects(&db, "a-2").await, 1);
+    // the kept b-3 is still a duplicate, and b-2 closes B's gap over it
+    assert_eq!(apply(&inbox, &b3).await, Verdict::Duplicate);
+    assert_eq!(
+        apply(&inbox, &Delivery::new("c", "b-2", "B", 2)).await,
+        Verdict::New
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(inbox.prune("c", Duration::ZERO).await.unwrap(), 2);
+    // without gap tracking the row is the only dedupe record: kept
+    assert_eq!(off.prune("o", Duration::ZERO).await.unwrap(), 0);
+    assert_eq!(
+        apply(&off, &Delivery::new("o", "e-1", "", 0)).await,
+        Verdict::Duplicate
+    );
+    assert!(matches!(
+        inbox.prune("", Duration::ZERO).await,
+        Err(InboxError::Empty { field: "consumer" })
+    ));
+
+    // 2,500 old rows of one aggregate, covered by its mark: three batches
+    let many = match db.backend {
+        Backend::Postgres => {
+            "INSERT INTO ferry_inbox (consumer, event_id, aggregate_id, aggregate_version, recorded_at) \
+             SELECT 'm', 'm-' || g, 'M', g, TIMESTAMPTZ '2000-01-01 00:00:00+00' \
+             FROM generate_series(1, 2500) AS g"
+        }
+        Backend::Mysql => {
+            "INSERT INTO ferry_inbox (consumer, event_id, aggregate_id, aggregate_version, recorded_at) \
+             SELECT 'm', CONCAT('m-', seq), 'M', seq, '2000-01-01 00:00:00' FROM seq_1_to_2500"
+        }
+        Backend::Sqlite => {
+            "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 2500) \
+             INSERT INTO ferry_inbox (consumer, event_id, aggregate_id, aggregate_version, recorded_at) \
+             SELECT 'm', 'm-' || n, 'M', n, 0 FROM g"
+        }
+    };
+    db.exec(many).await.unwrap();
+    inbox.accept_gap("m", "M", 2500).await.unwrap();
+    assert_eq!(
+        inbox.prune("m", Duration::from_secs(60)).await.unwrap(),
+        2500
+    );
+    assert_eq!(inbox.consumed_counts().await.unwrap().get("m"), None);
+}
+
 ferry_testkit::backend_tests!(
+    prune_deletes_only_what_the_mark_covers,
     duplicate_applies_effect_once,
     rollback_leaves_no_record,
     concurrent_delivery_waits_for_the_first,

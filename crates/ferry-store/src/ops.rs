@@ -271,11 +271,24 @@ pub fn validate_identifier(what: &str, name: &str) -> Result<(), StoreError> {
     }
 }
 
-/// "recorded in the consumer's Inbox", for outbox rows qualified as `q`.
+/// "consumed by the consumer", for outbox rows qualified as `q`: its row is in the consumer's
+/// Inbox, or the consumer's contiguous mark for the aggregate covers its version (the Inbox
+/// row may have been pruned: `ferry_inbox::Inbox::prune`). Binds the consumer twice
+/// ([`consumer_binds`]).
 fn inbox_exists(q: &str) -> String {
     format!(
-        "EXISTS (SELECT 1 FROM ferry_inbox i WHERE i.consumer = ? AND i.event_id = {q}.event_id)"
+        "(EXISTS (SELECT 1 FROM ferry_inbox i WHERE i.consumer = ? AND i.event_id = {q}.event_id) \
+         OR EXISTS (SELECT 1 FROM ferry_inbox_aggregate a WHERE a.consumer = ? \
+         AND a.aggregate_id = {q}.aggregate_id AND a.applied_upto >= {q}.aggregate_version))"
     )
+}
+
+/// The binds of one [`inbox_exists`].
+fn consumer_binds(consumer: &str) -> [Bind; 2] {
+    [
+        Bind::Str(consumer.to_string()),
+        Bind::Str(consumer.to_string()),
+    ]
 }
 
 pub(crate) async fn purge_sent(
@@ -332,7 +345,7 @@ pub(crate) async fn purge_sent(
     if let Some(c) = consumer {
         filter.push_str(" AND ");
         filter.push_str(&inbox_exists(q));
-        binds.push(Bind::Str(c.to_string()));
+        binds.extend(consumer_binds(c));
     }
     if dry_run {
         let rows = pools
@@ -425,7 +438,7 @@ pub(crate) async fn reconcile(
         ordered.push(Bind::I64(now_micros()));
     }
     if let Some(c) = &req.consumer {
-        ordered.push(Bind::Str(c.clone()));
+        ordered.extend(consumer_binds(c));
     }
     ordered.push(wm_bind.clone());
     let mut counts: HashMap<String, (i64, Option<i64>)> = HashMap::new();
@@ -459,7 +472,7 @@ pub(crate) async fn reconcile(
         if let Some(c) = &req.consumer {
             sql.push_str(" AND NOT ");
             sql.push_str(&inbox_exists("o"));
-            b.push(Bind::Str(c.clone()));
+            b.extend(consumer_binds(c));
         }
         sql.push_str(&format!(" ORDER BY o.seq LIMIT {}", req.list_limit));
         (sql, b)

@@ -16,7 +16,8 @@ pub struct PurgeArgs {
     /// Rows per delete statement (each its own short transaction).
     #[arg(long, default_value_t = config::DEFAULT_PURGE_BATCH)]
     pub batch: usize,
-    /// Only rows this consumer's Inbox (ferry_inbox, same database) recorded as consumed.
+    /// Only rows this consumer has consumed: in its Inbox (ferry_inbox, same database), or
+    /// covered by its aggregate's contiguous mark (ferry_inbox_aggregate).
     #[arg(long)]
     pub consumer: Option<String>,
     /// Only count what would be deleted.

@@ -14,7 +14,8 @@ pub struct ReconcileArgs {
     /// (e.g. 2026-11-30T10:00:00Z). Pick one older than your longest producer transaction.
     #[arg(long)]
     pub watermark: String,
-    /// Consumer whose Inbox (ferry_inbox, same database) proves consumption.
+    /// Consumer whose Inbox proves consumption: its row in ferry_inbox (same database), or its
+    /// aggregate's contiguous mark in ferry_inbox_aggregate.
     #[arg(long)]
     pub consumer: Option<String>,
     /// Business table to check for rows with no intent (e.g. orders).

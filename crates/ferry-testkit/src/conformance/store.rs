@@ -1079,7 +1079,12 @@ fn uuid_version(s: &str) -> Option<u8> {
 
 // ---------------------------------------------------------------- retention and reconciliation
 
-const INBOX_DDL: &str = "CREATE TABLE ferry_inbox (consumer VARCHAR(255) NOT NULL, event_id VARCHAR(255) NOT NULL, PRIMARY KEY (consumer, event_id))";
+/// The Inbox columns purge and reconcile read: the dedupe rows, and each aggregate's contiguous
+/// mark (a version it covers counts as consumed even when its row was pruned).
+const INBOX_DDL: [&str; 2] = [
+    "CREATE TABLE ferry_inbox (consumer VARCHAR(255) NOT NULL, event_id VARCHAR(255) NOT NULL, PRIMARY KEY (consumer, event_id))",
+    "CREATE TABLE ferry_inbox_aggregate (consumer VARCHAR(255) NOT NULL, aggregate_id VARCHAR(255) NOT NULL, applied_upto BIGINT NOT NULL, PRIMARY KEY (consumer, aggregate_id))",
+];
 
 /// Purge deletes only SENT rows older than the cut-off (with a consumer named, only the ones its
 /// Inbox recorded).
@@ -1165,7 +1170,9 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
             .is_err());
         return;
     };
-    sql.exec(INBOX_DDL).await.unwrap();
+    for ddl in INBOX_DDL {
+        sql.exec(ddl).await.unwrap();
+    }
     db.store.enqueue(&[ev("r", 1), ev("s", 1)]).await.unwrap();
     let slots = vec![ferry_core::slot_for("r"), ferry_core::slot_for("s")];
     let got = db
@@ -1197,11 +1204,28 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         db.store.record("e-s-1").await.unwrap().is_some(),
         "unconsumed SENT row kept"
     );
+    // an Inbox row pruned behind the consumer's mark: consumed all the same
+    sql.exec("INSERT INTO ferry_inbox_aggregate VALUES ('billing', 's', 1)")
+        .await
+        .unwrap();
+    assert_eq!(
+        db.store
+            .purge_sent(&ferry_core::PurgeRequest {
+                consumer: Some("billing"),
+                ..crate::purge_all(10)
+            })
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(db.store.record("e-s-1").await.unwrap().is_none());
 }
 
 /// Reconcile classifies every intent of the business table exactly once.
 pub async fn reconcile_classifies_every_intent_once(db: TestDb) {
-    db.exec(INBOX_DDL).await.unwrap();
+    for ddl in INBOX_DDL {
+        db.exec(ddl).await.unwrap();
+    }
     // orders 1..4 exist; intents for orders 1..3 and 5 (6 intents under the watermark)
     for id in 1..=4 {
         db.exec(&format!("INSERT INTO orders VALUES ({id}, 'CREATED', 1)"))
@@ -1273,6 +1297,33 @@ pub async fn reconcile_classifies_every_intent_once(db: TestDb) {
         (Some(4), Some(1))
     );
     assert_eq!(r.business_without_intent_ids, vec![4]);
+    // order-2 v1's Inbox row pruned behind the consumer's mark, and a mark over the CLAIMED
+    // order-3 v1 (the consumer got it before the relay recorded the ack): both consumed
+    db.exec("INSERT INTO ferry_inbox_aggregate VALUES ('billing', 'order-2', 1), ('billing', 'order-3', 1)")
+        .await
+        .unwrap();
+    let r = db
+        .store
+        .reconcile(&ferry_core::ReconcileRequest {
+            watermark: wm,
+            consumer: Some("billing".into()),
+            business: None,
+            list_limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            r.consumed,
+            r.published_awaiting_consumption,
+            r.outcome_unknown,
+            r.not_yet_published,
+            r.quarantined
+        ),
+        (3, 0, 0, 2, 1),
+        "{r:?}"
+    );
+    assert!(r.unknown_ids.is_empty(), "{r:?}");
     // without an Inbox, consumption is not claimed: SENT rows are "published, awaiting"
     let r = db
         .store
