@@ -601,15 +601,20 @@ impl Inbox {
     pub async fn prune(&self, consumer: &str, older_than: Duration) -> Result<u64, InboxError> {
         Delivery::new(consumer, "-", "-", 1).validate(&InboxConfig::new(GapPolicy::Off))?;
         let older_than_us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        // keyset batches by event id: no batch rescans what earlier ones passed; the rows a
+        // batch picked stay eligible until it deletes them (inbox rows never change and the
+        // mark never decreases)
         let (mut total, mut after) = (0u64, String::new());
         loop {
-            let (n, next) = with_conn!(self, |c, m| {
-                m::prune_batch(c, consumer, older_than_us, &after, PRUNE_BATCH).await
+            let ids = with_conn!(self, |c, m| {
+                m::prune_candidates(c, consumer, older_than_us, &after, PRUNE_BATCH).await
             })?;
-            total += n;
-            match next {
-                Some(last) => after = last,
-                None => return Ok(total),
+            if !ids.is_empty() {
+                total += with_conn!(self, |c, m| m::delete_rows(c, consumer, &ids).await)?;
+            }
+            match ids.last() {
+                Some(last) if ids.len() == PRUNE_BATCH => after = last.clone(),
+                _ => return Ok(total),
             }
             tracing::debug!(consumer, deleted = total, "inbox prune: batch done");
         }

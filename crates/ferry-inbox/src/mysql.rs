@@ -40,14 +40,14 @@ pub async fn consumed<S: AsRef<str>>(
     Ok(out)
 }
 
-/// One batch of [`Inbox::prune`](crate::Inbox::prune); see `postgres::prune_batch`.
-pub(crate) async fn prune_batch(
+/// See `postgres::prune_candidates`.
+pub(crate) async fn prune_candidates(
     conn: &mut MySqlConnection,
     consumer: &str,
     older_than_us: i64,
     after: &str,
     limit: usize,
-) -> Result<(u64, Option<String>), InboxError> {
+) -> Result<Vec<String>, InboxError> {
     let ids: Vec<Vec<u8>> = sqlx::query_scalar(
         "SELECT i.event_id FROM ferry_inbox i JOIN ferry_inbox_aggregate a \
          ON a.consumer = i.consumer AND a.aggregate_id = i.aggregate_id \
@@ -62,17 +62,21 @@ pub(crate) async fn prune_batch(
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| db_err("prune", e))?;
-    let ids: Vec<String> = ids.into_iter().map(text).collect();
-    if ids.is_empty() {
-        return Ok((0, None));
-    }
-    let n = engine::keys_in::<MySql, _>("DELETE", consumer, &ids)
+    Ok(ids.into_iter().map(text).collect())
+}
+
+/// See `postgres::delete_rows`.
+pub(crate) async fn delete_rows(
+    conn: &mut MySqlConnection,
+    consumer: &str,
+    event_ids: &[String],
+) -> Result<u64, InboxError> {
+    Ok(engine::keys_in::<MySql, _>("DELETE", consumer, event_ids)
         .build()
         .execute(&mut *conn)
         .await
         .map_err(|e| db_err("prune", e))?
-        .rows_affected();
-    Ok((n, (ids.len() == limit).then(|| ids[ids.len() - 1].clone())))
+        .rows_affected())
 }
 
 /// Number of consumed events per consumer.

@@ -38,18 +38,17 @@ pub async fn consumed<S: AsRef<str>>(
     Ok(out)
 }
 
-/// One batch of [`Inbox::prune`](crate::Inbox::prune): deletes up to `limit` rows of
-/// `consumer` with event ids after `after`, recorded more than `older_than_us` ago, whose
-/// version the aggregate's contiguous mark covers. Returns the rows deleted and, when the batch
-/// was full, the last event id it examined (the next batch starts after it).
-pub(crate) async fn prune_batch(
+/// The next batch of [`Inbox::prune`](crate::Inbox::prune): up to `limit` event ids of
+/// `consumer` after `after` (ascending), recorded more than `older_than_us` ago, whose version
+/// the aggregate's contiguous mark covers.
+pub(crate) async fn prune_candidates(
     conn: &mut PgConnection,
     consumer: &str,
     older_than_us: i64,
     after: &str,
     limit: usize,
-) -> Result<(u64, Option<String>), InboxError> {
-    let ids: Vec<String> = sqlx::query_scalar(
+) -> Result<Vec<String>, InboxError> {
+    sqlx::query_scalar(
         "SELECT i.event_id FROM ferry_inbox i JOIN ferry_inbox_aggregate a \
          ON a.consumer = i.consumer AND a.aggregate_id = i.aggregate_id \
          WHERE i.consumer = $1 AND i.event_id > $2 \
@@ -62,18 +61,24 @@ pub(crate) async fn prune_batch(
     .bind(limit as i64)
     .fetch_all(&mut *conn)
     .await
-    .map_err(|e| db_err("prune", e))?;
-    if ids.is_empty() {
-        return Ok((0, None));
-    }
-    let n = sqlx::query("DELETE FROM ferry_inbox WHERE consumer = $1 AND event_id = ANY($2)")
-        .bind(consumer)
-        .bind(&ids)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| db_err("prune", e))?
-        .rows_affected();
-    Ok((n, (ids.len() == limit).then(|| ids[ids.len() - 1].clone())))
+    .map_err(|e| db_err("prune", e))
+}
+
+/// Deletes the inbox rows of `consumer` with these event ids; the rows deleted.
+pub(crate) async fn delete_rows(
+    conn: &mut PgConnection,
+    consumer: &str,
+    event_ids: &[String],
+) -> Result<u64, InboxError> {
+    Ok(
+        sqlx::query("DELETE FROM ferry_inbox WHERE consumer = $1 AND event_id = ANY($2)")
+            .bind(consumer)
+            .bind(event_ids)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| db_err("prune", e))?
+            .rows_affected(),
+    )
 }
 
 /// Number of consumed events per consumer.

@@ -36,15 +36,15 @@ pub async fn consumed<S: AsRef<str>>(
     Ok(out)
 }
 
-/// One batch of [`Inbox::prune`](crate::Inbox::prune); see `postgres::prune_batch`.
-pub(crate) async fn prune_batch(
+/// See `postgres::prune_candidates`.
+pub(crate) async fn prune_candidates(
     conn: &mut SqliteConnection,
     consumer: &str,
     older_than_us: i64,
     after: &str,
     limit: usize,
-) -> Result<(u64, Option<String>), InboxError> {
-    let ids: Vec<String> = sqlx::query_scalar(
+) -> Result<Vec<String>, InboxError> {
+    sqlx::query_scalar(
         "SELECT i.event_id FROM ferry_inbox i JOIN ferry_inbox_aggregate a \
          ON a.consumer = i.consumer AND a.aggregate_id = i.aggregate_id \
          WHERE i.consumer = ? AND i.event_id > ? AND i.recorded_at < ? \
@@ -56,17 +56,21 @@ pub(crate) async fn prune_batch(
     .bind(limit as i64)
     .fetch_all(&mut *conn)
     .await
-    .map_err(|e| db_err("prune", e))?;
-    if ids.is_empty() {
-        return Ok((0, None));
-    }
-    let n = engine::keys_in::<Sqlite, _>("DELETE", consumer, &ids)
+    .map_err(|e| db_err("prune", e))
+}
+
+/// See `postgres::delete_rows`.
+pub(crate) async fn delete_rows(
+    conn: &mut SqliteConnection,
+    consumer: &str,
+    event_ids: &[String],
+) -> Result<u64, InboxError> {
+    Ok(engine::keys_in::<Sqlite, _>("DELETE", consumer, event_ids)
         .build()
         .execute(&mut *conn)
         .await
         .map_err(|e| db_err("prune", e))?
-        .rows_affected();
-    Ok((n, (ids.len() == limit).then(|| ids[ids.len() - 1].clone())))
+        .rows_affected())
 }
 
 /// Number of consumed events per consumer.
