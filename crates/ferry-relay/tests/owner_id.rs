@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{DispatchMode, MemberHeartbeat, SlotRequest, StoreErrorKind};
+use ferry_core::{DispatchMode, MemberHeartbeat, SlotRequest, StoreError, StoreErrorKind};
+use ferry_relay::metrics::Metrics;
 use ferry_relay::{NullSink, Relay, RelayConfig};
 use ferry_testkit::{wait_until, RelayTask, TestDb};
 use tokio_util::sync::CancellationToken;
@@ -23,10 +24,8 @@ fn relay(db: &TestDb, owner: &str) -> Relay {
     Relay::new(db.store.clone(), Arc::new(NullSink), config).unwrap()
 }
 
-/// Starts `r` and waits until it owns every slot.
-async fn owning_every_slot(r: Relay) -> RelayTask {
-    let metrics = r.metrics();
-    let task = RelayTask::spawn(|cancel| r.run(cancel));
+/// Waits until the relay counting into `metrics` owns every slot.
+async fn wait_owning_every_slot(metrics: &Metrics) {
     wait_until(
         "the relay to own every slot",
         Duration::from_secs(20),
@@ -36,6 +35,22 @@ async fn owning_every_slot(r: Relay) -> RelayTask {
         },
     )
     .await;
+}
+
+/// The error a relay task that stopped on its own ended with.
+async fn run_error(task: RelayTask) -> StoreError {
+    task.join(Duration::from_secs(1))
+        .await
+        .expect("stopped")
+        .expect("relay task")
+        .expect_err("the relay stopped with an error")
+}
+
+/// Starts `r` and waits until it owns every slot.
+async fn owning_every_slot(r: Relay) -> RelayTask {
+    let metrics = r.metrics();
+    let task = RelayTask::spawn(|cancel| r.run(cancel));
+    wait_owning_every_slot(&metrics).await;
     task
 }
 
@@ -100,22 +115,9 @@ async fn of_two_relays_started_together_with_one_owner_id_one_runs() {
         } else {
             (tb, ta, ma)
         };
-        let e = loser
-            .join(Duration::from_secs(1))
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap_err();
+        let e = run_error(loser).await;
         assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
-        wait_until(
-            "the other to own every slot",
-            Duration::from_secs(20),
-            || {
-                let owned = metrics.slots_owned.load(Relaxed);
-                async move { owned == i64::from(ferry_core::SLOT_COUNT) }
-            },
-        )
-        .await;
+        wait_owning_every_slot(&metrics).await;
         winner.stop().await;
     }
 }
@@ -137,12 +139,7 @@ async fn a_relay_whose_owner_id_was_taken_over_stops_and_leaves_the_slots() {
         async move { stopped }
     })
     .await;
-    let e = task
-        .join(Duration::from_secs(1))
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap_err();
+    let e = run_error(task).await;
     assert_eq!(e.kind(), StoreErrorKind::OwnerInUse, "{e}");
     // the slot leases under relay-d are the other process's now: not released
     let leases = db.store.slot_leases().await.unwrap();
