@@ -588,8 +588,8 @@ impl Inbox {
 
     /// Inbox retention: deletes the dedupe rows of `consumer` recorded more than `older_than`
     /// ago whose version is covered by their aggregate's contiguous mark (`applied_upto`), in
-    /// batches of [`PRUNE_BATCH`] rows, each one short statement, so deliveries are not held
-    /// up. Returns the rows deleted.
+    /// batches of at most [`PRUNE_BATCH`] rows (a SELECT of the candidates, then one DELETE),
+    /// so deliveries are not held up. Returns the rows deleted.
     ///
     /// Safe against redelivery: a pruned event delivered again is [`Verdict::Stale`] (its
     /// version is covered), so its effect is not applied twice. Kept: rows above the mark
