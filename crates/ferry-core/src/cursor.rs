@@ -65,21 +65,23 @@ impl FromStr for DispatchMode {
     }
 }
 
-/// A position in a slot's dispatch order, ordered by `(tick, xid, seq)`.
+/// A position in a slot's dispatch order, ordered by `(tick, xid, seq)`; every store writes
+/// `xid = 0`, so the order is `(tick, seq)`.
 ///
 /// * PostgreSQL (snapshot windows, as PgQ): `tick` names a stored snapshot (`ferry_tick`);
 ///   window `t` holds the rows whose inserting transaction is visible in snapshot `t` but not in
-///   snapshot `t - 1`, read in `(xid, seq)` order. Position `(t, x, s)` means: every row
-///   visible in snapshot `t - 1` is dispatched, and of window `t` every row up to `(x, s)`.
-///   `xid` is the inserting top-level transaction id (`pg_current_xact_id()`).
-/// * SQLite and MariaDB: `tick` and `xid` are always 0; `seq` alone is the order (SQLite: one
-///   writer, so `AUTOINCREMENT` order is commit order; MariaDB: reads stop at the commit-gate
-///   horizon).
+///   snapshot `t - 1`, read in `seq` order. Position `(t, 0, s)` means: every row visible in
+///   snapshot `t - 1` is dispatched, and of window `t` every row up to seq `s`. (Not xid order:
+///   a transaction takes its xid at its first write and may insert an aggregate's next version
+///   after a transaction with a higher xid committed the previous one.)
+/// * SQLite and MariaDB: `tick` is always 0; `seq` alone is the order (SQLite: one writer, so
+///   `AUTOINCREMENT` order is commit order; MariaDB: reads stop at the commit-gate horizon).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
 pub struct CursorPos {
     /// Snapshot window (0 where the backend has none).
     pub tick: i64,
-    /// Inserting transaction id (0 where the backend orders by `seq` alone).
+    /// Always 0: no store orders by the inserting transaction id (see above); the stored
+    /// `cursor_xid` column keeps it.
     pub xid: i64,
     /// Insertion sequence.
     pub seq: i64,

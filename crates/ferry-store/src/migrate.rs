@@ -31,6 +31,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(5, "plain_insert", "postgres/0005_plain_insert"),
     migration!(6, "gated_notify", "postgres/0006_gated_notify"),
     migration!(7, "member_instance", "postgres/0007_member_instance"),
+    migration!(8, "seq_order", "postgres/0008_seq_order"),
 ];
 
 /// MySQL/MariaDB migrations, in order.

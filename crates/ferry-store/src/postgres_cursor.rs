@@ -5,13 +5,15 @@
 //! rows whose transaction is visible in tick `t`'s snapshot and not in tick `t - 1`'s. Ticks
 //! only grow (tick `t` is taken after tick `t - 1` committed), so every committed row is in
 //! exactly one window, the first whose snapshot sees its transaction commit; and a window's row
-//! set is fixed once its tick exists, so reading it in `(xid, seq)` order in LIMIT-sized pieces
-//! can never skip a row ("no skipped commit", whatever order transactions commit in). One read
-//! statement covers up to [`MAX_SPAN`] consecutive windows, each row's window being the first of
-//! their ticks whose snapshot sees it, in `(window, xid, seq)` order: positions keep their
-//! one-window meaning. A long transaction delays only its own rows (it stays in the lower
-//! snapshots' running lists, which reads look up by xid), and [`CursorStore::horizon`] reports
-//! it.
+//! set is fixed once its tick exists, so reading it in `seq` order in LIMIT-sized pieces can
+//! never skip a row ("no skipped commit", whatever order transactions commit in). Within a
+//! window the order is `seq`, never `xid`: a transaction takes its xid at its first write, and
+//! may insert an aggregate's `v(n+1)` after a transaction with a higher xid committed `v(n)`;
+//! the seq is drawn at the insert, after that commit. One read statement covers up to
+//! [`MAX_SPAN`] consecutive windows, each row's window being the first of their ticks whose
+//! snapshot sees it, in `(window, seq)` order: positions keep their one-window meaning. A long
+//! transaction delays only its own rows (it stays in the lower snapshots' running lists, which
+//! reads look up by xid), and [`CursorStore::horizon`] reports it.
 use std::collections::{HashMap, HashSet};
 
 use ferry_core::{
@@ -103,33 +105,44 @@ enum SlotBound {
 }
 
 /// The read statement of [`CursorStore::read_batch`] for one span. Parameters: `$1` the lower
-/// snapshot's xmax, `$2` the upper one's, `$3, $4` the start `(xid, seq)`, `$5` the lower
-/// snapshot's running xids, `$6` the upper one's, `$7` the limit, `$8, $9` the span's first and
-/// last tick; then, in this order and only when used, the slot flags (`bool[256]`, when not
-/// every slot is read) and the bound (`SlotBound::Uniform`: tick, xid, seq; `PerSlot`: the same
-/// as `int8[256]` arrays).
+/// snapshot's xmax, `$2` the upper one's, `$3` the start seq (rows at or below it are not
+/// returned), `$4` the upper tick's `seq_hi` (no row of the span has a higher seq), `$5` the
+/// lower snapshot's running xids, `$6` the upper one's, `$7` the limit, `$8, $9` the span's first
+/// and last tick; then, in this order and only when used, the slot flags (`bool[256]`, when not
+/// every slot is read) and the bound (`SlotBound::Uniform`: tick, seq; `PerSlot`: the same as
+/// `int8[256]` arrays).
 ///
-/// The rows a span can hold are those whose transaction the lower snapshot does not see:
-/// transactions that were running at it (`xid = ANY($5)`) and those that began after it
+/// **Order.** Rows come in `(window, seq)` order. `seq` is drawn at the insert, so a transaction
+/// that wrote `v(n+1)` after seeing `v(n)` committed (a row lock, the unique
+/// `(aggregate_id, aggregate_version)` constraint) drew a higher seq, whatever its xid: an xid is
+/// taken at a transaction's first write, possibly before it waited for the aggregate's lock
+/// (docs/architecture.md, "Per-aggregate order"). The identity sequence must not cache values
+/// (`check_seq_cache`), or a session could draw a lower seq after another's higher one.
+///
+/// **Which rows.** The rows a span can hold are those whose transaction the lower snapshot does
+/// not see: transactions that were running at it (`xid = ANY($5)`) and those that began after it
 /// (`xid >= $1`), up to the upper snapshot's xmax. Rows of the transactions between its xmin and
-/// xmax that it does see were dispatched by earlier windows; a scan from xmin would pass over
-/// all of them on every read (with small windows, most of what a read scanned). The upper
-/// snapshot sees a transaction below its xmax iff it is not in its running list (`xid <>
-/// ALL($6)`): a plain comparison the planner estimates, where `pg_visible_in_snapshot` got a
-/// default selectivity — with two more such defaults the planner expected a 200,000-row window to
-/// hold 7,000 rows and, at a limit of 5,000, scanned and sorted the whole table (112 ms against
-/// 2.3 ms for the index scan). For the same reason the slot flags and the bound are left out
-/// when they hold for every row, and the slots read are flags (`($n::bool[])[slot + 1]`), not
-/// `shard_slot = ANY(array)`, whose every element (up to 256, in each branch) the planner
-/// estimated on every read.
+/// xmax that it does see were dispatched by earlier windows. The upper snapshot sees a
+/// transaction below its xmax iff it is not in its running list (`xid <> ALL($6)`): a plain
+/// comparison the planner estimates, where `pg_visible_in_snapshot` got a default selectivity.
+/// For the same reason the slot flags and the bound are left out when they hold for every row,
+/// and the slots read are flags (`($n::bool[])[slot + 1]`), not `shard_slot = ANY(array)`.
 ///
-/// A row's window is the first tick whose snapshot sees its transaction. `one_window`: that is
-/// `$8` (= `$9`) for every row, the two candidate sets are read in index order, each up to the limit
-/// (every running xid is below the xmax), from the start position. Several windows: each row's
-/// window is looked up among the span's ticks `$8 ..= $9` (later windows can hold lower xids),
-/// and rows come in `(window, xid, seq)` order, so a read cut at its limit stops at a position of
-/// the one-window form.
-fn read_sql(one_window: bool, slot_flags: bool, bound: SlotBound) -> String {
+/// `one_window` (`$8` = `$9`): two branches, each in seq order and cut at the limit, merged.
+/// * Transactions running at the lower snapshot (few, possibly long): per xid, its rows in seq
+///   order from the `(xid, seq)` index, at most a limit each.
+/// * Transactions begun after it (the bulk): the primary key from the start seq to `$4`, keeping
+///   the rows whose xid lies in the window. `xid + 0` keeps the planner off the `(xid, seq)`
+///   index here: read in xid order, a window of a million rows (a burn-down) would be sorted
+///   whole for every limit-sized piece. At a window's start (`from_floor`) the scan begins at
+///   the lowest seq any of these transactions wrote, found by one `(xid, seq)` index probe per
+///   transaction (a loose index scan), not at seq 0; within a window it begins at the start seq,
+///   below which every row of the window was read.
+///
+/// Several windows: each row's window is looked up among the span's ticks `$8 ..= $9` (a later
+/// window can hold a lower seq), and rows come in `(window, seq)` order, so a read cut at its
+/// limit stops at a position of the one-window form.
+fn read_sql(one_window: bool, from_floor: bool, slot_flags: bool, bound: SlotBound) -> String {
     let mut n = 9;
     let mut next = || {
         n += 1;
@@ -148,19 +161,19 @@ fn read_sql(one_window: bool, slot_flags: bool, bound: SlotBound) -> String {
     let bound = match bound {
         SlotBound::Start => String::new(),
         SlotBound::Uniform => {
-            let (t, x, q) = (next(), next(), next());
-            format!(" AND ({tick}, o.xid, o.seq) > (${t}::int8, ${x}::int8, ${q}::int8)")
+            let (t, q) = (next(), next());
+            format!(" AND ({tick}, o.seq) > (${t}::int8, ${q}::int8)")
         }
         SlotBound::PerSlot => {
-            let (t, x, q) = (next(), next(), next());
+            let (t, q) = (next(), next());
             format!(
-                " AND ({tick}, o.xid, o.seq) > ((${t}::int8[])[o.shard_slot + 1], \
-                 (${x}::int8[])[o.shard_slot + 1], (${q}::int8[])[o.shard_slot + 1])"
+                " AND ({tick}, o.seq) > ((${t}::int8[])[o.shard_slot + 1], \
+                 (${q}::int8[])[o.shard_slot + 1])"
             )
         }
     };
     let filter = format!(
-        "(o.xid, o.seq) > ($3, $4) AND o.xid < $2 AND o.xid <> ALL($6::int8[]) \
+        "o.seq > $3 AND o.seq <= $4 AND o.xid <> ALL($6::int8[]) \
          AND o.state IN ('PENDING', 'CLAIMED'){flags}{bound}"
     );
     let cols = format!(
@@ -169,14 +182,31 @@ fn read_sql(one_window: bool, slot_flags: bool, bound: SlotBound) -> String {
            AND x.state IN {OPEN}) AS held"
     );
     if one_window {
+        let (with, floor) = if from_floor {
+            (
+                "WITH RECURSIVE fx AS ( \
+                   (SELECT f.xid, f.seq FROM ferry_outbox f WHERE f.xid >= $1 AND f.xid < $2 \
+                    ORDER BY f.xid, f.seq LIMIT 1) \
+                   UNION ALL \
+                   SELECT n.xid, n.seq FROM fx CROSS JOIN LATERAL \
+                     (SELECT f.xid, f.seq FROM ferry_outbox f WHERE f.xid > fx.xid AND f.xid < $2 \
+                      ORDER BY f.xid, f.seq LIMIT 1) n), \
+                 fl AS (SELECT min(fx.seq) AS seq FROM fx) ",
+                " AND o.seq >= (SELECT fl.seq FROM fl)",
+            )
+        } else {
+            ("", "")
+        };
         format!(
-            "SELECT * FROM ( \
-               (SELECT {cols} FROM ferry_outbox o WHERE o.xid = ANY($5::int8[]) AND {filter} \
-                ORDER BY o.xid, o.seq LIMIT $7) \
+            "{with}SELECT * FROM ( \
+               (SELECT q.* FROM unnest($5::int8[]) AS r(xid) CROSS JOIN LATERAL \
+                  (SELECT {cols} FROM ferry_outbox o WHERE o.xid = r.xid AND o.xid < $2 AND {filter} \
+                   ORDER BY o.seq LIMIT $7) q) \
                UNION ALL \
-               (SELECT {cols} FROM ferry_outbox o WHERE o.xid >= $1 AND {filter} \
-                ORDER BY o.xid, o.seq LIMIT $7)) u \
-             ORDER BY 1, 3 LIMIT $7"
+               (SELECT {cols} FROM ferry_outbox o WHERE o.xid + 0 >= $1 AND o.xid + 0 < $2{floor} \
+                  AND {filter} \
+                ORDER BY o.seq LIMIT $7)) u \
+             ORDER BY 3 LIMIT $7"
         )
     } else {
         format!(
@@ -185,8 +215,8 @@ fn read_sql(one_window: bool, slot_flags: bool, bound: SlotBound) -> String {
                  WHERE k.tick_id BETWEEN $8 AND $9 \
                    AND pg_visible_in_snapshot(o.xid::text::xid8, k.snap) \
                  ORDER BY k.tick_id LIMIT 1) w \
-             WHERE (o.xid = ANY($5::int8[]) OR o.xid >= $1) AND {filter} \
-             ORDER BY 2, o.xid, o.seq LIMIT $7"
+             WHERE (o.xid = ANY($5::int8[]) OR o.xid >= $1) AND o.xid < $2 AND {filter} \
+             ORDER BY 2, o.seq LIMIT $7"
         )
     }
 }
@@ -206,10 +236,17 @@ const MAX_SPAN: i64 = 16;
 struct Span {
     lo: String,
     hi: String,
+    /// Tick `last`'s `seq_hi`: no row of the span has a higher seq (`None`: a tick stored before
+    /// migration 0008 recorded it).
+    seq_hi: Option<i64>,
     last: i64,
     /// Tick `last + 1` exists already: the reader can go on without taking a tick.
     next: bool,
 }
+
+/// A row of [`PgStore::span`]'s statement: (tick, snapshot, newest tick, inserted by this
+/// statement, the server's xmax, the tick's `seq_hi`).
+type TickRow = (i64, String, Option<i64>, bool, i64, Option<i64>);
 
 impl PgStore {
     /// The windows from `t` on that one read covers (at most [`MAX_SPAN`]), creating tick `t`
@@ -235,20 +272,21 @@ impl PgStore {
     /// until a starting relay re-bases the cursors ([`CursorStore::set_dispatch_mode`]).
     async fn span(&self, t: i64) -> Result<Span, StoreError> {
         for _ in 0..3 {
-            // (tick, snapshot, newest tick, inserted by this statement, the server's xmax)
-            let rows: Vec<(i64, String, Option<i64>, bool, i64)> = sqlx::query_as(
+            let rows: Vec<TickRow> = sqlx::query_as(
                 "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v), \
                  top AS (SELECT max(tick_id) AS m FROM ferry_tick), \
                  cur AS (SELECT pg_current_snapshot() AS snap), \
-                 ins AS (INSERT INTO ferry_tick (tick_id, snap) \
-                         SELECT $1, cur.snap FROM cfg, top, cur WHERE top.m = $1 - 1 \
+                 ins AS (INSERT INTO ferry_tick (tick_id, snap, seq_hi) \
+                         SELECT $1, cur.snap, \
+                           coalesce(pg_sequence_last_value(pg_get_serial_sequence('ferry_outbox', 'seq')::regclass), 0) \
+                         FROM cfg, top, cur WHERE top.m = $1 - 1 \
                            AND pg_snapshot_xmax(cur.snap) >= \
                                (SELECT pg_snapshot_xmax(k.snap) FROM ferry_tick k WHERE k.tick_id = $1 - 1) \
-                         ON CONFLICT (tick_id) DO NOTHING RETURNING tick_id, snap::text) \
-                 SELECT k.tick_id, k.snap::text, top.m, false, pg_snapshot_xmax(cur.snap)::text::int8 \
+                         ON CONFLICT (tick_id) DO NOTHING RETURNING tick_id, snap::text, seq_hi) \
+                 SELECT k.tick_id, k.snap::text, top.m, false, pg_snapshot_xmax(cur.snap)::text::int8, k.seq_hi \
                    FROM ferry_tick k, top, cur \
                    WHERE k.tick_id = $1 - 1 OR k.tick_id = least(top.m, $1 + $2 - 1) \
-                 UNION ALL SELECT tick_id, snap, tick_id, true, 0::int8 FROM ins",
+                 UNION ALL SELECT tick_id, snap, tick_id, true, 0::int8, seq_hi FROM ins",
             )
             .bind(t)
             .bind(MAX_SPAN)
@@ -265,6 +303,7 @@ impl PgStore {
                 return Ok(Span {
                     lo: lo.1.clone(),
                     hi: ins.1.clone(),
+                    seq_hi: ins.5,
                     last: t,
                     next: false,
                 });
@@ -291,6 +330,7 @@ impl PgStore {
             return Ok(Span {
                 lo: lo.1.clone(),
                 hi: hi.1.clone(),
+                seq_hi: hi.5,
                 last,
                 next,
             });
@@ -333,6 +373,9 @@ impl CursorStore for PgStore {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            if mode == DispatchMode::Cursor {
+                self.check_seq_cache().await?;
+            }
             let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
             // A conversion takes ferry_outbox's table lock, which waits for every open
             // transaction that wrote to it: give up with a clear error rather than stall
@@ -491,7 +534,11 @@ impl CursorStore for PgStore {
     ) -> BoxFuture<'a, Result<Vec<SlotCursor>, StoreError>> {
         Box::pin(async move {
             let rows = sqlx::query(
-                "SELECT slot, epoch, cursor_version, cursor_tick, cursor_xid, cursor_seq FROM ferry_slot_lease \
+                // A position with an xid was written by a relay of a version that read windows
+                // in (xid, seq) order; it goes back to its window's start (sent again, never
+                // skipped).
+                "SELECT slot, epoch, cursor_version, cursor_tick, 0::int8, \
+                   CASE WHEN cursor_xid = 0 THEN cursor_seq ELSE 0 END FROM ferry_slot_lease \
                  WHERE owner = $1 AND lease_until > now() AND cursor_tick IS NOT NULL AND slot = ANY($2) \
                  ORDER BY slot",
             )
@@ -579,12 +626,14 @@ impl CursorStore for PgStore {
                 };
                 let n = ferry_core::SLOT_COUNT as usize;
                 let slot_flags = from.len() < n;
-                let sql = read_sql(one_window, slot_flags, slot_bound);
+                // At a window's start the primary-key scan begins at the window's lowest seq.
+                let from_floor = start.seq <= 0;
+                let sql = read_sql(one_window, from_floor, slot_flags, slot_bound);
                 let mut q = sqlx::query(&sql)
                     .bind(lo_xmax)
                     .bind(hi_xmax)
-                    .bind(start.xid)
                     .bind(start.seq)
+                    .bind(span.seq_hi.unwrap_or(i64::MAX))
                     .bind(&lo_xip)
                     .bind(&hi_xip)
                     .bind(limit as i64)
@@ -598,20 +647,15 @@ impl CursorStore for PgStore {
                     q = q.bind(read_slots);
                 }
                 match (slot_bound, uniform) {
-                    (SlotBound::Uniform, Some(b)) => q = q.bind(b.tick).bind(b.xid).bind(b.seq),
+                    (SlotBound::Uniform, Some(b)) => q = q.bind(b.tick).bind(b.seq),
                     (SlotBound::PerSlot, _) => {
-                        let (mut ticks, mut xids, mut seqs) = (
-                            vec![None::<i64>; n],
-                            vec![None::<i64>; n],
-                            vec![None::<i64>; n],
-                        );
+                        let (mut ticks, mut seqs) = (vec![None::<i64>; n], vec![None::<i64>; n]);
                         for (slot, p) in &from {
                             let b = bound(p);
                             ticks[*slot as usize] = Some(b.tick);
-                            xids[*slot as usize] = Some(b.xid);
                             seqs[*slot as usize] = Some(b.seq);
                         }
-                        q = q.bind(ticks).bind(xids).bind(seqs);
+                        q = q.bind(ticks).bind(seqs);
                     }
                     _ => {}
                 }
@@ -619,7 +663,8 @@ impl CursorStore for PgStore {
                     .fetch_all(self.pool())
                     .await
                     .map_err(|e| db_err("cursor read", e))?;
-                let pos = |r: &PgRow| CursorPos::at(r.get(1), r.get(0), r.get(2));
+                // Positions are (window, seq): the xid is not part of the order.
+                let pos = |r: &PgRow| CursorPos::at(r.get(1), 0, r.get(2));
                 let full = rows.len() >= limit;
                 let last = rows.last().map(pos);
                 events.extend(
@@ -950,6 +995,33 @@ impl PgStore {
             Some((tick, server)) => Err(xids_went_backwards(tick, server)),
             None => Ok(()),
         }
+    }
+}
+
+impl PgStore {
+    /// Refuses cursor dispatch when the outbox's identity sequence hands out cached values.
+    /// Windows are read in seq order, which is an aggregate's version order only if a seq drawn
+    /// later is higher: with `CACHE n > 1` each session draws from its own block of `n`, so a
+    /// producer could insert `v(n+1)` with a lower seq than `v(n)`'s.
+    async fn check_seq_cache(&self) -> Result<(), StoreError> {
+        let (name, cache): (String, i64) = sqlx::query_as(
+            "SELECT pg_get_serial_sequence('ferry_outbox', 'seq'), s.seqcache \
+             FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence('ferry_outbox', 'seq')::regclass",
+        )
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| db_err("cursor dispatch: outbox sequence", e))?;
+        if cache > 1 {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidInput,
+                format!(
+                    "the outbox's sequence {name} caches {cache} values per session, so a later \
+                     insert can draw a lower seq and cursor dispatch would send an aggregate's \
+                     versions out of order: run ALTER SEQUENCE {name} CACHE 1 (or use --dispatch row)"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
