@@ -33,6 +33,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::order_watch::{self, OrderWatch};
 use crate::relay::Ctx;
 use crate::route::{route, Decision, RouteItem};
 
@@ -141,6 +142,10 @@ struct State {
     /// sends on. At most one: the next advance is built after this one's result is applied
     /// (it needs the cursor versions this one sets, and must not run if this one fails).
     advancing: Option<Advancing>,
+    /// What this worker handed to the sink, per aggregate (the order net, checked in each send
+    /// task and on the exception path): cleared by [`reset`], rewound to an aggregate's lowest
+    /// exception row when an advance writes them ([`complete_front`]).
+    watch: Arc<std::sync::Mutex<OrderWatch>>,
 }
 
 /// An advance in flight and what applying its result needs.
@@ -244,7 +249,7 @@ pub(crate) async fn worker(
             continue;
         }
         if Instant::now() >= next_exceptions {
-            next_exceptions = run_exceptions(&ctx, cs, &st.slots).await;
+            next_exceptions = run_exceptions(&ctx, cs, &st.slots, &st.watch).await;
         }
         if st.queue.len() >= cfg.max_in_flight {
             // the oldest batch must be advanced first anyway: wait for it
@@ -401,12 +406,14 @@ pub(crate) async fn worker(
         let send = (!to_send.is_empty()).then(|| {
             let sink = ctx.sink.clone();
             let metrics = ctx.metrics.clone();
+            let watch = st.watch.clone();
             let done = done.clone();
             let outcomes = Arc::new(std::sync::Mutex::new(None));
             let slot = outcomes.clone();
             let task = tokio::spawn(async move {
                 ferry_core::failpoint::hit("relay-after-claim");
                 metrics.note_misrouted(&to_send);
+                order_watch::check_send(&watch, &metrics, &to_send);
                 let t = Instant::now();
                 let out = sink.send_batch(&to_send).await;
                 metrics.send_latency.record(t.elapsed());
@@ -516,7 +523,8 @@ async fn wait_for_completion(
 }
 
 /// Forgets every in-memory position: waits for the sends still in flight (their results are
-/// ignored; the events will be read and sent again) and clears the state.
+/// ignored; the events will be read and sent again) and clears the state, the order net's
+/// memory included (everything past the durable cursors is resent: not a regression).
 async fn reset(st: &mut State) {
     st.gen += 1;
     if let Some(a) = st.advancing.take() {
@@ -535,6 +543,8 @@ async fn reset(st: &mut State) {
     st.read_pos.clear();
     st.last_advance.clear();
     st.slots.clear();
+    // after the sends above: none of them is checked against the cleared memory
+    order_watch::lock(&st.watch).clear();
 }
 
 /// Frees, for later reads, the aggregates of finished sends whose items were all acked: the
@@ -729,6 +739,15 @@ async fn complete_front(ctx: &Arc<Ctx>, st: &mut State, done: &Arc<Notify>) -> b
             .flat_map(|b| std::mem::take(&mut b.exceptions))
             .collect(),
     };
+    // The exception path will resend these aggregates from their lowest exception row on: not
+    // a regression. Rewound before the advance can commit (and the exception path claim the
+    // rows); if it does not, the reset clears everything anyway.
+    {
+        let mut watch = order_watch::lock(&st.watch);
+        for x in &adv.exceptions {
+            watch.rewind(&x.aggregate_id, x.aggregate_version);
+        }
+    }
     let slots = adv.slots.clone();
     let finished = Arc::new(AtomicBool::new(false));
     let task = {
@@ -832,8 +851,14 @@ async fn advance(ctx: &Ctx, cs: &dyn CursorStore, adv: &CursorAdvance) -> Option
 }
 
 /// The exception path: claims due exception rows of `slots` (per-row protocol, predecessor rule),
-/// sends them, settles them. Returns when to look again.
-async fn run_exceptions(ctx: &Ctx, cs: &dyn CursorStore, slots: &[SlotId]) -> Instant {
+/// sends them (checked against the worker's order `watch`), settles them. Returns when to look
+/// again.
+async fn run_exceptions(
+    ctx: &Ctx,
+    cs: &dyn CursorStore,
+    slots: &[SlotId],
+    watch: &std::sync::Mutex<OrderWatch>,
+) -> Instant {
     let cfg = &ctx.config;
     let idle = Instant::now() + cfg.poll_idle;
     let mut req = ClaimRequest::new(slots.to_vec(), cfg.batch_size, cfg.claim_lease);
@@ -855,6 +880,7 @@ async fn run_exceptions(ctx: &Ctx, cs: &dyn CursorStore, slots: &[SlotId]) -> In
         .claimed_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
     ctx.metrics.note_misrouted(&items);
+    order_watch::check_send(watch, &ctx.metrics, &items);
     let outcomes = ctx.sink.send_batch(&items).await;
     let route_items: Vec<RouteItem<'_>> = items
         .iter()

@@ -26,6 +26,12 @@
 //!   `failed_aggregate_stays_busy_until_its_advance` (`tests/cursor_release.rs`),
 //!   `hot_aggregate_drains_in_order` and `mid_batch_faults_keep_first_delivery_order`
 //!   (`tests/relay_kafka.rs`, both modes, every backend).
+//! * **A reordering that happens anyway is counted**: each worker checks what it hands to the
+//!   sink, in send order, and counts every version handed after a later one of its aggregate
+//!   (`ferry_order_regressions_total`, logged), never a legal resend (`order_watch.rs` states
+//!   the rule). Tests: the `order_watch.rs` unit tests, `tests/order_regressions.rs` (both
+//!   modes, every backend), and 0 asserted after resends in `tests/cursor_release.rs` and
+//!   `mid_batch_faults_keep_first_delivery_order`.
 //! * **A permanent error quarantines the item and holds its aggregate** until an operator
 //!   requeues or skips it; a retry past `max_attempts` is quarantined too. Tests:
 //!   `retries_past_max_attempts_are_quarantined`,
@@ -57,6 +63,7 @@
 
 mod cursor;
 pub mod metrics;
+mod order_watch;
 pub mod ownership;
 mod relay;
 pub mod route;

@@ -153,6 +153,10 @@ pub struct Metrics {
     /// written by a producer that computed the slot itself, wrongly. Their aggregate's order is
     /// not guaranteed (see [`Metrics::note_misrouted`]).
     pub misrouted: AtomicU64,
+    /// Events a shard worker handed to the sink after a later version of their aggregate (in
+    /// the same batch, or earlier in the aggregate's epoch, legal resends excepted): the rule
+    /// is in `crates/ferry-relay/src/order_watch.rs`. See [`Metrics::note_order_regression`].
+    pub order_regressions: AtomicU64,
     /// Cursor mode (PostgreSQL, MariaDB): age of the oldest open write transaction (µs), which
     /// holds the read horizon back; -1 when none or not applicable.
     pub horizon_blocker_age_us: AtomicI64,
@@ -203,6 +207,15 @@ fn gauge<N: EncodeGaugeValue>(
     g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
+/// Whether the `n`th occurrence (from 1) of a condition that is logged per event is logged: the
+/// first ten, then every 1,000th, so a flood costs about a line per thousand events and the
+/// count stays in the metric.
+fn log_nth(n: u64) -> bool {
+    // `% 1000 < 1`: `is_multiple_of` (clippy's suggestion for `== 0`) needs Rust 1.87, the
+    // workspace supports 1.80
+    n <= 10 || n % 1000 < 1
+}
+
 /// An hdrhistogram as the series of a Prometheus summary: `name{quantile="…"}`, `name_sum` and
 /// `name_count`. prometheus-client has no summary type (its histogram is bucketed), so they are
 /// three gauge families; the series names and values are those of a summary.
@@ -250,7 +263,7 @@ impl Metrics {
             let want = ferry_core::slot_for(&e.aggregate_id);
             if e.shard_slot != want {
                 let n = self.misrouted.fetch_add(1, Ordering::Relaxed) + 1;
-                if n <= 10 || n % 1000 < 1 {
+                if log_nth(n) {
                     tracing::error!(
                         event_id = %e.token.event_id,
                         aggregate_id = %e.aggregate_id,
@@ -261,6 +274,32 @@ impl Metrics {
                     );
                 }
             }
+        }
+    }
+
+    /// Counts (and logs, the first ten and then every 1,000th) an event handed to the sink after
+    /// a later version of its aggregate, `before` (the rule: `order_watch.rs`). The event is
+    /// still delivered: the net only makes the reordering visible, with the aggregate, both
+    /// versions, the slot and the topic to find it by.
+    pub(crate) fn note_order_regression(
+        &self,
+        e: &ferry_core::ClaimedEvent,
+        before: i64,
+        same_batch: bool,
+    ) {
+        let n = self.order_regressions.fetch_add(1, Ordering::Relaxed) + 1;
+        if log_nth(n) {
+            tracing::error!(
+                aggregate_id = %e.aggregate_id,
+                sent_before = before,
+                sent_now = e.aggregate_version,
+                slot = e.shard_slot,
+                topic = %e.topic,
+                event_id = %e.token.event_id,
+                same_batch,
+                order_regressions_so_far = n,
+                "an aggregate's version went down in what this relay handed to the sink: a consumer without an Inbox may apply it out of order (a producer that commits versions out of order, or a relay bug)"
+            );
         }
     }
 
@@ -450,6 +489,12 @@ impl Collector for Exposition {
             "ferry_misrouted_events_total",
             "Intents read whose stored shard_slot is not their aggregate's slot (a producer computed it wrongly; that aggregate's order is not guaranteed).",
             m.misrouted.load(Ordering::Relaxed),
+        )?;
+        counter(
+            e,
+            "ferry_order_regressions_total",
+            "Events handed to the sink after a later version of their aggregate (in one batch, or since the worker last resent that aggregate legitimately); legal resends are not counted. Should stay 0.",
+            m.order_regressions.load(Ordering::Relaxed),
         )?;
         counter(
             e,
@@ -679,6 +724,14 @@ mod tests {
             .map(|n| n.trim_start_matches("ferry_"))
             .collect();
         assert_eq!(documented, exposed, "docs/operations.md vs GET /metrics");
+    }
+
+    /// Per-event error logs (misrouted intents, order regressions): the first ten, then every
+    /// 1,000th.
+    #[test]
+    fn per_event_logs_are_the_first_ten_then_every_thousandth() {
+        let logged: Vec<u64> = (1..=3000).filter(|n| log_nth(*n)).collect();
+        assert_eq!(logged, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1000, 2000, 3000]);
     }
 
     /// `sample` reads an unlabelled sample by its exact name: not a longer name that starts

@@ -20,6 +20,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::order_watch::{self, OrderWatch};
 use crate::ownership::{self, OwnershipConfig};
 use crate::route::{route, Decision, RouteItem, RoutePolicy};
 use crate::sink::Sink;
@@ -579,6 +580,10 @@ async fn worker(
 ) {
     let cfg = &ctx.config;
     let abandon = CancellationToken::new();
+    // What this worker handed to the sink, per aggregate (the order net). Row dispatch never
+    // rewinds it: a claim returns a version only once every lower one is finished, and a resend
+    // is the same version again (order_watch.rs).
+    let watch = Arc::new(Mutex::new(OrderWatch::default()));
     // Each batch runs as its own task: it must make progress (e.g. finish an outcome
     // transaction that holds SQLite's write lock) while this loop waits on the next claim.
     let mut inflight: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
@@ -666,7 +671,13 @@ async fn worker(
             .lock()
             .expect("in-flight lock")
             .insert(id, claimed.iter().map(|e| e.token.clone()).collect());
-        inflight.spawn(process_batch(ctx.clone(), id, claimed, abandon.clone()));
+        inflight.spawn(process_batch(
+            ctx.clone(),
+            id,
+            claimed,
+            watch.clone(),
+            abandon.clone(),
+        ));
         if full {
             delay = cfg.poll_min;
         } else {
@@ -716,7 +727,8 @@ async fn claim_or_recover(
     }
 }
 
-/// Sends one claimed batch and applies its outcomes.
+/// Sends one claimed batch and applies its outcomes; checks it against the worker's `watch`
+/// as it is handed to the sink.
 ///
 /// Store calls are never cancelled half-way: a future dropped between `BEGIN` and `COMMIT`
 /// would leave a pooled connection inside a transaction (on SQLite, holding the only write
@@ -726,6 +738,7 @@ async fn process_batch(
     ctx: Arc<Ctx>,
     id: u64,
     items: Vec<ClaimedEvent>,
+    watch: Arc<Mutex<OrderWatch>>,
     abandon: CancellationToken,
 ) {
     let cfg = &ctx.config;
@@ -761,6 +774,7 @@ async fn process_batch(
     };
     ferry_core::failpoint::hit("relay-after-claim");
     ctx.metrics.note_misrouted(&items);
+    order_watch::check_send(&watch, &ctx.metrics, &items);
     let t0 = Instant::now();
     let sent = tokio::select! {
         o = ctx.sink.send_batch(&items) => Some(o),

@@ -66,9 +66,16 @@ async fn read_until_closed(sock: &mut TcpStream, within: Duration) -> String {
 async fn serves_metrics_and_answers_404_elsewhere() {
     let ep = start(ServeConfig::default()).await;
     ep.metrics.sent.store(7, Ordering::Relaxed);
+    ep.metrics.order_regressions.store(2, Ordering::Relaxed);
     let text = scrape(ep.addr, PROMPT).await.unwrap();
     assert_eq!(sample(&text, "ferry_sent_total"), Some(7.0));
     assert_eq!(sample(&text, "ferry_alert_level"), Some(0.0));
+    // the order net's counter, as a counter
+    assert_eq!(sample(&text, "ferry_order_regressions_total"), Some(2.0));
+    assert!(
+        text.contains("# TYPE ferry_order_regressions_total counter"),
+        "{text}"
+    );
 
     let head = exchange(
         ep.addr,
