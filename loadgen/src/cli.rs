@@ -118,12 +118,19 @@ pub struct Args {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub pg_analyze_every: Duration,
 
-    /// Producer tasks; each owns a disjoint share of the aggregates [default: 2 on SQLite
-    /// (one writer at a time), 8 on PostgreSQL/MySQL].
+    /// Producer tasks. They share the aggregates: any producer may pick any aggregate, and its
+    /// transaction then holds that aggregate's row lock until it ends, so producers wait for
+    /// (and deadlock with) each other; more producers than aggregates is fine [default: 2 on
+    /// SQLite (one writer at a time), 8 on PostgreSQL/MySQL].
     #[arg(long, value_parser = value_parser!(u32).range(1..=256))]
     pub producers: Option<u32>,
 
-    /// Orders (each with its outbox intent) per business transaction.
+    /// Orders (each with its outbox intent) per business transaction. The transaction takes
+    /// each order's version from its aggregate's row (`UPDATE … SET ver = ver + 1`), aggregate
+    /// after aggregate in random order, and keeps those rows locked until it ends: two
+    /// transactions may lock the same aggregates in opposite orders and deadlock; the database
+    /// rolls one back and it is retried with new versions (counted in the report's contention
+    /// line).
     #[arg(long, default_value_t = 50, value_parser = value_parser!(u32).range(1..=10_000))]
     pub orders_per_tx: u32,
 
@@ -132,17 +139,30 @@ pub struct Args {
     #[arg(long, default_value_t = 0, value_parser = value_parser!(u64).range(0..=10_000_000))]
     pub rate: u64,
 
-    /// Number of aggregates (orders) whose versions are produced.
-    #[arg(long, default_value_t = 100_000, value_parser = value_parser!(u64).range(1..=100_000_000))]
+    /// Number of aggregates (orders) whose versions are produced, shared by every producer. Their
+    /// business rows (`loadgen_aggregates`, one per aggregate) are created before the run:
+    /// about 0.4 s per 100,000 on PostgreSQL and MariaDB.
+    #[arg(long, default_value_t = 100_000, value_parser = value_parser!(u64).range(1..=10_000_000))]
     pub aggregates: u64,
+
+    /// The uncontended shape: each producer picks among its own share of the aggregates
+    /// (index modulo --producers), so no two producers touch the same aggregate and none ever
+    /// waits for another's row lock (versions still come from the aggregates' rows). For
+    /// measuring relay throughput on a few hot aggregates (--aggregates 10, --skew zipf):
+    /// producers that share so few aggregates mostly wait for and deadlock with each other
+    /// (PostgreSQL, 10 aggregates, flat out: under 100 ev/s committed). Needs --producers ≤
+    /// --aggregates; not with --preload.
+    #[arg(long)]
+    pub producers_own_aggregates: bool,
 
     /// Aggregate popularity: uniform, or zipf hot keys.
     #[arg(long, value_enum, default_value_t = Skew::Uniform)]
     pub skew: Skew,
 
-    /// Zipf exponent s (with --skew zipf). Each of the P producers draws over its own N/P
-    /// aggregates, so there are P equally hot keys; with 1.0 each takes ~1/(P·ln(N/P)) of the
-    /// traffic.
+    /// Zipf exponent s (with --skew zipf). Every producer draws over all N aggregates, so the
+    /// hottest one is hot for all of them at once; with 1.0 it takes ~1/ln(N) of the traffic.
+    /// With --producers-own-aggregates each of the P producers draws over its own N/P, so there
+    /// are P equally hot keys, each taking ~1/(P·ln(N/P)).
     #[arg(long, default_value_t = 1.0, value_parser = parse_zipf_s, allow_negative_numbers = true)]
     pub zipf_s: f64,
 
@@ -190,15 +210,18 @@ pub struct Args {
     /// to drain the queue, from starting them (slot acquisition included) until every intent is
     /// SENT and, with a consumer, delivered. --duration, --rate, --aggregates and --skew do not
     /// apply (there is no load phase after the preload) and --baseline is refused;
-    /// --drain-timeout bounds the burn-down [default then: 300s].
+    /// --drain-timeout bounds the burn-down [default then: 300s]. The producers take the
+    /// queue's orders in blocks of --orders-per-tx from one counter and their versions from the
+    /// aggregates' rows, as in a load phase: producers whose blocks hold versions of one
+    /// aggregate contend for its row (all of them at once when --versions-per-aggregate exceeds
+    /// --orders-per-tx).
     #[arg(long, value_parser = value_parser!(u64).range(1..=100_000_000))]
     pub preload: Option<u64>,
 
     /// With --preload: versions per aggregate. The preload is --preload/K aggregates (the last
-    /// one gets the remainder), each with versions 1..=K committed one after the other, so an
-    /// aggregate's versions are adjacent in the queue; K = --preload makes one hot aggregate
-    /// with every version (and one producer, since a producer owns whole aggregates)
-    /// [default: 1].
+    /// one gets the remainder), each with versions 1..=K, committed close together in the
+    /// queue; K = --preload makes one hot aggregate with every version, all producers
+    /// contending for its row [default: 1].
     #[arg(long, value_parser = value_parser!(u64).range(1..=100_000_000))]
     pub versions_per_aggregate: Option<u64>,
 
@@ -337,6 +360,19 @@ impl Args {
         self.dispatch.unwrap_or_else(preferred)
     }
 
+    /// Producer tasks: `--producers`, else the store's default.
+    pub fn producer_tasks(&self) -> usize {
+        self.producers.map_or(
+            match self.backend() {
+                // SQLite has one writer: more producers only queue on its lock.
+                Backend::Sqlite => 2,
+                // Server databases overlap commits (group commit); 8 keeps 2 cores busy.
+                Backend::Postgres | Backend::Mysql => 8,
+            },
+            |p| p as usize,
+        )
+    }
+
     /// The store, from `--store` or the URL's scheme.
     pub fn backend(&self) -> Backend {
         self.store
@@ -442,12 +478,19 @@ impl Args {
                 "'--baseline' measures producers against a load phase; '--preload' has none (its preload line already states the producers' own rate)".to_string(),
             );
         }
-        let producers = u64::from(self.producers.unwrap_or(1));
-        if self.preload.is_none() && producers > self.aggregates {
-            return conflict(format!(
-                "'--producers {producers}' exceeds '--aggregates {}': every producer owns at least one aggregate",
-                self.aggregates
-            ));
+        if self.producers_own_aggregates {
+            if self.preload.is_some() {
+                return conflict(
+                    "'--producers-own-aggregates' shapes the load phase's picks; '--preload' hands out a fixed queue".to_string(),
+                );
+            }
+            let producers = self.producer_tasks() as u64;
+            if producers > self.aggregates {
+                return conflict(format!(
+                    "'--producers {producers}' exceeds '--aggregates {}': with '--producers-own-aggregates' every producer owns at least one aggregate",
+                    self.aggregates
+                ));
+            }
         }
         Ok(())
     }
@@ -611,7 +654,21 @@ mod tests {
     fn combinations_name_the_flags() {
         let mysql_pg = ["--store", "mysql", "--database-url", "postgres://u:pw@h/db"];
         let bad_inbox = ["--inbox", "--inbox-url", "redis://u:pw@h"];
-        let cases: [(&[&str], &str); 12] = [
+        let own = [
+            "--producers-own-aggregates",
+            "--aggregates",
+            "3",
+            "--producers",
+            "4",
+        ];
+        let own_pg = [
+            "--producers-own-aggregates",
+            "--aggregates",
+            "7",
+            "--database-url",
+            "postgres://u@h/db",
+        ];
+        let cases: [(&[&str], &str); 14] = [
             (&["--chart", "x.svg"], "--sweep-batch"),
             (&["--chaos"], "--relay-mode process"),
             (&["--store", "postgres"], "--database-url"),
@@ -621,7 +678,13 @@ mod tests {
                 &["--sink", "null", "--kafka-brokers", "h:9092"],
                 "--kafka-brokers",
             ),
-            (&["--aggregates", "3", "--producers", "4"], "--producers"),
+            (&own, "--producers 4"),
+            // the default 8 producers on a server database
+            (&own_pg, "--producers 8"),
+            (
+                &["--producers-own-aggregates", "--preload", "10"],
+                "--preload",
+            ),
             (&["--inbox", "--sink", "null"], "--sink kafka"),
             (&bad_inbox, "--inbox-url"),
             (&["--versions-per-aggregate", "5"], "--preload"),
@@ -643,8 +706,10 @@ mod tests {
             &["--preload", "20000"],
             &["--preload", "5000", "--versions-per-aggregate", "5000"],
             &["--preload", "5000", "--versions-per-aggregate", "7"],
-            // --aggregates does not apply to a preload: more producers than --aggregates is fine
+            // producers share aggregates: more producers than aggregates is fine
             &["--preload", "100", "--aggregates", "2", "--producers", "4"],
+            &["--aggregates", "1", "--producers", "8"],
+            &["--producers-own-aggregates", "--aggregates", "2"],
             // MariaDB takes either dispatch mode
             &[
                 "--dispatch",
@@ -681,6 +746,7 @@ mod tests {
             &["--read-linger", "8d"],
             &["--read-interval", "2m"],
             &["--kafka-linger", "16m"],
+            &["--aggregates", "10000001"],
         ] {
             assert!(rejected(bad), "{bad:?}");
         }

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::cli::FlagValue;
-use crate::db::{PgCosts, SqliteWrites, TableStats};
+use crate::db::{PgCosts, SqliteWrites, TableStats, VersionCheck};
 use crate::error::{Error, Result};
 use crate::spec::ConfigEcho;
 
@@ -371,6 +371,8 @@ pub struct RunReport {
     pub producer_txs: u64,
     /// Failed business transaction attempts that were retried.
     pub producer_retries: u64,
+    /// How much the producers contended for aggregates.
+    pub contention: Contention,
     pub store: StoreCheck,
     pub verification: Verification,
     /// The Inbox consumer's account (`--inbox`): verdicts, effect rows, exactly-once.
@@ -387,6 +389,25 @@ pub struct RunReport {
     pub notes: Vec<String>,
     pub timeline: Vec<Sample>,
     pub config: ConfigEcho,
+}
+
+/// How much the producers contended for the aggregates they share: the failed attempts their
+/// transactions lost to each other (counted as they happened) and what the business rows say
+/// after the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Contention {
+    /// Producer tasks.
+    pub producers: usize,
+    /// Aggregates of the run (business rows).
+    pub aggregates: u64,
+    /// Attempts the database rolled back to break a deadlock (then retried with new versions).
+    pub deadlocks: u64,
+    /// Attempts whose lock wait timed out, or that found SQLite busy.
+    pub lock_waits: u64,
+    /// Attempts lost to another conflict (serialization failure).
+    pub conflicts: u64,
+    #[serde(flatten)]
+    pub versions: VersionCheck,
 }
 
 /// A sweep: one report per value.
@@ -528,8 +549,10 @@ impl RunReport {
             };
             let _ = writeln!(
                 o,
-                "  workload  {} producers, {} orders/tx, {target}, {} aggregates ({:?}), {} B payload, {:.0}s",
-                c.producers, w.orders_per_tx, w.aggregates, w.skew, w.payload_bytes, c.spec.duration.as_secs_f64()
+                "  workload  {} producers, {} orders/tx, {target}, {} aggregates ({:?}, {}), {} B payload, {:.0}s",
+                c.producers, w.orders_per_tx, w.aggregates, w.skew,
+                if w.producers_own_aggregates { "each producer its own" } else { "shared by the producers" },
+                w.payload_bytes, c.spec.duration.as_secs_f64()
             );
             self.render_throughput(&mut o);
         }
@@ -635,6 +658,22 @@ impl RunReport {
         let _ = writeln!(
             o,
             "  producers {txs} transactions, {retries} retried attempts"
+        );
+        let c = &self.contention;
+        let v = &c.versions;
+        let xids = v.xid_inversions.map_or(String::new(), |x| {
+            format!(", {x} with the later version's transaction id lower")
+        });
+        let _ = writeln!(
+            o,
+            "  contention {} producers over {} aggregates: {} touched, {} of them by 2+ producers; {} successive versions from different producers{xids}",
+            c.producers, c.aggregates, v.aggregates_touched, v.aggregates_shared, v.handoffs,
+        );
+        let _ = writeln!(
+            o,
+            "            rolled back and retried: {} deadlocks, {} lock waits timed out, {} other conflicts; versions 1..=n per aggregate: {}",
+            c.deadlocks, c.lock_waits, c.conflicts,
+            if v.version_mismatches == 0 { "ok".to_string() } else { format!("{} MISMATCHED", v.version_mismatches) }
         );
         if let Some(d) = &self.db_costs {
             if let (Some(before), Some(a)) = (&d.before, &d.after) {

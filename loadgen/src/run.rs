@@ -7,7 +7,11 @@
 //! keeps only ~5 MiB per partition). Loss is computed from what the producers know they
 //! committed — event numbers `0..committed` of each producer — against the ids the consumer
 //! saw, never from the store's own bookkeeping. Without a consumer (`--sink null|stdout`) the
-//! store is all there is: loss is what the producers committed less the rows SENT.
+//! store is all there is: loss is what the producers committed less the rows SENT. The versions
+//! the order checks compare are the database's: producers take them from the aggregates'
+//! business rows, and after the drain every aggregate's committed versions are checked to be
+//! exactly `1..=n` (its row's `ver`), so a version first delivered before its predecessor is a
+//! reordering, never a gap left by a rolled-back transaction.
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -23,16 +27,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{FlagValue, RelayMode, SinkKind};
-use crate::db::{new_histogram, Database, PgCosts, SqliteWrites};
+use crate::db::{new_histogram, Database, PgCosts, SqliteWrites, VersionCheck};
 use crate::error::{Error, Result};
 use crate::inbox::InboxConsumer;
 use crate::kafka::KafkaTarget;
-use crate::producer::{self, Counters, ProducerPlan, ProducerResult};
+use crate::producer::{self, Counters, KeySource, ProducerPlan, ProducerResult};
 use crate::progress::{Live, Sampler, Totals};
 use crate::relays::{RelayMetrics, Relays, SendOrder};
 use crate::report::{
-    self, round3, Baseline, BatchStats, Claims, DbCosts, InboxReport, Latencies, PreloadReport,
-    Quantiles, RowWrites, RunReport, StoreCheck, Verification,
+    self, round3, Baseline, BatchStats, Claims, Contention, DbCosts, InboxReport, Latencies,
+    PreloadReport, Quantiles, RowWrites, RunReport, StoreCheck, Verification,
 };
 use crate::spec::{Preload, RunSpec};
 use crate::workload::Ids;
@@ -49,8 +53,9 @@ impl RunSpec {
             ids: Ids {
                 run: run.to_string(),
             },
-            producers: self.producer_tasks(),
+            producers: self.producers,
             topic: topic.to_string(),
+            keys: KeySource::new(&work, self.producers),
             work,
         }
     }
@@ -433,6 +438,7 @@ impl<'a> Run<'a> {
             )
             .await?;
         drop(kafka);
+        let versions = self.version_check().await?;
         let commit_to_ack = self.relay_checks(&relay_metrics).await?;
         let sqlite_after = db.sqlite_writes().await?;
         // relays are stopped (their pools closed, processes exited); closing the producers'
@@ -457,6 +463,7 @@ impl<'a> Run<'a> {
             commit_to_ack,
             chaos_kills,
             verified,
+            versions,
             inbox,
             db_costs,
             server,
@@ -611,7 +618,7 @@ impl<'a> Run<'a> {
                 shape.total,
                 shape.aggregates(),
                 shape.per_aggregate,
-                spec.producer_tasks()
+                spec.producers
             );
         }
         let stop = CancellationToken::new();
@@ -881,6 +888,20 @@ impl<'a> Run<'a> {
         Ok(verified)
     }
 
+    /// What the business rows say about the committed versions: how many aggregates the
+    /// producers shared, and an error unless every aggregate's versions are exactly `1..=n`
+    /// (a version taken by a rolled-back transaction must never have committed).
+    async fn version_check(&self) -> Result<VersionCheck> {
+        let v = self.db.version_check().await?;
+        if v.version_mismatches > 0 {
+            self.error(format!(
+                "{} aggregates' committed versions are not exactly 1..=n matching their loadgen_aggregates row",
+                v.version_mismatches
+            ));
+        }
+        Ok(v)
+    }
+
     /// Commit→ack latency (the in-process relays' own histogram, else from the rows'
     /// timestamps), and an error unless the relays ran in the dispatch mode asked for.
     async fn relay_checks(&self, m: &RelayMetrics) -> Result<Histogram<u64>> {
@@ -965,7 +986,7 @@ impl<'a> Run<'a> {
             intents: committed,
             versions_per_aggregate: shape.per_aggregate,
             aggregates: shape.aggregates(),
-            producers: spec.producer_tasks(),
+            producers: spec.producers,
             commit_secs: round3(load_secs),
             commit_per_sec: per_sec(committed, load_secs.max(1e-9)),
             drain_secs: round3(drain_secs),
@@ -1006,6 +1027,14 @@ impl<'a> Run<'a> {
             chaos_kills: m.chaos_kills,
             producer_txs: self.counters.txs.load(Ordering::Relaxed),
             producer_retries: self.counters.retries.load(Ordering::Relaxed),
+            contention: Contention {
+                producers: spec.producers,
+                aggregates: spec.work.aggregate_rows(),
+                deadlocks: self.counters.deadlocks.load(Ordering::Relaxed),
+                lock_waits: self.counters.lock_waits.load(Ordering::Relaxed),
+                conflicts: self.counters.conflicts.load(Ordering::Relaxed),
+                versions: m.versions,
+            },
             store: v.store,
             verification: v.verification,
             inbox: m.inbox,
@@ -1031,6 +1060,7 @@ struct Measured {
     commit_to_ack: Histogram<u64>,
     chaos_kills: Option<u64>,
     verified: Verified,
+    versions: VersionCheck,
     inbox: Option<InboxReport>,
     db_costs: Option<DbCosts>,
     server: Vec<(String, String)>,

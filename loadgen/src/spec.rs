@@ -31,7 +31,7 @@ pub struct RunSpec {
     /// Chaos interval (process relays only).
     #[serde(rename = "chaos_interval_secs", serialize_with = "opt_secs")]
     pub chaos: Option<Duration>,
-    /// Producers asked for (the echo states those that got work: [`RunSpec::producer_tasks`]).
+    /// Producer tasks (echoed by [`ConfigEcho`]).
     #[serde(skip)]
     pub producers: usize,
     #[serde(flatten)]
@@ -88,6 +88,8 @@ pub struct Workload {
     pub payload_bytes: usize,
     /// Workload seed; producer `p` uses `seed + p`.
     pub seed: u64,
+    /// Each producer picks among its own share of the aggregates only (no contention).
+    pub producers_own_aggregates: bool,
     /// A fixed queue to commit (`--preload`) instead of random picks until stopped; echoed
     /// as `preload` and `versions_per_aggregate` (by [`ConfigEcho`]).
     #[serde(skip)]
@@ -96,8 +98,10 @@ pub struct Workload {
 
 /// The shape of a preloaded queue: `total` intents over `ceil(total / per_aggregate)`
 /// aggregates, each with versions `1..=per_aggregate` (the last aggregate gets the remainder).
-/// Aggregate `a` belongs to producer `a % producers`, which commits its aggregates one after the
-/// other, every version of one before the next, then returns.
+/// The queue's orders are numbered `0..total`; order `i` changes aggregate `i / per_aggregate`,
+/// and the producers take the orders in blocks of `--orders-per-tx` from one shared counter, so
+/// an aggregate's versions are committed close together, by whichever producers took its
+/// orders (a hot aggregate's versions by all of them, contending for its row).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Preload {
     pub total: u64,
@@ -110,7 +114,13 @@ impl Preload {
         self.total.div_ceil(self.per_aggregate.max(1))
     }
 
+    /// The aggregate order `i` of the queue changes.
+    pub fn aggregate_of(&self, i: u64) -> u64 {
+        i / self.per_aggregate.max(1)
+    }
+
     /// Versions of aggregate `a`.
+    #[cfg(test)]
     pub fn versions_of(&self, a: u64) -> u64 {
         let k = self.per_aggregate.max(1);
         if a + 1 == self.aggregates() {
@@ -119,19 +129,13 @@ impl Preload {
             k
         }
     }
+}
 
-    /// Producers that get work: one per aggregate at most.
-    pub fn producers(&self, wanted: usize) -> usize {
-        (wanted as u64).min(self.aggregates()).max(1) as usize
-    }
-
-    /// Intents producer `p` of `producers` commits.
-    #[cfg(test)]
-    pub fn share(&self, producers: usize, p: usize) -> u64 {
-        (p as u64..self.aggregates())
-            .step_by(producers.max(1))
-            .map(|a| self.versions_of(a))
-            .sum()
+impl Workload {
+    /// Aggregates whose business rows the run creates: every aggregate of the load, or of the
+    /// preloaded queue.
+    pub fn aggregate_rows(&self) -> u64 {
+        self.preload.map_or(self.aggregates, |p| p.aggregates())
     }
 }
 
@@ -139,12 +143,7 @@ impl RunSpec {
     /// The run the flags describe.
     pub fn from_args(a: &Args) -> Self {
         let store = a.backend();
-        let producers = a.producers.map(|p| p as usize).unwrap_or(match store {
-            // SQLite has one writer: more producers only queue on its lock.
-            Backend::Sqlite => 2,
-            // Server databases overlap commits (group commit); 8 keeps 2 cores busy.
-            Backend::Postgres | Backend::Mysql => 8,
-        });
+        let producers = a.producer_tasks();
         let drain_timeout = a.drain_timeout.unwrap_or(if a.preload.is_some() {
             // the whole burn-down happens in the drain; it ends as soon as the queue is empty
             Duration::from_secs(300)
@@ -186,6 +185,7 @@ impl RunSpec {
                 rate: a.rate,
                 payload_bytes: a.payload_bytes as usize,
                 seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
+                producers_own_aggregates: a.producers_own_aggregates,
                 preload: a.preload.map(|total| Preload {
                     total,
                     per_aggregate: a.versions_per_aggregate.unwrap_or(1),
@@ -205,14 +205,6 @@ impl RunSpec {
         self.flags
             .read_linger
             .unwrap_or(RelayConfig::default().read_linger)
-    }
-
-    /// Producer tasks that get work (a preload gives every producer whole aggregates).
-    pub fn producer_tasks(&self) -> usize {
-        match &self.work.preload {
-            Some(p) => p.producers(self.producers),
-            None => self.producers,
-        }
     }
 
     /// The report's `config`: this spec with what the run `run_id` chose.
@@ -236,7 +228,7 @@ impl RunSpec {
             }),
             topic: kafka.then(|| topic.to_string()),
             partitions,
-            producers: self.producer_tasks(),
+            producers: self.producers,
             read_linger_ms: self.read_linger().as_millis() as u64,
             zipf_s: (w.skew == Skew::Zipf).then_some(w.zipf_s),
             preload: w.preload.map(|p| p.total),
@@ -261,7 +253,7 @@ pub struct ConfigEcho {
     pub topic: Option<String>,
     /// The topic's own partition count (an external broker's existing topic keeps its own).
     pub partitions: Option<i32>,
-    /// Producer tasks that got work.
+    /// Producer tasks.
     pub producers: usize,
     /// The relays' read linger per other reader in ms (cursor dispatch).
     pub read_linger_ms: u64,
@@ -305,7 +297,7 @@ mod tests {
         let a = Args::try_parse_from(flags.split_whitespace()).unwrap();
         let echo = RunSpec::from_args(&a).echo("abc", "t", &[], None);
         let v = serde_json::to_value(echo).unwrap();
-        assert_eq!(v.as_object().unwrap().len(), 29, "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 30, "{v}");
         assert!(!v["database_url"].as_str().unwrap().contains("pw"), "{v}");
         for (key, want) in [
             ("run_id", json!("abc")),
@@ -315,13 +307,14 @@ mod tests {
             ("relay_mode", json!("process")),
             ("dispatch", json!("cursor")),
             ("read_linger_ms", json!(25)),
-            ("producers", json!(4)),
+            ("producers", json!(8)),
             ("zipf_s", json!(1.0)),
             ("preload", json!(10)),
             ("versions_per_aggregate", json!(3)),
             ("duration_secs", json!(30.0)),
             ("drain_timeout_secs", json!(300.0)),
             ("chaos_interval_secs", json!(3.0)),
+            ("producers_own_aggregates", json!(false)),
             ("seed", json!(9)),
         ] {
             assert_eq!(v[key], want, "{key}: {v}");

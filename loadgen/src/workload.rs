@@ -1,9 +1,12 @@
 //! The shape of the simulated business: aggregates, their popularity, identities and payloads.
 //!
-//! Aggregates are partitioned across producers (`global index % producers == producer`), so
-//! each aggregate's version counter is owned by exactly one producer task and its versions are
-//! committed in order. Event ids are `lg-<run>-p<producer>-<n>`: deterministic (a retried
-//! transaction reuses the very same intents: a retry never mints a new id) and contiguous per
+//! Every producer may pick any aggregate of the run, so producers contend for aggregates as an
+//! application's request handlers do. An aggregate's version is never chosen in-process: the
+//! producer's transaction takes it from the aggregate's business row (`loadgen_aggregates`,
+//! `ver = ver + 1`, see [`crate::db`]), whose row lock it then holds until COMMIT; a rolled-back
+//! transaction's versions roll back with it, so every aggregate's committed versions are exactly
+//! `1..=n`. Event ids are `lg-<run>-p<producer>-<n>`: deterministic (a retried transaction
+//! reuses the very same event ids, with the versions its new attempt got) and contiguous per
 //! producer, so "what was committed" is one counter per producer rather than millions of stored
 //! ids.
 use std::collections::BTreeMap;
@@ -17,11 +20,11 @@ use crate::cli::Skew;
 /// The event type of every generated intent.
 pub const EVENT_TYPE: &str = "OrderChanged";
 
-/// Largest per-producer key space for which the exact Zipf CDF is tabulated (8 MB of f64);
-/// above it a continuous approximation is sampled in O(1) memory.
+/// Largest key space for which the exact Zipf CDF is tabulated (8 MB of f64, once per run: every
+/// producer shares the picker); above it a continuous approximation is sampled in O(1) memory.
 const EXACT_ZIPF_MAX: usize = 1 << 20;
 
-/// Picks a producer-local aggregate index.
+/// Picks an aggregate index (the same picker for every producer of a run).
 #[derive(Debug, Clone)]
 pub struct KeyPicker {
     n: usize,
@@ -38,7 +41,7 @@ enum Picker {
 }
 
 impl KeyPicker {
-    /// A picker over `n >= 1` local aggregates. Rank 0 (the hottest) is local index 0.
+    /// A picker over `n >= 1` aggregates. Rank 0 (the hottest) is index 0.
     pub fn new(n: usize, skew: Skew, s: f64) -> Self {
         let n = n.max(1);
         let kind = match skew {
@@ -60,7 +63,7 @@ impl KeyPicker {
         Self { n, kind }
     }
 
-    /// One local index in `0..n`.
+    /// One index in `0..n`.
     pub fn pick(&self, rng: &mut impl Rng) -> usize {
         match &self.kind {
             Picker::Uniform => rng.gen_range(0..self.n),
@@ -81,15 +84,6 @@ impl KeyPicker {
             }
         }
     }
-}
-
-/// Number of aggregates producer `p` of `producers` owns out of `total`.
-pub fn local_aggregates(total: u64, producers: usize, p: usize) -> usize {
-    let (total, producers, p) = (total as usize, producers.max(1), p);
-    if p >= total {
-        return 0;
-    }
-    (total - p).div_ceil(producers)
 }
 
 /// Identity helpers of one run.
@@ -123,6 +117,8 @@ pub struct Order {
     pub order_id: i64,
     /// The aggregate this row changes.
     pub aggregate_id: String,
+    /// The version its aggregate's business row gave it (0 until the transaction took it; a
+    /// retried transaction takes a new one).
     pub version: i64,
     pub amount_cents: i64,
 }
@@ -185,16 +181,6 @@ mod tests {
             assert_eq!(p.len(), size);
             let v: serde_json::Value = serde_json::from_str(&p).unwrap();
             assert_eq!(v["version"], 7);
-        }
-    }
-
-    #[test]
-    fn aggregates_are_partitioned_exactly() {
-        for (total, producers) in [(10, 3), (3, 3), (100_000, 7), (5, 8)] {
-            let sum: usize = (0..producers)
-                .map(|p| local_aggregates(total, producers, p))
-                .sum();
-            assert_eq!(sum as u64, total);
         }
     }
 
