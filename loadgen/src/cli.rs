@@ -330,6 +330,15 @@ pub struct Args {
     #[arg(long, default_value = "3s", value_parser = parse_duration_positive, requires = "chaos")]
     pub chaos_interval: Duration,
 
+    /// Take every broker of the embedded mock cluster down for this long, starting a third of
+    /// the way into the load phase (e.g. 4s): relays, the verifier and the Inbox consumer lose
+    /// their connections and reconnect once the brokers are back. A stall longer than the
+    /// relays' Kafka message timeout (30s by default) makes sends time out, which the relays must
+    /// resend in order. Needs the embedded cluster (no --kafka-brokers) and a load phase (no
+    /// --preload).
+    #[arg(long, value_parser = parse_duration_positive)]
+    pub broker_stall: Option<Duration>,
+
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -490,6 +499,21 @@ impl Args {
                     "'--producers {producers}' exceeds '--aggregates {}': with '--producers-own-aggregates' every producer owns at least one aggregate",
                     self.aggregates
                 ));
+            }
+        }
+        if self.broker_stall.is_some() {
+            if self.sink != SinkKind::Kafka || self.kafka_brokers.is_some() {
+                return conflict(
+                    "'--broker-stall' takes the embedded mock cluster's brokers down: it needs '--sink kafka' without '--kafka-brokers'".to_string(),
+                );
+            }
+            if self.preload.is_some() {
+                return conflict(
+                    "'--broker-stall' starts a third of the way into the load phase; '--preload' has none".to_string(),
+                );
+            }
+            if self.sweep_batch.is_some() || self.sweep_relays.is_some() {
+                return conflict("'--broker-stall' applies to one run, not to a sweep".to_string());
             }
         }
         Ok(())
@@ -668,7 +692,7 @@ mod tests {
             "--database-url",
             "postgres://u@h/db",
         ];
-        let cases: [(&[&str], &str); 14] = [
+        let cases: [(&[&str], &str); 17] = [
             (&["--chart", "x.svg"], "--sweep-batch"),
             (&["--chaos"], "--relay-mode process"),
             (&["--store", "postgres"], "--database-url"),
@@ -685,6 +709,9 @@ mod tests {
                 &["--producers-own-aggregates", "--preload", "10"],
                 "--preload",
             ),
+            (&["--broker-stall", "2s", "--sink", "null"], "--sink kafka"),
+            (&["--broker-stall", "2s", "--preload", "100"], "load phase"),
+            (&["--broker-stall", "2s", "--sweep-batch", "1,10"], "sweep"),
             (&["--inbox", "--sink", "null"], "--sink kafka"),
             (&bad_inbox, "--inbox-url"),
             (&["--versions-per-aggregate", "5"], "--preload"),
@@ -709,6 +736,7 @@ mod tests {
             // producers share aggregates: more producers than aggregates is fine
             &["--preload", "100", "--aggregates", "2", "--producers", "4"],
             &["--aggregates", "1", "--producers", "8"],
+            &["--broker-stall", "3s"],
             &["--producers-own-aggregates", "--aggregates", "2"],
             // MariaDB takes either dispatch mode
             &[
@@ -747,6 +775,7 @@ mod tests {
             &["--read-interval", "2m"],
             &["--kafka-linger", "16m"],
             &["--aggregates", "10000001"],
+            &["--broker-stall", "50ms"],
         ] {
             assert!(rejected(bad), "{bad:?}");
         }

@@ -1,5 +1,8 @@
-//! The Kafka side of a run: the embedded mock cluster or an external broker, the topic, and
-//! the verifier that reads it back concurrently.
+//! The Kafka side of a run: the embedded mock cluster or an external broker, the topic, the
+//! verifier that reads it back concurrently, and `--broker-stall`.
+use std::sync::Arc;
+use std::time::Duration;
+
 use ferry_testkit::embedded::EmbeddedKafka;
 use ferry_testkit::kafka;
 use ferry_testkit::verify::Verifier;
@@ -18,8 +21,8 @@ pub struct KafkaTarget {
     pub partitions: i32,
     /// Whether this is the in-process mock cluster.
     pub embedded: bool,
-    /// Keeps the mock cluster alive for the run; dropped last.
-    _cluster: Option<EmbeddedKafka>,
+    /// Keeps the mock cluster alive for the run (shared with a `--broker-stall` task).
+    cluster: Option<Arc<EmbeddedKafka>>,
 }
 
 impl KafkaTarget {
@@ -38,7 +41,7 @@ impl KafkaTarget {
             topic: topic.to_string(),
             partitions,
             embedded: true,
-            _cluster: Some(cluster),
+            cluster: Some(Arc::new(cluster)),
         })
     }
 
@@ -64,8 +67,30 @@ impl KafkaTarget {
             topic: topic.to_string(),
             partitions,
             embedded: false,
-            _cluster: None,
+            cluster: None,
         })
+    }
+
+    /// Starts `--broker-stall`: after `after`, takes every broker of the embedded cluster down
+    /// for `length`, then brings them back. The task returns when the brokers are up again, with
+    /// the stall's start and end relative to its own start, in seconds. `None` with an external
+    /// broker.
+    pub fn stall(
+        &self,
+        after: Duration,
+        length: Duration,
+    ) -> Option<tokio::task::JoinHandle<Result<(f64, f64)>>> {
+        let cluster = self.cluster.clone()?;
+        Some(tokio::spawn(async move {
+            let t0 = tokio::time::Instant::now();
+            tokio::time::sleep(after).await;
+            let down_at = t0.elapsed().as_secs_f64();
+            set_brokers(&cluster, false).await?;
+            tokio::time::sleep(length).await;
+            let up_at = t0.elapsed().as_secs_f64();
+            set_brokers(&cluster, true).await?;
+            Ok((down_at, up_at))
+        }))
     }
 
     /// Starts the verifier on every partition from the beginning.
@@ -73,6 +98,28 @@ impl KafkaTarget {
         Verifier::start(&self.brokers, &self.topic, self.partitions)
             .map_err(|e| Error::Kafka(e.to_string()))
     }
+}
+
+/// Takes every broker of `cluster` down (`up` false) or brings it back, off the runtime's
+/// workers (each call waits for the mock cluster's thread).
+async fn set_brokers(cluster: &Arc<EmbeddedKafka>, up: bool) -> Result<()> {
+    let cluster = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        for b in 1..=cluster.brokers() {
+            let r = if up {
+                cluster.broker_up(b)
+            } else {
+                cluster.broker_down(b)
+            };
+            r.map_err(|e| {
+                let what = if up { "bring back" } else { "take down" };
+                Error::Kafka(format!("--broker-stall: cannot {what} broker {b}: {e}"))
+            })?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::Kafka(format!("--broker-stall task failed: {e}")))?
 }
 
 /// Partitions of `topic` whose log no longer starts at offset 0. On the mock cluster that means

@@ -389,6 +389,11 @@ impl<'a> Run<'a> {
             _ => None,
         };
         let live = self.live(Some(&relays), verifier.as_ref(), inbox.as_ref());
+        // --broker-stall: a third of the way into the load phase (the flag needs one)
+        let stall = match (spec.broker_stall, &kafka, &preloaded) {
+            (Some(length), Some(k), None) => k.stall(spec.duration / 3, length),
+            _ => None,
+        };
         let (results, load_secs, at_load_end) = match preloaded {
             Some(preloaded) => preloaded,
             None => {
@@ -405,6 +410,15 @@ impl<'a> Run<'a> {
         let timeout = spec.drain_timeout.saturating_sub(drain_start.elapsed());
         let (drained, missing) = self.drain(&live, &mut sampler, &results, timeout).await;
         let drain_secs = drain_start.elapsed().as_secs_f64();
+        if let Some(stall) = stall {
+            match stall.await {
+                Ok(Ok((down, up))) => self.note(format!(
+                    "--broker-stall: every broker of the mock cluster was down from {down:.1}s to {up:.1}s into the load phase"
+                )),
+                Ok(Err(e)) => self.error(e.to_string()),
+                Err(e) => self.error(format!("the --broker-stall task failed: {e}")),
+            }
+        }
         sampler.tick(&live, "drain").await;
         sampler.finish_line();
         chaos_stop.cancel();

@@ -31,6 +31,9 @@ pub struct RunSpec {
     /// Chaos interval (process relays only).
     #[serde(rename = "chaos_interval_secs", serialize_with = "opt_secs")]
     pub chaos: Option<Duration>,
+    /// How long every broker of the embedded cluster is down, a third into the load phase.
+    #[serde(rename = "broker_stall_secs", serialize_with = "opt_secs")]
+    pub broker_stall: Option<Duration>,
     /// Producer tasks (echoed by [`ConfigEcho`]).
     #[serde(skip)]
     pub producers: usize,
@@ -176,6 +179,7 @@ impl RunSpec {
                     .unwrap_or(a.relays > 1 || a.sweep_relays.is_some()),
             },
             chaos: a.chaos.then_some(a.chaos_interval),
+            broker_stall: a.broker_stall,
             producers,
             work: Workload {
                 aggregates: a.aggregates,
@@ -297,7 +301,7 @@ mod tests {
         let a = Args::try_parse_from(flags.split_whitespace()).unwrap();
         let echo = RunSpec::from_args(&a).echo("abc", "t", &[], None);
         let v = serde_json::to_value(echo).unwrap();
-        assert_eq!(v.as_object().unwrap().len(), 30, "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 31, "{v}");
         assert!(!v["database_url"].as_str().unwrap().contains("pw"), "{v}");
         for (key, want) in [
             ("run_id", json!("abc")),
@@ -314,6 +318,7 @@ mod tests {
             ("duration_secs", json!(30.0)),
             ("drain_timeout_secs", json!(300.0)),
             ("chaos_interval_secs", json!(3.0)),
+            ("broker_stall_secs", json!(null)),
             ("producers_own_aggregates", json!(false)),
             ("seed", json!(9)),
         ] {
