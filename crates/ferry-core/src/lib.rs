@@ -13,7 +13,7 @@
 //! * [`OutboxStore`] = [`RowDispatch`] (per-row claims and their compare-and-set outcomes) +
 //!   [`SlotOwnership`] (slot leases, relay membership) + [`OperatorActions`] (requeue, skip,
 //!   status) + optional capabilities (purge, reconcile, [`CursorStore`] for cursor dispatch,
-//!   commit wake-ups).
+//!   commit wake-ups, harmful server settings).
 //! * [`ClaimToken`] / [`CasReport`] (row dispatch) and [`SlotCursor`] / [`CursorAdvance`] /
 //!   [`AdvanceResult`] (cursor dispatch): the fencing tokens and what a fenced write reports.
 //! * [`Outcome`]: what a sink reports for one item; [`Backoff`]: the retry delay;
@@ -98,8 +98,8 @@ pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
     BoxFuture, BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, OperatorAction,
     OperatorActions, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent, ReconcileReport,
-    ReconcileRequest, RetryItem, RowDispatch, SlotLease, SlotOwnership, SlotRelease, SlotRequest,
-    Watermark,
+    ReconcileRequest, RetryItem, RowDispatch, SettingWarning, SlotLease, SlotOwnership,
+    SlotRelease, SlotRequest, Watermark,
 };
 
 /// Microseconds since the Unix epoch, the unit every timestamp crosses the store API in.

@@ -38,6 +38,19 @@ pub struct OutboxStatus {
     pub blocked_aggregates: i64,
 }
 
+/// A server setting that puts committed intents, their order or the outbox's upkeep at risk,
+/// as [`OutboxStore::server_warnings`] finds it (`ferry status` prints each as a WARNING).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SettingWarning {
+    /// The setting as the server names it (`fsync`), or the object it is set on
+    /// (`ferry_outbox.autovacuum_enabled`).
+    pub setting: String,
+    /// Its value as the server reports it.
+    pub value: String,
+    /// One sentence: the setting and its value, why it hurts, and how to fix it.
+    pub message: String,
+}
+
 /// A quarantined event as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct QuarantinedEvent {
@@ -440,6 +453,16 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
     ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         let _ = max_age;
         self.status()
+    }
+
+    /// Capability: server settings that are harmful to ferry and visible from its own session
+    /// (docs/operations.md, "Server settings"): a durability setting that can lose committed
+    /// intents in a crash, autovacuum off for the outbox, an outbox sequence that hands out
+    /// values out of time order in cursor dispatch. Merely suboptimal values (memory) are not
+    /// reported. The default reports nothing (a backend without such settings, or one that
+    /// cannot see them).
+    fn server_warnings(&self) -> BoxFuture<'_, Result<Vec<SettingWarning>, StoreError>> {
+        Box::pin(async { Ok(Vec::new()) })
     }
 
     /// Capability: cursor dispatch ([`crate::CursorStore`]); `None` where the backend offers

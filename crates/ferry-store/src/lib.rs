@@ -62,6 +62,7 @@ mod ops;
 mod outcome;
 pub mod postgres;
 mod postgres_cursor;
+mod server_settings;
 pub mod sqlite;
 mod sqlite_cursor;
 

@@ -900,4 +900,13 @@ impl ferry_core::OutboxStore for MyStore {
     fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
         Some(self)
     }
+
+    fn server_warnings(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<ferry_core::SettingWarning>, StoreError>> {
+        Box::pin(async move {
+            let s = crate::server_settings::read_mysql(&self.pool).await?;
+            Ok(crate::server_settings::mysql_warnings(&s))
+        })
+    }
 }

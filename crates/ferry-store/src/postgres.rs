@@ -695,6 +695,15 @@ impl ferry_core::OutboxStore for PgStore {
     fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
         Some(self)
     }
+
+    fn server_warnings(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<ferry_core::SettingWarning>, StoreError>> {
+        Box::pin(async move {
+            let s = crate::server_settings::read_pg(&self.pool).await?;
+            Ok(crate::server_settings::pg_warnings(&s))
+        })
+    }
 }
 
 /// Opens a dedicated connection (used by tests and tools that need session state).
