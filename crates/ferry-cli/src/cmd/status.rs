@@ -1,4 +1,5 @@
-//! `ferry status`: backlog, oldest intent age, unknown exposure, quarantine and slot owners.
+//! `ferry status`: backlog, oldest intent age, unknown exposure, quarantine, slot owners, and
+//! server settings that are harmful to ferry.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ pub async fn run(
     let st = store.status().await?;
     let leases = store.slot_leases().await?;
     let quarantined = store.list_quarantined(20).await?;
+    let settings = store.server_warnings().await?;
     let age = st
         .oldest_unfinished_age_us
         .map(|u| Duration::from_micros(u.max(0) as u64));
@@ -89,6 +91,12 @@ pub async fn run(
             st.blocked_aggregates
         ));
     }
+    // A harmful server setting is a warning whatever the backlog: it can lose committed intents
+    // in a crash, let the outbox go unvacuumed, or reorder an aggregate in cursor dispatch.
+    for w in &settings {
+        level = level.max(2);
+        reasons.push(w.message.clone());
+    }
     let label = match level {
         0 => "OK",
         2 => "WARNING",
@@ -104,6 +112,7 @@ pub async fn run(
             "dispatch": mode,
             "horizon": horizon,
             "reasons": reasons,
+            "server_settings": settings,
             "outbox": st,
             "slot_owners": owners,
             "quarantined": quarantined,
