@@ -132,9 +132,12 @@ enum SlotBound {
 /// * Transactions running at the lower snapshot (few, possibly long): per xid, its rows in seq
 ///   order from the `(xid, seq)` index, at most a limit each.
 /// * Transactions begun after it (the bulk): the primary key from the start seq to `$4`, keeping
-///   the rows whose xid lies in the window. `xid + 0` keeps the planner off the `(xid, seq)`
-///   index here: read in xid order, a window of a million rows (a burn-down) would be sorted
-///   whole for every limit-sized piece. At a window's start (`from_floor`) the scan begins at
+///   the rows whose xid lies in the window. `xid + 0 >= $1` keeps the planner off the
+///   `(xid, seq)` index here: read in xid order, a window of a million rows (a burn-down) would
+///   be sorted whole for every limit-sized piece. The upper bound stays a plain `xid < $2`, which
+///   the planner estimates from the column's statistics (nearly every row): with both bounds
+///   opaque it estimated a 700,000-row range to hold 3,500 matches and read 2,000 rows with two
+///   parallel workers, 7–14 ms against 0.7 ms serially. At a window's start (`from_floor`) the scan begins at
 ///   the lowest seq any of these transactions wrote, found by one `(xid, seq)` index probe per
 ///   transaction (a loose index scan), not at seq 0; within a window it begins at the start seq,
 ///   below which every row of the window was read.
@@ -203,7 +206,7 @@ fn read_sql(one_window: bool, from_floor: bool, slot_flags: bool, bound: SlotBou
                   (SELECT {cols} FROM ferry_outbox o WHERE o.xid = r.xid AND o.xid < $2 AND {filter} \
                    ORDER BY o.seq LIMIT $7) q) \
                UNION ALL \
-               (SELECT {cols} FROM ferry_outbox o WHERE o.xid + 0 >= $1 AND o.xid + 0 < $2{floor} \
+               (SELECT {cols} FROM ferry_outbox o WHERE o.xid + 0 >= $1 AND o.xid < $2{floor} \
                   AND {filter} \
                 ORDER BY o.seq LIMIT $7)) u \
              ORDER BY 3 LIMIT $7"
