@@ -225,6 +225,13 @@ pub struct Args {
     #[arg(long, value_parser = value_parser!(u64).range(1..=100_000_000))]
     pub versions_per_aggregate: Option<u64>,
 
+    /// Interval of the report's per-interval latency table (COMMIT → broker ack, tx start →
+    /// consumed: count, p50, p99; the backlog at each interval's end; the first against the
+    /// last interval's p99) [default: 5m when --duration is 15m or more, else --duration/4,
+    /// at least 1s; with --preload 5s].
+    #[arg(long, value_parser = parse_duration_positive)]
+    pub report_interval: Option<Duration>,
+
     /// Run relays in this process or as `ferry relay` child processes.
     #[arg(long, value_enum, default_value_t = RelayMode::InProcess)]
     pub relay_mode: RelayMode,
@@ -382,6 +389,26 @@ impl Args {
         )
     }
 
+    /// The drain timeout: `--drain-timeout`, else 300 s with --preload (the whole burn-down
+    /// happens in the drain), 120 s with --chaos (a killed relay's claims wait out their
+    /// 60 s lease before takeover), 60 s otherwise.
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout.unwrap_or(if self.preload.is_some() {
+            Duration::from_secs(300)
+        } else if self.chaos {
+            Duration::from_secs(120)
+        } else {
+            Duration::from_secs(60)
+        })
+    }
+
+    /// The per-interval table's interval: `--report-interval`, else the default for the load.
+    pub fn report_interval(&self) -> Duration {
+        self.report_interval.unwrap_or_else(|| {
+            crate::intervals::default_interval(self.preload.is_none().then_some(self.duration))
+        })
+    }
+
     /// The store, from `--store` or the URL's scheme.
     pub fn backend(&self) -> Backend {
         self.store
@@ -501,6 +528,21 @@ impl Args {
                 ));
             }
         }
+        // the table keeps two small histograms per interval: bound their number
+        let span = match self.preload {
+            Some(_) => self.drain_timeout(),
+            None => self.duration + self.drain_timeout(),
+        };
+        let interval = self.report_interval();
+        let intervals = span.as_secs_f64() / interval.as_secs_f64();
+        if intervals > crate::intervals::MAX_INTERVALS as f64 {
+            return conflict(format!(
+                "'--report-interval {}' makes {intervals:.0} intervals of the load and the drain timeout ({:.0}s); at most {}: choose a longer interval",
+                fmt_secs(interval),
+                span.as_secs_f64(),
+                crate::intervals::MAX_INTERVALS
+            ));
+        }
         if self.broker_stall.is_some() {
             if self.sink != SinkKind::Kafka || self.kafka_brokers.is_some() {
                 return conflict(
@@ -518,6 +560,11 @@ impl Args {
         }
         Ok(())
     }
+}
+
+/// `1.5s`, `300s`.
+fn fmt_secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
 }
 
 fn parse_duration_positive(s: &str) -> Result<Duration, String> {
@@ -779,6 +826,41 @@ mod tests {
         ] {
             assert!(rejected(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn report_interval() {
+        assert!(rejected(&["--report-interval", "50ms"]));
+        // the report interval: 1/4 of the load, at least 1 s; 5 min from 15 min on
+        assert_eq!(
+            args(&["--duration", "12s"]).report_interval(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            args(&["--duration", "2s"]).report_interval(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            args(&["--duration", "2h"]).report_interval(),
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            args(&["--preload", "10"]).report_interval(),
+            crate::intervals::PRELOAD_INTERVAL
+        );
+        assert_eq!(
+            args(&["--report-interval", "2.5s"]).report_interval(),
+            Duration::from_millis(2500)
+        );
+        // at most MAX_INTERVALS over the load and the drain timeout
+        let e = parse(&["--duration", "1h", "--report-interval", "1s"])
+            .unwrap_err()
+            .1;
+        assert!(
+            e.contains("--report-interval 1s") && e.contains("3660"),
+            "{e}"
+        );
+        assert!(parse(&["--duration", "1h", "--report-interval", "2s"]).is_ok());
     }
 
     #[test]

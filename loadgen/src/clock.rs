@@ -5,20 +5,28 @@
 //! business transaction itself. Here the producers note the instant their COMMIT returned, per
 //! event id, and a wrapper around the in-process relays' sink (`relays::ObservedSink`) notes
 //! the instant the sink reported each event acked by the broker. Both are `Instant`s of this
-//! process: no clock skew.
+//! process: no clock skew. Once [`CommitClock::start_intervals`] was called, each sample is
+//! also counted in the interval of its ack ([`Buckets`], the per-interval table).
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use hdrhistogram::Histogram;
 
 use crate::db::new_histogram;
+use crate::intervals::Buckets;
 
-/// Commit instants of the events not yet acked, and the COMMIT → ack histogram.
+/// Commit instants of the events not yet acked, and the COMMIT → ack histograms.
 pub struct CommitClock {
     committed: DashMap<String, Mark>,
-    acked: Mutex<Histogram<u64>>,
+    acked: Mutex<Acked>,
+}
+
+/// The COMMIT → ack samples: all of them, and per interval of their ack.
+struct Acked {
+    all: Histogram<u64>,
+    intervals: Option<Buckets>,
 }
 
 /// What is known of an event not yet sampled.
@@ -33,7 +41,10 @@ impl Default for CommitClock {
     fn default() -> Self {
         Self {
             committed: DashMap::new(),
-            acked: Mutex::new(new_histogram()),
+            acked: Mutex::new(Acked {
+                all: new_histogram(),
+                intervals: None,
+            }),
         }
     }
 }
@@ -64,7 +75,7 @@ impl CommitClock {
                 }
             }
         }
-        self.record(std::iter::repeat_n(1, early));
+        self.record(std::iter::repeat_n(1, early), at);
     }
 
     /// The sink reported these events acked at `at`; the first ack of each is recorded (a
@@ -96,23 +107,50 @@ impl CommitClock {
                 }
             }
         }
-        self.record(samples);
+        self.record(samples, at);
     }
 
-    fn record(&self, samples: impl IntoIterator<Item = u64>) {
+    /// Records `samples` of acks that arrived at `at` (an ack before its COMMIT returned: at
+    /// the COMMIT).
+    fn record(&self, samples: impl IntoIterator<Item = u64>, at: Instant) {
         let mut samples = samples.into_iter().peekable();
         if samples.peek().is_none() {
             return;
         }
-        let mut h = self.acked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut a = self.acked.lock().unwrap_or_else(|e| e.into_inner());
         for us in samples {
-            let _ = h.record(us.clamp(1, 3_600_000_000));
+            let us = us.clamp(1, 3_600_000_000);
+            let _ = a.all.record(us);
+            if let Some(b) = a.intervals.as_mut() {
+                b.record(at, us);
+            }
         }
+    }
+
+    /// From now on, also counts each sample in interval `floor((ack - start) / len)`.
+    pub fn start_intervals(&self, start: Instant, len: Duration) {
+        self.acked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .intervals = Some(Buckets::new(start, len));
     }
 
     /// COMMIT → broker ack so far, µs.
     pub fn histogram(&self) -> Histogram<u64> {
-        self.acked.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.acked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .all
+            .clone()
+    }
+
+    /// The samples per interval of their ack (`None`: intervals were not started).
+    pub fn intervals(&self) -> Option<Buckets> {
+        self.acked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .intervals
+            .clone()
     }
 }
 
@@ -150,5 +188,27 @@ mod tests {
         assert_eq!(h.min(), 1);
         assert!((2_990..=3_010).contains(&h.max()), "max {}", h.max());
         assert_eq!(c.committed.len(), 0);
+    }
+
+    #[test]
+    fn samples_are_counted_in_the_interval_of_their_ack() {
+        let c = CommitClock::default();
+        let t0 = Instant::now();
+        c.committed(["a", "b"], t0);
+        // before the intervals started: in the total only
+        c.acked(["a"], t0 + Duration::from_millis(1));
+        c.start_intervals(t0, Duration::from_secs(1));
+        c.committed(["c", "d"], t0 + Duration::from_millis(900));
+        c.acked(["b", "c"], t0 + Duration::from_millis(999));
+        c.acked(["d"], t0 + Duration::from_millis(1_001));
+        // acked before its COMMIT returned: in the interval of the COMMIT
+        c.acked(["e"], t0 + Duration::from_millis(1_500));
+        c.committed(["e"], t0 + Duration::from_millis(2_100));
+        assert_eq!(c.histogram().len(), 5);
+        let b = c.intervals().unwrap();
+        assert_eq!(b.get(0).unwrap().len(), 2);
+        assert_eq!(b.get(1).unwrap().len(), 1);
+        assert_eq!(b.get(2).unwrap().len(), 1);
+        assert_eq!(b.get(2).unwrap().max(), 1);
     }
 }

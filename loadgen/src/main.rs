@@ -21,6 +21,7 @@ mod clock;
 mod db;
 mod error;
 mod inbox;
+mod intervals;
 mod kafka;
 mod producer;
 mod progress;

@@ -4,13 +4,16 @@
 //! store's status (`sent` = committed − pending − claimed − quarantined).
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use ferry_testkit::verify::Verifier;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
+use crate::clock::CommitClock;
 use crate::db::Database;
 use crate::inbox::InboxConsumer;
+use crate::intervals::IntervalLog;
 use crate::producer::Counters;
 use crate::relays::Relays;
 use crate::report::{self, Quantiles, Sample};
@@ -80,6 +83,8 @@ pub struct Sampler {
     pub timeline: Vec<Sample>,
     /// Highest PostgreSQL `n_dead_tup` sampled.
     pub dead_peak: i64,
+    /// The per-interval table's readings, once started.
+    pub intervals: Option<IntervalLog>,
 }
 
 impl Sampler {
@@ -95,6 +100,48 @@ impl Sampler {
             tty: std::io::stderr().is_terminal(),
             timeline: Vec::new(),
             dead_peak: 0,
+            intervals: None,
+        }
+    }
+
+    /// Starts the per-interval table at `start` (and the per-interval COMMIT → ack samples of
+    /// `clock`).
+    pub fn start_intervals(&mut self, start: Instant, len: Duration, clock: &CommitClock) {
+        self.intervals = Some(IntervalLog::new(start.into_std(), len));
+        clock.start_intervals(start.into_std(), len);
+    }
+
+    /// When the current interval ends, once the table started.
+    pub fn next_interval_end(&self) -> Option<Instant> {
+        self.intervals
+            .as_ref()
+            .map(|l| Instant::from_std(l.next_end()))
+    }
+
+    /// Closes the intervals that have ended, with the backlog and the consumer's latency read
+    /// now.
+    pub async fn close_intervals(&mut self, live: &Live<'_>) {
+        let now = std::time::Instant::now();
+        if !self.intervals.as_ref().is_some_and(|l| l.due(now)) {
+            return;
+        }
+        let backlog = live.totals().await.backlog;
+        let consumed = live.verifier.map(Verifier::latency);
+        if let Some(l) = self.intervals.as_mut() {
+            l.close_due(now, backlog, consumed.as_ref());
+        }
+    }
+
+    /// Closes the last interval now (the end of the drain).
+    pub async fn finish_intervals(&mut self, live: &Live<'_>) {
+        if self.intervals.is_none() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let backlog = live.totals().await.backlog;
+        let consumed = live.verifier.map(Verifier::latency);
+        if let Some(l) = self.intervals.as_mut() {
+            l.finish(now, backlog, consumed.as_ref());
         }
     }
 

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::cli::FlagValue;
 use crate::db::{PgCosts, SqliteWrites, TableStats, VersionCheck};
 use crate::error::{Error, Result};
+use crate::intervals::{IntervalReport, Stats};
 use crate::spec::ConfigEcho;
 
 /// Latency quantiles in milliseconds.
@@ -360,6 +361,8 @@ pub struct RunReport {
     /// Committed but unsent when the load phase ended.
     pub backlog_at_end_of_load: i64,
     pub latency_ms: Latencies,
+    /// Latency per interval of the run (`--report-interval`).
+    pub intervals: Option<IntervalReport>,
     pub claims: Option<Claims>,
     /// Items per claim (in-process relays).
     pub batch_size: Option<BatchStats>,
@@ -575,6 +578,9 @@ impl RunReport {
             let Some(q) = q else { continue };
             let (a, b, c, d, e) = (ms(q.p50), ms(q.p90), ms(q.p99), ms(q.p999), ms(q.max));
             let _ = writeln!(o, "    {name:<20} {a:>8} {b:>8} {c:>8} {d:>8} {e:>8}");
+        }
+        if let Some(iv) = &self.intervals {
+            render_intervals(&mut o, iv);
         }
         self.render_rest(&mut o, cursor);
         o
@@ -814,6 +820,82 @@ fn render_inbox(o: &mut String, ib: &InboxReport, enqueued: u64, delivered: u64)
     let _ = writeln!(o, "    effects_exactly_once {}", ib.effects_exactly_once);
     for e in ib.examples.iter().take(5) {
         let _ = writeln!(o, "    inbox: {e}");
+    }
+}
+
+/// The per-interval table.
+fn render_intervals(o: &mut String, iv: &IntervalReport) {
+    let acks = iv.rows.iter().any(|r| r.commit_to_broker_ack.is_some());
+    let consumed = iv.rows.iter().any(|r| r.tx_start_to_consumed.is_some());
+    let mut by = Vec::new();
+    if acks {
+        by.push("COMMIT → broker ack by the ack's arrival");
+    }
+    if consumed {
+        by.push("tx start → consumed by the consumption");
+    }
+    if by.is_empty() {
+        by.push("no latency measured: relay processes, no consumer");
+    }
+    let _ = writeln!(
+        o,
+        "\n  per interval of {}s ({}; backlog at each interval's end)",
+        iv.interval_secs,
+        by.join(", ")
+    );
+    let mut head = format!("    {:<15} {:<10}", "t (s)", "phase");
+    if acks {
+        head.push_str("     acks   p50 ms   p99 ms");
+    }
+    if consumed {
+        head.push_str("  consumed   p50 ms   p99 ms");
+    }
+    head.push_str("    backlog");
+    let _ = writeln!(o, "{head}");
+    let q = |v: Option<f64>| v.map_or_else(|| "-".to_string(), ms);
+    let cols =
+        |s: &Stats, w: usize| format!("{:>w$} {:>8} {:>8}", s.count, q(s.p50_ms), q(s.p99_ms));
+    for r in &iv.rows {
+        let t = format!(
+            "{:.1}–{:.1}{}",
+            r.t_start,
+            r.t_end,
+            if r.full { "" } else { "*" }
+        );
+        let mut line = format!("    {t:<15} {:<10}", r.phase);
+        if let Some(s) = r.commit_to_broker_ack.as_ref().filter(|_| acks) {
+            line.push_str(&format!(" {}", cols(s, 8)));
+        }
+        if let Some(s) = r.tx_start_to_consumed.as_ref().filter(|_| consumed) {
+            line.push_str(&format!(" {}", cols(s, 9)));
+        }
+        line.push_str(&format!(" {:>10}", r.backlog_at_end));
+        let _ = writeln!(o, "{line}");
+    }
+    if iv.rows.iter().any(|r| !r.full) {
+        let _ = writeln!(o, "    (* a partial interval: cut by the end of the drain)");
+    }
+    match &iv.first_vs_last {
+        Some(f) => {
+            let (a, b) = (&iv.rows[f.first], &iv.rows[f.last]);
+            let metric = match f.metric {
+                "commit_to_broker_ack" => "COMMIT → broker ack",
+                _ => "tx start → consumed",
+            };
+            let _ = writeln!(
+                o,
+                "    p99 first vs last interval ({metric}; {}: {:.1}–{:.1} s vs {:.1}–{:.1} s): {} ms → {} ms = {:.2}×",
+                f.scope, a.t_start, a.t_end, b.t_start, b.t_end, ms(f.first_p99_ms), ms(f.last_p99_ms), f.ratio
+            );
+        }
+        None => {
+            let why = if acks || consumed {
+                "fewer than two full intervals with samples in the load phase"
+            } else {
+                "no latency measured"
+            };
+            let _ = writeln!(o, "    p99 first vs last interval: n/a ({why})");
+        }
     }
 }
 

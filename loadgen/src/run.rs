@@ -30,6 +30,7 @@ use crate::cli::{FlagValue, RelayMode, SinkKind};
 use crate::db::{new_histogram, Database, PgCosts, SqliteWrites, VersionCheck};
 use crate::error::{Error, Result};
 use crate::inbox::InboxConsumer;
+use crate::intervals::IntervalReport;
 use crate::kafka::KafkaTarget;
 use crate::producer::{self, Counters, KeySource, ProducerPlan, ProducerResult};
 use crate::progress::{Live, Sampler, Totals};
@@ -383,6 +384,10 @@ impl<'a> Run<'a> {
         let relays = self
             .start_relays(&kafka, &log_dir, preloaded.is_none())
             .await?;
+        if preloaded.is_some() {
+            // a burn-down's intervals start with the relays
+            sampler.start_intervals(relays_started, spec.report_interval, &self.counters.clock);
+        }
         let chaos_stop = CancellationToken::new();
         let chaos = match (spec.chaos, relays.processes()) {
             (Some(every), Some(p)) => Some(crate::chaos::start(p, every, chaos_stop.clone())),
@@ -399,6 +404,8 @@ impl<'a> Run<'a> {
             None => {
                 // the load phase (and the timeline) start now, after the slots settled
                 sampler = Sampler::new(spec.progress);
+                let t0 = sampler.t0;
+                sampler.start_intervals(t0, spec.report_interval, &self.counters.clock);
                 self.load_phase(&live, &mut sampler).await
             }
         };
@@ -410,6 +417,8 @@ impl<'a> Run<'a> {
         let timeout = spec.drain_timeout.saturating_sub(drain_start.elapsed());
         let (drained, missing) = self.drain(&live, &mut sampler, &results, timeout).await;
         let drain_secs = drain_start.elapsed().as_secs_f64();
+        sampler.finish_intervals(&live).await;
+        let intervals = self.intervals(&sampler, drain_start, load_secs);
         if let Some(stall) = stall {
             match stall.await {
                 Ok(Ok((down, up))) => self.note(format!(
@@ -483,6 +492,7 @@ impl<'a> Run<'a> {
             server,
             partitions: kafka_partitions,
             timeline: std::mem::take(&mut sampler.timeline),
+            intervals,
         };
         Ok(self.report(measured, baseline, &log_dir))
     }
@@ -500,6 +510,28 @@ impl<'a> Run<'a> {
             verifier,
             inbox,
         }
+    }
+
+    /// The per-interval table: the load phase's intervals, then the drain's (a burn-down has
+    /// only the drain: its load phase is the preload, with no relay).
+    fn intervals(
+        &self,
+        sampler: &Sampler,
+        drain_start: Instant,
+        load_secs: f64,
+    ) -> Option<IntervalReport> {
+        let log = sampler.intervals.as_ref()?;
+        let load_end = match self.spec.work.preload {
+            Some(_) => log.start,
+            None => (sampler.t0 + Duration::from_secs_f64(load_secs))
+                .min(drain_start)
+                .into_std(),
+        };
+        let acks = match self.spec.relays.mode {
+            RelayMode::InProcess => self.counters.clock.intervals(),
+            RelayMode::Process => None,
+        };
+        Some(log.report(sampler.t0.into_std(), load_end, acks.as_ref()))
     }
 
     /// The embedded mock cluster or the external broker, with the run's topic.
@@ -579,12 +611,18 @@ impl<'a> Run<'a> {
         let mut tick = 1u32;
         loop {
             let next = (t0 + Duration::from_secs(u64::from(tick))).min(load_end);
+            // wake at each interval's end as well, to read the backlog and the consumer there
+            let wake = sampler.next_interval_end().map_or(next, |e| e.min(next));
             tokio::select! {
-                _ = tokio::time::sleep_until(next) => {}
+                _ = tokio::time::sleep_until(wake) => {}
                 _ = self.interrupt.cancelled() => {
                     self.note(format!("interrupted after {:.1}s of load", t0.elapsed().as_secs_f64()));
                     break;
                 }
+            }
+            sampler.close_intervals(live).await;
+            if Instant::now() < next {
+                continue;
             }
             tick += 1;
             sampler.tick(live, "load").await;
@@ -699,6 +737,7 @@ impl<'a> Run<'a> {
         let mut next_tick = start + Duration::from_secs(1);
         let mut last_store_check = start;
         let drained = loop {
+            sampler.close_intervals(live).await;
             if Instant::now() >= next_tick {
                 sampler.tick(live, "drain").await;
                 next_tick += Duration::from_secs(1);
@@ -1027,6 +1066,7 @@ impl<'a> Run<'a> {
             drain_secs: round3(drain_secs),
             drained: m.drained,
             backlog_at_end_of_load: m.at_load_end.backlog,
+            intervals: m.intervals,
             latency_ms: Latencies {
                 commit_to_ack: Quantiles::from_us(&m.commit_to_ack),
                 committed_to_broker_ack: Quantiles::from_us(&self.counters.clock.histogram()),
@@ -1081,6 +1121,7 @@ struct Measured {
     /// The topic's own partition count (an external broker's existing topic keeps its own).
     partitions: Option<i32>,
     timeline: Vec<report::Sample>,
+    intervals: Option<IntervalReport>,
 }
 
 /// The run against the producer-only baseline of `d` and `n` events.

@@ -34,6 +34,9 @@ pub struct RunSpec {
     /// How long every broker of the embedded cluster is down, a third into the load phase.
     #[serde(rename = "broker_stall_secs", serialize_with = "opt_secs")]
     pub broker_stall: Option<Duration>,
+    /// The per-interval latency table's interval.
+    #[serde(rename = "report_interval_secs", serialize_with = "secs")]
+    pub report_interval: Duration,
     /// Producer tasks (echoed by [`ConfigEcho`]).
     #[serde(skip)]
     pub producers: usize,
@@ -147,15 +150,7 @@ impl RunSpec {
     pub fn from_args(a: &Args) -> Self {
         let store = a.backend();
         let producers = a.producer_tasks();
-        let drain_timeout = a.drain_timeout.unwrap_or(if a.preload.is_some() {
-            // the whole burn-down happens in the drain; it ends as soon as the queue is empty
-            Duration::from_secs(300)
-        } else if a.chaos {
-            // a killed relay's claims wait out their lease (60 s by default) before takeover
-            Duration::from_secs(120)
-        } else {
-            Duration::from_secs(60)
-        });
+        let drain_timeout = a.drain_timeout();
         let dispatch = a.dispatch();
         // the relay's worker settings for this dispatch mode, where the flags leave them unset
         let defaults = ferry_relay::WorkerDefaults::for_mode(dispatch, store);
@@ -180,6 +175,7 @@ impl RunSpec {
             },
             chaos: a.chaos.then_some(a.chaos_interval),
             broker_stall: a.broker_stall,
+            report_interval: a.report_interval(),
             producers,
             work: Workload {
                 aggregates: a.aggregates,
@@ -301,7 +297,7 @@ mod tests {
         let a = Args::try_parse_from(flags.split_whitespace()).unwrap();
         let echo = RunSpec::from_args(&a).echo("abc", "t", &[], None);
         let v = serde_json::to_value(echo).unwrap();
-        assert_eq!(v.as_object().unwrap().len(), 31, "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 32, "{v}");
         assert!(!v["database_url"].as_str().unwrap().contains("pw"), "{v}");
         for (key, want) in [
             ("run_id", json!("abc")),
@@ -319,10 +315,14 @@ mod tests {
             ("drain_timeout_secs", json!(300.0)),
             ("chaos_interval_secs", json!(3.0)),
             ("broker_stall_secs", json!(null)),
+            ("report_interval_secs", json!(5.0)),
             ("producers_own_aggregates", json!(false)),
             ("seed", json!(9)),
         ] {
             assert_eq!(v[key], want, "{key}: {v}");
         }
+        let a = Args::try_parse_from("loadgen --duration 2m".split_whitespace()).unwrap();
+        let v = serde_json::to_value(RunSpec::from_args(&a).echo("abc", "t", &[], None)).unwrap();
+        assert_eq!(v["report_interval_secs"], json!(30.0), "{v}");
     }
 }
