@@ -225,6 +225,29 @@ pub struct Args {
     #[arg(long, value_parser = value_parser!(u64).range(1..=100_000_000))]
     pub versions_per_aggregate: Option<u64>,
 
+    /// Retention while the run goes on: delete delivered intents older than this age (e.g.
+    /// 30s) the way production does, through ferry's own purge (the store's `purge_sent`,
+    /// what `ferry purge --older-than <age>` runs: only SENT rows, by `sent_at` in row
+    /// dispatch and by `created_at` in cursor dispatch, in DELETE statements of --purge-batch
+    /// rows), every age/4 (at least 1s, at most 1m), on a connection pool of its own,
+    /// concurrently with the producers and relays, until the drain ends. The verification
+    /// stays exact: the rows each purge reports deleted are counted, and the store's checks
+    /// compare rows + purged and SENT + purged with what the producers committed; in row
+    /// dispatch without a consumer, the order of SENT marks is also checked before every
+    /// purge. The report states rows purged, purge runs and statements, the time spent purging
+    /// (total and µs per purged row), and the outbox's rows and size at the end against
+    /// without retention. With --preload it purges during the burn-down: allowed because
+    /// purge never deletes an undelivered row (PENDING, CLAIMED, QUARANTINED and SKIPPED are
+    /// never touched), so the drain measures the relays with a purge competing, as an hourly
+    /// `ferry purge` during a backlog would.
+    #[arg(long, value_parser = parse_retention, allow_hyphen_values = true)]
+    pub retention: Option<Duration>,
+
+    /// Rows per DELETE statement of a --retention purge (`ferry purge --batch`).
+    #[arg(long, default_value_t = crate::retention::DEFAULT_BATCH, requires = "retention",
+        value_parser = value_parser!(u32).range(1..=100_000))]
+    pub purge_batch: u32,
+
     /// Interval of the report's per-interval latency table (COMMIT → broker ack, tx start →
     /// consumed: count, p50, p99; the backlog at each interval's end; the first against the
     /// last interval's p99) [default: 5m when --duration is 15m or more, else --duration/4,
@@ -567,6 +590,22 @@ fn fmt_secs(d: Duration) -> String {
     format!("{}s", d.as_secs_f64())
 }
 
+/// `--retention`: a positive age.
+fn parse_retention(s: &str) -> Result<Duration, String> {
+    if s.trim_start().starts_with('-') {
+        return Err(format!(
+            "'{s}' is negative: the retention is the age past which delivered intents are deleted, e.g. 30s"
+        ));
+    }
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "'{s}' would delete every delivered intent at once: the retention must be longer than 0, e.g. 30s"
+        ));
+    }
+    Ok(d)
+}
+
 fn parse_duration_positive(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_millis(100) {
@@ -829,8 +868,28 @@ mod tests {
     }
 
     #[test]
-    fn report_interval() {
-        assert!(rejected(&["--report-interval", "50ms"]));
+    fn retention_and_report_interval() {
+        let a = args(&["--retention", "2s", "--purge-batch", "50"]);
+        assert_eq!(a.retention, Some(Duration::from_secs(2)));
+        assert_eq!(a.purge_batch, 50);
+        assert_eq!(args(&[]).purge_batch, crate::retention::DEFAULT_BATCH);
+        // 0 and negative ages are refused with a reason
+        assert!(parse_retention("0").unwrap_err().contains("longer than 0"));
+        assert!(parse_retention("0s").unwrap_err().contains("longer than 0"));
+        assert!(parse_retention("-5s").unwrap_err().contains("negative"));
+        for bad in [
+            &["--retention", "0"][..],
+            &["--retention", "-1s"],
+            &["--retention", "30"],
+            &["--purge-batch", "10"],
+            &["--retention", "1s", "--purge-batch", "0"],
+            &["--report-interval", "50ms"],
+        ] {
+            assert!(rejected(bad), "{bad:?}");
+        }
+        // a burn-down with retention is allowed: purge deletes SENT rows only
+        assert!(parse(&["--retention", "30s", "--preload", "1000"]).is_ok());
+        assert!(parse(&["--retention", "30s", "--sink", "null", "--dispatch", "row"]).is_ok());
         // the report interval: 1/4 of the load, at least 1 s; 5 min from 15 min on
         assert_eq!(
             args(&["--duration", "12s"]).report_interval(),

@@ -261,6 +261,23 @@ const SENT_ORDER_VIOLATIONS: &str = "SELECT COUNT(*) FROM ferry_outbox a JOIN fe
     ON b.aggregate_id = a.aggregate_id AND b.aggregate_version = a.aggregate_version + 1 \
     WHERE a.state = 'SENT' AND b.state = 'SENT' AND b.sent_at < a.sent_at";
 
+/// [`SENT_ORDER_VIOLATIONS`] as pairs, `(aggregate, later version)`, before a purge run: also a
+/// SENT version whose predecessor is still unfinished (PENDING, CLAIMED or QUARANTINED), which
+/// the relay never allows in row dispatch and which a purge could otherwise delete before its
+/// predecessor is SENT (and the end-of-run check could compare them). `{agg}` is the aggregate
+/// id as text, `{limit}` the most pairs returned.
+const SENT_ORDER_VIOLATION_PAIRS: &str = "SELECT {agg}, b.aggregate_version FROM ferry_outbox a \
+    JOIN ferry_outbox b ON b.aggregate_id = a.aggregate_id \
+      AND b.aggregate_version = a.aggregate_version + 1 \
+    WHERE b.state = 'SENT' AND (a.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') \
+      OR (a.state = 'SENT' AND b.sent_at < a.sent_at)) \
+    ORDER BY b.seq LIMIT {limit}";
+/// Whether [`SENT_ORDER_VIOLATIONS`] counts the pair of `(aggregate, later version)`.
+const SENT_ORDER_VIOLATION_OF: &str = "SELECT COUNT(*) FROM ferry_outbox a JOIN ferry_outbox b \
+    ON b.aggregate_id = a.aggregate_id AND b.aggregate_version = a.aggregate_version + 1 \
+    WHERE b.aggregate_id = ? AND b.aggregate_version = ? \
+      AND a.state = 'SENT' AND b.state = 'SENT' AND b.sent_at < a.sent_at";
+
 /// The tables whose row writes are counted per event (`ferry_outbox_exception` holds per-row
 /// state in cursor mode; cursors live in `ferry_slot_lease`).
 pub const COST_TABLES: [&str; 3] = ["ferry_outbox", "ferry_outbox_exception", "ferry_slot_lease"];
@@ -296,9 +313,10 @@ impl TableStats {
 /// What SQLite can tell cheaply about the writes of a run (it keeps no per-table counters).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SqliteWrites {
-    /// Outbox rows (one INSERT each; loadgen never purges).
+    /// Outbox rows: one INSERT each (over a run: the rows added, plus those purged).
     pub outbox_rows: i64,
-    /// Row mode: sum of `claim_version` over the outbox = claim UPDATEs.
+    /// Row mode: sum of `claim_version` over the outbox = claim UPDATEs (of the rows still
+    /// there: purged rows' claims went with them).
     pub outbox_claims: i64,
     /// Rows of `ferry_outbox_exception` (cursor mode's per-row state).
     pub exception_rows: i64,
@@ -306,6 +324,9 @@ pub struct SqliteWrites {
     pub exception_claims: i64,
     /// Sum of `ferry_slot_lease.cursor_version`: cursor advances (one UPDATE per slot moved).
     pub cursor_versions: i64,
+    /// Rows `--retention` purged over the run (one DELETE each; set by the run, 0 in a
+    /// snapshot).
+    pub purged_rows: i64,
 }
 
 impl SqliteWrites {
@@ -317,6 +338,7 @@ impl SqliteWrites {
             exception_rows: self.exception_rows - before.exception_rows,
             exception_claims: self.exception_claims - before.exception_claims,
             cursor_versions: self.cursor_versions - before.cursor_versions,
+            purged_rows: self.purged_rows - before.purged_rows,
         }
     }
 }
@@ -738,6 +760,64 @@ impl Database {
         Ok(Some(n))
     }
 
+    /// Row dispatch: the pairs [`SENT_ORDER_VIOLATION_PAIRS`] finds (at most `limit`); none in
+    /// cursor mode.
+    pub async fn sent_order_violation_pairs(&self, limit: usize) -> Result<Vec<(String, i64)>> {
+        if self.dispatch == DispatchMode::Cursor {
+            return Ok(Vec::new());
+        }
+        let stmt = violation_pairs_sql(self.kind, limit);
+        on_inbox!(InboxPool, &self.pool, p => sqlx::query_as(&stmt).fetch_all(p).await)
+            .map_err(Error::sql("check SENT order before a purge"))
+    }
+
+    /// Whether the end-of-run [`SENT_ORDER_VIOLATIONS`] counts the pair of `aggregate`'s
+    /// `version` and its predecessor (both still there, both SENT, out of order).
+    pub async fn counts_as_sent_order_violation(
+        &self,
+        aggregate: &str,
+        version: i64,
+    ) -> Result<bool> {
+        let stmt = dialect(&self.pool, SENT_ORDER_VIOLATION_OF);
+        let n: i64 = on_inbox!(InboxPool, &self.pool, p => sqlx::query_scalar(&stmt)
+            .bind(aggregate)
+            .bind(version)
+            .fetch_one(p)
+            .await)
+        .map_err(Error::sql("look up an out-of-order pair"))?;
+        Ok(n > 0)
+    }
+
+    /// The outbox's size in bytes and where it comes from: PostgreSQL
+    /// `pg_total_relation_size` (heap, indexes, TOAST); MariaDB the size of its InnoDB
+    /// tablespace file (`ferry_outbox.ibd`, which never shrinks: deleted rows' space is reused);
+    /// SQLite the pages of the table and its indexes (`dbstat`).
+    pub async fn outbox_bytes(&self) -> Result<Option<i64>> {
+        let stmt = match self.kind {
+            Backend::Postgres => "SELECT pg_total_relation_size('ferry_outbox')::int8",
+            Backend::Mysql => {
+                "SELECT CAST(COALESCE(MAX(FILE_SIZE), -1) AS SIGNED) \
+                 FROM information_schema.INNODB_SYS_TABLESPACES \
+                 WHERE NAME = CONCAT(DATABASE(), '/ferry_outbox')"
+            }
+            Backend::Sqlite => {
+                "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat \
+                 WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = 'ferry_outbox')"
+            }
+        };
+        let n = self.scalar(stmt, "measure the outbox's size").await?;
+        Ok((n >= 0).then_some(n))
+    }
+
+    /// Where [`Self::outbox_bytes`] comes from.
+    pub fn outbox_bytes_source(&self) -> &'static str {
+        match self.kind {
+            Backend::Postgres => "pg_total_relation_size('ferry_outbox'): heap, indexes, TOAST",
+            Backend::Mysql => "the InnoDB tablespace file ferry_outbox.ibd (it never shrinks; purged rows' space is reused)",
+            Backend::Sqlite => "dbstat: the pages of ferry_outbox and its indexes",
+        }
+    }
+
     /// Commit→SENT latency of every SENT row, from `created_at`/`sent_at` (used when relays
     /// run as processes and their metrics are out of reach). Values in µs. `None` in cursor
     /// mode: rows dispatched by the cursor are never updated, so they have no `sent_at`.
@@ -863,6 +943,7 @@ impl Database {
             exception_rows: r.2,
             exception_claims: r.3,
             cursor_versions: r.4,
+            purged_rows: 0,
         }))
     }
 
@@ -938,6 +1019,17 @@ impl Database {
         self.close_pool().await;
         drop_namespace(self.namespace.take()).await;
     }
+}
+
+/// [`SENT_ORDER_VIOLATION_PAIRS`] for `kind` (MariaDB: aggregate ids are binary strings).
+fn violation_pairs_sql(kind: Backend, limit: usize) -> String {
+    let agg = match kind {
+        Backend::Mysql => "CAST(b.aggregate_id AS CHAR)",
+        _ => "b.aggregate_id",
+    };
+    SENT_ORDER_VIOLATION_PAIRS
+        .replace("{agg}", agg)
+        .replace("{limit}", &limit.to_string())
 }
 
 /// `aggregate`'s business row is missing (a setup fault: every row is created before the run).
@@ -1173,6 +1265,80 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("no row"), "{e}");
         tx.rollback().await.unwrap();
+        p.close().await;
+    }
+
+    #[tokio::test]
+    async fn the_pre_purge_order_check_finds_both_kinds_of_violation() {
+        let p = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        // the columns the checks read
+        p.execute(
+            "CREATE TABLE ferry_outbox (seq INTEGER PRIMARY KEY, aggregate_id TEXT, \
+             aggregate_version INTEGER, state TEXT, sent_at INTEGER)",
+        )
+        .await
+        .unwrap();
+        let rows = [
+            // a: v2 marked SENT before v1
+            ("a", 1, "SENT", Some(10)),
+            ("a", 2, "SENT", Some(5)),
+            // b: v2 SENT while v1 is still unsent (a purge could delete v2 first)
+            ("b", 1, "PENDING", None),
+            ("b", 2, "SENT", Some(7)),
+            ("q", 1, "QUARANTINED", None),
+            ("q", 2, "SENT", Some(8)),
+            // in order, or allowed
+            ("c", 1, "SENT", Some(1)),
+            ("c", 2, "SENT", Some(2)),
+            ("d", 1, "SKIPPED", None),
+            ("d", 2, "SENT", Some(3)),
+            ("e", 1, "SENT", Some(4)),
+            ("e", 2, "CLAIMED", None),
+        ];
+        for (agg, ver, state, sent_at) in rows {
+            sqlx::query(
+                "INSERT INTO ferry_outbox (aggregate_id, aggregate_version, state, sent_at) \
+                 VALUES (?, ?, ?, ?)",
+            )
+            .bind(agg)
+            .bind(ver)
+            .bind(state)
+            .bind(sent_at)
+            .execute(&p)
+            .await
+            .unwrap();
+        }
+        let pairs: Vec<(String, i64)> = sqlx::query_as(&violation_pairs_sql(Backend::Sqlite, 1000))
+            .fetch_all(&p)
+            .await
+            .unwrap();
+        let want = [("a", 2), ("b", 2), ("q", 2)].map(|(a, v)| (a.to_string(), v));
+        assert_eq!(pairs, want);
+        // the limit holds
+        let one: Vec<(String, i64)> = sqlx::query_as(&violation_pairs_sql(Backend::Sqlite, 1))
+            .fetch_all(&p)
+            .await
+            .unwrap();
+        assert_eq!(one.len(), 1);
+        // the end-of-run count sees only a's pair (b's and q's predecessors are not SENT)
+        let n: i64 = sqlx::query_scalar(SENT_ORDER_VIOLATIONS)
+            .fetch_one(&p)
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        for (agg, counted) in [("a", 1), ("b", 0), ("q", 0)] {
+            let n: i64 = sqlx::query_scalar(SENT_ORDER_VIOLATION_OF)
+                .bind(agg)
+                .bind(2i64)
+                .fetch_one(&p)
+                .await
+                .unwrap();
+            assert_eq!(n, counted, "{agg}");
+        }
         p.close().await;
     }
 

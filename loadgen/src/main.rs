@@ -27,6 +27,7 @@ mod producer;
 mod progress;
 mod relays;
 mod report;
+mod retention;
 mod run;
 mod spec;
 mod sweep;

@@ -3,7 +3,7 @@
 //! In-process relays are read through their counters (cheap); relay processes through the
 //! store's status (`sent` = committed − pending − claimed − quarantined).
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ferry_testkit::verify::Verifier;
@@ -26,6 +26,8 @@ pub struct Live<'a> {
     pub relays: Option<&'a Relays>,
     pub verifier: Option<&'a Verifier>,
     pub inbox: Option<&'a InboxConsumer>,
+    /// Rows purged so far (`--retention`).
+    pub purged: Option<&'a AtomicU64>,
 }
 
 /// Totals at one instant.
@@ -181,14 +183,18 @@ impl Sampler {
             inbox_lag: live
                 .inbox
                 .map(|_| (t.consumed as i64 - t.inbox as i64).max(0)),
+            purged: live.purged.map(|n| n.load(Ordering::Relaxed)),
         };
         if self.print {
             let inbox = match (s.inbox_applied_per_sec, s.inbox_lag) {
                 (Some(r), Some(lag)) => format!("  inbox {:>7}/s lag {lag:>6}", report::rate(r)),
                 _ => String::new(),
             };
+            let purged = live.purged.map_or(String::new(), |n| {
+                format!("  purged {:>8}", n.load(Ordering::Relaxed))
+            });
             let line = format!(
-                "loadgen [{:>5.0}s {phase:<5}] enq {:>7}/s  sent {:>7}/s  cons {:>7}/s{inbox}  backlog {:>8}  p99 commit→ack {}",
+                "loadgen [{:>5.0}s {phase:<5}] enq {:>7}/s  sent {:>7}/s  cons {:>7}/s{inbox}  backlog {:>8}{purged}  p99 commit→ack {}",
                 s.t,
                 report::rate(s.enqueued_per_sec),
                 report::rate(s.sent_per_sec),

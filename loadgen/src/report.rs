@@ -143,11 +143,57 @@ pub struct Verification {
 /// The store's view at the end of the run.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StoreCheck {
-    /// Outbox rows (fewer than `enqueued` is an error, more a note).
+    /// Outbox rows (`rows + purged` fewer than `enqueued` is an error, more a note).
     pub rows: i64,
     pub sent_rows: i64,
+    /// Rows `--retention` purged during the run (all of them SENT): counted with `rows`, and
+    /// with `sent_rows` when the store is the loss check.
+    pub purged: u64,
     /// Up to ten rows not SENT, `event_id (STATE)`.
     pub unsent_examples: Vec<String>,
+}
+
+/// What `--retention` purged, what it cost, and the outbox it left (`retention` in the JSON).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RetentionReport {
+    /// Only SENT intents older than this were deleted.
+    pub age_secs: f64,
+    /// Time between purge runs.
+    pub every_secs: f64,
+    /// Rows per DELETE statement.
+    pub batch: usize,
+    /// Outbox rows deleted: the sum of what each purge run reported.
+    pub purged: u64,
+    /// Purge runs (`purge_sent` calls), and of them failed (a failed run reports no count).
+    pub runs: u64,
+    pub failed_runs: u64,
+    /// DELETE statements of outbox rows: every full batch of each run and its last, short one.
+    pub batches: u64,
+    /// Wall time inside the purge runs.
+    pub purge_secs: f64,
+    /// `purge_secs` per purged row, µs (`null` when nothing was purged).
+    pub purge_us_per_event: Option<f64>,
+    pub longest_run_ms: f64,
+    /// Up to five errors of failed runs or pre-purge order checks.
+    pub errors: Vec<String>,
+    /// Outbox rows at the end.
+    pub rows_at_end: i64,
+    /// Rows the outbox would hold without retention: `rows_at_end + purged` (every committed
+    /// intent: loadgen deletes nothing else).
+    pub rows_without_retention: u64,
+    /// How the sizes are measured.
+    pub bytes_source: String,
+    /// The outbox's size at the end.
+    pub bytes_at_end: Option<i64>,
+    /// Without retention, estimated: `rows_without_retention` × the bytes per row measured
+    /// before the last purge run that still found nothing to delete (`estimate_basis`).
+    pub bytes_without_retention_estimate: Option<i64>,
+    pub estimate_basis: Option<String>,
+    /// Row dispatch without a consumer: order checks run before purges, their failures and
+    /// their time.
+    pub order_checks: u64,
+    pub order_check_failures: u64,
+    pub order_check_secs: f64,
 }
 
 /// The producer-only ceiling measured in the same invocation.
@@ -248,6 +294,8 @@ pub struct Sample {
     pub inbox_applied_per_sec: Option<f64>,
     /// Messages the verifier consumed that the Inbox consumer had not applied yet.
     pub inbox_lag: Option<i64>,
+    /// Outbox rows purged so far (`--retention`).
+    pub purged: Option<u64>,
 }
 
 /// What the Inbox consumer found; the `inbox` object of the JSON report.
@@ -363,6 +411,8 @@ pub struct RunReport {
     pub latency_ms: Latencies,
     /// Latency per interval of the run (`--report-interval`).
     pub intervals: Option<IntervalReport>,
+    /// What `--retention` purged and cost.
+    pub retention: Option<RetentionReport>,
     pub claims: Option<Claims>,
     /// Items per claim (in-process relays).
     pub batch_size: Option<BatchStats>,
@@ -703,6 +753,9 @@ impl RunReport {
             }
             render_row_writes(o, &d.row_writes);
         }
+        if let Some(r) = &self.retention {
+            render_retention(o, r);
+        }
         let _ = writeln!(o, "  peak RSS  {:.0} MiB", self.peak_rss_mb);
         let v = &self.verification;
         let _ = writeln!(
@@ -713,9 +766,13 @@ impl RunReport {
         if let Some(why) = &v.consumer_skipped {
             let _ = writeln!(o, "    consumer check skipped: {why}");
         }
+        let purged = match self.retention {
+            Some(_) => format!(" + purged {}", self.store.purged),
+            None => String::new(),
+        };
         let _ = writeln!(
             o,
-            "    delivered {}   duplicates {}   lost {}   ordering violations {}   store rows {} (SENT {})",
+            "    delivered {}   duplicates {}   lost {}   ordering violations {}   store rows {} (SENT {}){purged}",
             self.delivered, self.duplicates, self.lost, self.ordering_violations, self.store.rows, self.store.sent_rows
         );
         let examples = [
@@ -890,12 +947,55 @@ fn render_intervals(o: &mut String, iv: &IntervalReport) {
         }
         None => {
             let why = if acks || consumed {
-                "fewer than two full intervals with samples in the load phase"
+                "fewer than two full intervals with samples to compare: the load phase's, with --preload the drain's"
             } else {
                 "no latency measured"
             };
             let _ = writeln!(o, "    p99 first vs last interval: n/a ({why})");
         }
+    }
+}
+
+/// The retention section.
+fn render_retention(o: &mut String, r: &RetentionReport) {
+    let per = r
+        .purge_us_per_event
+        .map_or_else(|| "n/a".to_string(), |v| format!("{v:.1} µs"));
+    let _ = writeln!(
+        o,
+        "\n  retention {}s (purge every {}s, batch {}): purged {} rows in {} runs ({} DELETE batches, {} failed runs); {:.3} s purging = {per} per purged row (longest run {:.1} ms)",
+        r.age_secs, r.every_secs, r.batch, r.purged, r.runs, r.batches, r.failed_runs, r.purge_secs, r.longest_run_ms
+    );
+    let share = r.rows_at_end as f64 * 100.0 / r.rows_without_retention.max(1) as f64;
+    let size = match (r.bytes_at_end, r.bytes_without_retention_estimate) {
+        (Some(a), Some(b)) => format!(
+            "; {} (without retention ≈ {}, {})",
+            mib(a),
+            mib(b),
+            r.estimate_basis.as_deref().unwrap_or("")
+        ),
+        (Some(a), None) => format!(
+            "; {} (without retention: {})",
+            mib(a),
+            r.estimate_basis.as_deref().unwrap_or("not measured")
+        ),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        o,
+        "            outbox at the end {} rows (without retention {}: {share:.1} %){size}",
+        r.rows_at_end, r.rows_without_retention
+    );
+    let _ = writeln!(o, "            size: {}", r.bytes_source);
+    if r.order_checks > 0 {
+        let _ = writeln!(
+            o,
+            "            SENT order checked before each purge: {} checks ({} failed), {:.3} s",
+            r.order_checks, r.order_check_failures, r.order_check_secs
+        );
+    }
+    for e in r.errors.iter().take(5) {
+        let _ = writeln!(o, "            purge error: {e}");
     }
 }
 
@@ -925,8 +1025,13 @@ fn render_row_writes(o: &mut String, w: &RowWrites) {
     if let Some(s) = &w.sqlite {
         let _ = writeln!(
             o,
-            "             sqlite: {} outbox INSERTs, {} row claims, {} exception rows ({} claims), {} slot-cursor UPDATEs; other UPDATEs estimated as claim + outcome; heartbeats and dead tuples n/a",
-            s.outbox_rows, s.outbox_claims, s.exception_rows, s.exception_claims, s.cursor_versions
+            "             sqlite: {} outbox INSERTs, {} row claims, {} exception rows ({} claims), {} slot-cursor UPDATEs{}; other UPDATEs estimated as claim + outcome; heartbeats and dead tuples n/a",
+            s.outbox_rows, s.outbox_claims, s.exception_rows, s.exception_claims, s.cursor_versions,
+            if s.purged_rows > 0 {
+                format!(", {} purged rows' DELETEs (their claims went with them: not counted)", s.purged_rows)
+            } else {
+                String::new()
+            }
         );
     }
 }

@@ -13,7 +13,7 @@
 //! exactly `1..=n` (its row's `ver`), so a version first delivered before its predecessor is a
 //! reordering, never a gap left by a rolled-back transaction.
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,8 +37,9 @@ use crate::progress::{Live, Sampler, Totals};
 use crate::relays::{RelayMetrics, Relays, SendOrder};
 use crate::report::{
     self, round3, Baseline, BatchStats, Claims, Contention, DbCosts, InboxReport, Latencies,
-    PreloadReport, Quantiles, RowWrites, RunReport, StoreCheck, Verification,
+    PreloadReport, Quantiles, RetentionReport, RowWrites, RunReport, StoreCheck, Verification,
 };
+use crate::retention::{PurgeTally, Purger, StorePurge};
 use crate::spec::{Preload, RunSpec};
 use crate::workload::Ids;
 use ferry_store::Backend;
@@ -299,6 +300,8 @@ struct Run<'a> {
     ids: Ids,
     topic: String,
     counters: Arc<Counters>,
+    /// Rows `--retention` purged so far.
+    purged: Arc<AtomicU64>,
     interrupt: &'a CancellationToken,
     notes: Mutex<Vec<String>>,
     errors: Mutex<Vec<String>>,
@@ -324,6 +327,7 @@ impl<'a> Run<'a> {
                 .clone()
                 .unwrap_or_else(|| format!("loadgen-{run}")),
             counters: Arc::new(Counters::default()),
+            purged: Arc::default(),
             interrupt,
             notes: Mutex::default(),
             errors: Mutex::default(),
@@ -388,6 +392,14 @@ impl<'a> Run<'a> {
             // a burn-down's intervals start with the relays
             sampler.start_intervals(relays_started, spec.report_interval, &self.counters.clock);
         }
+        // retention runs from here (the load phase, or the burn-down) to the end of the drain
+        let purger = match self.start_purger(verifier.is_some()).await {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = relays.stop().await;
+                return Err(e);
+            }
+        };
         let chaos_stop = CancellationToken::new();
         let chaos = match (spec.chaos, relays.processes()) {
             (Some(every), Some(p)) => Some(crate::chaos::start(p, every, chaos_stop.clone())),
@@ -418,6 +430,15 @@ impl<'a> Run<'a> {
         let (drained, missing) = self.drain(&live, &mut sampler, &results, timeout).await;
         let drain_secs = drain_start.elapsed().as_secs_f64();
         sampler.finish_intervals(&live).await;
+        let purge = match purger {
+            Some((p, pool)) => {
+                let tally = p.stop().await;
+                // its backends exit and report their statistics (PostgreSQL costs)
+                pool.close_idle().await;
+                Some(tally)
+            }
+            None => None,
+        };
         let intervals = self.intervals(&sampler, drain_start, load_secs);
         if let Some(stall) = stall {
             match stall.await {
@@ -458,8 +479,16 @@ impl<'a> Run<'a> {
                 missing,
                 &results,
                 drained,
+                purge.as_ref(),
             )
             .await?;
+        let retention_bytes = match &purge {
+            Some(_) => db.outbox_bytes().await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot measure the outbox's size");
+                None
+            }),
+            None => None,
+        };
         drop(kafka);
         let versions = self.version_check().await?;
         let commit_to_ack = self.relay_checks(&relay_metrics).await?;
@@ -468,6 +497,11 @@ impl<'a> Run<'a> {
         // pool makes its backends exit, which reports their last statistics
         db.close_pool().await;
         let pg_after = db.pg_costs_settled(Duration::ZERO).await?;
+        if let (Some(_), Some((after, _))) = (&purge, &pg_after) {
+            if after.autovacuum_count == 0 {
+                self.note("PostgreSQL reuses a purged row's space only after a vacuum, and autovacuum did not vacuum the outbox during this run (its naptime is 1 min): the size at the end still holds the purged rows as dead tuples".to_string());
+            }
+        }
         let db_costs = costs(
             db.kind,
             committed(&results),
@@ -475,6 +509,7 @@ impl<'a> Run<'a> {
             sqlite_after,
             pg_after,
             sampler.dead_peak,
+            purge.as_ref().map_or(0, |t| t.purged),
         );
         let measured = Measured {
             results,
@@ -493,6 +528,8 @@ impl<'a> Run<'a> {
             partitions: kafka_partitions,
             timeline: std::mem::take(&mut sampler.timeline),
             intervals,
+            purge,
+            retention_bytes,
         };
         Ok(self.report(measured, baseline, &log_dir))
     }
@@ -509,7 +546,29 @@ impl<'a> Run<'a> {
             relays,
             verifier,
             inbox,
+            purged: self.spec.retention.map(|_| &*self.purged),
         }
+    }
+
+    /// Starts `--retention`'s purger on a store of its own (as `ferry purge` would connect),
+    /// with its pool; `None` without retention. `consumer`: a consumer verifies order (else,
+    /// in row dispatch, the purger checks the order of SENT marks before each run).
+    async fn start_purger(
+        &self,
+        consumer: bool,
+    ) -> Result<Option<(Purger, crate::db::PoolHandle)>> {
+        let Some(retention) = self.spec.retention else {
+            return Ok(None);
+        };
+        let (store, pool) = self.db.open_store(2, false).await?;
+        let target = StorePurge {
+            store,
+            db: self.db.clone(),
+            retention,
+            check_order: !consumer && self.spec.db.dispatch == DispatchMode::Row,
+        };
+        let purger = Purger::start(target, retention.every, self.purged.clone());
+        Ok(Some((purger, pool)))
     }
 
     /// The per-interval table: the load phase's intervals, then the drain's (a burn-down has
@@ -821,7 +880,10 @@ impl<'a> Run<'a> {
     /// the consumer's deliveries when there is one, else against the store (every committed
     /// intent SENT; row mode: successive versions SENT in order) and, for in-process relays,
     /// the order in which versions were handed to the sink. Notes on a timed-out drain and on
-    /// the mock cluster's retention.
+    /// the mock cluster's retention. With `--retention` (`purge`), the rows purged count with
+    /// the rows and the SENT rows (purge deletes SENT rows only), and the order checks made
+    /// before each purge count with the one made now.
+    #[allow(clippy::too_many_arguments)]
     async fn check(
         &self,
         kafka: Option<&KafkaTarget>,
@@ -830,24 +892,48 @@ impl<'a> Run<'a> {
         missing: Option<Vec<String>>,
         results: &[ProducerResult],
         drained: bool,
+        purge: Option<&PurgeTally>,
     ) -> Result<Verified> {
         let (spec, db) = (self.spec, self.db);
         let committed = committed(results);
         let rows = db.count_rows().await?;
         let sent_rows = db.count_sent().await?;
+        let purged = purge.map_or(0, |t| t.purged);
         let unsent_examples = if sent_rows < rows {
             db.unsent_examples().await?
         } else {
             Vec::new()
         };
-        if rows as u64 != committed {
-            let msg = format!(
-                "the outbox holds {rows} rows but the producers committed {committed} intents"
-            );
-            if (rows as u64) < committed {
+        let accounted = rows.max(0) as u64 + purged;
+        if accounted != committed {
+            let msg = match purge {
+                None => format!(
+                    "the outbox holds {rows} rows but the producers committed {committed} intents"
+                ),
+                Some(t) => format!(
+                    "the outbox holds {rows} rows and {purged} were purged ({accounted} in all) but the producers committed {committed} intents{}",
+                    if t.failed_runs > 0 {
+                        format!(
+                            "; {} purge runs failed, and a failed run reports no count: the batches it committed before its error are missing from the purged rows",
+                            t.failed_runs
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+            };
+            if accounted < committed {
                 self.error(msg);
             } else {
                 self.note(msg);
+            }
+        }
+        if let Some(t) = purge {
+            if t.order_check_failures > 0 {
+                self.error(format!(
+                    "{} order checks before a purge failed: the pairs those purges deleted went unchecked",
+                    t.order_check_failures
+                ));
             }
         }
         let mut verification = Verification::default();
@@ -873,7 +959,21 @@ impl<'a> Run<'a> {
             }
             None => {
                 verification.method = "store".to_string();
-                let store_order = db.sent_order_violations().await?.map(|n| n.max(0) as u64);
+                let mut store_order = db.sent_order_violations().await?.map(|n| n.max(0) as u64);
+                // pairs found before a purge that the check now no longer counts (a row purged)
+                if let (Some(n), Some(t)) = (store_order.as_mut(), purge) {
+                    for (agg, ver) in &t.order_pairs {
+                        if !db.counts_as_sent_order_violation(agg, *ver).await? {
+                            *n += 1;
+                        }
+                        if verification.ordering_examples.len() < 10 {
+                            verification.ordering_examples.push(format!(
+                                "{agg} v{ver} SENT before v{} (seen before a purge)",
+                                ver - 1
+                            ));
+                        }
+                    }
+                }
                 let sink_order = order_check.map(|c| {
                     let c = c.lock().unwrap_or_else(|e| e.into_inner());
                     (c.violations, c.examples.clone())
@@ -886,7 +986,7 @@ impl<'a> Run<'a> {
                 };
                 verification.ordering_check = how.to_string();
                 if let Some((_, examples)) = sink_order {
-                    verification.ordering_examples = examples;
+                    verification.ordering_examples.extend(examples);
                 }
                 let order = match how {
                     "store+sink" => "that successive versions were marked SENT in order and handed to the sink in order",
@@ -907,7 +1007,8 @@ impl<'a> Run<'a> {
                     delivered: 0,
                     consumed: 0,
                     duplicates: 0,
-                    lost: committed.saturating_sub(sent_rows.max(0) as u64),
+                    // purged rows were SENT (purge deletes nothing else)
+                    lost: committed.saturating_sub(sent_rows.max(0) as u64 + purged),
                     ordering_violations,
                     consumed_latency: None,
                     verification,
@@ -919,6 +1020,7 @@ impl<'a> Run<'a> {
         verified.store = StoreCheck {
             rows,
             sent_rows,
+            purged,
             unsent_examples,
         };
         if !drained && verified.lost > 0 {
@@ -964,6 +1066,12 @@ impl<'a> Run<'a> {
             m.commit_to_ack.clone()
         } else if let Some(h) = self.db.commit_to_ack_from_rows().await? {
             self.note("relays ran as processes: commit→ack is computed from the rows' created_at/sent_at, claim counters are scraped from each surviving relay's /metrics (a killed process takes its counters along)".to_string());
+            if spec.retention.is_some() {
+                self.note(format!(
+                    "with --retention, created_at → SENT covers the {} rows left at the end, not the purged ones (their timestamps went with them)",
+                    h.len()
+                ));
+            }
             h
         } else {
             self.note("relays ran as processes in cursor mode: commit→ack is not reported (rows dispatched by the cursor carry no sent_at; the relays' own ferry_commit_to_ack_seconds summaries cannot be merged); claim counters are scraped from each surviving relay's /metrics".to_string());
@@ -1066,6 +1174,10 @@ impl<'a> Run<'a> {
             drain_secs: round3(drain_secs),
             drained: m.drained,
             backlog_at_end_of_load: m.at_load_end.backlog,
+            retention: m
+                .purge
+                .as_ref()
+                .map(|t| self.retention_report(t, &v.store, m.retention_bytes)),
             intervals: m.intervals,
             latency_ms: Latencies {
                 commit_to_ack: Quantiles::from_us(&m.commit_to_ack),
@@ -1103,6 +1215,66 @@ impl<'a> Run<'a> {
     }
 }
 
+impl Run<'_> {
+    /// The retention section: what the purger did (`t`), the outbox left (`store`, `bytes` at
+    /// the end), and the outbox without retention (every committed row; its size estimated
+    /// from the bytes per row before the first purge that deleted rows).
+    fn retention_report(
+        &self,
+        t: &PurgeTally,
+        store: &StoreCheck,
+        bytes: Option<i64>,
+    ) -> RetentionReport {
+        let r = self.spec.retention.expect("a tally comes from --retention");
+        let without = store.rows.max(0) as u64 + t.purged;
+        let (estimate, basis) = match t.before_first_delete {
+            _ if self.db.kind == Backend::Mysql => (
+                None,
+                Some("not estimated on MariaDB: InnoDB allocates the tablespace file in extents of up to several MiB, so its bytes per row early in a run do not extrapolate; compare with a run without --retention".to_string()),
+            ),
+            Some((rows, b)) if rows > 0 => (
+                Some((b as f64 / rows as f64 * without as f64).round() as i64),
+                Some(format!(
+                    "{:.0} B/row measured at {rows} rows, before the first purge that deleted any",
+                    b as f64 / rows as f64
+                )),
+            ),
+            _ => (None, None),
+        };
+        if t.failed_runs > 0 {
+            self.note(format!(
+                "{} of {} purge runs failed (first: {}); the run goes on, as a failed `ferry purge` would be run again",
+                t.failed_runs,
+                t.runs,
+                t.errors.first().map_or("", String::as_str)
+            ));
+        }
+        RetentionReport {
+            age_secs: round3(r.age.as_secs_f64()),
+            every_secs: round3(r.every.as_secs_f64()),
+            batch: r.batch,
+            purged: t.purged,
+            runs: t.runs,
+            failed_runs: t.failed_runs,
+            batches: t.statements,
+            purge_secs: round3(t.busy.as_secs_f64()),
+            purge_us_per_event: (t.purged > 0)
+                .then(|| round3(t.busy.as_secs_f64() * 1e6 / t.purged as f64)),
+            longest_run_ms: round3(t.longest.as_secs_f64() * 1000.0),
+            errors: t.errors.clone(),
+            rows_at_end: store.rows,
+            rows_without_retention: without,
+            bytes_source: self.db.outbox_bytes_source().to_string(),
+            bytes_at_end: bytes,
+            bytes_without_retention_estimate: estimate,
+            estimate_basis: basis,
+            order_checks: t.order_checks,
+            order_check_failures: t.order_check_failures,
+            order_check_secs: round3(t.order_check_busy.as_secs_f64()),
+        }
+    }
+}
+
 /// What the phases of a run measured, for its report.
 struct Measured {
     results: Vec<ProducerResult>,
@@ -1122,6 +1294,9 @@ struct Measured {
     partitions: Option<i32>,
     timeline: Vec<report::Sample>,
     intervals: Option<IntervalReport>,
+    /// What `--retention` did, and the outbox's size at the end.
+    purge: Option<PurgeTally>,
+    retention_bytes: Option<i64>,
 }
 
 /// The run against the producer-only baseline of `d` and `n` events.
@@ -1159,6 +1334,7 @@ fn costs(
     sqlite_after: Option<SqliteWrites>,
     pg_after: Option<(PgCosts, bool)>,
     dead_peak: i64,
+    purged: u64,
 ) -> Option<DbCosts> {
     let per = |n: i64| Some(round3(n as f64 / events.max(1) as f64));
     match kind {
@@ -1202,11 +1378,17 @@ fn costs(
             })
         }
         Backend::Sqlite => {
-            let d = sqlite_after?.since(&before.sqlite?);
+            let mut d = sqlite_after?.since(&before.sqlite?);
+            // purged rows were inserted too (and deleted: one more write each)
+            d.purged_rows = purged as i64;
+            d.outbox_rows += d.purged_rows;
             // INSERTs exact; every claim is one UPDATE and its outcome (SENT, retry, release)
             // another; cursor advances move cursor_version (one UPDATE per slot moved)
-            let writes =
-                d.outbox_rows + 2 * d.outbox_claims + d.exception_rows + 2 * d.exception_claims;
+            let writes = d.outbox_rows
+                + d.purged_rows
+                + 2 * d.outbox_claims
+                + d.exception_rows
+                + 2 * d.exception_claims;
             Some(DbCosts {
                 row_writes: RowWrites {
                     source: "sqlite-estimate".to_string(),

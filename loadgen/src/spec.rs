@@ -10,6 +10,7 @@ use rand::Rng;
 use serde::{Serialize, Serializer};
 
 use crate::cli::{Args, RelayMode, SinkKind, Skew};
+use crate::retention::Retention;
 use ferry_store::{redact_url, Backend};
 
 /// Everything one run needs; sweeps clone it and change one field. Serialized (flattened into
@@ -34,6 +35,8 @@ pub struct RunSpec {
     /// How long every broker of the embedded cluster is down, a third into the load phase.
     #[serde(rename = "broker_stall_secs", serialize_with = "opt_secs")]
     pub broker_stall: Option<Duration>,
+    /// `--retention`: purge delivered intents older than its age while the run goes on.
+    pub retention: Option<Retention>,
     /// The per-interval latency table's interval.
     #[serde(rename = "report_interval_secs", serialize_with = "secs")]
     pub report_interval: Duration,
@@ -175,6 +178,9 @@ impl RunSpec {
             },
             chaos: a.chaos.then_some(a.chaos_interval),
             broker_stall: a.broker_stall,
+            retention: a
+                .retention
+                .map(|age| Retention::new(age, a.purge_batch as usize)),
             report_interval: a.report_interval(),
             producers,
             work: Workload {
@@ -297,7 +303,7 @@ mod tests {
         let a = Args::try_parse_from(flags.split_whitespace()).unwrap();
         let echo = RunSpec::from_args(&a).echo("abc", "t", &[], None);
         let v = serde_json::to_value(echo).unwrap();
-        assert_eq!(v.as_object().unwrap().len(), 32, "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 33, "{v}");
         assert!(!v["database_url"].as_str().unwrap().contains("pw"), "{v}");
         for (key, want) in [
             ("run_id", json!("abc")),
@@ -315,14 +321,23 @@ mod tests {
             ("drain_timeout_secs", json!(300.0)),
             ("chaos_interval_secs", json!(3.0)),
             ("broker_stall_secs", json!(null)),
+            ("retention", json!(null)),
             ("report_interval_secs", json!(5.0)),
             ("producers_own_aggregates", json!(false)),
             ("seed", json!(9)),
         ] {
             assert_eq!(v[key], want, "{key}: {v}");
         }
-        let a = Args::try_parse_from("loadgen --duration 2m".split_whitespace()).unwrap();
+        let a = Args::try_parse_from(
+            "loadgen --retention 30s --purge-batch 200 --duration 2m".split_whitespace(),
+        )
+        .unwrap();
         let v = serde_json::to_value(RunSpec::from_args(&a).echo("abc", "t", &[], None)).unwrap();
+        assert_eq!(
+            v["retention"],
+            json!({"age_secs": 30.0, "every_secs": 7.5, "batch": 200}),
+            "{v}"
+        );
         assert_eq!(v["report_interval_secs"], json!(30.0), "{v}");
     }
 }
