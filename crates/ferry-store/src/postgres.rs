@@ -575,7 +575,19 @@ impl ferry_core::OperatorActions for PgStore {
                     .await
                     .map_err(|e| db_err("status: cursors", e))?;
                     let low = (low, 0i64);
-                    sqlx::query_as(&format!(
+                    // The rows past that bound are the newest part of the table, but once they
+                    // are a few per cent of it the planner reads the whole table instead of
+                    // the (xid, seq) index: on 11,000,000 rows with 1,000,000 past the bound a
+                    // parallel sequential scan took 2.3–2.7 s (plus JIT), the index 0.6–0.8 s,
+                    // and beside a burn-down that cost grew with the delivered history.
+                    let mut tx = self.pool.begin().await.ctx("status: begin")?;
+                    sqlx::query(
+                        "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
+                    )
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("status: plan settings", e))?;
+                    let r = sqlx::query_as(&format!(
                         "SELECT {COUNTS} FROM ( \
                            SELECT 'PENDING'::varchar AS state, v.created_at, v.aggregate_id \
                            FROM ferry_outbox_cursor_view v \
@@ -589,9 +601,11 @@ impl ferry_core::OperatorActions for PgStore {
                     .bind(low.0)
                     .bind(low.1)
                     .persistent(false)
-                    .fetch_one(&self.pool)
+                    .fetch_one(&mut *tx)
                     .await
-                    .map_err(|e| db_err("status", e))?
+                    .map_err(|e| db_err("status", e))?;
+                    tx.commit().await.map_err(|e| db_err("status: commit", e))?;
+                    r
                 }
             };
             Ok(status_from(r))
