@@ -32,6 +32,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(6, "gated_notify", "postgres/0006_gated_notify"),
     migration!(7, "member_instance", "postgres/0007_member_instance"),
     migration!(8, "seq_order", "postgres/0008_seq_order"),
+    migration!(9, "cursor_fillfactor", "postgres/0009_cursor_fillfactor"),
 ];
 
 /// MySQL/MariaDB migrations, in order.

@@ -489,9 +489,12 @@ impl CursorStore for PgStore {
                     // First, so that the ACCESS EXCLUSIVE lock on ferry_outbox is the first lock
                     // this transaction takes on it (no lock upgrade): in-flight inserts finish,
                     // new ones wait for the commit.
+                    // Cursor dispatch never updates an outbox row: no room is kept on new heap
+                    // pages for HOT updates (migration 0009).
                     for s in [
                         "DROP INDEX IF EXISTS ferry_outbox_dispatch",
                         "DROP INDEX IF EXISTS ferry_outbox_unfinished",
+                        "ALTER TABLE ferry_outbox SET (fillfactor = 100)",
                     ] {
                         exec(s)
                             .execute(&mut *tx)
@@ -513,7 +516,7 @@ impl CursorStore for PgStore {
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| db_err("dispatch mode: row states", e))?;
-                    let stmts: [(&'static str, &str); 5] = [
+                    let stmts: [(&'static str, &str); 6] = [
                         (
                             "DELETE FROM ferry_outbox_exception",
                             "dispatch mode: exceptions",
@@ -533,6 +536,11 @@ impl CursorStore for PgStore {
                             "CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished \
                                ON ferry_outbox (aggregate_id, aggregate_version) WHERE phase < 2",
                             "dispatch mode: unfinished index",
+                        ),
+                        // room for the HOT updates of claims and acks again (migration 0002)
+                        (
+                            "ALTER TABLE ferry_outbox SET (fillfactor = 70)",
+                            "dispatch mode: fillfactor",
                         ),
                     ];
                     for (s, what) in stmts {
