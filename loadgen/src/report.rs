@@ -189,6 +189,10 @@ pub struct RetentionReport {
     /// before the last purge run that still found nothing to delete (`estimate_basis`).
     pub bytes_without_retention_estimate: Option<i64>,
     pub estimate_basis: Option<String>,
+    /// Each purge run that deleted rows ended with `VACUUM ferry_outbox` (`ferry purge
+    /// --vacuum`), because the server's or the outbox's autovacuum is off; its time is in
+    /// `purge_secs`.
+    pub vacuum: bool,
     /// Row dispatch without a consumer: order checks run before purges, their failures and
     /// their time.
     pub order_checks: u64,
@@ -987,6 +991,12 @@ fn render_retention(o: &mut String, r: &RetentionReport) {
         r.rows_at_end, r.rows_without_retention
     );
     let _ = writeln!(o, "            size: {}", r.bytes_source);
+    if r.vacuum {
+        let _ = writeln!(
+            o,
+            "            autovacuum is off on this server: each run that deleted rows ended with VACUUM ferry_outbox (ferry purge --vacuum), in the time above"
+        );
+    }
     if r.order_checks > 0 {
         let _ = writeln!(
             o,

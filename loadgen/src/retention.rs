@@ -105,6 +105,8 @@ pub struct PurgeTally {
     /// versions found out of order by the checks before the runs, which see every pair the
     /// run may delete; the end-of-run check adds those it no longer sees.
     pub order_pairs: BTreeSet<(String, i64)>,
+    /// Each run ended with `VACUUM ferry_outbox` (PostgreSQL whose autovacuum is off).
+    pub vacuum: bool,
     /// Pre-purge order checks run, those that failed, and their time.
     pub order_checks: u64,
     pub order_check_failures: u64,
@@ -200,11 +202,15 @@ pub struct StorePurge {
     pub retention: Retention,
     /// Check the order of SENT marks before each run (row dispatch without a consumer).
     pub check_order: bool,
+    /// Vacuum the outbox after each run that deleted rows (`ferry purge --vacuum`): the
+    /// server's or the outbox's autovacuum is off, as `ferry status` reports.
+    pub vacuum: bool,
 }
 
 impl PurgeTarget for StorePurge {
     fn before_run<'a>(&'a self, tally: &'a mut PurgeTally) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            tally.vacuum = self.vacuum;
             if self.check_order && tally.order_pairs.len() < MAX_ORDER_PAIRS {
                 let t = Instant::now();
                 match self.db.sent_order_violation_pairs(MAX_ORDER_PAIRS).await {
@@ -240,6 +246,7 @@ impl PurgeTarget for StorePurge {
                     batch: self.retention.batch,
                     consumer: None,
                     dry_run: false,
+                    vacuum: self.vacuum,
                 })
                 .await
                 .map_err(|e| e.to_string())

@@ -561,11 +561,26 @@ impl<'a> Run<'a> {
             return Ok(None);
         };
         let (store, pool) = self.db.open_store(2, false).await?;
+        // What an operator of this server has to do: with autovacuum off nothing reclaims the
+        // purged rows, and every later purge and read walks them (`ferry purge --vacuum`).
+        let vacuum = store
+            .server_warnings()
+            .await
+            .map(|w| {
+                w.iter().any(|w| {
+                    matches!(
+                        w.setting.as_str(),
+                        "autovacuum" | "track_counts" | "ferry_outbox.autovacuum_enabled"
+                    )
+                })
+            })
+            .unwrap_or(false);
         let target = StorePurge {
             store,
             db: self.db.clone(),
             retention,
             check_order: !consumer && self.spec.db.dispatch == DispatchMode::Row,
+            vacuum,
         };
         let purger = Purger::start(target, retention.every, self.purged.clone());
         Ok(Some((purger, pool)))
@@ -1268,6 +1283,7 @@ impl Run<'_> {
             bytes_at_end: bytes,
             bytes_without_retention_estimate: estimate,
             estimate_basis: basis,
+            vacuum: t.vacuum,
             order_checks: t.order_checks,
             order_check_failures: t.order_check_failures,
             order_check_secs: round3(t.order_check_busy.as_secs_f64()),

@@ -290,6 +290,11 @@ pub struct PurgeRequest<'a> {
     pub consumer: Option<&'a str>,
     /// Count what would be deleted, delete nothing.
     pub dry_run: bool,
+    /// PostgreSQL: `VACUUM ferry_outbox` after a run that deleted rows, for a server or table
+    /// whose autovacuum is off (deleted rows stay in the heap and every index until a vacuum,
+    /// and a later purge or read walks them). Ignored by the other backends: MariaDB's purge
+    /// thread and SQLite's free list reuse the space of deleted rows on their own.
+    pub vacuum: bool,
 }
 
 /// Row dispatch: per-row claims and their outcomes. Every method after `claim` is a

@@ -1607,6 +1607,7 @@ mod tests {
             batch: 1,
             consumer: None,
             dry_run,
+            vacuum: false,
         };
         assert_eq!(s.purge_sent(&purge(true)).await.unwrap(), 1);
         assert_eq!(s.len(), 3);
@@ -1617,7 +1618,8 @@ mod tests {
                 older_than: Duration::ZERO,
                 batch: 1,
                 consumer: Some("billing"),
-                dry_run: false
+                dry_run: false,
+                vacuum: false,
             })
             .await
             .is_err());

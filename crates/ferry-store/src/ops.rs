@@ -301,6 +301,7 @@ pub(crate) async fn purge_sent(
         batch,
         consumer,
         dry_run,
+        vacuum,
     } = *req;
     if batch == 0 {
         return Err(StoreError::new(
@@ -314,30 +315,45 @@ pub(crate) async fn purge_sent(
     } else {
         micros(older_than)
     };
-    // MySQL cannot LIMIT a subquery on the table it deletes from, and a single-table DELETE
-    // (its bounded form, with ORDER BY/LIMIT) takes no alias: qualify by the table name there.
-    let cursor = mode == DispatchMode::Cursor;
-    let q = if d == Dialect::My && !cursor {
-        "ferry_outbox"
+    let total = if mode == DispatchMode::Cursor {
+        purge_cursor(pools, cutoff, batch, consumer, dry_run).await?
     } else {
-        "o"
+        purge_rows(pools, cutoff, batch, consumer, dry_run).await?
     };
-    // Cursor mode: a row is SENT when it is behind its slot's cursor with no open exception
-    // (the view derives it); its age is its `created_at` (insert time): the view has `sent_at`
-    // only for exception rows.
-    let source = if cursor {
-        "ferry_outbox_cursor_view o"
-    } else if d == Dialect::My {
-        "ferry_outbox"
+    if vacuum && !dry_run && total > 0 {
+        if let Pools::Pg(pool) = pools {
+            // Simple protocol: VACUUM cannot run inside the implicit transaction some drivers
+            // wrap an extended-protocol statement in.
+            sqlx::raw_sql("VACUUM ferry_outbox")
+                .execute(pool)
+                .await
+                .map_err(|e| db_err("purge: vacuum ferry_outbox", e))?;
+        }
+    }
+    Ok(total)
+}
+
+/// Row dispatch: SENT rows by `sent_at` (an index of its own), `batch` per statement in seq
+/// order, until a statement deletes fewer.
+async fn purge_rows(
+    pools: Pools<'_>,
+    cutoff: i64,
+    batch: usize,
+    consumer: Option<&str>,
+    dry_run: bool,
+) -> Result<u64, StoreError> {
+    let d = pools.dialect();
+    // MySQL: a single-table DELETE (its bounded form, with ORDER BY/LIMIT) takes no alias.
+    let (q, source) = if d == Dialect::My {
+        ("ferry_outbox", "ferry_outbox")
     } else {
-        "ferry_outbox o"
+        ("o", "ferry_outbox o")
     };
-    let age_col = if cursor { "created_at" } else { "sent_at" };
     let mut filter = format!(
-        "{q}.state = 'SENT' AND {q}.{age_col} < {}",
+        "{q}.state = 'SENT' AND {q}.sent_at < {}",
         d.now_minus_param()
     );
-    if d == Dialect::Pg && !cursor {
+    if d == Dialect::Pg {
         // the sent_at index is partial on `phase = 2` (migration 0002)
         filter.push_str(" AND o.phase = 2");
     }
@@ -348,51 +364,137 @@ pub(crate) async fn purge_sent(
         binds.extend(consumer_binds(c));
     }
     if dry_run {
-        let rows = pools
-            .rows(
-                &format!("SELECT COUNT(*) FROM {source} WHERE {filter}"),
-                &binds,
-            )
-            .await?;
-        return Ok(rows
-            .first()
-            .and_then(|r| r[0].as_deref())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0));
+        return count(
+            pools,
+            &format!("SELECT COUNT(*) FROM {source} WHERE {filter}"),
+            &binds,
+        )
+        .await;
     }
-    let sql = match d {
-        Dialect::My if !cursor => {
-            format!("DELETE FROM ferry_outbox WHERE {filter} ORDER BY seq LIMIT {batch}")
-        }
-        // the view reads ferry_outbox: a derived table (materialised) lets MySQL delete from it
-        Dialect::My => format!(
-            "DELETE FROM ferry_outbox WHERE seq IN (SELECT seq FROM (SELECT o.seq FROM {source} WHERE {filter} \
-             ORDER BY o.seq LIMIT {batch}) AS b)"
-        ),
-        _ => format!(
+    let sql = if d == Dialect::My {
+        format!("DELETE FROM ferry_outbox WHERE {filter} ORDER BY seq LIMIT {batch}")
+    } else {
+        format!(
             "DELETE FROM ferry_outbox WHERE seq IN (SELECT o.seq FROM {source} WHERE {filter} ORDER BY o.seq LIMIT {batch})"
-        ),
+        )
     };
     let mut total = 0u64;
     loop {
         let n = pools.exec(&sql, &binds).await?;
         total += n;
         if (n as usize) < batch {
-            if cursor {
-                // exception rows of purged (SENT) intents
-                pools
-                    .exec(
-                        "DELETE FROM ferry_outbox_exception WHERE state = 'SENT' AND NOT EXISTS \
-                         (SELECT 1 FROM ferry_outbox o WHERE o.seq = ferry_outbox_exception.seq)",
-                        &[],
-                    )
-                    .await?;
-            }
             return Ok(total);
         }
         // give concurrent claims and acks a moment between bounded batches
         tokio::task::yield_now().await;
     }
+}
+
+/// Cursor dispatch: a row is SENT when it is behind its slot's cursor with no open exception
+/// (`ferry_outbox_cursor_view` derives it); its age is its `created_at` (the derived state has
+/// no delivery time).
+///
+/// The rows are walked once, in seq order, between two bounds: below, the last seq the run
+/// deleted (a statement never walks again what the one before it deleted); above, the first
+/// row in seq order that is not older than the cutoff (found by a primary-key scan that stops
+/// there). Without the upper bound the last statement of every run would walk the whole young
+/// tail of the table, which is what retention keeps, to find nothing; without the lower bound
+/// every statement would walk the entries of the rows deleted before it, which stay in the
+/// indexes until a vacuum. A row older than the cutoff above the bound (its transaction ran
+/// long enough for a younger row to take a lower seq) is deleted by a later run.
+async fn purge_cursor(
+    pools: Pools<'_>,
+    cutoff: i64,
+    batch: usize,
+    consumer: Option<&str>,
+    dry_run: bool,
+) -> Result<u64, StoreError> {
+    let d = pools.dialect();
+    let hi = pools
+        .rows(
+            &format!(
+                "SELECT seq FROM ferry_outbox WHERE created_at >= {} ORDER BY seq LIMIT 1",
+                d.now_minus_param()
+            ),
+            &[Bind::I64(cutoff)],
+        )
+        .await?
+        .first()
+        .and_then(|r| r[0].as_deref())
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(i64::MAX);
+    let mut filter = format!(
+        "o.seq > ? AND o.seq < ? AND o.state = 'SENT' AND o.created_at < {}",
+        d.now_minus_param()
+    );
+    let tail = |lo: i64| {
+        let mut b = vec![Bind::I64(lo), Bind::I64(hi), Bind::I64(cutoff)];
+        if let Some(c) = consumer {
+            b.extend(consumer_binds(c));
+        }
+        b
+    };
+    if consumer.is_some() {
+        filter.push_str(" AND ");
+        filter.push_str(&inbox_exists("o"));
+    }
+    let source = "ferry_outbox_cursor_view o";
+    if dry_run {
+        return count(
+            pools,
+            &format!("SELECT COUNT(*) FROM {source} WHERE {filter}"),
+            &tail(i64::MIN),
+        )
+        .await;
+    }
+    // MariaDB cannot read the table it deletes from in a subquery (the view reads
+    // ferry_outbox): a derived table, materialised first, lets it. RETURNING: MariaDB 10.5+,
+    // SQLite 3.35+.
+    let pick = format!("SELECT o.seq FROM {source} WHERE {filter} ORDER BY o.seq LIMIT {batch}");
+    let sql = if d == Dialect::My {
+        format!(
+            "DELETE FROM ferry_outbox WHERE seq IN (SELECT seq FROM ({pick}) AS b) RETURNING seq"
+        )
+    } else {
+        format!("DELETE FROM ferry_outbox WHERE seq IN ({pick}) RETURNING seq")
+    };
+    let mut total = 0u64;
+    let mut lo = i64::MIN;
+    loop {
+        let deleted = pools.rows(&sql, &tail(lo)).await?;
+        total += deleted.len() as u64;
+        if let Some(max) = deleted
+            .iter()
+            .filter_map(|r| r[0].as_deref().and_then(|v| v.parse::<i64>().ok()))
+            .max()
+        {
+            lo = max;
+        }
+        if deleted.len() < batch {
+            break;
+        }
+        // give concurrent reads and advances a moment between bounded batches
+        tokio::task::yield_now().await;
+    }
+    // exception rows of purged (SENT) intents
+    pools
+        .exec(
+            "DELETE FROM ferry_outbox_exception WHERE state = 'SENT' AND NOT EXISTS \
+             (SELECT 1 FROM ferry_outbox o WHERE o.seq = ferry_outbox_exception.seq)",
+            &[],
+        )
+        .await?;
+    Ok(total)
+}
+
+/// The single count `sql` returns.
+async fn count(pools: Pools<'_>, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
+    let rows = pools.rows(sql, binds).await?;
+    Ok(rows
+        .first()
+        .and_then(|r| r[0].as_deref())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
 }
 
 pub(crate) async fn reconcile(

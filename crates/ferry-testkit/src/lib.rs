@@ -96,6 +96,7 @@ pub fn purge_all(batch: usize) -> ferry_core::PurgeRequest<'static> {
         batch,
         consumer: None,
         dry_run: false,
+        vacuum: false,
     }
 }
 

@@ -23,6 +23,12 @@ pub struct PurgeArgs {
     /// Only count what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
+    /// PostgreSQL: VACUUM the outbox after deleting, for a server or table whose autovacuum is
+    /// off (`ferry status` warns about it); the deleted rows' space is reused and later purges
+    /// and reads stop walking them. Ignored by MariaDB and SQLite, which reuse the space on
+    /// their own.
+    #[arg(long)]
+    pub vacuum: bool,
 }
 
 pub async fn run(a: PurgeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
@@ -37,6 +43,7 @@ pub async fn run(a: PurgeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failur
             batch: a.batch,
             consumer: a.consumer.as_deref(),
             dry_run: a.dry_run,
+            vacuum: a.vacuum,
         })
         .await?;
     let scope = a

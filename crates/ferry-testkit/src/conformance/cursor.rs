@@ -433,6 +433,57 @@ pub async fn reconcile_and_purge_use_derived_states(db: TestDb) {
     db.cleanup().await;
 }
 
+/// Retention by age in cursor dispatch walks the rows once, in seq order, up to the first row
+/// not old enough: old SENT rows go, in batches, across an undelivered one between them; a
+/// young SENT row stays until it is old enough; `vacuum` runs (PostgreSQL) or is ignored.
+pub async fn purge_by_age_stops_at_young_rows(db: TestDb) {
+    let cursors = owned(&db, "a").await;
+    db.store
+        .enqueue(&[ev("o", 1), ev("p", 1), ev("o", 2), ev("o", 3)])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    db.store.enqueue(&[ev("y", 1)]).await.unwrap();
+    let b = read_until(&db, &read_req(&cursors, 10), 5).await;
+    // p-1 is not acked: an exception, PENDING, between old SENT rows
+    let adv = advance_all(
+        "a",
+        &cursors,
+        b.upto,
+        vec![exception(
+            find(&b, "p", 1),
+            ExceptionKind::Unknown("no answer".into()),
+        )],
+    );
+    cs(&db).advance(&adv).await.unwrap();
+    let by_age = |dry_run, vacuum| ferry_core::PurgeRequest {
+        older_than: Duration::from_secs(1),
+        dry_run,
+        vacuum,
+        ..crate::purge_all(1)
+    };
+    assert_eq!(db.store.purge_sent(&by_age(true, false)).await.unwrap(), 3);
+    assert_eq!(
+        db.store.purge_sent(&by_age(false, true)).await.unwrap(),
+        3,
+        "o-1, o-2, o-3 (one per statement), across p-1"
+    );
+    for id in ["e-o-1", "e-o-2", "e-o-3"] {
+        assert!(db.store.record(id).await.unwrap().is_none(), "{id} purged");
+    }
+    assert_eq!(state(&db, "e-p-1").await, Some(EventState::Pending));
+    assert_eq!(
+        state(&db, "e-y-1").await,
+        Some(EventState::Sent),
+        "too young"
+    );
+    assert_eq!(db.store.purge_sent(&by_age(false, true)).await.unwrap(), 0);
+    assert_eq!(db.store.purge_sent(&crate::purge_all(10)).await.unwrap(), 1);
+    assert!(db.store.record("e-y-1").await.unwrap().is_none());
+    assert_eq!(state(&db, "e-p-1").await, Some(EventState::Pending));
+    db.cleanup().await;
+}
+
 /// A producer transaction that is still open delays only its own intents: a later commit is
 /// read meanwhile, the open one once it commits (whatever order the two commit in, nothing is
 /// skipped), and a rolled-back one never appears (PostgreSQL; on SQLite an open write
@@ -1212,6 +1263,11 @@ pub const CASES: &[Case<TestDb>] = &[
         name: "reconcile_and_purge_use_derived_states",
         sql_only: true,
         run: |db| Box::pin(reconcile_and_purge_use_derived_states(db)),
+    },
+    Case {
+        name: "purge_by_age_stops_at_young_rows",
+        sql_only: true,
+        run: |db| Box::pin(purge_by_age_stops_at_young_rows(db)),
     },
     Case {
         name: "open_transactions_delay_only_their_own_rows",

@@ -125,6 +125,7 @@ macro_rules! cursor_conformance {
             lookup_advance_finds_a_committed_advance,
             exceptions_hold_successors_in_order,
             reconcile_and_purge_use_derived_states,
+            purge_by_age_stops_at_young_rows,
             open_transactions_delay_only_their_own_rows,
             mode_switch_converts_state,
             slot_subset_readers_get_exactly_their_slots,
