@@ -125,6 +125,7 @@ pub struct AlertsSection {
     pub oldest_critical: Option<String>,
     pub slo_target: Option<String>,
     pub slo_ratio: Option<f64>,
+    pub sink_stall: Option<String>,
 }
 
 /// `[limits]`
@@ -247,13 +248,24 @@ pub fn relay(
         &f.relay.read_interval,
         d.read_interval,
     )?;
-    let alerts = alerts(
+    let mut alerts = alerts(
         &a.slo_target,
         &a.slo_ratio,
         &a.oldest_warning,
         &a.oldest_critical,
         f,
     )?;
+    alerts.sink_stall = duration(
+        "alerts.sink_stall (--sink-stall)",
+        &a.sink_stall,
+        &f.alerts.sink_stall,
+        alerts.sink_stall,
+    )?;
+    if alerts.sink_stall.is_zero() {
+        return Err(ConfigError(
+            "invalid alerts.sink_stall (--sink-stall): must be longer than 0, e.g. 30s".into(),
+        ));
+    }
     let listen = metrics_listen(a, f)?;
     Ok(RelaySettings {
         config,
@@ -439,6 +451,7 @@ pub fn alerts(
             &f.alerts.oldest_critical,
             d.oldest_critical,
         )?,
+        sink_stall: d.sink_stall,
     };
     if !(a.slo_ratio > 0.0 && a.slo_ratio <= 1.0) {
         return Err(ConfigError(
@@ -523,6 +536,7 @@ fn help_defaults() -> Vec<(&'static str, String)> {
         ("alerts.slo_ratio", a.slo_ratio.to_string()),
         ("alerts.oldest_warning", d(a.oldest_warning)),
         ("alerts.oldest_critical", d(a.oldest_critical)),
+        ("alerts.sink_stall", d(a.sink_stall)),
     ]
 }
 
@@ -586,6 +600,7 @@ mod tests {
             &f.alerts.oldest_warning,
             &f.alerts.oldest_critical,
             &f.alerts.slo_target,
+            &f.alerts.sink_stall,
         ] {
             let d = d.as_deref().expect("the example sets every duration");
             parse_duration(d).unwrap_or_else(|e| panic!("{d}: {e}"));

@@ -16,6 +16,17 @@ fn ev(agg: &str, v: i64) -> NewEvent {
 }
 
 fn spawn_relay(url: &str, sink: &[&str], owner: &str, mode: DispatchMode) -> RelayProcess {
+    spawn_relay_stopping(url, sink, owner, mode, "5s")
+}
+
+/// [`spawn_relay`] with `--shutdown-timeout shutdown`.
+fn spawn_relay_stopping(
+    url: &str,
+    sink: &[&str],
+    owner: &str,
+    mode: DispatchMode,
+    shutdown: &str,
+) -> RelayProcess {
     let log = std::env::temp_dir().join(format!("ferry-relay-{owner}-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
@@ -37,7 +48,7 @@ fn spawn_relay(url: &str, sink: &[&str], owner: &str, mode: DispatchMode) -> Rel
             "4s",
         ])
         .args(["--poll-idle", "50ms", "--kafka-message-timeout", "3s"])
-        .args(["--shutdown-timeout", "5s", "--no-migrate"])
+        .args(["--shutdown-timeout", shutdown, "--no-migrate"])
         .args(sink)
         .env("FERRY_LOG", "info");
     RelayProcess::spawn(cmd, log, Stdout::Piped).expect("spawn ferry relay")
@@ -361,5 +372,121 @@ async fn alert_level_follows_the_oldest_intent() {
     })
     .await;
     drop(a);
+    db.cleanup().await;
+}
+
+/// A Kafka "broker" that accepts connections and never answers (a hung process, a black-holed
+/// route): the worst case for a shutdown, since the producer's requests neither complete nor
+/// fail. Connections are held open until the process ends.
+fn silent_broker() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+/// Starts a relay (cursor dispatch) whose broker never answers, with intents in flight to it,
+/// and waits until it owns every slot and has read them.
+async fn relay_stuck_on_a_silent_broker(
+    db: &TestDb,
+    owner: &str,
+    shutdown: &str,
+) -> (RelayProcess, String) {
+    let broker = silent_broker();
+    db.store
+        .enqueue(&[ev("held", 1), ev("held", 2), ev("other", 1)])
+        .await
+        .unwrap();
+    let relay = spawn_relay_stopping(
+        &db.url,
+        &[
+            "--sink",
+            "kafka",
+            "--kafka-brokers",
+            &broker,
+            "--sink-stall",
+            "2s",
+        ],
+        owner,
+        DispatchMode::Cursor,
+        shutdown,
+    );
+    wait_until("slots owned", Duration::from_secs(20), || async {
+        owners(db).await.get(owner) == Some(&256)
+    })
+    .await;
+    wait_until(
+        "intents read and handed to the sink",
+        Duration::from_secs(20),
+        || async {
+            metric(&relay, "ferry_sink_in_flight_events")
+                .await
+                .unwrap_or(0.0)
+                >= 3.0
+        },
+    )
+    .await;
+    (relay, broker)
+}
+
+/// SIGTERM ends the relay within `--shutdown-timeout` + 10 s however the broker behaves, and
+/// what the broker never confirmed stays unsent. (Before the shutdown watchdog, a relay in this
+/// state was still running 15 s after SIGTERM.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_is_bounded_when_the_broker_never_answers() {
+    let db = TestDb::sqlite().await;
+    let (mut relay, broker) = relay_stuck_on_a_silent_broker(&db, "stuck", "1s").await;
+    // the stall is seen: metric, alert level, and a WARN naming the broker
+    wait_until("stall reported", Duration::from_secs(20), || async {
+        metric(&relay, "ferry_sink_unacked_seconds")
+            .await
+            .unwrap_or(0.0)
+            >= 2.0
+            && metric(&relay, "ferry_alert_level").await == Some(1.0)
+            && relay.tail(200).contains("sink stalled")
+    })
+    .await;
+    let log = relay.tail(200);
+    let warn = log.lines().find(|l| l.contains("sink stalled")).unwrap();
+    assert!(warn.contains("WARN") && warn.contains(&broker), "{warn}");
+    let t = std::time::Instant::now();
+    relay.signal(libc::SIGTERM);
+    let code = relay.wait_exit(Duration::from_secs(30));
+    let took = t.elapsed();
+    assert!(
+        code.is_some() && took <= Duration::from_secs(11 + 3),
+        "exit {code:?} after {took:?} (bound: 1 s + 10 s)\nlog:\n{}",
+        relay.tail(40)
+    );
+    let st = db.store.status().await.unwrap();
+    assert_eq!(
+        st.pending, 3,
+        "nothing was confirmed, nothing is marked sent"
+    );
+    db.cleanup().await;
+}
+
+/// A second SIGTERM (or SIGINT) during the drain exits at once, with 130.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_signal_exits_at_once() {
+    let db = TestDb::sqlite().await;
+    let (mut relay, _) = relay_stuck_on_a_silent_broker(&db, "impatient", "60s").await;
+    relay.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        relay.try_exited().is_none(),
+        "still draining: the broker never answers"
+    );
+    let t = std::time::Instant::now();
+    relay.signal(libc::SIGINT);
+    let code = relay.wait_exit(Duration::from_secs(20));
+    assert_eq!(code, Some(130), "log:\n{}", relay.tail(40));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(db.store.status().await.unwrap().pending, 3);
     db.cleanup().await;
 }

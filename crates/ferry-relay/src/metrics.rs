@@ -87,6 +87,8 @@ pub struct AlertThresholds {
     pub oldest_warning: Duration,
     /// Critical (pause related automatic compensation, escalate) when older (default 1 h).
     pub oldest_critical: Duration,
+    /// Warn when events handed to the sink have had no ack for this long (default 30 s).
+    pub sink_stall: Duration,
 }
 
 impl Default for AlertThresholds {
@@ -96,6 +98,7 @@ impl Default for AlertThresholds {
             slo_target: Duration::from_secs(30),
             oldest_warning: Duration::from_secs(300),
             oldest_critical: Duration::from_secs(3600),
+            sink_stall: Duration::from_secs(30),
         }
     }
 }
@@ -105,6 +108,16 @@ impl Default for AlertThresholds {
 pub struct Metrics {
     /// Alert thresholds (set once at start).
     pub alerts: Mutex<AlertThresholds>,
+    /// When the relay started, µs since the epoch (0: not started).
+    pub started_us: AtomicI64,
+    /// Events handed to the sink with no outcome yet ([`crate::sink::health::WatchedSink`]).
+    pub sink_in_flight: AtomicI64,
+    /// When the sink last went from idle to busy, µs since the epoch (0: idle).
+    pub sink_busy_since_us: AtomicI64,
+    /// When the sink last acked an event, µs since the epoch (0: never).
+    pub sink_last_ack_us: AtomicI64,
+    /// The last failed outcome's error text.
+    pub sink_last_error: Mutex<Option<String>>,
     /// Items acked by the sink whose SENT CAS applied.
     pub sent: AtomicU64,
     /// Items scheduled for retry.
@@ -352,7 +365,39 @@ impl Metrics {
             Some(b) if b >= a.oldest_warning => 1,
             _ => 0,
         };
-        level.max(horizon)
+        let stalled = u8::from(self.sink_unacked(ferry_core::now_micros()) >= a.sink_stall);
+        level.max(horizon).max(stalled)
+    }
+
+    /// How long the events handed to the sink have waited with no ack, at `now_us`: since the
+    /// last ack or since the sink went busy, whichever is later; zero when nothing is in flight.
+    pub fn sink_unacked(&self, now_us: i64) -> Duration {
+        if self.sink_in_flight.load(Ordering::Relaxed) <= 0 {
+            return Duration::ZERO;
+        }
+        let since = self
+            .sink_busy_since_us
+            .load(Ordering::Relaxed)
+            .max(self.sink_last_ack_us.load(Ordering::Relaxed));
+        if since <= 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_micros((now_us - since).max(0) as u64)
+    }
+
+    /// Time since the sink's last ack (since the relay started when none came yet; zero before
+    /// the start).
+    pub fn sink_last_ack_age(&self, now_us: i64) -> Duration {
+        let last = self.sink_last_ack_us.load(Ordering::Relaxed);
+        let from = if last > 0 {
+            last
+        } else {
+            self.started_us.load(Ordering::Relaxed)
+        };
+        if from <= 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_micros((now_us - from).max(0) as u64)
     }
 
     /// A registry that encodes these metrics on every scrape, this relay's own (there is no
@@ -580,10 +625,35 @@ impl Collector for Exposition {
             "Alert threshold: critical when the oldest unsent intent is older.",
             a.oldest_critical.as_secs_f64(),
         )?;
+        let now = ferry_core::now_micros();
+        gauge(
+            e,
+            "ferry_sink_in_flight_events",
+            "Events handed to the sink with no outcome yet.",
+            g(&m.sink_in_flight),
+        )?;
+        gauge(
+            e,
+            "ferry_sink_unacked_seconds",
+            "How long the events handed to the sink have waited with no ack (0 when none is in flight); at ferry_alert_sink_stall_seconds the sink counts as stalled.",
+            m.sink_unacked(now).as_secs_f64(),
+        )?;
+        gauge(
+            e,
+            "ferry_sink_last_ack_age_seconds",
+            "Time since the sink's last ack (since the relay started when none came yet).",
+            m.sink_last_ack_age(now).as_secs_f64(),
+        )?;
+        gauge(
+            e,
+            "ferry_alert_sink_stall_seconds",
+            "Alert threshold: warning when events handed to the sink have had no ack for this long.",
+            a.sink_stall.as_secs_f64(),
+        )?;
         gauge(
             e,
             "ferry_alert_level",
-            "0 ok, 1 warning (oldest unsent intent past the warning age, a blocked aggregate, or the SLO ratio below its objective), 2 critical (oldest unsent intent past the critical age).",
+            "0 ok, 1 warning (oldest unsent intent past the warning age, a blocked aggregate, the SLO ratio below its objective, an open transaction holding the horizon past the warning age, or a stalled sink), 2 critical (oldest unsent intent or the horizon blocker past the critical age).",
             i64::from(m.alert_level()),
         )?;
         Ok(())

@@ -23,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::order_watch::{self, OrderWatch};
 use crate::ownership::{self, OwnershipConfig};
 use crate::route::{route, Decision, RouteItem, RoutePolicy};
+use crate::sink::health::WatchedSink;
 use crate::sink::Sink;
 
 /// Relay settings. Every default is explained next to it.
@@ -320,6 +321,10 @@ impl Relay {
         } = self;
         metrics.horizon_blocker_age_us.store(-1, Ordering::Relaxed);
         metrics.horizon_blocker_pid.store(-1, Ordering::Relaxed);
+        metrics
+            .started_us
+            .store(ferry_core::now_micros(), Ordering::Relaxed);
+        let sink: Arc<dyn Sink> = Arc::new(WatchedSink::new(sink, metrics.clone()));
         let mode = resolve_dispatch(&*store, &config).await?;
         metrics
             .dispatch_cursor
@@ -380,6 +385,11 @@ impl Relay {
                 }
             }
         }
+        aux.push(tokio::spawn(crate::sink::health::watch(
+            sink.clone(),
+            metrics.clone(),
+            stop_aux.clone(),
+        )));
         aux.push(tokio::spawn(status_poller(
             store.clone(),
             metrics.clone(),
@@ -484,10 +494,29 @@ async fn resolve_dispatch(
     match cursor {
         Some(cs) => {
             let before = cs.dispatch_mode().await?;
+            // Undelivered intents the conversion hands over: none on a new database (which
+            // starts in row dispatch), where the switch is routine and no warning.
+            let undelivered = if before != mode {
+                store
+                    .status()
+                    .await
+                    .map(|s| s.pending + s.claimed + s.quarantined)
+                    .ok()
+            } else {
+                None
+            };
             // true without a change of mode: the store re-based the cursors (and said so)
             let changed = cs.set_dispatch_mode(mode, &config.owner).await?;
             if changed && before != mode {
-                tracing::warn!(dispatch = %mode, "converted the outbox to {mode} dispatch");
+                if undelivered == Some(0) {
+                    tracing::info!(dispatch = %mode, "outbox set to {mode} dispatch (nothing undelivered to convert)");
+                } else {
+                    tracing::warn!(
+                        dispatch = %mode,
+                        undelivered = undelivered.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                        "converted the outbox from {before} to {mode} dispatch"
+                    );
+                }
             }
         }
         None if mode == DispatchMode::Cursor => {

@@ -61,7 +61,9 @@ pub struct RelayArgs {
     #[arg(long, env = "FERRY_MAX_ATTEMPTS")]
     pub max_attempts: Option<u32>,
     /// How long shutdown waits for in-flight sends [default: {relay.shutdown_timeout}]
-    /// (relay.shutdown_timeout).
+    /// (relay.shutdown_timeout). The process exits at the latest this plus 10 s after SIGTERM
+    /// or SIGINT, whatever the broker or the database does (what was not confirmed stays unsent
+    /// and is sent again by the next owner); a second SIGTERM or SIGINT exits at once.
     #[arg(long, env = "FERRY_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: Option<String>,
     /// Owner id of this process [default: host-pid-random] (relay.owner).
@@ -113,6 +115,11 @@ pub struct RelayArgs {
     /// Oldest-intent critical age [default: {alerts.oldest_critical}] (alerts.oldest_critical).
     #[arg(long, env = "FERRY_OLDEST_CRITICAL")]
     pub oldest_critical: Option<String>,
+    /// Sink stall: events handed to the sink with no ack for this long log a WARN (naming the
+    /// sink and its last error, every 30 s while it lasts) and raise ferry_alert_level to 1
+    /// [default: {alerts.sink_stall}] (alerts.sink_stall).
+    #[arg(long, env = "FERRY_SINK_STALL")]
+    pub sink_stall: Option<String>,
 }
 
 pub async fn run(args: &RelayArgs, file: &FileConfig, db: &Database) -> Result<u8, Failure> {
@@ -152,6 +159,7 @@ async fn run_relay(
         }
     };
     let owner = config.owner.clone();
+    let shutdown_timeout = config.shutdown_timeout;
     let (workers, batch_size, in_flight) =
         (config.workers, config.batch_size, config.max_in_flight);
     let relay = Relay::new(store, sink, config).map_err(|e| fail(2, e.to_string()))?;
@@ -176,10 +184,20 @@ async fn run_relay(
     }
     {
         let cancel = cancel.clone();
+        let bound = shutdown_timeout + SHUTDOWN_GRACE;
         tokio::spawn(async move {
             wait_for_signal().await;
-            tracing::info!("shutdown requested: draining in-flight batches");
+            tracing::info!(
+                within_secs = bound.as_secs_f64(),
+                "shutdown requested: draining in-flight batches (a second SIGTERM or SIGINT exits at once)"
+            );
             cancel.cancel();
+            shutdown_watchdog(bound);
+            wait_for_signal().await;
+            tracing::warn!(
+                "second signal: exiting at once; intents not confirmed stay unsent and are sent again by the next owner"
+            );
+            std::process::exit(EXIT_FORCED.into());
         });
     }
     tracing::info!(%owner, workers, batch_size, in_flight, dispatch = %mode, "relay started");
@@ -189,6 +207,32 @@ async fn run_relay(
     }
     tracing::info!("relay stopped");
     Ok(0)
+}
+
+/// How long a shutdown may take beyond `relay.shutdown_timeout`: releasing what is left in
+/// flight, giving up the slots, and the Kafka flush (5 s) after the workers stopped.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The exit code of a shutdown that did not finish in time, or that a second signal cut
+/// short (as a shell reports a process ended by SIGINT).
+pub const EXIT_FORCED: u8 = 130;
+
+/// Ends the process `bound` after a shutdown began if it is still running then. A thread of
+/// its own, not a task: a runtime whose threads are blocked (a Kafka flush or a producer
+/// teardown waiting on a broker that does not answer) cannot hold it back. Exiting there loses
+/// nothing: an event is only marked sent after its broker ack, so whatever was in flight is
+/// read or claimed again by the next owner once the slot leases expire.
+fn shutdown_watchdog(bound: Duration) {
+    let _ = std::thread::Builder::new()
+        .name("shutdown-watchdog".into())
+        .spawn(move || {
+            std::thread::sleep(bound);
+            tracing::error!(
+                after_secs = bound.as_secs_f64(),
+                "shutdown did not finish in time: exiting; intents not confirmed stay unsent and are sent again by the next owner"
+            );
+            std::process::exit(EXIT_FORCED.into());
+        });
 }
 
 async fn wait_for_signal() {

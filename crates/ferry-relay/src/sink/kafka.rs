@@ -12,11 +12,12 @@
 //! | anything else (retriable broker errors that outlived librdkafka's own retries) | `Retry` | backoff and resend the same event |
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use ferry_core::{BoxFuture, ClaimedEvent, Outcome};
 use futures::future::join_all;
+use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -127,7 +128,8 @@ impl KafkaConfig {
 /// become per-item [`Outcome`]s (table above); recreated after a fatal producer error.
 pub struct KafkaSink {
     config: KafkaConfig,
-    producer: RwLock<Arc<FutureProducer>>,
+    context: SinkContext,
+    producer: RwLock<Arc<FutureProducer<SinkContext>>>,
     /// Batches between their first enqueue and their last delivery report.
     sending: AtomicUsize,
 }
@@ -149,23 +151,32 @@ pub struct KafkaSinkError(#[source] KafkaError);
 impl KafkaSink {
     /// Creates the producer (connections are made lazily by librdkafka).
     pub fn new(config: KafkaConfig) -> Result<Self, KafkaSinkError> {
-        let producer: FutureProducer = config.client_config().create().map_err(KafkaSinkError)?;
+        let context = SinkContext::default();
+        let producer = config
+            .client_config()
+            .create_with_context(context.clone())
+            .map_err(KafkaSinkError)?;
         Ok(Self {
             config,
+            context,
             producer: RwLock::new(Arc::new(producer)),
             sending: AtomicUsize::new(0),
         })
     }
 
-    fn producer(&self) -> Arc<FutureProducer> {
+    fn producer(&self) -> Arc<FutureProducer<SinkContext>> {
         self.producer.read().expect("producer lock").clone()
     }
 
     /// Replaces a producer that hit a fatal error (its later sends would all fail).
-    fn recreate(&self, failed: &Arc<FutureProducer>) {
+    fn recreate(&self, failed: &Arc<FutureProducer<SinkContext>>) {
         let mut guard = self.producer.write().expect("producer lock");
         if Arc::ptr_eq(&guard, failed) {
-            match self.config.client_config().create::<FutureProducer>() {
+            match self
+                .config
+                .client_config()
+                .create_with_context::<_, FutureProducer<SinkContext>>(self.context.clone())
+            {
                 Ok(p) => {
                     tracing::warn!("recreated the Kafka producer after a fatal error");
                     *guard = Arc::new(p);
@@ -178,6 +189,21 @@ impl KafkaSink {
     /// Flushes outstanding records (shutdown).
     pub fn flush(&self, timeout: Duration) {
         let _ = self.producer().flush(timeout);
+    }
+}
+
+/// The producer's client context: keeps the last error librdkafka reported on its own (a
+/// broker connection refused or reset, all brokers down), which no delivery report carries,
+/// for the sink-stall WARN ([`super::health`]).
+#[derive(Debug, Default, Clone)]
+pub struct SinkContext {
+    last_error: Arc<Mutex<Option<String>>>,
+}
+
+impl ClientContext for SinkContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(error = %error, reason, "kafka client error");
+        *self.last_error.lock().expect("kafka error lock") = Some(format!("{error}: {reason}"));
     }
 }
 
@@ -199,7 +225,7 @@ const SEND_NOW_MAX: usize = 256;
 /// in it or in which order: the idempotent producer keeps each partition's order as before.
 /// rust-rdkafka's own `flush` calls `rd_kafka_flush` with a zero timeout in a loop, which drops
 /// the override before a broker thread can see it; hence the direct call.
-fn send_now(producer: &Arc<FutureProducer>, linger: Duration) {
+fn send_now(producer: &Arc<FutureProducer<SinkContext>>, linger: Duration) {
     if linger.is_zero() {
         return;
     }
@@ -266,6 +292,18 @@ pub fn classify(code: Option<RDKafkaErrorCode>, text: String) -> Outcome {
 impl Sink for KafkaSink {
     fn name(&self) -> &'static str {
         "kafka"
+    }
+
+    fn describe(&self) -> String {
+        format!("kafka (bootstrap servers {})", self.config.brokers)
+    }
+
+    fn last_error(&self) -> Option<String> {
+        self.context
+            .last_error
+            .lock()
+            .expect("kafka error lock")
+            .clone()
     }
 
     fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {

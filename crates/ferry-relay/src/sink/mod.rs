@@ -3,6 +3,7 @@ use std::io::Write;
 
 use ferry_core::{BoxFuture, ClaimedEvent, Outcome};
 
+pub mod health;
 pub mod kafka;
 
 /// A destination for claimed events.
@@ -12,6 +13,16 @@ pub mod kafka;
 pub trait Sink: Send + Sync {
     /// Short name for logs and metrics.
     fn name(&self) -> &'static str;
+    /// Where it sends, for an operator (the Kafka sink: its bootstrap servers); never a
+    /// credential.
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+    /// The last error the sink's client reported on its own (connection failures, which reach
+    /// no send's outcome), if any.
+    fn last_error(&self) -> Option<String> {
+        None
+    }
     /// Sends a batch and reports each item's outcome.
     fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>>;
 }
