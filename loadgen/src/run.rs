@@ -497,8 +497,10 @@ impl<'a> Run<'a> {
         // pool makes its backends exit, which reports their last statistics
         db.close_pool().await;
         let pg_after = db.pg_costs_settled(Duration::ZERO).await?;
-        if let (Some(_), Some((after, _))) = (&purge, &pg_after) {
-            if after.autovacuum_count == 0 {
+        if let (Some(tally), Some((after, _))) = (&purge, &pg_after) {
+            if tally.vacuum {
+                self.note("each purge run ended with VACUUM (autovacuum is off on this server): purged rows' space is reused, and the size at the end is the table's high-water mark, free space included".to_string());
+            } else if after.autovacuum_count == 0 {
                 self.note("PostgreSQL reuses a purged row's space only after a vacuum, and autovacuum did not vacuum the outbox during this run (its naptime is 1 min): the size at the end still holds the purged rows as dead tuples".to_string());
             }
         }

@@ -108,6 +108,9 @@ pub struct SinkSection {
     pub linger: Option<String>,
     #[serde(default)]
     pub kafka_properties: BTreeMap<String, String>,
+    /// Keys of `kafka_properties` that weaken delivery or order and are run with anyway.
+    #[serde(default)]
+    pub allow_unsafe_properties: Vec<String>,
 }
 
 /// `[metrics]`
@@ -221,6 +224,9 @@ pub struct RelaySettings {
     pub alerts: AlertThresholds,
     /// `None`: the metrics endpoint is off.
     pub listen: Option<SocketAddr>,
+    /// Kafka properties that weaken delivery or order, allowed by name: (key, value, why),
+    /// logged at WARN on every start.
+    pub unsafe_allowed: Vec<(String, String, String)>,
 }
 
 /// Resolves and checks every `ferry relay` setting for a relay on `backend`.
@@ -266,12 +272,41 @@ pub fn relay(
             "invalid alerts.sink_stall (--sink-stall): must be longer than 0, e.g. 30s".into(),
         ));
     }
+    let mut unsafe_allowed = Vec::new();
+    if let SinkSpec::Kafka(kc) = &sink {
+        let allowed: std::collections::BTreeSet<&str> = a
+            .allow_unsafe_kafka_property
+            .iter()
+            .chain(&f.sink.allow_unsafe_properties)
+            .map(|k| k.trim())
+            .collect();
+        for k in &allowed {
+            if !kc.extra.contains_key(*k) {
+                return Err(ConfigError(format!(
+                    "invalid --allow-unsafe-kafka-property {k:?} (sink.allow_unsafe_properties): no such Kafka property is set"
+                )));
+            }
+        }
+        for (k, why) in
+            ferry_relay::sink::kafka::weakening_properties(&kc.extra, config.claim_lease)
+        {
+            let v = kc.extra.get(&k).cloned().unwrap_or_default();
+            if allowed.contains(k.as_str()) {
+                unsafe_allowed.push((k, v, why));
+            } else {
+                return Err(ConfigError(format!(
+                    "refusing Kafka property {k}={v}: {why}; to run with it anyway, pass --allow-unsafe-kafka-property {k} (sink.allow_unsafe_properties)"
+                )));
+            }
+        }
+    }
     let listen = metrics_listen(a, f)?;
     Ok(RelaySettings {
         config,
         sink,
         alerts,
         listen,
+        unsafe_allowed,
     })
 }
 
@@ -733,6 +768,8 @@ mod tests {
         assert_eq!(f.alerts.slo_ratio, Some(a.slo_ratio));
         assert_eq!(dur(&f.alerts.oldest_warning), a.oldest_warning);
         assert_eq!(dur(&f.alerts.oldest_critical), a.oldest_critical);
+        assert_eq!(dur(&f.alerts.sink_stall), a.sink_stall);
+        assert!(f.sink.allow_unsafe_properties.is_empty());
         assert_eq!(
             f.limits.max_payload_bytes,
             Some(Limits::default().max_payload_bytes)

@@ -2,9 +2,10 @@
 //!
 //! Settings come from built-in defaults, then a TOML file (`--config`), then `FERRY_*`
 //! environment variables, then flags (each later source wins). Exit codes: 0 success, 1 runtime
-//! error, 2 bad usage or configuration; `status` exits 2 at a warning and 3 at a critical alert;
-//! `reconcile` exits 2 with unknown or quarantined intents and 3 with business rows that have no
-//! intent; `lab` exits 1 if an expectation did not hold.
+//! error, 2 bad usage or configuration; `status` exits 4 at a warning and 5 at a critical alert;
+//! `reconcile` exits 4 with unknown or quarantined intents and 5 with business rows that have no
+//! intent; `lab` exits 1 if an expectation did not hold; `relay` exits 130 when its shutdown
+//! did not finish within its bound or a second signal cut it short.
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -31,7 +32,11 @@ enum LogFormat {
 #[command(
     name = "ferry",
     version,
-    about = "Transactional-outbox relay: claim, send, confirm — fenced and in order."
+    about = "Transactional-outbox relay: claim, send, confirm — fenced and in order.",
+    after_help = "Exit codes: 0 success; 1 runtime error; 2 bad usage or configuration; \
+                  4 status WARNING, or reconcile found unknown or quarantined intents; \
+                  5 status CRITICAL, or reconcile found business rows without an intent; \
+                  130 relay shutdown cut short (past --shutdown-timeout + 10 s, or a second signal)."
 )]
 struct Cli {
     /// TOML configuration file (see docs/operations.md for every key).
@@ -64,10 +69,12 @@ struct Cli {
 enum Cmd {
     /// Apply the embedded schema migrations (waits for a concurrent migrate; never double-applies).
     Migrate,
-    /// Run the relay until SIGINT/SIGTERM, then drain gracefully and exit 0.
+    /// Run the relay until SIGINT/SIGTERM, then drain gracefully and exit 0 (130 when the drain
+    /// outlasts --shutdown-timeout + 10 s, or at a second signal).
     Relay(cmd::relay::RelayArgs),
     /// Show backlog, oldest intent age, unknown exposure, quarantine and slot owners.
-    /// Exits 2 past the warning threshold (or with blocked aggregates), 3 past the critical one.
+    /// Exits 4 at a warning (past the warning age, blocked aggregates, a harmful server setting),
+    /// 5 at a critical alert (past the critical age); 2 is bad usage, 1 an error.
     Status(cmd::status::StatusArgs),
     /// Inspect and resolve quarantined events.
     Quarantine {
@@ -79,7 +86,8 @@ enum Cmd {
     /// Delete SENT rows older than the retention window, in bounded batches. Never touches
     /// PENDING, CLAIMED, QUARANTINED or SKIPPED rows.
     Purge(cmd::purge::PurgeArgs),
-    /// Classify every intent under a fixed watermark into mutually exclusive classes.
+    /// Classify every intent under a fixed watermark into mutually exclusive classes. Exits 4
+    /// with unknown or quarantined intents, 5 with business rows that have no intent.
     Reconcile(cmd::reconcile::ReconcileArgs),
     /// The reliability lab: run the outbox's failure cases (rollback, crash windows, stale claims,
     /// partial batches) on a fresh database (a temporary SQLite file by default or with a

@@ -64,6 +64,15 @@ async fn metric(relay: &RelayProcess, name: &str) -> Option<f64> {
     ferry_relay::metrics::sample(&text, name)
 }
 
+/// A probe's status code and body (`/healthz`, `/ready`).
+async fn probe(relay: &RelayProcess, path: &str) -> (u16, String) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], relay.metrics_port()));
+    let (s, body) = ferry_relay::metrics::get(addr, path, Duration::from_secs(5))
+        .await
+        .unwrap();
+    (s.as_u16(), body)
+}
+
 async fn owners(db: &TestDb) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for l in db.store.slot_leases().await.unwrap() {
@@ -106,6 +115,11 @@ async fn graceful_shutdown_releases_everything(db: TestDb, mode: DispatchMode) {
         owners(&db).await.get("solo") == Some(&256)
     })
     .await;
+    wait_until("ready", Duration::from_secs(20), || async {
+        probe(&relay, "/ready").await.0 == 200
+    })
+    .await;
+    assert_eq!(probe(&relay, "/healthz").await, (200, "ok\n".into()));
     relay.signal(libc::SIGTERM);
     assert_eq!(relay.wait_exit(Duration::from_secs(20)), Some(0));
     let st = db.store.status().await.unwrap();
@@ -454,6 +468,11 @@ async fn shutdown_is_bounded_when_the_broker_never_answers() {
     let log = relay.tail(200);
     let warn = log.lines().find(|l| l.contains("sink stalled")).unwrap();
     assert!(warn.contains("WARN") && warn.contains(&broker), "{warn}");
+    // alive, not ready
+    assert_eq!(probe(&relay, "/healthz").await.0, 200);
+    let (s, body) = probe(&relay, "/ready").await;
+    assert_eq!(s, 503);
+    assert!(body.contains("sink stalled"), "{body}");
     let t = std::time::Instant::now();
     relay.signal(libc::SIGTERM);
     let code = relay.wait_exit(Duration::from_secs(30));
@@ -488,5 +507,33 @@ async fn a_second_signal_exits_at_once() {
     assert_eq!(code, Some(130), "log:\n{}", relay.tail(40));
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert_eq!(db.store.status().await.unwrap().pending, 3);
+    db.cleanup().await;
+}
+
+/// A first start on a new database (which starts in row dispatch) sets it to cursor dispatch
+/// without a warning: a WARN for normal operation teaches operators to ignore warnings. (It
+/// logged `WARN converted the outbox to cursor dispatch` before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_start_logs_no_warning() {
+    let db = TestDb::sqlite().await;
+    let mut relay = spawn_relay(&db.url, &["--sink", "null"], "first", DispatchMode::Cursor);
+    wait_until("ready", Duration::from_secs(20), || async {
+        probe(&relay, "/ready").await.0 == 200
+    })
+    .await;
+    db.store.enqueue(&[ev("a", 1)]).await.unwrap();
+    wait_until("delivered", Duration::from_secs(20), || async {
+        db.store.status().await.unwrap().pending == 0
+    })
+    .await;
+    relay.signal(libc::SIGTERM);
+    assert_eq!(relay.wait_exit(Duration::from_secs(30)), Some(0));
+    let log = std::fs::read_to_string(relay.log()).unwrap();
+    assert!(log.contains("outbox set to cursor dispatch"), "{log}");
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains("ERROR"))
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
     db.cleanup().await;
 }

@@ -95,7 +95,7 @@ async fn postgres_status_warns_about_the_outbox_reloption_and_a_cached_sequence(
     let seq = format!("{}.ferry_outbox_seq_seq", db.name());
     let o = ferry(&["status", "--database-url", &db.url]);
     let out = text_of(&o);
-    assert_eq!(o.status.code(), Some(2), "{out}");
+    assert_eq!(o.status.code(), Some(4), "{out}");
     assert!(out.contains("status:              WARNING"), "{out}");
     let line = |needle: &str| {
         out.lines()
@@ -120,7 +120,7 @@ async fn postgres_status_warns_about_the_outbox_reloption_and_a_cached_sequence(
     let mut expected = global.clone();
     expected.insert("ferry_outbox.autovacuum_enabled".into());
     expected.insert(format!("{seq}.cache"));
-    assert_eq!((code, warned), (Some(2), expected));
+    assert_eq!((code, warned), (Some(4), expected));
 
     // a warning never lowers a critical backlog: the exit code is the higher level
     db.store
@@ -136,7 +136,7 @@ async fn postgres_status_warns_about_the_outbox_reloption_and_a_cached_sequence(
         "--oldest-critical",
         "0s",
     ]);
-    assert_eq!(o.status.code(), Some(3), "{}", text_of(&o));
+    assert_eq!(o.status.code(), Some(5), "{}", text_of(&o));
     assert!(text_of(&o).contains("ferry_outbox has autovacuum_enabled = false"));
 
     // fixed as the warnings say: nothing left but the server-wide settings
@@ -173,7 +173,7 @@ async fn postgres_status_warns_about_track_counts_off() {
     let url = format!("{}&options[track_counts]=off", db.url);
     let o = ferry(&["status", "--database-url", &url]);
     let out = text_of(&o);
-    assert_eq!(o.status.code(), Some(2), "{out}");
+    assert_eq!(o.status.code(), Some(4), "{out}");
     assert!(
         out.lines()
             .any(|l| l.starts_with("  - track_counts = off: ")
@@ -203,7 +203,7 @@ async fn mariadb_status_follows_innodb_flush_log_at_trx_commit() {
         assert_eq!((code, warned), (Some(0), BTreeSet::new()));
     } else {
         let expected = BTreeSet::from(["innodb_flush_log_at_trx_commit".to_string()]);
-        assert_eq!((code, warned), (Some(2), expected));
+        assert_eq!((code, warned), (Some(4), expected));
         let o = ferry(&["status", "--database-url", &db.url]);
         assert!(
             text_of(&o).contains(&format!("  - innodb_flush_log_at_trx_commit = {flush}: ")),

@@ -290,10 +290,11 @@ pub struct PurgeRequest<'a> {
     pub consumer: Option<&'a str>,
     /// Count what would be deleted, delete nothing.
     pub dry_run: bool,
-    /// PostgreSQL: `VACUUM ferry_outbox` after a run that deleted rows, for a server or table
-    /// whose autovacuum is off (deleted rows stay in the heap and every index until a vacuum,
-    /// and a later purge or read walks them). Ignored by the other backends: MariaDB's purge
-    /// thread and SQLite's free list reuse the space of deleted rows on their own.
+    /// PostgreSQL: `VACUUM` the outbox and the small tables every advance rewrites (slot
+    /// leases, ticks, exception rows) after the run, for a server or tables whose autovacuum is
+    /// off (deleted rows and old row versions stay in the heap and every index until a vacuum,
+    /// and later purges, reads and advances walk them). Ignored by the other backends:
+    /// MariaDB's purge thread and SQLite's free list reuse the space on their own.
     pub vacuum: bool,
 }
 

@@ -12,8 +12,9 @@
 //! The `metrics` exporter would replace hdrhistogram with its own summaries and bring its own
 //! HTTP server.
 //!
-//! prometheus-client has no summary type, so each latency distribution is exposed as the
-//! series a summary has — `name{quantile="…"}`, `name_sum`, `name_count` — typed as gauges.
+//! Each latency distribution (and the batch size) is a Prometheus histogram with fixed buckets,
+//! computed from its hdrhistogram at scrape time: buckets add up across relays and windows,
+//! which quantile gauges cannot.
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,9 @@ use prometheus_client::registry::Registry;
 
 mod endpoint;
 
-pub use endpoint::{scrape, serve, ScrapeError, ServeConfig};
+pub use endpoint::{
+    get, live, ready, scrape, serve, ScrapeError, ServeConfig, DB_WITHIN, LIVE_WITHIN,
+};
 
 /// A latency histogram in microseconds (1 µs .. 1 h, 3 significant digits).
 #[derive(Debug)]
@@ -70,11 +73,6 @@ impl Latency {
     }
 }
 
-/// Quantiles reported for every latency.
-pub const QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];
-/// Their `quantile` label values.
-const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
-
 /// Alert thresholds (defaults: 99.9 % within 30 s, warn at 5 min, critical at 1 h), exposed with the metrics so alert rules
 /// and `ferry status` share one definition.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,6 +108,13 @@ pub struct Metrics {
     pub alerts: Mutex<AlertThresholds>,
     /// When the relay started, µs since the epoch (0: not started).
     pub started_us: AtomicI64,
+    /// 1 once the relay resolved its dispatch mode and started its workers (`/ready`).
+    pub dispatch_resolved: AtomicI64,
+    /// The last tick of the relay's loops, µs since the epoch (`/healthz`).
+    pub loop_tick_us: AtomicI64,
+    /// The last database operation that succeeded (an ownership heartbeat, a status count),
+    /// µs since the epoch (`/ready`).
+    pub db_ok_us: AtomicI64,
     /// Events handed to the sink with no outcome yet ([`crate::sink::health::WatchedSink`]).
     pub sink_in_flight: AtomicI64,
     /// When the sink last went from idle to busy, µs since the epoch (0: idle).
@@ -229,40 +234,48 @@ fn log_nth(n: u64) -> bool {
     n <= 10 || n % 1000 < 1
 }
 
-/// An hdrhistogram as the series of a Prometheus summary: `name{quantile="…"}`, `name_sum` and
-/// `name_count`. prometheus-client has no summary type (its histogram is bucketed), so they are
-/// three gauge families; the series names and values are those of a summary.
-fn summary(
+/// Bucket bounds of the latency histograms, in seconds: 1 ms to 1 h, about three per decade,
+/// fine where the SLO's 30 s and the alert ages fall.
+pub const LATENCY_BUCKETS: [f64; 20] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+/// Bucket bounds of the batch-size histogram, in events.
+pub const BATCH_BUCKETS: [f64; 12] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
+];
+
+/// An hdrhistogram as a Prometheus histogram (`name_bucket{le="…"}`, `name_sum`, `name_count`),
+/// bucketed at scrape time: each bucket counts the recorded values at or below its bound (in
+/// the histogram's units, `bounds` × `scale`), so histograms from many relays add up and any
+/// quantile can be taken over any window with `histogram_quantile`. hdrhistogram keeps values
+/// to 3 significant digits, so a value within 0.1 % of a bound may land in the next bucket.
+fn histogram(
     e: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     h: &Histogram<u64>,
     scale: f64,
+    bounds: &[f64],
 ) -> fmt::Result {
-    {
-        let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for (q, label) in QUANTILES.into_iter().zip(QUANTILE_LABELS) {
-            let v = if h.is_empty() {
-                0.0
+    let mut below = 0u64;
+    let mut buckets: Vec<(f64, u64)> = bounds
+        .iter()
+        .map(|&b| {
+            let upto = if h.is_empty() {
+                0
             } else {
-                h.value_at_quantile(q) as f64 / scale
+                h.count_between(0, (b * scale) as u64)
             };
-            ConstGauge::new(v).encode(family.encode_family(&[("quantile", label)])?)?;
-        }
-    }
+            let n = upto.saturating_sub(below);
+            below = below.max(upto);
+            (b, n)
+        })
+        .collect();
+    buckets.push((f64::INFINITY, h.len().saturating_sub(below)));
     let sum = h.mean() * h.len() as f64 / scale;
-    gauge(
-        e,
-        &format!("{name}_sum"),
-        &format!("{help} Sum of the observations."),
-        sum,
-    )?;
-    gauge(
-        e,
-        &format!("{name}_count"),
-        &format!("{help} Count of the observations."),
-        h.len(),
-    )
+    e.encode_descriptor(name, help, None, MetricType::Histogram)?
+        .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, h.len(), &buckets, None)
 }
 
 impl Metrics {
@@ -559,40 +572,45 @@ impl Collector for Exposition {
             "Cursor mode: age of the oldest open write transaction (PostgreSQL: its own intents wait for it; MySQL/MariaDB: every intent committed after it began waits for it).",
             secs(g(&m.horizon_blocker_age_us)),
         )?;
-        summary(
+        histogram(
             e,
             "ferry_batch_size_events",
             "Events per claimed batch.",
             &m.batch_size.snapshot(),
             1.0,
+            &BATCH_BUCKETS,
         )?;
-        summary(
+        histogram(
             e,
             "ferry_claim_latency_seconds",
             "Claim transaction latency.",
             &m.claim_latency.snapshot(),
             1e6,
+            &LATENCY_BUCKETS,
         )?;
-        summary(
+        histogram(
             e,
             "ferry_send_latency_seconds",
             "Sink send latency per batch.",
             &m.send_latency.snapshot(),
             1e6,
+            &LATENCY_BUCKETS,
         )?;
-        summary(
+        histogram(
             e,
             "ferry_ack_latency_seconds",
             "Outcome compare-and-set latency per batch.",
             &m.ack_latency.snapshot(),
             1e6,
+            &LATENCY_BUCKETS,
         )?;
-        summary(
+        histogram(
             e,
             "ferry_commit_to_ack_seconds",
             "Intent commit to SENT.",
             &m.commit_to_ack.snapshot(),
             1e6,
+            &LATENCY_BUCKETS,
         )?;
         let a = *m.alerts.lock().expect("alerts lock");
         gauge(
@@ -612,6 +630,18 @@ impl Collector for Exposition {
             "ferry_publish_within_slo_ratio",
             "Share of the events this relay SENT since it started that went from created_at to SENT within the SLO target (1 before any).",
             m.within_slo_ratio(),
+        )?;
+        counter(
+            e,
+            "ferry_publish_slo_events_total",
+            "Events this relay SENT whose commit-to-SENT time was measured for the SLO.",
+            l(&m.slo_observed),
+        )?;
+        counter(
+            e,
+            "ferry_publish_within_slo_events_total",
+            "Of those, the events SENT within the SLO target (burn rate: 1 - rate(this) / rate(ferry_publish_slo_events_total), against 1 - the objective).",
+            l(&m.slo_within),
         )?;
         gauge(
             e,
@@ -794,6 +824,40 @@ mod tests {
             .map(|n| n.trim_start_matches("ferry_"))
             .collect();
         assert_eq!(documented, exposed, "docs/operations.md vs GET /metrics");
+    }
+
+    /// Latencies are histograms: cumulative buckets in seconds, `_sum` and `_count`, so that
+    /// relays' distributions add up.
+    #[test]
+    fn latencies_are_bucketed_histograms() {
+        let m = Arc::new(Metrics::default());
+        for us in [500_000, 2_000_000, 40_000_000] {
+            m.commit_to_ack.record_us(us);
+        }
+        let t = m.render();
+        assert!(
+            t.contains("# TYPE ferry_commit_to_ack_seconds histogram"),
+            "{t}"
+        );
+        for (le, n) in [
+            ("0.25", 0),
+            ("0.5", 1),
+            ("1.0", 1),
+            ("2.5", 2),
+            ("30.0", 2),
+            ("60.0", 3),
+            ("+Inf", 3),
+        ] {
+            let line = format!("ferry_commit_to_ack_seconds_bucket{{le=\"{le}\"}} {n}");
+            assert!(t.lines().any(|l| l == line), "{line} not in:\n{t}");
+        }
+        assert_eq!(value(&t, "ferry_commit_to_ack_seconds_count"), 3.0);
+        let sum = value(&t, "ferry_commit_to_ack_seconds_sum");
+        assert!((sum - 42.5).abs() < 0.1, "{sum}");
+        assert!(
+            t.contains("ferry_batch_size_events_bucket{le=\"+Inf\"} 0"),
+            "{t}"
+        );
     }
 
     /// Per-event error logs (misrouted intents, order regressions): the first ten, then every

@@ -62,6 +62,9 @@ pub struct OwnershipConfig {
     pub heartbeat: Duration,
 }
 
+/// A failure episode of the heartbeat is logged at its start, then at most this often.
+const EPISODE_REMINDER: Duration = Duration::from_secs(60);
+
 /// Runs the ownership loop, publishing the owned slots on `tx`, until `cancel`.
 /// Does not release slots on exit: the relay does that after its workers drained.
 ///
@@ -78,8 +81,23 @@ pub(crate) async fn run(
     displaced: CancellationToken,
 ) -> Option<ferry_core::StoreError> {
     let mut held: BTreeSet<SlotId> = BTreeSet::new();
+    // a failing database is logged once per episode (then every EPISODE_REMINDER), and its end
+    let mut failing: Option<(tokio::time::Instant, tokio::time::Instant, u64)> = None;
     loop {
-        match tick(&*store, &cfg, &held).await {
+        let result = tick(&*store, &cfg, &held).await;
+        if result.is_ok() {
+            metrics
+                .db_ok_us
+                .store(ferry_core::now_micros(), Ordering::Relaxed);
+            if let Some((since, _, n)) = failing.take() {
+                tracing::info!(
+                    failed_heartbeats = n,
+                    after_secs = since.elapsed().as_secs(),
+                    "slot ownership heartbeat succeeds again"
+                );
+            }
+        }
+        match result {
             Err(e) if e.kind() == ferry_core::StoreErrorKind::OwnerInUse => {
                 tracing::error!(owner = %cfg.owner, error = %e, "another relay process took this owner id: stopping");
                 metrics.slots_owned.store(0, Ordering::Relaxed);
@@ -115,7 +133,25 @@ pub(crate) async fn run(
             Err(e) => {
                 // Keep going: leases we cannot renew expire and the database fences our claims.
                 metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "slot ownership heartbeat failed");
+                let now = tokio::time::Instant::now();
+                match &mut failing {
+                    None => {
+                        failing = Some((now, now, 1));
+                        tracing::warn!(error = %e, "slot ownership heartbeat failed; retrying every heartbeat (logged again every minute while it lasts)");
+                    }
+                    Some((since, last, n)) => {
+                        *n += 1;
+                        if now.duration_since(*last) >= EPISODE_REMINDER {
+                            *last = now;
+                            tracing::warn!(
+                                error = %e,
+                                failed_heartbeats = *n,
+                                failing_secs = since.elapsed().as_secs(),
+                                "slot ownership heartbeat still failing"
+                            );
+                        }
+                    }
+                }
             }
         }
         tokio::select! {
@@ -141,10 +177,23 @@ pub(crate) async fn claim_owner(
     let beat = ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl).instance(&cfg.instance);
     let deadline = tokio::time::Instant::now() + cfg.ttl + cfg.heartbeat;
     let mut waiting = false;
+    let mut transient = crate::relay::Episode::new("membership heartbeat at start");
     loop {
         let e = match store.heartbeat_member(&beat).await {
-            Ok(_) => return Ok(true),
+            Ok(_) => {
+                transient.ended();
+                return Ok(true);
+            }
             Err(e) if e.kind() == ferry_core::StoreErrorKind::OwnerInUse => e,
+            Err(e) if crate::relay::is_transient(&e) => {
+                // a full disk, a lost connection, a failover: wait for it to pass
+                let wait = transient.failed(&e);
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(false),
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                continue;
+            }
             Err(e) => return Err(e),
         };
         if tokio::time::Instant::now() >= deadline {

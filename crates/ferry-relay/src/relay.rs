@@ -325,11 +325,33 @@ impl Relay {
             .started_us
             .store(ferry_core::now_micros(), Ordering::Relaxed);
         let sink: Arc<dyn Sink> = Arc::new(WatchedSink::new(sink, metrics.clone()));
-        let mode = resolve_dispatch(&*store, &config).await?;
+        let mode = {
+            let mut episode = Episode::new("resolving the dispatch mode at start");
+            loop {
+                match resolve_dispatch(&*store, &config).await {
+                    Ok(m) => {
+                        episode.ended();
+                        break m;
+                    }
+                    Err(e) if is_transient(&e) => {
+                        let wait = episode.failed(&e);
+                        tokio::select! {
+                            _ = cancel.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
         metrics
             .dispatch_cursor
             .store(i64::from(mode == DispatchMode::Cursor), Ordering::Relaxed);
         tracing::info!(dispatch = %mode, backend = store.backend(), "dispatch mode");
+        // resolving it read the database
+        metrics
+            .db_ok_us
+            .store(ferry_core::now_micros(), Ordering::Relaxed);
         let (slots_tx, slots_rx) = watch::channel::<Vec<SlotId>>(Vec::new());
         let stop_aux = CancellationToken::new();
         let mut aux = Vec::new();
@@ -406,6 +428,7 @@ impl Relay {
             in_flight: Mutex::new(HashMap::new()),
             next_batch: AtomicU64::new(0),
         });
+        ctx.metrics.dispatch_resolved.store(1, Ordering::Relaxed);
         let workers: Vec<_> = (0..config.workers)
             .map(|w| match mode {
                 DispatchMode::Row => {
@@ -479,6 +502,62 @@ pub fn preferred_dispatch(backend: &str) -> DispatchMode {
     }
 }
 
+/// Whether a store error can pass on its own (a lost or refused connection, a full disk, a
+/// deadlock, a failover): everything but a bad schema, a bad argument and a taken owner id,
+/// which no retry cures.
+pub(crate) fn is_transient(e: &StoreError) -> bool {
+    use ferry_core::StoreErrorKind as K;
+    matches!(e.kind(), K::Unavailable | K::Conflict | K::Other)
+}
+
+/// A run of failures of one step that is retried until it passes: logged at WARN when it
+/// begins and then at most once a minute, at INFO when it ends; the wait before each retry
+/// doubles from 250 ms to 10 s.
+pub(crate) struct Episode {
+    what: &'static str,
+    began: Option<(Instant, Instant, u32)>,
+}
+
+impl Episode {
+    pub(crate) fn new(what: &'static str) -> Self {
+        Self { what, began: None }
+    }
+
+    /// Notes a failure; the wait before the next attempt.
+    pub(crate) fn failed(&mut self, e: &StoreError) -> Duration {
+        let now = Instant::now();
+        let n = match &mut self.began {
+            None => {
+                self.began = Some((now, now, 1));
+                tracing::warn!(error = %e, "{} failed; retrying until it passes (logged again every minute)", self.what);
+                1
+            }
+            Some((since, last, n)) => {
+                *n += 1;
+                if now.duration_since(*last) >= Duration::from_secs(60) {
+                    *last = now;
+                    tracing::warn!(error = %e, attempts = *n, failing_secs = since.elapsed().as_secs(), "{} still failing", self.what);
+                }
+                *n
+            }
+        };
+        (Duration::from_millis(250) * 2u32.saturating_pow(n.min(6) - 1))
+            .min(Duration::from_secs(10))
+    }
+
+    /// Notes a success: the end of an episode, if one was running.
+    pub(crate) fn ended(&mut self) {
+        if let Some((since, _, n)) = self.began.take() {
+            tracing::info!(
+                attempts = n,
+                after_secs = since.elapsed().as_secs(),
+                "{} succeeds again",
+                self.what
+            );
+        }
+    }
+}
+
 /// The mode this relay runs in: the configured one, else the store's preferred one. Converts
 /// the outbox when it is stored in the other mode.
 async fn resolve_dispatch(
@@ -545,6 +624,9 @@ async fn status_poller(
         let started = tokio::time::Instant::now();
         match store.shared_status(every).await {
             Ok(s) => {
+                metrics
+                    .db_ok_us
+                    .store(ferry_core::now_micros(), Ordering::Relaxed);
                 metrics.pending.store(s.pending, Ordering::Relaxed);
                 metrics.claimed.store(s.claimed, Ordering::Relaxed);
                 metrics

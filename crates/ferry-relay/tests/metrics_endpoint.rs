@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_relay::metrics::{sample, scrape, serve, ServeConfig};
+use ferry_relay::metrics::{get, sample, scrape, serve, ServeConfig};
 use ferry_relay::Metrics;
 use rand::{RngCore, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -213,4 +213,56 @@ async fn a_scrape_waits_for_a_free_slot_and_answers() {
     for mut s in holders {
         read_until_closed(&mut s, PROMPT).await;
     }
+}
+
+/// `/healthz` answers 200 while the relay's loops tick and 503 once they stop; `/ready` answers
+/// 503 until the relay has started and reached the database, 200 then, and 503 again (naming
+/// each cause) when the database has not answered for 30 s or the sink has stalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_follow_the_relay_state() {
+    use hyper::StatusCode;
+    let ep = start(ServeConfig::default()).await;
+    let m = &ep.metrics;
+    let probe = |path: &'static str| async move { get(ep.addr, path, PROMPT).await.unwrap() };
+    let (s, body) = probe("/healthz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (s, body) = probe("/ready").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body.contains("starting") && body.contains("database"),
+        "{body}"
+    );
+    let now = ferry_core::now_micros();
+    m.loop_tick_us.store(now, Ordering::Relaxed);
+    m.dispatch_resolved.store(1, Ordering::Relaxed);
+    m.db_ok_us.store(now, Ordering::Relaxed);
+    assert_eq!(probe("/healthz").await, (StatusCode::OK, "ok\n".into()));
+    assert_eq!(probe("/ready").await, (StatusCode::OK, "ready\n".into()));
+    // the loops stopped ticking 11 s ago: not alive
+    m.loop_tick_us.store(now - 11_000_000, Ordering::Relaxed);
+    let (s, body) = probe("/healthz").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("have not run for 11s"), "{body}");
+    // the database quiet for 31 s and the sink stalled for 40 s: both named
+    m.db_ok_us.store(now - 31_000_000, Ordering::Relaxed);
+    m.sink_in_flight.store(5, Ordering::Relaxed);
+    m.sink_busy_since_us
+        .store(now - 40_000_000, Ordering::Relaxed);
+    let (s, body) = probe("/ready").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body.contains("no database operation has succeeded for 31s"),
+        "{body}"
+    );
+    assert!(
+        body.contains("sink stalled: 5 events have had no ack for 40s"),
+        "{body}"
+    );
+    let post = exchange(
+        ep.addr,
+        b"POST /ready HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        PROMPT,
+    )
+    .await;
+    assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
 }

@@ -136,6 +136,13 @@ pub const PING_IDLE_AFTER: Duration = Duration::from_secs(30);
 /// the ping on acquire once it has been idle `ping_idle_after`; one that breaks sooner fails its
 /// next statement once, which every caller already treats as a store error (the relay retries).
 /// Tests: `idle_connections_killed_by_the_server_are_replaced_*` (tests/pool.rs).
+///
+/// A connection still inside a transaction when it is handed out again is closed instead: its
+/// COMMIT or ROLLBACK failed and the rollback its `Transaction` queued on drop failed too. On
+/// SQLite a COMMIT that fails with "database or disk is full" leaves it so (sqlx counts the
+/// transaction as open while SQLite already rolled it back, and every later `begin` on that
+/// connection failed with "attempted to call begin_with at non-zero transaction depth").
+/// Test: `a_full_disk_is_survived` (tests/disk_full.rs).
 pub fn pool_options<DB: sqlx::Database>(
     max_connections: u32,
     acquire_timeout: Duration,
@@ -147,6 +154,10 @@ pub fn pool_options<DB: sqlx::Database>(
         .test_before_acquire(false)
         .before_acquire(move |conn, meta| {
             Box::pin(async move {
+                if sqlx::Connection::is_in_transaction(conn) {
+                    tracing::warn!("closing a pooled connection left inside a failed transaction");
+                    return Ok(false);
+                }
                 if meta.idle_for >= ping_idle_after {
                     sqlx::Connection::ping(conn).await?;
                 }

@@ -320,14 +320,19 @@ pub(crate) async fn purge_sent(
     } else {
         purge_rows(pools, cutoff, batch, consumer, dry_run).await?
     };
-    if vacuum && !dry_run && total > 0 {
+    if vacuum && !dry_run {
         if let Pools::Pg(pool) = pools {
             // Simple protocol: VACUUM cannot run inside the implicit transaction some drivers
             // wrap an extended-protocol statement in.
-            sqlx::raw_sql("VACUUM ferry_outbox")
-                .execute(pool)
-                .await
-                .map_err(|e| db_err("purge: vacuum ferry_outbox", e))?;
+            // the outbox, and the small tables every advance and read rewrites (the slot leases
+            // with the cursors, the ticks, the exception rows), which bloat just as fast without
+            // autovacuum and slow every advance down
+            sqlx::raw_sql(
+                "VACUUM ferry_outbox, ferry_slot_lease, ferry_tick, ferry_outbox_exception",
+            )
+            .execute(pool)
+            .await
+            .map_err(|e| db_err("purge: vacuum", e))?;
         }
     }
     Ok(total)
@@ -394,14 +399,16 @@ async fn purge_rows(
 /// (`ferry_outbox_cursor_view` derives it); its age is its `created_at` (the derived state has
 /// no delivery time).
 ///
-/// The rows are walked once, in seq order, between two bounds: below, the last seq the run
-/// deleted (a statement never walks again what the one before it deleted); above, the first
-/// row in seq order that is not older than the cutoff (found by a primary-key scan that stops
-/// there). Without the upper bound the last statement of every run would walk the whole young
-/// tail of the table, which is what retention keeps, to find nothing; without the lower bound
-/// every statement would walk the entries of the rows deleted before it, which stay in the
-/// indexes until a vacuum. A row older than the cutoff above the bound (its transaction ran
-/// long enough for a younger row to take a lower seq) is deleted by a later run.
+/// The rows are walked once, in seq order, in ranges of `batch` seq values: from the lowest row
+/// up to the first row in seq order that is not older than the cutoff (found by a primary-key
+/// scan that stops there). Each statement deletes the rows of one range that the view derives
+/// as SENT, so it looks at no more than `batch` rows whatever the table holds. (A `LIMIT batch`
+/// over the whole old part instead let the planner hash-join and sort every old row for each
+/// statement, its estimate of the derived-state filter being far too low: 7.3 s per 1,000
+/// rows with 1.4 million old rows, docs/notes/2026-12-06-performance-log.md.) The young part
+/// of the table, which is what retention keeps, is never walked. A row older than the cutoff
+/// above the bound (its transaction ran long enough for a younger row to take a lower seq) is
+/// deleted by a later run.
 async fn purge_cursor(
     pools: Pools<'_>,
     cutoff: i64,
@@ -410,70 +417,87 @@ async fn purge_cursor(
     dry_run: bool,
 ) -> Result<u64, StoreError> {
     let d = pools.dialect();
-    let hi = pools
-        .rows(
-            &format!(
-                "SELECT seq FROM ferry_outbox WHERE created_at >= {} ORDER BY seq LIMIT 1",
-                d.now_minus_param()
-            ),
-            &[Bind::I64(cutoff)],
-        )
-        .await?
-        .first()
-        .and_then(|r| r[0].as_deref())
-        .and_then(|v| v.parse::<i64>().ok())
-        .unwrap_or(i64::MAX);
+    let first_i64 = |rows: Vec<Vec<Option<String>>>| {
+        rows.first()
+            .and_then(|r| r[0].as_deref())
+            .and_then(|v| v.parse::<i64>().ok())
+    };
+    let hi = first_i64(
+        pools
+            .rows(
+                &format!(
+                    "SELECT seq FROM ferry_outbox WHERE created_at >= {} ORDER BY seq LIMIT 1",
+                    d.now_minus_param()
+                ),
+                &[Bind::I64(cutoff)],
+            )
+            .await?,
+    )
+    .unwrap_or(i64::MAX);
+    let Some(lowest) = first_i64(
+        pools
+            .rows("SELECT seq FROM ferry_outbox ORDER BY seq LIMIT 1", &[])
+            .await?,
+    ) else {
+        return Ok(0);
+    };
     let mut filter = format!(
-        "o.seq > ? AND o.seq < ? AND o.state = 'SENT' AND o.created_at < {}",
+        "o.seq >= ? AND o.seq < ? AND o.state = 'SENT' AND o.created_at < {}",
         d.now_minus_param()
     );
-    let tail = |lo: i64| {
-        let mut b = vec![Bind::I64(lo), Bind::I64(hi), Bind::I64(cutoff)];
+    if consumer.is_some() {
+        filter.push_str(" AND ");
+        filter.push_str(&inbox_exists("o"));
+    }
+    let range = |from: i64, to: i64| {
+        let mut b = vec![Bind::I64(from), Bind::I64(to), Bind::I64(cutoff)];
         if let Some(c) = consumer {
             b.extend(consumer_binds(c));
         }
         b
     };
-    if consumer.is_some() {
-        filter.push_str(" AND ");
-        filter.push_str(&inbox_exists("o"));
-    }
     let source = "ferry_outbox_cursor_view o";
     if dry_run {
         return count(
             pools,
             &format!("SELECT COUNT(*) FROM {source} WHERE {filter}"),
-            &tail(i64::MIN),
+            &range(lowest, hi),
         )
         .await;
     }
     // MariaDB cannot read the table it deletes from in a subquery (the view reads
-    // ferry_outbox): a derived table, materialised first, lets it. RETURNING: MariaDB 10.5+,
-    // SQLite 3.35+.
-    let pick = format!("SELECT o.seq FROM {source} WHERE {filter} ORDER BY o.seq LIMIT {batch}");
+    // ferry_outbox): a derived table, materialised first, lets it.
+    let pick = format!("SELECT o.seq FROM {source} WHERE {filter}");
     let sql = if d == Dialect::My {
-        format!(
-            "DELETE FROM ferry_outbox WHERE seq IN (SELECT seq FROM ({pick}) AS b) RETURNING seq"
-        )
+        format!("DELETE FROM ferry_outbox WHERE seq IN (SELECT seq FROM ({pick}) AS b)")
     } else {
-        format!("DELETE FROM ferry_outbox WHERE seq IN ({pick}) RETURNING seq")
+        format!("DELETE FROM ferry_outbox WHERE seq IN ({pick})")
     };
+    let step = i64::try_from(batch).unwrap_or(i64::MAX);
     let mut total = 0u64;
-    let mut lo = i64::MIN;
-    loop {
-        let deleted = pools.rows(&sql, &tail(lo)).await?;
-        total += deleted.len() as u64;
-        if let Some(max) = deleted
-            .iter()
-            .filter_map(|r| r[0].as_deref().and_then(|v| v.parse::<i64>().ok()))
-            .max()
-        {
-            lo = max;
-        }
-        if deleted.len() < batch {
-            break;
-        }
-        // give concurrent reads and advances a moment between bounded batches
+    let mut from = lowest;
+    while from < hi {
+        let to = from.saturating_add(step).min(hi);
+        let n = pools.exec(&sql, &range(from, to)).await?;
+        total += n;
+        from = if n > 0 {
+            to
+        } else {
+            // nothing to delete there (a gap, or rows kept: undelivered, quarantined): go on
+            // from the next row, so that a long-kept row does not make every run walk the
+            // empty ranges above it
+            first_i64(
+                pools
+                    .rows(
+                        "SELECT seq FROM ferry_outbox WHERE seq >= ? ORDER BY seq LIMIT 1",
+                        &[Bind::I64(to)],
+                    )
+                    .await?,
+            )
+            .unwrap_or(hi)
+            .max(to)
+        };
+        // give concurrent reads and advances a moment between bounded statements
         tokio::task::yield_now().await;
     }
     // exception rows of purged (SENT) intents

@@ -16,6 +16,13 @@ pub mod reconcile;
 pub mod relay;
 pub mod status;
 
+/// `status` at a warning; `reconcile` with unknown or quarantined intents. Distinct from 2
+/// (bad usage or configuration), so that a monitoring check can tell a finding from its own
+/// mistake.
+pub const EXIT_WARNING: u8 = 4;
+/// `status` at a critical alert; `reconcile` with business rows that have no intent.
+pub const EXIT_CRITICAL: u8 = 5;
+
 /// A failure with its exit code.
 pub struct Failure {
     pub code: u8,

@@ -13,7 +13,8 @@ pub struct PurgeArgs {
     /// cursor dispatch: by created_at, the derived SENT state having no delivery time).
     #[arg(long)]
     pub older_than: String,
-    /// Rows per delete statement (each its own short transaction).
+    /// Rows per delete statement, each its own short transaction (cursor dispatch: seq values
+    /// per statement).
     #[arg(long, default_value_t = config::DEFAULT_PURGE_BATCH)]
     pub batch: usize,
     /// Only rows this consumer has consumed: in its Inbox (ferry_inbox, same database), or
@@ -23,10 +24,11 @@ pub struct PurgeArgs {
     /// Only count what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
-    /// PostgreSQL: VACUUM the outbox after deleting, for a server or table whose autovacuum is
-    /// off (`ferry status` warns about it); the deleted rows' space is reused and later purges
-    /// and reads stop walking them. Ignored by MariaDB and SQLite, which reuse the space on
-    /// their own.
+    /// PostgreSQL: VACUUM the outbox and the small tables every advance rewrites (slot leases,
+    /// ticks, exception rows) after the run, for a server or tables whose autovacuum is off
+    /// (`ferry status` warns about it): the space of deleted rows and old row versions is
+    /// reused, and later purges, reads and advances stop walking them. Ignored by MariaDB and
+    /// SQLite, which reuse the space on their own.
     #[arg(long)]
     pub vacuum: bool,
 }

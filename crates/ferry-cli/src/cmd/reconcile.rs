@@ -141,9 +141,9 @@ pub async fn run(a: ReconcileArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Fa
     // Anomalies and unknowns are not success: say so in the exit code.
     let anomalies = r.business_without_intent.unwrap_or(0) > 0;
     Ok(if anomalies {
-        3
+        super::EXIT_CRITICAL
     } else if r.outcome_unknown > 0 || r.quarantined > 0 {
-        2
+        super::EXIT_WARNING
     } else {
         0
     })

@@ -87,9 +87,16 @@ pub struct RelayArgs {
     /// Kafka linger.ms as a duration [default: {sink.linger}] (sink.linger).
     #[arg(long, env = "FERRY_KAFKA_LINGER")]
     pub kafka_linger: Option<String>,
-    /// Extra librdkafka property KEY=VALUE, repeatable (sink.kafka_properties).
+    /// Extra librdkafka property KEY=VALUE, repeatable (sink.kafka_properties). Properties
+    /// that weaken delivery or order (acks other than all, enable.idempotence=false,
+    /// enable.gapless.guarantee=false, more than 5 requests in flight, a message or delivery
+    /// timeout of 0 or at least the claim lease, retries=0) are refused.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
     pub kafka_property: Vec<String>,
+    /// Run with this refused Kafka property anyway (repeatable); the relay then logs a WARN
+    /// naming it on every start (sink.allow_unsafe_properties).
+    #[arg(long = "allow-unsafe-kafka-property", value_name = "KEY")]
+    pub allow_unsafe_kafka_property: Vec<String>,
     /// Metrics endpoint address, or "off" [default: {metrics.listen}] (metrics.listen).
     #[arg(long, env = "FERRY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
@@ -139,7 +146,15 @@ async fn run_relay(
         sink: spec,
         alerts,
         listen,
+        unsafe_allowed,
     } = settings;
+    for (key, value, why) in &unsafe_allowed {
+        tracing::warn!(
+            property = %key,
+            value = %value,
+            "running with a Kafka property that weakens delivery (allowed by --allow-unsafe-kafka-property): {why}"
+        );
+    }
     let mode = config.dispatch.unwrap_or(if store.cursor().is_some() {
         ferry_core::DispatchMode::Cursor
     } else {

@@ -153,5 +153,9 @@ pub async fn run(
             println!("  {o}: {n} slots");
         }
     }
-    Ok(level)
+    Ok(match level {
+        0 => 0,
+        2 => super::EXIT_WARNING,
+        _ => super::EXIT_CRITICAL,
+    })
 }

@@ -1,5 +1,14 @@
-//! The `/metrics` endpoint on hyper (HTTP/1.1), and the client that loadgen and the tests scrape
-//! it with.
+//! The `/metrics` endpoint on hyper (HTTP/1.1), the `/healthz` and `/ready` probes beside it,
+//! and the client that loadgen and the tests scrape it with.
+//!
+//! - `GET /healthz`: 200 `ok` while the relay's loops run (the sink watch ticks every second;
+//!   no tick for [`LIVE_WITHIN`] means a blocked runtime), else 503 with the reason. A liveness
+//!   probe: restarting the process is the cure for what it detects.
+//! - `GET /ready`: 200 `ready` when the relay has started (its dispatch mode resolved), reached
+//!   the database within [`DB_WITHIN`], and its sink is not stalled; else 503 with one line per
+//!   failed condition. A relay that owns no slot because others own them all is waiting
+//!   deliberately, and ready. Restarting does not cure what it detects: use it for a readiness
+//!   gate (a rollout waits for it) and alerts, not to kill the process.
 //!
 //! A scrape is one small request; what the endpoint must not do is let a client that never
 //! finishes its request (or sends garbage) hold it. So: the request head must arrive within
@@ -22,6 +31,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
+
+/// `/healthz` fails when the relay's loops have not ticked for this long.
+pub const LIVE_WITHIN: Duration = Duration::from_secs(10);
+/// `/ready` fails when no database operation has succeeded for this long (ownership heartbeats
+/// and status counts succeed every few seconds while the database answers).
+pub const DB_WITHIN: Duration = Duration::from_secs(30);
 
 /// The request head's size limit: a scrape sends a few hundred bytes; hyper's smallest allowed
 /// buffer is 8 KiB, and 16 KiB leaves room for long `User-Agent`s and proxies' headers.
@@ -90,12 +105,12 @@ pub async fn serve(
                 }
             },
         };
-        let registry = registry.clone();
+        let (registry, metrics) = (registry.clone(), metrics.clone());
         let conn = http.serve_connection(
             TokioIo::new(sock),
             hyper::service::service_fn(move |req| {
-                let registry = registry.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &registry)) }
+                let (registry, metrics) = (registry.clone(), metrics.clone());
+                async move { Ok::<_, Infallible>(respond(&req, &registry, &metrics)) }
             }),
         );
         let limit = config.connection_timeout;
@@ -111,9 +126,64 @@ pub async fn serve(
     }
 }
 
-fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
-    let text = |status: StatusCode, body: &'static str| {
-        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+/// The probes' verdicts at `now_us`: `Ok(())` or the failed conditions, one line each.
+pub fn live(m: &Metrics, now_us: i64) -> Result<(), String> {
+    let tick = m.loop_tick_us.load(std::sync::atomic::Ordering::Relaxed);
+    if tick <= 0 {
+        return Err("not started: the relay's loops have not run yet".into());
+    }
+    let quiet = Duration::from_micros((now_us - tick).max(0) as u64);
+    if quiet >= LIVE_WITHIN {
+        return Err(format!(
+            "the relay's loops have not run for {}s (a blocked runtime)",
+            quiet.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+/// `/ready`'s verdict at `now_us` (see the module docs).
+pub fn ready(m: &Metrics, now_us: i64) -> Result<(), String> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut failed = Vec::new();
+    if m.dispatch_resolved.load(Relaxed) == 0 {
+        failed.push("starting: the dispatch mode is not resolved yet".to_string());
+    }
+    let db = m.db_ok_us.load(Relaxed);
+    if db <= 0 {
+        failed.push("the database has not answered yet".to_string());
+    } else {
+        let quiet = Duration::from_micros((now_us - db).max(0) as u64);
+        if quiet >= DB_WITHIN {
+            failed.push(format!(
+                "no database operation has succeeded for {}s",
+                quiet.as_secs()
+            ));
+        }
+    }
+    let limit = m.alerts.lock().expect("alerts lock").sink_stall;
+    let unacked = m.sink_unacked(now_us);
+    if unacked >= limit {
+        failed.push(format!(
+            "sink stalled: {} events have had no ack for {}s",
+            m.sink_in_flight.load(Relaxed),
+            unacked.as_secs()
+        ));
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("\n"))
+    }
+}
+
+fn respond(
+    req: &Request<Incoming>,
+    registry: &Registry,
+    metrics: &Metrics,
+) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = status;
         r.headers_mut().insert(
             CONTENT_TYPE,
@@ -121,21 +191,37 @@ fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>
         );
         r
     };
-    if req.uri().path() != "/metrics" {
-        return text(StatusCode::NOT_FOUND, "try GET /metrics\n");
+    let path = req.uri().path();
+    if !matches!(path, "/metrics" | "/healthz" | "/ready") {
+        return text(
+            StatusCode::NOT_FOUND,
+            "try GET /metrics, /healthz or /ready\n".into(),
+        );
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "try GET /metrics\n");
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, format!("try GET {path}\n"));
         r.headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;
+    }
+    if path != "/metrics" {
+        let now = ferry_core::now_micros();
+        let (verdict, ok) = if path == "/healthz" {
+            (live(metrics, now), "ok\n")
+        } else {
+            (ready(metrics, now), "ready\n")
+        };
+        return match verdict {
+            Ok(()) => text(StatusCode::OK, ok.into()),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        };
     }
     let mut body = String::with_capacity(8192);
     if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut body, registry) {
         tracing::error!(error = %e, "metrics encoding failed");
         return text(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "metrics encoding failed\n",
+            "metrics encoding failed\n".into(),
         );
     }
     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -170,12 +256,25 @@ pub enum ScrapeError {
 /// `GET /metrics` from the endpoint at `addr`, the body as text; all of it within `timeout`.
 /// One HTTP/1.1 exchange on its own connection (what the relay's endpoint serves).
 pub async fn scrape(addr: SocketAddr, timeout: Duration) -> Result<String, ScrapeError> {
-    tokio::time::timeout(timeout, scrape_once(addr))
+    match get(addr, "/metrics", timeout).await? {
+        (StatusCode::OK, body) => Ok(body),
+        (status, _) => Err(ScrapeError::Status(addr, status)),
+    }
+}
+
+/// `GET path` from the endpoint at `addr`: the status and the body as text, within `timeout`
+/// (a probe's answer, whatever its status).
+pub async fn get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<(StatusCode, String), ScrapeError> {
+    tokio::time::timeout(timeout, get_once(addr, path))
         .await
         .map_err(|_| ScrapeError::Timeout(addr, timeout))?
 }
 
-async fn scrape_once(addr: SocketAddr) -> Result<String, ScrapeError> {
+async fn get_once(addr: SocketAddr, path: &str) -> Result<(StatusCode, String), ScrapeError> {
     let sock = TcpStream::connect(addr)
         .await
         .map_err(|e| ScrapeError::Connect(addr, e))?;
@@ -184,7 +283,7 @@ async fn scrape_once(addr: SocketAddr) -> Result<String, ScrapeError> {
         .map_err(|e| ScrapeError::Http(addr, e))?;
     // drives the connection; ends when the exchange does (the endpoint closes it after answering)
     let driver = tokio::spawn(conn);
-    let req = Request::get("/metrics")
+    let req = Request::get(path)
         .header(hyper::header::HOST, addr.to_string())
         .body(Empty::<Bytes>::new())
         .expect("a static request is valid");
@@ -193,16 +292,15 @@ async fn scrape_once(addr: SocketAddr) -> Result<String, ScrapeError> {
             .send_request(req)
             .await
             .map_err(|e| ScrapeError::Http(addr, e))?;
-        if resp.status() != StatusCode::OK {
-            return Err(ScrapeError::Status(addr, resp.status()));
-        }
+        let status = resp.status();
         let body = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| ScrapeError::Http(addr, e))?
             .to_bytes();
-        String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotText(addr))
+        let text = String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotText(addr))?;
+        Ok((status, text))
     }
     .await;
     driver.abort();

@@ -116,6 +116,7 @@ pub async fn watch(sink: Arc<dyn Sink>, metrics: Arc<Metrics>, stop: Cancellatio
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
+        metrics.loop_tick_us.store(now_micros(), Ordering::Relaxed);
         let limit = metrics.alerts.lock().expect("alerts lock").sink_stall;
         let unacked = metrics.sink_unacked(now_micros());
         if unacked >= limit {

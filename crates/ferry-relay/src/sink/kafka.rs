@@ -192,6 +192,74 @@ impl KafkaSink {
     }
 }
 
+/// The extra librdkafka properties among `extra` that weaken delivery or order, each with why:
+/// the relay refuses to start with one unless the operator allows it by name (and then warns on
+/// every start). `lease` is the claim lease: a record the producer may still deliver after it
+/// can be resent by another relay meanwhile.
+pub fn weakening_properties(
+    extra: &BTreeMap<String, String>,
+    lease: Duration,
+) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut flag = |k: &str, why: String| found.push((k.to_string(), why));
+    let get = |k: &str| extra.get(k).map(|v| v.trim().to_ascii_lowercase());
+    let falsy = |v: &str| matches!(v, "false" | "0" | "no" | "off");
+    if let Some(v) = get("acks").or_else(|| get("request.required.acks")) {
+        if v != "all" && v != "-1" {
+            flag(
+                if extra.contains_key("acks") { "acks" } else { "request.required.acks" },
+                format!("acks={v}: the leader acks before the in-sync replicas have the record, so a leader failover can lose an event ferry has marked sent"),
+            );
+        }
+    }
+    if get("enable.idempotence").is_some_and(|v| falsy(&v)) {
+        flag(
+            "enable.idempotence",
+            "without idempotence the producer's own retries can duplicate records and reorder them within a partition".into(),
+        );
+    }
+    if get("enable.gapless.guarantee").is_some_and(|v| falsy(&v)) {
+        flag(
+            "enable.gapless.guarantee",
+            "without it a failed record can leave a gap: later versions of an aggregate delivered while an earlier one is not".into(),
+        );
+    }
+    for k in ["max.in.flight.requests.per.connection", "max.in.flight"] {
+        if let Some(n) = get(k).and_then(|v| v.parse::<u64>().ok()) {
+            if n > 5 {
+                flag(
+                    k,
+                    format!("{k}={n}: the idempotent producer keeps order only with at most 5 requests in flight"),
+                );
+            }
+        }
+    }
+    for k in ["message.timeout.ms", "delivery.timeout.ms"] {
+        if let Some(ms) = get(k).and_then(|v| v.parse::<u64>().ok()) {
+            let d = Duration::from_millis(ms);
+            if ms == 0 || d >= lease {
+                flag(
+                    k,
+                    format!(
+                        "{k}={ms}: {} the claim lease ({} s), so a record can still be delivered after its claim expired and another relay sent it again",
+                        if ms == 0 { "no timeout outlasts" } else { "at least" },
+                        lease.as_secs()
+                    ),
+                );
+            }
+        }
+    }
+    for k in ["retries", "message.send.max.retries"] {
+        if get(k).as_deref() == Some("0") {
+            flag(
+                k,
+                format!("{k}=0: a transient broker error (a leader election) fails the record at once instead of being retried by the producer"),
+            );
+        }
+    }
+    found
+}
+
 /// The producer's client context: keeps the last error librdkafka reported on its own (a
 /// broker connection refused or reset, all brokers down), which no delivery report carries,
 /// for the sink-stall WARN ([`super::health`]).
