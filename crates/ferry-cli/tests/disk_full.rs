@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_core::{NewEvent, OutboxStore};
+use ferry_core::NewEvent;
 use ferry_testkit::{wait_until, RelayProcess, Stdout};
 
 const TOPIC: &str = "orders";

@@ -64,13 +64,14 @@ async fn metric(relay: &RelayProcess, name: &str) -> Option<f64> {
     ferry_relay::metrics::sample(&text, name)
 }
 
-/// A probe's status code and body (`/healthz`, `/ready`).
+/// A probe's status code and body (`/healthz`, `/ready`); status 0 while the endpoint does not
+/// answer (not listening yet).
 async fn probe(relay: &RelayProcess, path: &str) -> (u16, String) {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], relay.metrics_port()));
-    let (s, body) = ferry_relay::metrics::get(addr, path, Duration::from_secs(5))
-        .await
-        .unwrap();
-    (s.as_u16(), body)
+    match ferry_relay::metrics::get(addr, path, Duration::from_secs(5)).await {
+        Ok((s, body)) => (s.as_u16(), body),
+        Err(e) => (0, e.to_string()),
+    }
 }
 
 async fn owners(db: &TestDb) -> BTreeMap<String, usize> {

@@ -67,7 +67,7 @@ async fn postgres_status_warns_about_the_outbox_reloption_and_a_cached_sequence(
     // a fresh outbox: nothing but what the server has server-wide (autovacuum here)
     let (code, warned) = warned_settings(&db.url);
     assert_eq!(warned, global);
-    assert_eq!(code, Some(if global.is_empty() { 0 } else { 2 }));
+    assert_eq!(code, Some(if global.is_empty() { 0 } else { 4 }));
     let o = ferry(&["status", "--database-url", &db.url]);
     let out = text_of(&o);
     if global.is_empty() {
