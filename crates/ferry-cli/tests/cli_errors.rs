@@ -483,3 +483,85 @@ fn kafka_properties_that_weaken_delivery_are_refused() {
     ]);
     assert_one_clear_line(&o, 2, &["metrics"]);
 }
+
+/// A relay started while its database does not answer waits for it (one WARN, not one per
+/// attempt) and stops cleanly on SIGTERM meanwhile; credentials the server refuses end it at
+/// once with exit 1. (It exited 1 at the first refused connection before.)
+#[test]
+fn relay_waits_for_a_database_that_is_down_and_refuses_bad_credentials() {
+    let log = std::env::temp_dir().join(format!("ferry-db-down-{}.log", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "relay",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/test",
+            "--sink",
+            "null",
+            "--metrics-listen",
+            "off",
+        ])
+        .env("FERRY_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // the first attempt ends after the pool's acquire timeout (10 s), then the WARN
+    let t = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("opening the database failed")
+    {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(40),
+            "no WARN:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the relay must wait for the database:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(status.code(), Some(0), "{text}");
+    assert_eq!(
+        text.matches("opening the database failed").count(),
+        1,
+        "one WARN per minute, not one per attempt:\n{text}"
+    );
+    assert!(text.contains("refused"), "{text}");
+    // refused credentials do not pass by themselves: exit 1 at once
+    if let Some(url) = ferry_testkit::env_url(ferry_store::Backend::Mysql) {
+        let bad = url.replacen("root@", "root:wrong@", 1);
+        assert_ne!(bad, url, "the MariaDB test URL names the root user: {url}");
+        let t = std::time::Instant::now();
+        let o = ferry(&[
+            "relay",
+            "--database-url",
+            &bad,
+            "--sink",
+            "null",
+            "--metrics-listen",
+            "off",
+        ]);
+        assert_eq!(o.status.code(), Some(1), "{}", err_of(&o));
+        assert!(err_of(&o).contains("Access denied"), "{}", err_of(&o));
+        assert!(!err_of(&o).contains("wrong@"), "{}", err_of(&o));
+        assert!(t.elapsed() < std::time::Duration::from_secs(15));
+    }
+}

@@ -221,9 +221,115 @@ async fn paused_owner_is_fenced(db: TestDb, mode: DispatchMode) {
     db.cleanup().await;
 }
 
+/// The relay's database sessions killed by the server again and again while it works
+/// (PostgreSQL `pg_terminate_backend`, MariaDB `KILL`: a failover, an operator, a proxy cut),
+/// some of them mid-transaction: the relay keeps running, retries, and once the killing stops
+/// delivers every intent, each aggregate in version order.
+async fn killed_sessions_are_survived(db: TestDb, mode: DispatchMode) {
+    if db.backend == ferry_store::Backend::Sqlite {
+        eprintln!("not applicable on SQLite: no server sessions to kill");
+        db.cleanup().await;
+        return;
+    }
+    // PostgreSQL: the relay's sessions carry an application name of their own
+    let url = if db.backend == ferry_store::Backend::Postgres {
+        format!("{}&application_name=ferry-killed", db.url)
+    } else {
+        db.url.clone()
+    };
+    let mut relay = spawn_relay(&url, &["--sink", "stdout"], "killed", mode);
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<(String, i64)>>> = Default::default();
+    {
+        let (out, seen) = (relay.take_stdout().unwrap(), seen.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                seen.lock().unwrap().push((
+                    v["aggregate_id"].as_str().unwrap().to_string(),
+                    v["aggregate_version"].as_i64().unwrap(),
+                ));
+            }
+        });
+    }
+    wait_until("slots owned", Duration::from_secs(30), || async {
+        owners(&db).await.get("killed") == Some(&256)
+    })
+    .await;
+    // the killer's statement: every session of the relay (MariaDB: every other session on the
+    // test database, the test's own pool included, which reconnects)
+    let kill = if db.backend == ferry_store::Backend::Postgres {
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'ferry-killed' AND pid <> pg_backend_pid()"
+            .to_string()
+    } else {
+        String::new()
+    };
+    let aggs = 20;
+    let mut killed = 0u64;
+    for v in 1..=10i64 {
+        let evs: Vec<NewEvent> = (0..aggs).map(|i| ev(&format!("k-{i}"), v)).collect();
+        // the test's own connections may be among the killed ones: retry the enqueue
+        let mut tries = 0;
+        while let Err(e) = db.store.enqueue(&evs).await {
+            tries += 1;
+            assert!(tries < 20, "enqueue keeps failing: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        killed += if db.backend == ferry_store::Backend::Postgres {
+            db.scalar(&kill).await.unwrap_or(0) as u64
+        } else {
+            db.kill_other_sessions().await.expect("kill the sessions")
+        };
+    }
+    assert!(killed > 0, "no relay session was killed");
+    assert!(
+        relay.try_exited().is_none(),
+        "the relay must survive killed sessions:\n{}",
+        relay.tail(60)
+    );
+    let total = (aggs * 10) as usize;
+    let distinct = || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    wait_until(
+        "every intent delivered",
+        Duration::from_secs(60),
+        || async { distinct() == total },
+    )
+    .await;
+    // per aggregate, no version is delivered for the first time before its predecessor
+    let mut first: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut delivered = std::collections::BTreeSet::new();
+    for (a, v) in seen.lock().unwrap().iter() {
+        if delivered.insert((a.clone(), *v)) {
+            first.entry(a.clone()).or_default().push(*v);
+        }
+    }
+    for (a, vs) in &first {
+        assert_eq!(vs, &(1..=10).collect::<Vec<_>>(), "aggregate {a}");
+    }
+    db.wait_all_sent(Duration::from_secs(30)).await;
+    relay.signal(libc::SIGTERM);
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        relay.tail(40)
+    );
+    eprintln!("{killed} relay sessions killed");
+    db.cleanup().await;
+}
+
 ferry_testkit::backend_tests!(modes:
     graceful_shutdown_releases_everything,
-    two_relays_split_slots_and_survive_sigkill
+    two_relays_split_slots_and_survive_sigkill,
+    killed_sessions_are_survived
 );
 
 // A SIGSTOPped SQLite writer may hold the single write lock, and no server times it out: the

@@ -71,7 +71,8 @@ pub mod sink;
 
 pub use metrics::Metrics;
 pub use relay::{
-    default_owner, preferred_dispatch, ConfigError, Relay, RelayConfig, WorkerDefaults,
+    default_owner, is_transient, preferred_dispatch, ConfigError, Episode, Relay, RelayConfig,
+    WorkerDefaults,
 };
 pub use sink::kafka::{KafkaConfig, KafkaSink, MAX_KAFKA_LINGER};
 pub use sink::{NullSink, Sink, StdoutSink};

@@ -62,9 +62,6 @@ pub struct OwnershipConfig {
     pub heartbeat: Duration,
 }
 
-/// A failure episode of the heartbeat is logged at its start, then at most this often.
-const EPISODE_REMINDER: Duration = Duration::from_secs(60);
-
 /// Runs the ownership loop, publishing the owned slots on `tx`, until `cancel`.
 /// Does not release slots on exit: the relay does that after its workers drained.
 ///
@@ -81,21 +78,15 @@ pub(crate) async fn run(
     displaced: CancellationToken,
 ) -> Option<ferry_core::StoreError> {
     let mut held: BTreeSet<SlotId> = BTreeSet::new();
-    // a failing database is logged once per episode (then every EPISODE_REMINDER), and its end
-    let mut failing: Option<(tokio::time::Instant, tokio::time::Instant, u64)> = None;
+    // a failing database is logged once per episode (then every minute), and its end
+    let mut failing = crate::relay::Episode::new("slot ownership heartbeat");
     loop {
         let result = tick(&*store, &cfg, &held).await;
         if result.is_ok() {
             metrics
                 .db_ok_us
                 .store(ferry_core::now_micros(), Ordering::Relaxed);
-            if let Some((since, _, n)) = failing.take() {
-                tracing::info!(
-                    failed_heartbeats = n,
-                    after_secs = since.elapsed().as_secs(),
-                    "slot ownership heartbeat succeeds again"
-                );
-            }
+            failing.ended();
         }
         match result {
             Err(e) if e.kind() == ferry_core::StoreErrorKind::OwnerInUse => {
@@ -133,25 +124,8 @@ pub(crate) async fn run(
             Err(e) => {
                 // Keep going: leases we cannot renew expire and the database fences our claims.
                 metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                let now = tokio::time::Instant::now();
-                match &mut failing {
-                    None => {
-                        failing = Some((now, now, 1));
-                        tracing::warn!(error = %e, "slot ownership heartbeat failed; retrying every heartbeat (logged again every minute while it lasts)");
-                    }
-                    Some((since, last, n)) => {
-                        *n += 1;
-                        if now.duration_since(*last) >= EPISODE_REMINDER {
-                            *last = now;
-                            tracing::warn!(
-                                error = %e,
-                                failed_heartbeats = *n,
-                                failing_secs = since.elapsed().as_secs(),
-                                "slot ownership heartbeat still failing"
-                            );
-                        }
-                    }
-                }
+                // the next attempt is the next heartbeat
+                let _ = failing.failed(&e);
             }
         }
         tokio::select! {

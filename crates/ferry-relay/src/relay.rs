@@ -505,7 +505,7 @@ pub fn preferred_dispatch(backend: &str) -> DispatchMode {
 /// Whether a store error can pass on its own (a lost or refused connection, a full disk, a
 /// deadlock, a failover): everything but a bad schema, a bad argument and a taken owner id,
 /// which no retry cures.
-pub(crate) fn is_transient(e: &StoreError) -> bool {
+pub fn is_transient(e: &StoreError) -> bool {
     use ferry_core::StoreErrorKind as K;
     matches!(e.kind(), K::Unavailable | K::Conflict | K::Other)
 }
@@ -513,18 +513,19 @@ pub(crate) fn is_transient(e: &StoreError) -> bool {
 /// A run of failures of one step that is retried until it passes: logged at WARN when it
 /// begins and then at most once a minute, at INFO when it ends; the wait before each retry
 /// doubles from 250 ms to 10 s.
-pub(crate) struct Episode {
+pub struct Episode {
     what: &'static str,
     began: Option<(Instant, Instant, u32)>,
 }
 
 impl Episode {
-    pub(crate) fn new(what: &'static str) -> Self {
+    /// No failure yet of the step `what` (named in the log lines).
+    pub fn new(what: &'static str) -> Self {
         Self { what, began: None }
     }
 
     /// Notes a failure; the wait before the next attempt.
-    pub(crate) fn failed(&mut self, e: &StoreError) -> Duration {
+    pub fn failed(&mut self, e: &StoreError) -> Duration {
         let now = Instant::now();
         let n = match &mut self.began {
             None => {
@@ -546,7 +547,7 @@ impl Episode {
     }
 
     /// Notes a success: the end of an episode, if one was running.
-    pub(crate) fn ended(&mut self) {
+    pub fn ended(&mut self) {
         if let Some((since, _, n)) = self.began.take() {
             tracing::info!(
                 attempts = n,

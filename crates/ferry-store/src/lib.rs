@@ -298,6 +298,11 @@ pub fn error_kind(e: &sqlx::Error) -> StoreErrorKind {
                 "42P01" | "42703" | "1146" | "1054" => StoreErrorKind::Schema,
                 // PostgreSQL admin shutdown / idle-in-transaction timeout; MySQL server gone
                 "57P01" | "25P03" | "2006" | "2013" | "1927" => StoreErrorKind::Unavailable,
+                // conditions that pass: PostgreSQL crash shutdown, starting up or in recovery,
+                // too many connections, connection failures; MySQL too many connections;
+                // SQLite database or disk full
+                "57P02" | "57P03" | "53300" | "08000" | "08001" | "08003" | "08004" | "08006"
+                | "1040" | "13" => StoreErrorKind::Unavailable,
                 _ if msg.contains("no such table") || msg.contains("no such column") => {
                     StoreErrorKind::Schema
                 }

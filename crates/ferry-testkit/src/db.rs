@@ -220,6 +220,33 @@ impl TestDb {
         .map_err(|e| db_err("scalar", e))
     }
 
+    /// MariaDB: `KILL`s every session connected to this test's database (a relay's, this
+    /// store's own pooled connections too, which then reconnect), from a connection of its own;
+    /// how many. 0 on the other backends.
+    pub async fn kill_other_sessions(&self) -> Result<u64, StoreError> {
+        if !matches!(self.kind, Kind::My(_)) {
+            return Ok(0);
+        }
+        let mut c = <sqlx::MySqlConnection as sqlx::Connection>::connect(&self.admin_url)
+            .await
+            .map_err(|e| db_err("kill: connect", e))?;
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ? AND ID <> CONNECTION_ID()",
+        )
+        .bind(&self.name)
+        .fetch_all(&mut c)
+        .await
+        .map_err(|e| db_err("kill: sessions", e))?;
+        let mut n = 0;
+        for id in ids {
+            // an id the server gave: a number (KILL takes no placeholder); gone already is fine
+            if c.execute(format!("KILL {id}").as_str()).await.is_ok() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// `SELECT COUNT(*)` of a query's rows.
     pub async fn count(&self, from_where: &str) -> i64 {
         let sql = format!("SELECT COUNT(*) FROM {from_where}");

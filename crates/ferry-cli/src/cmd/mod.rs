@@ -79,10 +79,102 @@ impl Database {
             measure_contention,
             ..Default::default()
         };
-        ferry_store::connect(&self.url, &opts)
+        self.open_store(&opts)
             .await
-            .map_err(|e| fail(1, format!("{} ({})", e, redact_url(&self.url))))
+            .map_err(|e| self.open_failure(&e))
     }
+
+    /// Opens the store with `opts`, the error as the store reports it (its kind says whether
+    /// it can pass).
+    pub async fn open_store(
+        &self,
+        opts: &ConnectOptions,
+    ) -> Result<Arc<dyn OutboxStore>, ferry_core::StoreError> {
+        ferry_store::connect(&self.url, opts).await
+    }
+
+    /// The failure an open error ends a command with (exit 1, the URL without its password).
+    pub fn open_failure(&self, e: &ferry_core::StoreError) -> Failure {
+        fail(1, format!("{} ({})", e, redact_url(&self.url)))
+    }
+
+    /// [`Self::open`] for a long-running command: errors that can pass (the server down or
+    /// restarting, too many connections, a full disk) are retried with backoff, logged when they
+    /// begin and then once a minute, until the store opens or SIGTERM/SIGINT (`None`); others
+    /// (authentication, a malformed URL, a schema to migrate) end the command at once.
+    pub async fn open_retrying(
+        &self,
+        migrate: bool,
+        measure_contention: bool,
+    ) -> Result<Option<Arc<dyn OutboxStore>>, Failure> {
+        let opts = ConnectOptions {
+            migrate,
+            limits: self.limits,
+            measure_contention,
+            ..Default::default()
+        };
+        // listening from the start: a signal during a connection attempt (which can take the
+        // pool's acquire timeout) stops the wait too, instead of killing the process
+        let stop = tokio_util::sync::CancellationToken::new();
+        let listener = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminated() => {}
+                }
+                stop.cancel();
+            })
+        };
+        let _listening = AbortOnDrop(listener);
+        let mut episode = ferry_relay::Episode::new("opening the database");
+        loop {
+            let attempt = tokio::select! {
+                _ = stop.cancelled() => return Ok(None),
+                r = self.open_store(&opts) => r,
+            };
+            match attempt {
+                Ok(s) => {
+                    episode.ended();
+                    return Ok(Some(s));
+                }
+                // the server down or restarting, too many connections, a full disk
+                Err(e) if e.kind() == ferry_core::StoreErrorKind::Unavailable => {
+                    let wait = episode.failed(&e);
+                    tokio::select! {
+                        _ = stop.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+                Err(e) => return Err(self.open_failure(&e)),
+            }
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Resolves at SIGTERM (never on platforms without it).
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    }
+    #[cfg(not(unix))]
+    std::future::pending::<()>().await
 }
 
 /// An age in µs as seconds with one decimal, or `-`.

@@ -133,7 +133,14 @@ pub async fn run(args: &RelayArgs, file: &FileConfig, db: &Database) -> Result<u
     // Validate the settings before touching the database (the librdkafka properties are checked
     // when the producer is created, after the store opened: the sink depends on its mode).
     let settings = config::relay(args, file, db.backend)?;
-    let store = db.open(!args.no_migrate, args.measure_contention).await?;
+    // a database that is down, restarting or full when the relay starts is waited for
+    let Some(store) = db
+        .open_retrying(!args.no_migrate, args.measure_contention)
+        .await?
+    else {
+        tracing::info!("stopped before the database answered");
+        return Ok(0);
+    };
     run_relay(settings, store).await
 }
 
