@@ -189,9 +189,9 @@ pub struct RetentionReport {
     /// before the last purge run that still found nothing to delete (`estimate_basis`).
     pub bytes_without_retention_estimate: Option<i64>,
     pub estimate_basis: Option<String>,
-    /// Each purge run that deleted rows ended with `VACUUM ferry_outbox` (`ferry purge
-    /// --vacuum`), because the server's or the outbox's autovacuum is off; its time is in
-    /// `purge_secs`.
+    /// Each purge run ended with `VACUUM` of the outbox, slot leases, ticks and exception rows
+    /// (`ferry purge --vacuum`), because the server's or the outbox's autovacuum is off; its
+    /// time is in `purge_secs`.
     pub vacuum: bool,
     /// Row dispatch without a consumer: order checks run before purges, their failures and
     /// their time.
@@ -994,7 +994,7 @@ fn render_retention(o: &mut String, r: &RetentionReport) {
     if r.vacuum {
         let _ = writeln!(
             o,
-            "            autovacuum is off on this server: each run that deleted rows ended with VACUUM ferry_outbox (ferry purge --vacuum), in the time above"
+            "            autovacuum is off on this server: each run ended with VACUUM of the outbox, slot leases, ticks and exception rows (ferry purge --vacuum), in the time above"
         );
     }
     if r.order_checks > 0 {

@@ -63,10 +63,10 @@ pub fn purge_every(age: Duration) -> Duration {
     (age / 4).clamp(MIN_EVERY, MAX_EVERY)
 }
 
-/// DELETE statements of outbox rows one `purge_sent` call ran to delete `n` rows: it deletes
-/// `batch` rows at a time until a statement deletes fewer (`ops::purge_sent`), so every full
-/// batch and one short one (in cursor dispatch it then deletes the purged rows' SENT exception
-/// rows in one more statement, not counted here).
+/// DELETE statements of outbox rows one `purge_sent` call ran to delete `n` rows, as row
+/// dispatch runs them: `batch` rows at a time until a statement deletes fewer, so every full
+/// batch and one short one. In cursor dispatch a run deletes by ranges of `batch` seq values
+/// (`ops::purge_cursor`), about as many when the rows are dense in `seq`; an estimate there.
 pub fn delete_statements(n: u64, batch: usize) -> u64 {
     n / batch.max(1) as u64 + 1
 }
