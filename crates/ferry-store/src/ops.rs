@@ -417,11 +417,6 @@ async fn purge_cursor(
     dry_run: bool,
 ) -> Result<u64, StoreError> {
     let d = pools.dialect();
-    let first_i64 = |rows: Vec<Vec<Option<String>>>| {
-        rows.first()
-            .and_then(|r| r[0].as_deref())
-            .and_then(|v| v.parse::<i64>().ok())
-    };
     let hi = first_i64(
         pools
             .rows(
@@ -513,12 +508,14 @@ async fn purge_cursor(
 
 /// The single count `sql` returns.
 async fn count(pools: Pools<'_>, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
-    let rows = pools.rows(sql, binds).await?;
-    Ok(rows
-        .first()
+    Ok(first_i64(pools.rows(sql, binds).await?).map_or(0, |n| n.max(0) as u64))
+}
+
+/// The first column of the first row, as an integer (`None`: no row, NULL).
+fn first_i64(rows: Vec<Vec<Option<String>>>) -> Option<i64> {
+    rows.first()
         .and_then(|r| r[0].as_deref())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0))
+        .and_then(|v| v.parse::<i64>().ok())
 }
 
 pub(crate) async fn reconcile(
