@@ -411,7 +411,7 @@ mod mysql_paused {
         db.cleanup().await;
     }
     /// A session that won the ticker election and stopped before it registered in
-    /// `ferry_horizon` (so it never ticked at all) is replaced too: a relay that has seen it hold
+    /// `ferry_gate_horizon` (so it never ticked at all) is replaced too: a relay that has seen it hold
     /// the lock unregistered for 30 s ends that session and delivers. (A CI run once stopped a
     /// relay in exactly this window, and the relay beside it waited for ever.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -234,14 +234,19 @@ pub enum AdvanceResult {
 
 /// The oldest open write transaction (PostgreSQL, MariaDB). PostgreSQL: it delays only its own
 /// intents, but every read re-walks the intents committed since it began (the window's lower
-/// snapshot keeps it). MariaDB: every intent committed after it began waits for it (the commit
-/// gate's horizon).
+/// snapshot keeps it). MariaDB: the intents committed after it began wait for it, in every slot
+/// for the first moments, then only in the slots it wrote once it is idle (the commit gate).
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct HorizonInfo {
     /// Age of the oldest transaction with an xid (µs), if any is open.
     pub oldest_xact_age_us: Option<i64>,
     /// Its backend pid (PostgreSQL; 0 for a prepared transaction) or connection id (MariaDB).
     pub oldest_xact_pid: Option<i64>,
+    /// MariaDB, while reads go past transactions that hold a gate row for long: how many slots
+    /// wait for them (the slots they wrote). `None`: not known, or no such reading (PostgreSQL,
+    /// where an open transaction delays only its own intents; MariaDB while the ticker waits
+    /// for it: every slot).
+    pub held_slots: Option<u32>,
 }
 
 /// Outcomes of a batch of exception rows (the per-row protocol on `ferry_outbox_exception`).

@@ -181,6 +181,9 @@ pub struct Metrics {
     /// Its backend pid (PostgreSQL; 0: a prepared transaction) or connection id (MariaDB); -1:
     /// none.
     pub horizon_blocker_pid: AtomicI64,
+    /// MySQL/MariaDB: how many slots wait for it while reads go past it in the others; -1: not
+    /// known, or every slot waits (or PostgreSQL, where only its own intents wait).
+    pub horizon_held_slots: AtomicI64,
     /// 1 in cursor dispatch, 0 in row dispatch.
     pub dispatch_cursor: AtomicI64,
     /// Items per claimed batch.
@@ -569,8 +572,14 @@ impl Collector for Exposition {
         gauge(
             e,
             "ferry_horizon_blocker_age_seconds",
-            "Cursor mode: age of the oldest open write transaction (PostgreSQL: its own intents wait for it; MySQL/MariaDB: every intent committed after it began waits for it).",
+            "Cursor mode: age of the oldest open write transaction (PostgreSQL: its own intents wait for it; MySQL/MariaDB: the intents committed after it began wait for it, in the slots of ferry_horizon_held_slots once it is idle).",
             secs(g(&m.horizon_blocker_age_us)),
+        )?;
+        gauge(
+            e,
+            "ferry_horizon_held_slots",
+            "Cursor mode, MySQL/MariaDB: slots whose reads wait for open write transactions that hold a gate row for long (the slots they wrote); -1: not known or every slot (or PostgreSQL).",
+            g(&m.horizon_held_slots),
         )?;
         histogram(
             e,

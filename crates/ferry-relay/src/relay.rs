@@ -321,6 +321,7 @@ impl Relay {
         } = self;
         metrics.horizon_blocker_age_us.store(-1, Ordering::Relaxed);
         metrics.horizon_blocker_pid.store(-1, Ordering::Relaxed);
+        metrics.horizon_held_slots.store(-1, Ordering::Relaxed);
         metrics
             .started_us
             .store(ferry_core::now_micros(), Ordering::Relaxed);
@@ -651,17 +652,28 @@ async fn status_poller(
                         metrics
                             .horizon_blocker_pid
                             .store(h.oldest_xact_pid.unwrap_or(-1), Ordering::Relaxed);
+                        metrics
+                            .horizon_held_slots
+                            .store(h.held_slots.map_or(-1, i64::from), Ordering::Relaxed);
                         let warn = metrics
                             .alerts
                             .lock()
                             .map(|a| a.oldest_warning)
                             .unwrap_or_default();
                         if age >= 0 && Duration::from_micros(age as u64) >= warn {
-                            tracing::warn!(
-                                pid = h.oldest_xact_pid,
-                                age_s = age / 1_000_000,
-                                "an open write transaction holds the cursor horizon back: intents committed after it started are not dispatched until it ends"
-                            );
+                            match h.held_slots {
+                                Some(n) => tracing::warn!(
+                                    pid = h.oldest_xact_pid,
+                                    age_s = age / 1_000_000,
+                                    held_slots = n,
+                                    "an open write transaction holds the cursor horizon back in the slots it wrote: their intents committed after it started are not dispatched until it ends"
+                                ),
+                                None => tracing::warn!(
+                                    pid = h.oldest_xact_pid,
+                                    age_s = age / 1_000_000,
+                                    "an open write transaction holds the cursor horizon back: intents committed after it started are not dispatched until it ends"
+                                ),
+                            }
                         }
                     }
                     Err(e) => tracing::debug!(error = %e, "horizon refresh failed"),

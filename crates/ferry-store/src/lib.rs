@@ -58,6 +58,7 @@ pub mod memory;
 pub mod migrate;
 pub mod mysql;
 mod mysql_cursor;
+mod mysql_ticker;
 mod ops;
 mod outcome;
 pub mod postgres;

@@ -43,6 +43,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(4, "plain_insert", "mysql/0004_plain_insert"),
     migration!(5, "status_cache", "mysql/0005_status_cache"),
     migration!(6, "member_instance", "mysql/0006_member_instance"),
+    migration!(7, "gate_hold", "mysql/0007_gate_hold"),
 ];
 
 /// SQLite migrations, in order.

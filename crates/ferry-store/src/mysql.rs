@@ -73,7 +73,7 @@ pub struct MyStore {
     /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
     skipped: Arc<AtomicU64>,
     /// Cursor dispatch's horizon ticker (started by the first cursor read).
-    ticker: Arc<crate::mysql_cursor::Ticker>,
+    ticker: Arc<crate::mysql_ticker::Ticker>,
 }
 
 pub(crate) const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
@@ -283,7 +283,7 @@ impl MyStore {
         &self.pool
     }
 
-    pub(crate) fn ticker(&self) -> &Arc<crate::mysql_cursor::Ticker> {
+    pub(crate) fn ticker(&self) -> &Arc<crate::mysql_ticker::Ticker> {
         &self.ticker
     }
 
@@ -410,9 +410,10 @@ impl MyStore {
             .map_err(|e| db_err("status: cursors", e))?;
         // The backlog behind the cursors and the exception rows in two statements: one
         // aggregate over a `UNION ALL` of both materialised the backlog first and cost half as
-        // much again (0.8 s against 0.5 s of server CPU for 200,000 intents behind; log:
-        // 2026-12-03, session 23). Each is a consistent read of its own: an intent that an
-        // advance turns into an exception row between them is counted in both (gauges only).
+        // much again (0.8 s against 0.5 s of server CPU for 200,000 intents behind;
+        // docs/notes/2026-12-03-performance-log.md, "The status count of a backlog, cheaper").
+        // Each is a consistent read of its own: an intent that an advance turns into an
+        // exception row between them is counted in both (gauges only).
         let (behind, behind_age): (i64, Option<i64>) = sqlx::query_as(
             "SELECT CAST(count(*) AS SIGNED), \
                CAST(TIMESTAMPDIFF(MICROSECOND, min(o.created_at), UTC_TIMESTAMP(6)) AS SIGNED) \

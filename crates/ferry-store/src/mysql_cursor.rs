@@ -2,31 +2,19 @@
 //!
 //! MySQL shows SQL no transaction id or snapshot, so a bare `seq > cursor` read would skip a row
 //! whose transaction drew its `seq` early and committed late. The horizon comes from locks
-//! instead (migration 0003):
-//! * every transaction that inserts an intent holds a shared lock on one of two gate rows
-//!   (`ferry_commit_gate`) from before its first `seq` is drawn until it ends (the
-//!   `ferry_outbox_gate` trigger; a shared request `SKIP LOCKED` passes over a row that is held
-//!   or awaited exclusively, so a producer does not wait for the ticker; MariaDB 10.11 ignores
-//!   `SKIP LOCKED` in a trigger from a statement's second row on, so later rows re-take the gate
-//!   the first row took);
-//! * one ticker per database (a relay that won `GET_LOCK('ferry_ticker:<db>')`) alternates: while
-//!   it holds row `g` exclusively, every producer that could still be open holds `g'`; it reads
-//!   the head `M = max(seq)`, releases `g` and waits for `g'` exclusively. When that is granted,
-//!   every transaction that held `g'` when `M` was read has ended, so every `seq <= M` is
-//!   committed or rolled back: `M` becomes the horizon (`ferry_horizon`, published with the next
-//!   release).
-//!
-//! Reads return committed rows with `cursor < seq <= horizon` in `seq` order, as on SQLite. The
-//! price: an open producer transaction holds the horizon (not other producers) until it ends;
-//! [`CursorStore::horizon`] reports the oldest one.
+//! instead: the commit gate and its ticker ([`crate::mysql_ticker`]). Reads return committed
+//! rows with `cursor < seq <= horizon` in `seq` order, as on SQLite, where the horizon is per
+//! slot while a long producer transaction holds a gate row (it holds back only the slots it
+//! wrote); [`CursorStore::horizon`] reports the oldest open transaction and how many slots wait
+//! for it.
 //!
 //! MariaDB has no partial indexes, so the row-dispatch indexes of `ferry_outbox` would take an
 //! entry for every intent in cursor dispatch too, which reads none of them: they exist only while
 //! the outbox is in row dispatch ([`ROW_INDEXES`]).
+use std::collections::BTreeMap;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use ferry_core::{
     AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimedEvent, CursorAdvance, CursorBatch,
@@ -34,7 +22,7 @@ use ferry_core::{
     SlotId, StoreError,
 };
 use sqlx::mysql::MySqlConnection;
-use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
+use sqlx::{Executor, MySql, QueryBuilder, Row};
 
 use crate::common::{
     advance_applied, claimed_exceptions, claiming, exception_row, micros, mode_in_use,
@@ -43,17 +31,6 @@ use crate::common::{
 use crate::db_err;
 use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
 use crate::outcome::Outcome;
-
-/// The ticker's pace while intents keep arriving, and its poll when nothing does (a reader that
-/// caught up wakes it at once).
-const BUSY_TICK: Duration = Duration::from_millis(1);
-const IDLE_TICK: Duration = Duration::from_millis(50);
-/// The ticker writes `ferry_horizon.ticked_at` at least this often, even when nothing is new.
-const HEARTBEAT: Duration = Duration::from_secs(1);
-/// A ticker that has not written `ticked_at` for this long while holding the election lock (a
-/// paused or hung process; or one waiting this long for an open producer transaction) has its
-/// connection killed by a relay that wants to tick, which then takes over.
-const STALE_TICKER_S: i64 = 30;
 
 /// The row-dispatch indexes of `ferry_outbox` (migrations 0001 and 0002) and their columns.
 /// Cursor dispatch never reads them and never updates an outbox row, but without partial
@@ -81,13 +58,6 @@ const COLUMNS_O: &str =
     "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
     o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at)";
-
-/// The store's handle on its ticker task (started by the first cursor read).
-#[derive(Debug, Default)]
-pub(crate) struct Ticker {
-    started: AtomicBool,
-    wake: tokio::sync::Notify,
-}
 
 impl MyStore {
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
@@ -227,7 +197,7 @@ impl MyStore {
         if !t.started.swap(true, Ordering::AcqRel) {
             let pool = self.pool().clone();
             let weak = Arc::downgrade(t);
-            tokio::spawn(run_ticker(pool, weak));
+            tokio::spawn(crate::mysql_ticker::run_ticker(pool, weak));
         }
         t.wake.notify_one();
     }
@@ -272,177 +242,6 @@ impl SeqRanges for Ranges<'_> {
             .iter()
             .map(|r| (claimed_from_row(r), r.get::<i64, _>(14) != 0))
             .collect())
-    }
-}
-
-/// Runs ticker sessions until the store is dropped; a failed session (lost connection, lock
-/// wait timeout) starts over after a pause.
-async fn run_ticker(pool: MySqlPool, ticker: Weak<Ticker>) {
-    loop {
-        match tick_session(&pool, &ticker).await {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "cursor horizon ticker: starting over");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-        if ticker.upgrade().is_none() {
-            return;
-        }
-    }
-}
-
-async fn gate_wait(conn: &mut MySqlConnection, parity: i8) -> Result<(), StoreError> {
-    conn.execute("START TRANSACTION")
-        .await
-        .map_err(|e| db_err("ticker: begin", e))?;
-    sqlx::query("SELECT parity FROM ferry_commit_gate WHERE parity = ? FOR UPDATE")
-        .bind(parity)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| db_err("ticker: gate", e))?;
-    Ok(())
-}
-
-/// One ticker session on a dedicated connection: wins the election (or waits for it), then
-/// alternates the gate rows and publishes each closed head. Returns `Ok` when the store is gone.
-async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), StoreError> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| db_err("ticker: connect", e))?
-        .detach();
-    // The pool's sessions end transactions idle for 10 s; the ticker's must not end that way
-    // (it would look like a crash): a stopped ticker is replaced by the stale-ticker check below
-    // instead, whether it stopped inside a transaction or between two. (MySQL has no such
-    // variable: the error is ignored.)
-    let _ = conn
-        .execute("SET SESSION idle_transaction_timeout = 0")
-        .await;
-    // Another process may tick this database: wait for its lock (it is released when that
-    // process's connection ends), checking now and then that this store still exists.
-    // `unregistered`: a holder of the lock that has not (yet) written its connection id into
-    // `ferry_horizon`, and since when this session has seen it so.
-    let mut unregistered: Option<(i64, tokio::time::Instant)> = None;
-    loop {
-        let got: Option<i64> =
-            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_ticker:', DATABASE()), 1)")
-                .fetch_one(&mut conn)
-                .await
-                .map_err(|e| db_err("ticker: election", e))?;
-        if got == Some(1) {
-            break;
-        }
-        if ticker.upgrade().is_none() {
-            return Ok(());
-        }
-        // The holder stopped ticking (a stopped process keeps its connection, and with it the
-        // lock, outside any transaction the server would time out): end its session. Killing a
-        // ticker is always safe; the horizon only moves on a closed head. A holder that stopped
-        // between winning the lock and registering (the next statements below) never writes
-        // `ticked_at`: it is stale once this session has seen it unregistered for as long.
-        let (holder, registered, stale): (Option<i64>, Option<i64>, i64) = sqlx::query_as(
-            "SELECT CAST(IS_USED_LOCK(CONCAT('ferry_ticker:', DATABASE())) AS SIGNED), ticker_conn, \
-               CAST(coalesce(ticked_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND, 0) AS SIGNED) \
-             FROM ferry_horizon WHERE id = 1",
-        )
-        .bind(STALE_TICKER_S)
-        .fetch_one(&mut conn)
-        .await
-        .map_err(|e| db_err("ticker: stale check", e))?;
-        let Some(holder) = holder else {
-            unregistered = None;
-            continue;
-        };
-        let kill = if registered == Some(holder) {
-            unregistered = None;
-            stale == 1
-        } else {
-            match unregistered {
-                Some((h, since)) if h == holder => {
-                    since.elapsed() >= Duration::from_secs(STALE_TICKER_S as u64)
-                }
-                _ => {
-                    unregistered = Some((holder, tokio::time::Instant::now()));
-                    false
-                }
-            }
-        };
-        if kill {
-            tracing::warn!(
-                connection = holder,
-                "cursor horizon ticker: the elected ticker has not ticked for {STALE_TICKER_S} s; ending its session and taking over"
-            );
-            unregistered = None;
-            // KILL takes no placeholder; `holder` is an integer read from the database
-            if let Err(e) = conn
-                .execute(format!("KILL CONNECTION {holder}").as_str())
-                .await
-            {
-                tracing::warn!(error = %e, "cursor horizon ticker: cannot end the stale ticker's session");
-            }
-        }
-    }
-    let me: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
-        .fetch_one(&mut conn)
-        .await
-        .map_err(|e| db_err("ticker: connection id", e))?;
-    // claim the ticker's row at once, so a ticker that hangs before its first horizon can be
-    // recognised as stale too
-    sqlx::query(
-        "UPDATE ferry_horizon SET ticker_conn = ?, ticked_at = UTC_TIMESTAMP(6) WHERE id = 1",
-    )
-    .bind(me)
-    .execute(&mut conn)
-    .await
-    .map_err(|e| db_err("ticker: register", e))?;
-    let mut held: i8 = 0;
-    gate_wait(&mut conn, held).await?;
-    // `closed`: a head every transaction of which has ended (publishable); `published`: the
-    // last value written.
-    let mut closed: Option<i64> = None;
-    let mut published: Option<i64> = None;
-    let mut beat = tokio::time::Instant::now();
-    loop {
-        let Some(t) = ticker.upgrade() else {
-            let _ = conn.close().await;
-            return Ok(());
-        };
-        // Holding `held` exclusively: every transaction that may still own a seq below the
-        // head read now holds the other row.
-        let head: i64 =
-            sqlx::query_scalar("SELECT CAST(coalesce(max(seq), 0) AS SIGNED) FROM ferry_outbox")
-                .fetch_one(&mut conn)
-                .await
-                .map_err(|e| db_err("ticker: head", e))?;
-        if closed.is_some() && (closed != published || beat.elapsed() >= HEARTBEAT) {
-            sqlx::query(
-                "UPDATE ferry_horizon SET horizon_seq = GREATEST(horizon_seq, ?), \
-                 ticked_at = UTC_TIMESTAMP(6), ticker_conn = ? WHERE id = 1",
-            )
-            .bind(closed)
-            .bind(me)
-            .execute(&mut conn)
-            .await
-            .map_err(|e| db_err("ticker: publish", e))?;
-            published = closed;
-            beat = tokio::time::Instant::now();
-        }
-        conn.execute("COMMIT")
-            .await
-            .map_err(|e| db_err("ticker: release", e))?;
-        if Some(head) != closed {
-            tokio::time::sleep(BUSY_TICK).await;
-        } else {
-            tokio::select! {
-                _ = t.wake.notified() => {}
-                _ = tokio::time::sleep(IDLE_TICK) => {}
-            }
-        }
-        drop(t);
-        held = 1 - held;
-        gate_wait(&mut conn, held).await?;
-        closed = Some(head);
     }
 }
 
@@ -524,23 +323,58 @@ impl CursorStore for MyStore {
             // reorder"). Operator actions and the exception path only move open rows between
             // open states or close them.
             let mut conn = self.pool().acquire().await.ctx("cursor read: connect")?;
-            let (horizon, open): (i64, i64) = sqlx::query_as(
-                "SELECT horizon_seq, EXISTS (SELECT 1 FROM ferry_outbox_exception \
-                   WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                 FROM ferry_horizon WHERE id = 1",
-            )
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| db_err("cursor read: horizon", e))?;
+            let (horizon, open) = crate::mysql_ticker::read_horizon(&mut conn).await?;
             let mut ranges = Ranges {
                 conn: &mut conn,
-                held_possible: open != 0,
+                held_possible: open,
             };
-            let (batch, caught_up) = plan.run(&mut ranges, horizon).await?;
-            if caught_up {
-                // caught up with the horizon: ask the ticker for a newer one
-                self.nudge_ticker();
-            }
+            let batch = if horizon.partial.is_none() {
+                let (batch, caught_up) = plan.run(&mut ranges, horizon.horizon).await?;
+                if caught_up {
+                    // caught up with the horizon: ask the ticker for a newer one
+                    self.nudge_ticker();
+                }
+                batch
+            } else {
+                // A long transaction holds some slots: each group of slots reads to its own
+                // horizon, the largest group's (the slots it did not write) first.
+                drop(plan);
+                let mut groups: BTreeMap<i64, Vec<(SlotId, CursorPos)>> = BTreeMap::new();
+                for (s, p) in &req.from {
+                    groups.entry(horizon.of(*s)).or_default().push((*s, *p));
+                }
+                let mut groups: Vec<(i64, Vec<(SlotId, CursorPos)>)> = groups.into_iter().collect();
+                groups.sort_by_key(|(_, slots)| std::cmp::Reverse(slots.len()));
+                let mut out = CursorBatch::default();
+                for (n, (h, from)) in groups.into_iter().enumerate() {
+                    let limit = req.limit.saturating_sub(out.events.len());
+                    if n > 0 && limit == 0 {
+                        // the limit is reached: these slots stay where they are, for now
+                        out.slot_upto.extend(from.iter().copied());
+                        out.more = true;
+                        continue;
+                    }
+                    let sub = CursorRead { from, limit };
+                    let Some(plan) = SeqRead::new(&sub) else {
+                        continue;
+                    };
+                    let (b, caught_up) = plan.run(&mut ranges, h).await?;
+                    if n == 0 {
+                        if caught_up {
+                            self.nudge_ticker();
+                        }
+                        out.upto = b.upto;
+                        out.slot_upto.extend(b.slot_upto.iter().copied());
+                    } else {
+                        out.slot_upto
+                            .extend(sub.from.iter().map(|(s, _)| (*s, b.upto_of(*s))));
+                    }
+                    out.more |= b.more;
+                    out.events.extend(b.events);
+                }
+                out.events.sort_by_key(|e| e.pos);
+                out
+            };
             Ok(batch)
         })
     }
@@ -732,12 +566,17 @@ impl CursorStore for MyStore {
             // The oldest open write transaction other than the ticker's: the one the next
             // horizon waits for if it inserted an intent (its "pid" is the connection id, for
             // KILL). INNODB_TRX needs the PROCESS privilege; without it nothing is reported.
+            // While the ticker reads past transactions that hold a gate row for long, the slots
+            // they wrote are the ones that wait.
             let row = sqlx::query(
                 "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) AS SIGNED), \
-                   CAST(t.trx_mysql_thread_id AS SIGNED) \
+                   CAST(t.trx_mysql_thread_id AS SIGNED), \
+                   (SELECT CASE WHEN h.partial_seq IS NULL THEN NULL \
+                           ELSE (SELECT CAST(count(*) AS SIGNED) FROM ferry_gate_hold) END \
+                    FROM ferry_gate_horizon h WHERE h.id = 1) \
                  FROM information_schema.INNODB_TRX t \
                  WHERE t.trx_rows_modified > 0 \
-                   AND t.trx_mysql_thread_id <> coalesce((SELECT ticker_conn FROM ferry_horizon WHERE id = 1), 0) \
+                   AND t.trx_mysql_thread_id <> coalesce((SELECT ticker_conn FROM ferry_gate_horizon WHERE id = 1), 0) \
                    AND t.trx_mysql_thread_id <> CONNECTION_ID() \
                  ORDER BY t.trx_started LIMIT 1",
             )
@@ -747,6 +586,9 @@ impl CursorStore for MyStore {
                 Ok(Some(r)) => HorizonInfo {
                     oldest_xact_age_us: r.get::<Option<i64>, _>(0).map(|a| a.max(0)),
                     oldest_xact_pid: r.get(1),
+                    held_slots: r
+                        .get::<Option<i64>, _>(2)
+                        .and_then(|n| u32::try_from(n).ok()),
                 },
                 Ok(None) => HorizonInfo::default(),
                 Err(e) => {

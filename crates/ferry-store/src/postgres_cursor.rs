@@ -920,6 +920,7 @@ impl CursorStore for PgStore {
                 Some((pid, age)) => HorizonInfo {
                     oldest_xact_age_us: age,
                     oldest_xact_pid: Some(pid),
+                    held_slots: None,
                 },
                 None => HorizonInfo::default(),
             })

@@ -505,6 +505,17 @@ pub enum OpenTx {
 }
 
 impl OpenTx {
+    /// Enqueues more `events` in the open transaction (one statement).
+    pub async fn enqueue(
+        &mut self,
+        events: &[NewEvent],
+    ) -> Result<Vec<String>, ferry_core::EnqueueError> {
+        let limits = Limits::default();
+        match self {
+            Self::Pg(tx) => ferry_store::postgres::enqueue_many(tx, events, &limits).await,
+            Self::My(tx) => ferry_store::mysql::enqueue_many(tx, events, &limits).await,
+        }
+    }
     /// Commits.
     pub async fn commit(self) {
         match self {

@@ -44,7 +44,9 @@ pub async fn run(
     };
     // In cursor dispatch an open write transaction delays reads: on PostgreSQL its own intents
     // wait for its commit and every read re-walks what was committed since it began; behind
-    // MariaDB's commit gate every intent committed after it began waits for it.
+    // MariaDB's commit gate the intents committed after it began wait for it: in every slot
+    // at first, then only in the slots it wrote once it is idle (`held_slots`).
+    let held_slots = horizon.as_ref().and_then(|h| h.held_slots);
     let blocker = horizon
         .as_ref()
         .filter(|_| mode == ferry_core::DispatchMode::Cursor)
@@ -57,9 +59,19 @@ pub async fn run(
         if age >= warn {
             level = level.max(if age >= crit { 3 } else { 2 });
             let (id, effect) = if store.backend() == "postgres" {
-                ("pid", "its own intents wait for its commit, and every cursor read re-walks what was committed since it began")
+                ("pid", "its own intents wait for its commit, and every cursor read re-walks what was committed since it began".to_string())
+            } else if let Some(n) = held_slots {
+                (
+                    "connection",
+                    format!(
+                        "intents committed since it began wait for it in the {n} slot(s) it wrote"
+                    ),
+                )
             } else {
-                ("connection", "intents committed since it began wait for it")
+                (
+                    "connection",
+                    "intents committed since it began wait for it, in every slot".to_string(),
+                )
             };
             reasons.push(format!(
                 "an open write transaction ({id} {pid}) has held the cursor horizon back for {:.0}s: {effect}",
@@ -124,10 +136,20 @@ pub async fn run(
             println!("  - {r}");
         }
         println!("dispatch:            {mode}");
-        if mode == ferry_core::DispatchMode::Cursor && store.backend() == "postgres" {
+        if mode == ferry_core::DispatchMode::Cursor && store.backend() != "sqlite" {
+            let id = if store.backend() == "postgres" {
+                "pid"
+            } else {
+                "connection"
+            };
+            let holds = match held_slots {
+                Some(n) => format!(", holding {n} slot(s)"),
+                None if store.backend() == "postgres" => String::new(),
+                None => ", holding every slot".to_string(),
+            };
             match blocker {
                 Some((age_us, pid)) => println!(
-                    "horizon held by:     pid {pid}, open for {}",
+                    "horizon held by:     {id} {pid}, open for {}{holds}",
                     fmt_age(Some(age_us))
                 ),
                 None => println!("horizon held by:     nothing (no open write transaction)"),

@@ -539,38 +539,76 @@ pub async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
     db.cleanup().await;
 }
 
-/// MySQL/MariaDB (the commit gate): an open producer transaction holds the horizon, so nothing
-/// committed after it began is read either; once it ends, its intents and the later ones are
-/// read in `seq` order, and a rolled-back one never appears.
+/// An aggregate id other than `taken` whose slot is `slot`'s (`prefix-<n>`).
+fn agg_in_slot(prefix: &str, slot: ferry_core::SlotId, taken: &[&str]) -> String {
+    (0..100_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|a| ferry_core::slot_for(a) == slot && !taken.contains(&a.as_str()))
+        .expect("an aggregate id in the slot")
+}
+
+/// Reads and advances `owner`'s cursors until `stop` holds for the ids read so far (or
+/// `within` passes); returns every id read, in read order.
+async fn drain(
+    db: &TestDb,
+    owner: &str,
+    within: Duration,
+    stop: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let cursors = cs(db).load_cursors(owner, &all_slots()).await.unwrap();
+        let b = cs(db).read_batch(&read_req(&cursors, 50)).await.unwrap();
+        seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
+        let slots: Vec<SlotAdvance> = cursors
+            .iter()
+            .map(|c| SlotAdvance {
+                slot: c.slot,
+                epoch: c.epoch,
+                version: c.version,
+                to: b.upto_of(c.slot),
+            })
+            .collect();
+        cs(db)
+            .advance(&CursorAdvance {
+                owner: owner.to_string(),
+                claim_id: ferry_core::new_event_id(),
+                slots,
+                exceptions: vec![],
+            })
+            .await
+            .unwrap();
+        if stop(&seen) || tokio::time::Instant::now() >= deadline {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// MySQL/MariaDB (the commit gate): an open producer transaction holds back the slots it wrote
+/// once it is idle: intents committed after it began are read in every other slot, not in its
+/// own; once it ends, its intents and the later ones of its slots are read in `seq` order, and
+/// a rolled-back one never appears.
 async fn open_transactions_hold_the_mysql_horizon(
     db: TestDb,
     cursors: Vec<SlotCursor>,
     open: crate::OpenTx,
     rolled: crate::OpenTx,
 ) {
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
-    while tokio::time::Instant::now() < deadline {
-        let b = cs(&db).read_batch(&read_req(&cursors, 10)).await.unwrap();
+    drop(cursors);
+    let held = [ferry_core::slot_for("late"), ferry_core::slot_for("gone")];
+    for a in ["early", "multi", "other"] {
         assert!(
-            b.events.is_empty(),
-            "read past an open transaction: {:?}",
-            b.events
+            !held.contains(&ferry_core::slot_for(a)),
+            "{a} shares a slot with an open transaction"
         );
-        assert!(
-            b.upto.seq <= 0,
-            "the horizon passed an open transaction: {:?}",
-            b.upto
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let h = cs(&db).horizon().await.unwrap();
-    assert!(
-        h.oldest_xact_pid.is_some(),
-        "the open transaction is reported: {h:?}"
-    );
-    // Other producers do not wait for it, multi-row inserts included (the ticker is waiting for
-    // the open transaction's gate; MariaDB ignores SKIP LOCKED from a statement's second row on,
-    // which the trigger works around).
+    // a later intent in the open transaction's slot: it waits for it
+    let twin = agg_in_slot("twin", held[0], &["late"]);
+    db.store.enqueue(&[ev(&twin, 1)]).await.unwrap();
+    // Other producers do not wait for it, multi-row inserts included (MariaDB ignores SKIP
+    // LOCKED from a statement's second row on, which the trigger works around).
     tokio::time::timeout(
         Duration::from_secs(3),
         db.store
@@ -579,32 +617,111 @@ async fn open_transactions_hold_the_mysql_horizon(
     .await
     .expect("a multi-row insert waited for the open transaction")
     .unwrap();
+    let seen = drain(&db, "a", Duration::from_secs(30), |s| s.len() >= 4).await;
+    assert_eq!(
+        seen,
+        vec!["e-early-1", "e-multi-1", "e-multi-2", "e-other-1"],
+        "the slots the open transactions did not write, in seq order"
+    );
+    let h = cs(&db).horizon().await.unwrap();
+    assert!(
+        h.oldest_xact_pid.is_some(),
+        "the open transaction is reported: {h:?}"
+    );
+    assert_eq!(h.held_slots, Some(2), "the slots it holds: {h:?}");
+    // its slot's later intent stays behind it
+    let more = drain(&db, "a", Duration::from_millis(800), |_| false).await;
+    assert!(
+        more.is_empty(),
+        "read past an open transaction of its slot: {more:?}"
+    );
     open.commit().await;
     rolled.rollback().await;
-    let b = read_until(&db, &read_req(&cursors, 10), 5).await;
-    let ids: Vec<&str> = b
-        .events
-        .iter()
-        .map(|e| e.event.token.event_id.as_str())
-        .collect();
-    assert_eq!(
-        ids,
-        vec![
-            "e-late-1",
-            "e-early-1",
-            "e-multi-1",
-            "e-multi-2",
-            "e-other-1"
-        ]
-    );
-    cs(&db)
-        .advance(&advance_all("a", &cursors, b.upto, vec![]))
-        .await
-        .unwrap();
-    assert_eq!(state(&db, "e-late-1").await, Some(EventState::Sent));
-    assert_eq!(state(&db, "e-early-1").await, Some(EventState::Sent));
-    assert_eq!(state(&db, "e-other-1").await, Some(EventState::Sent));
+    let twin_id = format!("e-{twin}-1");
+    let seen = drain(&db, "a", Duration::from_secs(30), |s| s.len() >= 2).await;
+    assert_eq!(seen, vec!["e-late-1".to_string(), twin_id.clone()]);
+    for id in ["e-late-1", "e-early-1", "e-other-1", twin_id.as_str()] {
+        assert_eq!(state(&db, id).await, Some(EventState::Sent), "{id}");
+    }
     assert!(db.store.record("e-gone-1").await.unwrap().is_none());
+    let h = cs(&db).horizon().await.unwrap();
+    assert_eq!(h.held_slots, None, "{h:?}");
+    db.cleanup().await;
+}
+
+/// MySQL/MariaDB: a transaction that holds a gate row for long and then runs a statement that
+/// has drawn `seq` values it has not inserted yet (a multi-row insert waiting on a row lock
+/// half-way) holds every slot until the statement is done: reads that went on past it would
+/// move a slot's cursor over a `seq` that is committed later. Every intent is read once.
+pub async fn a_running_statement_of_a_long_transaction_is_waited_for(db: TestDb) {
+    if db.backend != ferry_store::Backend::Mysql {
+        eprintln!("MySQL/MariaDB only: the commit gate");
+        db.cleanup().await;
+        return;
+    }
+    let _cursors = owned(&db, "a").await;
+    let mut long = db.open_producer_tx(&[ev("long", 1)]).await.unwrap();
+    // a second open transaction holds "blocker" v1 uncommitted: inserting it again waits
+    let blocker = db.open_producer_tx(&[ev("blocker", 1)]).await.unwrap();
+    db.store.enqueue(&[ev("early", 1)]).await.unwrap();
+    let seen = drain(&db, "a", Duration::from_secs(30), |s| !s.is_empty()).await;
+    assert_eq!(
+        seen,
+        vec!["e-early-1"],
+        "the long transactions are left to waiters"
+    );
+    // the long transaction's multi-row insert: its first row goes in, the second waits for
+    // "blocker", the third's seq is drawn but its row is not in the table yet
+    let tail = agg_in_slot("tail", ferry_core::slot_for("early"), &["early"]);
+    let rows = vec![ev("head", 1), ev("blocker", 1), ev(&tail, 1)];
+    let stmt = tokio::spawn(async move {
+        let r = long.enqueue(&rows).await;
+        (long, r)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !stmt.is_finished(),
+        "the insert did not wait for the blocker"
+    );
+    // later intents of the third row's slot commit above its seq
+    let later = agg_in_slot(
+        "later",
+        ferry_core::slot_for(&tail),
+        &["early", tail.as_str()],
+    );
+    db.store.enqueue(&[ev(&later, 1)]).await.unwrap();
+    let during = drain(&db, "a", Duration::from_secs(2), |_| false).await;
+    assert!(
+        during.is_empty(),
+        "read while a statement of a transaction holding a gate row runs: {during:?}"
+    );
+    // the blocker gives way; the statement finishes; everything commits
+    blocker.rollback().await;
+    let (long, r) = stmt.await.unwrap();
+    r.unwrap();
+    long.commit().await;
+    let want = [
+        "e-long-1".to_string(),
+        "e-head-1".to_string(),
+        "e-blocker-1".to_string(),
+        format!("e-{tail}-1"),
+        format!("e-{later}-1"),
+    ];
+    let seen = drain(&db, "a", Duration::from_secs(30), |s| s.len() >= want.len()).await;
+    let mut sorted = seen.clone();
+    sorted.sort();
+    let mut expect = want.to_vec();
+    expect.sort();
+    assert_eq!(sorted, expect, "every intent read once: {seen:?}");
+    let tail_at = seen
+        .iter()
+        .position(|s| *s == format!("e-{tail}-1"))
+        .unwrap();
+    let later_at = seen
+        .iter()
+        .position(|s| *s == format!("e-{later}-1"))
+        .unwrap();
+    assert!(tail_at < later_at, "seq order in the slot: {seen:?}");
     db.cleanup().await;
 }
 
@@ -1268,6 +1385,11 @@ pub const CASES: &[Case<TestDb>] = &[
         name: "purge_by_age_stops_at_young_rows",
         sql_only: true,
         run: |db| Box::pin(purge_by_age_stops_at_young_rows(db)),
+    },
+    Case {
+        name: "a_running_statement_of_a_long_transaction_is_waited_for",
+        sql_only: true,
+        run: |db| Box::pin(a_running_statement_of_a_long_transaction_is_waited_for(db)),
     },
     Case {
         name: "open_transactions_delay_only_their_own_rows",

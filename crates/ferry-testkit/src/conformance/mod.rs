@@ -127,6 +127,7 @@ macro_rules! cursor_conformance {
             reconcile_and_purge_use_derived_states,
             purge_by_age_stops_at_young_rows,
             open_transactions_delay_only_their_own_rows,
+            a_running_statement_of_a_long_transaction_is_waited_for,
             mode_switch_converts_state,
             slot_subset_readers_get_exactly_their_slots,
             a_lagging_slot_holds_the_others_back_no_longer,
