@@ -1387,14 +1387,14 @@ pub const CASES: &[Case<TestDb>] = &[
         run: |db| Box::pin(purge_by_age_stops_at_young_rows(db)),
     },
     Case {
-        name: "a_running_statement_of_a_long_transaction_is_waited_for",
-        sql_only: true,
-        run: |db| Box::pin(a_running_statement_of_a_long_transaction_is_waited_for(db)),
-    },
-    Case {
         name: "open_transactions_delay_only_their_own_rows",
         sql_only: true,
         run: |db| Box::pin(open_transactions_delay_only_their_own_rows(db)),
+    },
+    Case {
+        name: "a_running_statement_of_a_long_transaction_is_waited_for",
+        sql_only: true,
+        run: |db| Box::pin(a_running_statement_of_a_long_transaction_is_waited_for(db)),
     },
     Case {
         name: "mode_switch_converts_state",
