@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use ferry_core::{SlotId, StoreError, StoreErrorKind};
 use sqlx::mysql::MySqlConnection;
-use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
+use sqlx::{ConnectOptions, Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 use tokio::task::JoinHandle;
 
 use crate::db_err;
@@ -122,11 +122,19 @@ async fn gate_wait(conn: &mut MySqlConnection, parity: i8) -> Result<(), StoreEr
 
 /// A dedicated connection of the ticker's session, with its id.
 async fn session_conn(pool: &MySqlPool) -> Result<(MySqlConnection, i64), StoreError> {
-    let mut conn = pool
-        .acquire()
+    // The pool's options (URL, TLS), without statement logging: a gate request waits as long
+    // as the transactions it waits for, by design, and must not log a slow-statement warning.
+    let opts = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .disable_statement_logging();
+    let mut conn = MySqlConnection::connect_with(&opts)
         .await
-        .map_err(|e| db_err("ticker: connect", e))?
-        .detach();
+        .map_err(|e| db_err("ticker: connect", e))?;
+    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .await
+        .map_err(|e| db_err("ticker: connect", e))?;
     // The pool's sessions end transactions idle for 10 s; the ticker's must not end that way
     // (it would look like a crash): a stopped ticker is replaced by the stale-ticker check
     // instead, whether it stopped inside a transaction or between two. (MySQL has no such
@@ -289,6 +297,7 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
         lock_waits_readable: true,
         idle_blockers_since: None,
         lock_view_read: None,
+        holders: HashMap::new(),
     };
     let r = s.run(&mut conn, ticker).await;
     if r.is_ok() {
@@ -343,6 +352,9 @@ struct Session {
     idle_blockers_since: Option<tokio::time::Instant>,
     /// When the lock view was last read.
     lock_view_read: Option<tokio::time::Instant>,
+    /// Per waiting connection, the transactions (their connection ids) that held its row when
+    /// the lock view first showed its request.
+    holders: HashMap<i64, HashSet<i64>>,
 }
 
 impl Drop for Session {
@@ -502,6 +514,7 @@ impl Session {
                 .await
                 .map_err(|e| db_err("ticker: release", e))?;
             g.state = Gate::Free(c);
+            self.holders.remove(&g.conn_id);
             any = true;
         }
         if any {
@@ -607,44 +620,54 @@ impl Session {
             .filter(|g| matches!(g.state, Gate::Frozen(_)))
             .map(|g| g.conn_id)
             .collect();
-        // 1. who holds the frozen rows: the transactions each waiter's request waits for (a
-        // waiter missing from the view: the view predates its request, or it was just granted;
-        // an older view that shows the waiter shows every holder that is left and maybe some
-        // that have ended since: the holders only ever leave)
-        if self
-            .lock_view_read
-            .is_some_and(|t| t.elapsed() < LOCK_VIEW_EVERY)
-        {
-            return Ok(false);
-        }
-        self.lock_view_read = Some(tokio::time::Instant::now());
-        let mut qb = QueryBuilder::<MySql>::new(
-            "SELECT CAST(r.trx_mysql_thread_id AS SIGNED), CAST(b.trx_mysql_thread_id AS SIGNED) \
-             FROM information_schema.INNODB_LOCK_WAITS w \
-             JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
-             JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
-             WHERE r.trx_mysql_thread_id IN (",
-        );
-        push_list(&mut qb, waiters.iter().copied());
-        qb.push(")");
-        let pairs: Vec<(i64, i64)> = match qb.build_query_as().fetch_all(&mut *conn).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "cursor horizon ticker: cannot read the server's lock waits (the PROCESS privilege); an open producer transaction holds every slot until it ends"
-                );
-                self.lock_waits_readable = false;
+        // 1. who holds the frozen rows: the transactions each waiter's request waits for, read
+        // once per waiter from the server's lock view and kept: the holders only ever leave, so
+        // the first view that shows the waiter names every later holder (and some that may have
+        // ended since, which only makes the check below stricter). A view that does not show a
+        // waiter predates its request (or it was just granted): nothing is concluded from it.
+        let missing: Vec<i64> = waiters
+            .iter()
+            .copied()
+            .filter(|w| !self.holders.contains_key(w))
+            .collect();
+        if !missing.is_empty() {
+            if self
+                .lock_view_read
+                .is_some_and(|t| t.elapsed() < LOCK_VIEW_EVERY)
+            {
                 return Ok(false);
             }
-        };
-        let seen: HashSet<i64> = pairs.iter().map(|(r, _)| *r).collect();
-        if waiters.iter().any(|w| !seen.contains(w)) {
-            return Ok(false);
+            self.lock_view_read = Some(tokio::time::Instant::now());
+            let mut qb = QueryBuilder::<MySql>::new(
+                "SELECT CAST(r.trx_mysql_thread_id AS SIGNED), CAST(b.trx_mysql_thread_id AS SIGNED) \
+                 FROM information_schema.INNODB_LOCK_WAITS w \
+                 JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+                 JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+                 WHERE r.trx_mysql_thread_id IN (",
+            );
+            push_list(&mut qb, missing.iter().copied());
+            qb.push(")");
+            let pairs: Vec<(i64, i64)> = match qb.build_query_as().fetch_all(&mut *conn).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "cursor horizon ticker: cannot read the server's lock waits (the PROCESS privilege); an open producer transaction holds every slot until it ends"
+                    );
+                    self.lock_waits_readable = false;
+                    return Ok(false);
+                }
+            };
+            for (w, b) in pairs {
+                self.holders.entry(w).or_default().insert(b);
+            }
+            if missing.iter().any(|w| !self.holders.contains_key(w)) {
+                return Ok(false);
+            }
         }
-        let blockers: Vec<i64> = pairs
+        let blockers: Vec<i64> = waiters
             .iter()
-            .map(|(_, b)| *b)
+            .flat_map(|w| self.holders[w].iter().copied())
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
