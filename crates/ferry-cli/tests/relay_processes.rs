@@ -54,6 +54,18 @@ fn spawn_relay_stopping(
     RelayProcess::spawn(cmd, log, Stdout::Piped).expect("spawn ferry relay")
 }
 
+/// `ferry status` on `url`: its exit code and what it printed.
+fn ferry_status(url: &str) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["status", "--database-url", url])
+        .output()
+        .expect("run ferry status");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// A sample from a relay's `/metrics`, scraped with the relay's own client; `None` while the
 /// endpoint is not up or does not carry it.
 async fn metric(relay: &RelayProcess, name: &str) -> Option<f64> {
@@ -575,6 +587,13 @@ async fn shutdown_is_bounded_when_the_broker_never_answers() {
     let log = relay.tail(200);
     let warn = log.lines().find(|l| l.contains("sink stalled")).unwrap();
     assert!(warn.contains("WARN") && warn.contains(&broker), "{warn}");
+    // `ferry status` shows it for that relay (from its membership heartbeat), as a WARNING
+    let (code, out) = wait_for_status_line(&db.url, "stuck: sink stalled for").await;
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains("relay stuck: its sink has had no ack for"),
+        "{out}"
+    );
     // alive, not ready
     assert_eq!(probe(&relay, "/healthz").await.0, 200);
     let (s, body) = probe(&relay, "/ready").await;
@@ -595,6 +614,18 @@ async fn shutdown_is_bounded_when_the_broker_never_answers() {
         "nothing was confirmed, nothing is marked sent"
     );
     db.cleanup().await;
+}
+
+/// Runs `ferry status` until its output has `line` (20 s at most).
+async fn wait_for_status_line(url: &str, line: &str) -> (Option<i32>, String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, out) = ferry_status(url);
+        if out.contains(line) || std::time::Instant::now() > deadline {
+            return (code, out);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// A second SIGTERM (or SIGINT) during the drain exits at once, with 130.
@@ -642,5 +673,151 @@ async fn a_first_start_logs_no_warning() {
         .filter(|l| l.contains(" WARN ") || l.contains("ERROR"))
         .collect();
     assert!(warnings.is_empty(), "{warnings:#?}");
+    db.cleanup().await;
+}
+
+/// A tansu broker of this test's own (`FERRY_TEST_TANSU_BIN`, which CI sets), so it can be
+/// stopped (SIGSTOP) without touching the other tests' broker. `None`: skipped (a failure under
+/// `FERRY_REQUIRE_KAFKA=1`).
+struct OwnTansu {
+    child: std::process::Child,
+    brokers: String,
+}
+
+impl OwnTansu {
+    async fn start() -> Option<Self> {
+        let Ok(bin) = std::env::var("FERRY_TEST_TANSU_BIN") else {
+            assert!(
+                std::env::var("FERRY_REQUIRE_KAFKA").as_deref() != Ok("1"),
+                "FERRY_REQUIRE_KAFKA=1 but FERRY_TEST_TANSU_BIN is not set"
+            );
+            println!("skipped: FERRY_TEST_TANSU_BIN is not set (no external broker to stop)");
+            return None;
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start tansu");
+        let brokers = format!("127.0.0.1:{port}");
+        wait_until("tansu listening", Duration::from_secs(20), || async {
+            std::net::TcpStream::connect(&brokers).is_ok()
+        })
+        .await;
+        Some(Self { child, brokers })
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for OwnTansu {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Against a real Kafka-protocol broker (tansu) that stops answering (SIGSTOP): the relay logs
+/// `sink stalled` at WARN naming the broker and exports the stall within a minute, `ferry
+/// status` shows it; once the broker answers again everything is delivered; a relay told to stop
+/// during a stall exits within its bound (shutdown timeout + 10 s), and the next one delivers
+/// what it left unsent. A consumer on the broker sees every intent (duplicates allowed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_real_broker_that_stops_answering_is_seen_and_survived() {
+    let Some(tansu) = OwnTansu::start().await else {
+        return;
+    };
+    let b = tansu.brokers.clone();
+    let topic = format!("ferry-stall-{}", std::process::id());
+    ferry_testkit::kafka::create_topic(&b, &[], &topic, 2, 1)
+        .await
+        .expect("create topic");
+    let verifier = ferry_testkit::verify::Verifier::start(&b, &topic, 2).expect("verifier");
+    let db = TestDb::sqlite().await;
+    let batch = |from: i64, n: i64| -> Vec<NewEvent> {
+        (from..from + n)
+            .map(|i| ferry_testkit::intent(&topic, &format!("agg-{}", i % 7), i / 7 + 1))
+            .collect()
+    };
+    // versions per aggregate must stay consecutive: ids 0.. in order, 7 aggregates
+    db.store.enqueue(&batch(0, 70)).await.unwrap();
+    let args = [
+        "--sink",
+        "kafka",
+        "--kafka-brokers",
+        &b,
+        "--sink-stall",
+        "5s",
+    ];
+    let mut relay = spawn_relay_stopping(&db.url, &args, "stall-a", DispatchMode::Cursor, "1s");
+    db.wait_all_sent(Duration::from_secs(60)).await;
+    // the broker stops answering
+    tansu.signal(libc::SIGSTOP);
+    db.store.enqueue(&batch(70, 70)).await.unwrap();
+    wait_until("stall seen", Duration::from_secs(60), || async {
+        metric(&relay, "ferry_sink_unacked_seconds")
+            .await
+            .unwrap_or(0.0)
+            >= 5.0
+            && relay.tail(300).contains("sink stalled")
+    })
+    .await;
+    let log = relay.tail(300);
+    let warn = log.lines().find(|l| l.contains("sink stalled")).unwrap();
+    assert!(warn.contains("WARN") && warn.contains(&b), "{warn}");
+    let (code, out) = wait_for_status_line(&db.url, "stall-a: sink stalled for").await;
+    assert_eq!(code, Some(4), "{out}");
+    // it answers again: everything goes out
+    tansu.signal(libc::SIGCONT);
+    db.wait_all_sent(Duration::from_secs(90)).await;
+    wait_until("recovery logged", Duration::from_secs(30), || async {
+        relay.tail(300).contains("sink answering again")
+    })
+    .await;
+    // a stop during a stall ends within the bound; the next relay sends what it left
+    tansu.signal(libc::SIGSTOP);
+    db.store.enqueue(&batch(140, 70)).await.unwrap();
+    wait_until("stalled again", Duration::from_secs(60), || async {
+        metric(&relay, "ferry_sink_unacked_seconds")
+            .await
+            .unwrap_or(0.0)
+            >= 5.0
+    })
+    .await;
+    let t = std::time::Instant::now();
+    relay.signal(libc::SIGTERM);
+    let code = relay.wait_exit(Duration::from_secs(40));
+    assert!(
+        code.is_some() && t.elapsed() <= Duration::from_secs(11 + 3),
+        "exit {code:?} after {:?} (bound: 1 s + 10 s)\nlog:\n{}",
+        t.elapsed(),
+        relay.tail(40)
+    );
+    tansu.signal(libc::SIGCONT);
+    let relay = spawn_relay(&db.url, &args, "stall-b", DispatchMode::Cursor);
+    db.wait_all_sent(Duration::from_secs(90)).await;
+    let r = verifier
+        .wait_until(Duration::from_secs(60), |r| r.delivered >= 210)
+        .await;
+    assert_eq!((r.delivered, r.ordering_violations), (210, 0), "{r:?}");
+    drop(relay);
     db.cleanup().await;
 }

@@ -96,10 +96,10 @@ pub use event::{
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
-    BoxFuture, BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, OperatorAction,
-    OperatorActions, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent, ReconcileReport,
-    ReconcileRequest, RetryItem, RowDispatch, SettingWarning, SlotLease, SlotOwnership,
-    SlotRelease, SlotRequest, Watermark,
+    BoxFuture, BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, MemberInfo,
+    OperatorAction, OperatorActions, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent,
+    ReconcileReport, ReconcileRequest, RetryItem, RowDispatch, SettingWarning, SlotLease,
+    SlotOwnership, SlotRelease, SlotRequest, Watermark,
 };
 
 /// Microseconds since the Unix epoch, the unit every timestamp crosses the store API in.

@@ -228,6 +228,9 @@ pub struct MemberHeartbeat<'a> {
     pub instance: &'a str,
     /// Membership lease length: the member counts as live until now + `ttl` unless renewed.
     pub ttl: Duration,
+    /// The process's sink has had no ack for this long while events were in flight, past its
+    /// stall threshold (`None`: not stalled). Stored with the membership for `ferry status`.
+    pub sink_stalled: Option<Duration>,
 }
 
 impl<'a> MemberHeartbeat<'a> {
@@ -237,6 +240,7 @@ impl<'a> MemberHeartbeat<'a> {
             owner,
             instance: "",
             ttl,
+            sink_stalled: None,
         }
     }
 
@@ -244,6 +248,30 @@ impl<'a> MemberHeartbeat<'a> {
     pub fn instance(self, instance: &'a str) -> Self {
         Self { instance, ..self }
     }
+
+    /// The same heartbeat, reporting a stalled sink.
+    pub fn sink_stalled(self, sink_stalled: Option<Duration>) -> Self {
+        Self {
+            sink_stalled,
+            ..self
+        }
+    }
+
+    /// [`sink_stalled`](Self::sink_stalled) in µs, as stored.
+    pub fn sink_stalled_us(&self) -> Option<i64> {
+        self.sink_stalled
+            .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    }
+}
+
+/// A live relay process, as its last heartbeat left it ([`SlotOwnership::members`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberInfo {
+    /// Its owner id.
+    pub owner: String,
+    /// How long its sink had gone without an ack while events were in flight, at its last
+    /// heartbeat, when past its stall threshold (µs); `None`: not stalled.
+    pub sink_stalled_us: Option<i64>,
 }
 
 /// [`RowDispatch::extend_lease`]: push claimed items' leases out.
@@ -381,6 +409,12 @@ pub trait SlotOwnership: Send + Sync {
 
     /// Current slot leases (status).
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>>;
+
+    /// The live relay processes (membership not expired), sorted by owner id (status). The
+    /// in-memory store keeps no membership details: it returns none.
+    fn members(&self) -> BoxFuture<'_, Result<Vec<MemberInfo>, StoreError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// What tools and operators do: enqueue outside an application transaction, resolve

@@ -385,6 +385,14 @@ impl Metrics {
         level.max(horizon).max(stalled)
     }
 
+    /// [`sink_unacked`](Self::sink_unacked) when it has reached the stall threshold
+    /// (`alerts.sink_stall`): what the membership heartbeat stores for `ferry status`.
+    pub fn sink_stalled(&self, now_us: i64) -> Option<Duration> {
+        let threshold = self.alerts.lock().map(|a| a.sink_stall).unwrap_or_default();
+        let unacked = self.sink_unacked(now_us);
+        (unacked >= threshold && !unacked.is_zero()).then_some(unacked)
+    }
+
     /// How long the events handed to the sink have waited with no ack, at `now_us`: since the
     /// last ack or since the sink went busy, whichever is later; zero when nothing is in flight.
     pub fn sink_unacked(&self, now_us: i64) -> Duration {

@@ -81,7 +81,7 @@ pub(crate) async fn run(
     // a failing database is logged once per episode (then every minute), and its end
     let mut failing = crate::relay::Episode::new("slot ownership heartbeat");
     loop {
-        let result = tick(&*store, &cfg, &held).await;
+        let result = tick(&*store, &cfg, &metrics, &held).await;
         if result.is_ok() {
             metrics
                 .db_ok_us
@@ -200,11 +200,14 @@ pub(crate) async fn claim_owner(
 async fn tick(
     store: &dyn OutboxStore,
     cfg: &OwnershipConfig,
+    metrics: &Metrics,
     held: &BTreeSet<SlotId>,
 ) -> Result<(BTreeSet<SlotId>, usize), ferry_core::StoreError> {
     let members = store
         .heartbeat_member(
-            &ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl).instance(&cfg.instance),
+            &ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl)
+                .instance(&cfg.instance)
+                .sink_stalled(metrics.sink_stalled(ferry_core::now_micros())),
         )
         .await?;
     let desired = desired_slots(&cfg.owner, &members);

@@ -33,6 +33,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(7, "member_instance", "postgres/0007_member_instance"),
     migration!(8, "seq_order", "postgres/0008_seq_order"),
     migration!(9, "cursor_fillfactor", "postgres/0009_cursor_fillfactor"),
+    migration!(10, "member_sink", "postgres/0010_member_sink"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -44,6 +45,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(5, "status_cache", "mysql/0005_status_cache"),
     migration!(6, "member_instance", "mysql/0006_member_instance"),
     migration!(7, "gate_hold", "mysql/0007_gate_hold"),
+    migration!(8, "member_sink", "mysql/0008_member_sink"),
 ];
 
 /// SQLite migrations, in order.
@@ -52,6 +54,7 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(2, "cursor", "sqlite/0002_cursor"),
     migration!(3, "plain_insert", "sqlite/0003_plain_insert"),
     migration!(4, "member_instance", "sqlite/0004_member_instance"),
+    migration!(5, "member_sink", "sqlite/0005_member_sink"),
 ];
 
 // ---------------------------------------------------------------- the runner

@@ -664,15 +664,17 @@ impl ferry_core::SlotOwnership for MyStore {
             // ours afterwards exactly when the row was ours or expired, and only then is the
             // lease renewed
             sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, instance, lease_until) \
-                 VALUES (?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                "INSERT INTO ferry_relay_member (owner, instance, lease_until, sink_stalled_us) \
+                 VALUES (?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
                  ON DUPLICATE KEY UPDATE \
                  instance = IF(instance = VALUES(instance) OR lease_until <= UTC_TIMESTAMP(6), VALUES(instance), instance), \
-                 lease_until = IF(instance = VALUES(instance), VALUES(lease_until), lease_until)",
+                 lease_until = IF(instance = VALUES(instance), VALUES(lease_until), lease_until), \
+                 sink_stalled_us = IF(instance = VALUES(instance), VALUES(sink_stalled_us), sink_stalled_us)",
             )
             .bind(owner)
             .bind(req.instance)
             .bind(micros(ttl))
+            .bind(req.sink_stalled_us())
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?;
@@ -693,6 +695,25 @@ impl ferry_core::SlotOwnership for MyStore {
             Ok(owners
                 .into_iter()
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .collect())
+        })
+    }
+
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(Vec<u8>, Option<i64>)> = sqlx::query_as(
+                "SELECT owner, sink_stalled_us FROM ferry_relay_member \
+                 WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("members", e))?;
+            Ok(rows
+                .into_iter()
+                .map(|(owner, sink_stalled_us)| ferry_core::MemberInfo {
+                    owner: String::from_utf8_lossy(&owner).into_owned(),
+                    sink_stalled_us,
+                })
                 .collect())
         })
     }

@@ -446,14 +446,16 @@ impl ferry_core::SlotOwnership for PgStore {
             // ON CONFLICT DO UPDATE locks the row and checks WHERE against its latest version:
             // of two instances racing for an expired row, one takes it
             let held = sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, instance, lease_until) \
-                 VALUES ($1, $3, now() + $2 * interval '1 microsecond') \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until, instance = EXCLUDED.instance \
+                "INSERT INTO ferry_relay_member (owner, instance, lease_until, sink_stalled_us) \
+                 VALUES ($1, $3, now() + $2 * interval '1 microsecond', $4) \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until, instance = EXCLUDED.instance, \
+                   sink_stalled_us = EXCLUDED.sink_stalled_us \
                  WHERE ferry_relay_member.instance = EXCLUDED.instance OR ferry_relay_member.lease_until <= now()",
             )
             .bind(owner)
             .bind(micros(ttl))
             .bind(req.instance)
+            .bind(req.sink_stalled_us())
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?
@@ -467,6 +469,24 @@ impl ferry_core::SlotOwnership for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("members", e))
+        })
+    }
+
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
+                "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("members", e))?;
+            Ok(rows
+                .into_iter()
+                .map(|(owner, sink_stalled_us)| ferry_core::MemberInfo {
+                    owner,
+                    sink_stalled_us,
+                })
+                .collect())
         })
     }
 

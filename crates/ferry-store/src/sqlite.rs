@@ -527,14 +527,17 @@ impl ferry_core::SlotOwnership for SqliteStore {
             let now = now_micros();
             let gate = self.gate.lock().await;
             let held = sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, instance, lease_until, joined_at) VALUES (?1, ?4, ?2 + ?3, ?2) \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until, instance = excluded.instance \
+                "INSERT INTO ferry_relay_member (owner, instance, lease_until, joined_at, sink_stalled_us) \
+                 VALUES (?1, ?4, ?2 + ?3, ?2, ?5) \
+                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until, instance = excluded.instance, \
+                   sink_stalled_us = excluded.sink_stalled_us \
                  WHERE ferry_relay_member.instance = excluded.instance OR ferry_relay_member.lease_until <= ?2",
             )
             .bind(owner)
             .bind(now)
             .bind(micros(ttl))
             .bind(req.instance)
+            .bind(req.sink_stalled_us())
             .execute(&self.pool)
             .await
             .map_err(|e| db_err("member heartbeat", e))?
@@ -550,6 +553,25 @@ impl ferry_core::SlotOwnership for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("members", e))
+        })
+    }
+
+    fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
+        Box::pin(async move {
+            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
+                "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
+            )
+            .bind(now_micros())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| db_err("members", e))?;
+            Ok(rows
+                .into_iter()
+                .map(|(owner, sink_stalled_us)| ferry_core::MemberInfo {
+                    owner,
+                    sink_stalled_us,
+                })
+                .collect())
         })
     }
 

@@ -31,6 +31,7 @@ pub async fn run(
     let (warn, crit) = (thresholds.oldest_warning, thresholds.oldest_critical);
     let st = store.status().await?;
     let leases = store.slot_leases().await?;
+    let members = store.members().await?;
     let quarantined = store.list_quarantined(20).await?;
     let settings = store.server_warnings().await?;
     let age = st
@@ -103,6 +104,18 @@ pub async fn run(
             st.blocked_aggregates
         ));
     }
+    // A relay whose sink has had no ack for longer than its stall threshold, with events in
+    // flight (as of its last membership heartbeat): a broker down or unreachable.
+    for m in &members {
+        if let Some(us) = m.sink_stalled_us {
+            level = level.max(2);
+            reasons.push(format!(
+                "relay {}: its sink has had no ack for {:.0}s with events in flight (a broker down or unreachable; the relay logs the brokers and the last error)",
+                m.owner,
+                Duration::from_micros(us.max(0) as u64).as_secs_f64()
+            ));
+        }
+    }
     // A harmful server setting is a warning whatever the backlog: it can lose committed intents
     // in a crash, let the outbox go unvacuumed, or reorder an aggregate in cursor dispatch.
     for w in &settings {
@@ -127,6 +140,7 @@ pub async fn run(
             "server_settings": settings,
             "outbox": st,
             "slot_owners": owners,
+            "relays": members,
             "quarantined": quarantined,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -173,6 +187,20 @@ pub async fn run(
         );
         for (o, n) in &owners {
             println!("  {o}: {n} slots");
+        }
+        println!(
+            "relays:              {}",
+            if members.is_empty() {
+                "none".to_string()
+            } else {
+                String::new()
+            }
+        );
+        for m in &members {
+            match m.sink_stalled_us {
+                Some(us) => println!("  {}: sink stalled for {}", m.owner, fmt_age(Some(us))),
+                None => println!("  {}: sink ok", m.owner),
+            }
         }
     }
     Ok(match level {
