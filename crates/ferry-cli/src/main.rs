@@ -72,9 +72,10 @@ enum Cmd {
     /// Run the relay until SIGINT/SIGTERM, then drain gracefully and exit 0 (130 when the drain
     /// outlasts --shutdown-timeout + 10 s, or at a second signal).
     Relay(cmd::relay::RelayArgs),
-    /// Show backlog, oldest intent age, unknown exposure, quarantine and slot owners.
-    /// Exits 4 at a warning (past the warning age, blocked aggregates, a harmful server setting),
-    /// 5 at a critical alert (past the critical age); 2 is bad usage, 1 an error.
+    /// Show backlog, oldest intent age, unknown exposure, quarantine, slot owners and each
+    /// relay's sink. Exits 4 at a warning (past the warning age, blocked aggregates, a relay's
+    /// stalled sink, a harmful server setting), 5 at a critical alert (past the critical age);
+    /// 2 is bad usage, 1 an error.
     Status(cmd::status::StatusArgs),
     /// Inspect and resolve quarantined events.
     Quarantine {

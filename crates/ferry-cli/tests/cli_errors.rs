@@ -191,7 +191,7 @@ fn enqueue_status_and_quarantine_commands() {
     let (_d, url) = sqlite_url();
     let o = ferry(&["migrate", "--database-url", &url]);
     assert!(
-        o.status.success() && err_of(&o).contains("applied migrations [1, 2, 3, 4]"),
+        o.status.success() && err_of(&o).contains("applied migrations [1, 2, 3, 4, 5]"),
         "{}",
         err_of(&o)
     );
