@@ -362,6 +362,18 @@ impl<'a> Run<'a> {
         let kafka = self.kafka().await?;
         let kafka_partitions = kafka.as_ref().map(|k| k.partitions);
         let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
+        if let Some(v) = &verifier {
+            // every id this run can produce, so the verifier's set never rehashes mid-run
+            let expected = match spec.work.preload {
+                Some(p) => p.total,
+                None => spec.work.rate.saturating_mul(spec.duration.as_secs() + 1),
+            };
+            v.reserve(
+                usize::try_from(expected)
+                    .unwrap_or(usize::MAX)
+                    .min(200_000_000),
+            );
+        }
         let inbox = match (spec.flags.inbox, &kafka) {
             (true, Some(k)) => Some(
                 InboxConsumer::start(spec, self.run, &k.brokers, &k.topic, k.partitions).await?,
