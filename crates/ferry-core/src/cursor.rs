@@ -29,8 +29,9 @@ use crate::store::{BoxFuture, RetryItem};
 #[serde(rename_all = "lowercase")]
 pub enum DispatchMode {
     /// Per-row claims: `PENDING → CLAIMED → SENT`, three row writes per event (the classic
-    /// outbox claim protocol: `ferry lab`, claim-contention benchmarks, and MariaDB where
-    /// producers keep transactions open for seconds, which would hold back its cursor horizon).
+    /// outbox claim protocol: `ferry lab`, claim-contention benchmarks, and MariaDB without the
+    /// `PROCESS` privilege where producers keep transactions open for seconds, which would hold
+    /// back its cursor horizon in every slot).
     Row,
     /// A durable cursor per slot: one write per event (the INSERT), one cursor CAS per batch.
     Cursor,
