@@ -616,6 +616,59 @@ async fn shutdown_is_bounded_when_the_broker_never_answers() {
     db.cleanup().await;
 }
 
+/// The bound holds where the Kafka client would wait longer than it: a message timeout as long
+/// as the relay accepts below a 40 s claim lease (30 s) and a 1 s shutdown timeout, with
+/// events in flight to a broker that never answers. The process exits by 1 s + 10 s (130: the
+/// drain was cut short), not when the client gives up on its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_is_bounded_when_the_client_would_wait_longer() {
+    let db = TestDb::sqlite().await;
+    let broker = silent_broker();
+    db.store
+        .enqueue(&[ev("held", 1), ev("other", 1)])
+        .await
+        .unwrap();
+    let log = std::env::temp_dir().join(format!("ferry-relay-patient-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.args(["relay", "--database-url", &db.url, "--owner", "patient"])
+        .args(["--sink", "kafka", "--kafka-brokers", &broker])
+        .args(["--claim-lease", "40s", "--kafka-message-timeout", "30s"])
+        .args([
+            "--heartbeat",
+            "200ms",
+            "--slot-ttl",
+            "1500ms",
+            "--poll-idle",
+            "50ms",
+        ])
+        .args(["--shutdown-timeout", "1s", "--no-migrate"])
+        .env("FERRY_LOG", "info");
+    let mut relay = RelayProcess::spawn(cmd, log, Stdout::Piped).expect("spawn ferry relay");
+    wait_until("in flight", Duration::from_secs(20), || async {
+        metric(&relay, "ferry_sink_in_flight_events")
+            .await
+            .unwrap_or(0.0)
+            >= 2.0
+    })
+    .await;
+    let t = std::time::Instant::now();
+    relay.signal(libc::SIGTERM);
+    let code = relay.wait_exit(Duration::from_secs(60));
+    assert!(
+        code.is_some() && t.elapsed() <= Duration::from_secs(11 + 3),
+        "exit {code:?} after {:?} (bound: 1 s + 10 s)\nlog:\n{}",
+        t.elapsed(),
+        relay.tail(40)
+    );
+    assert_eq!(
+        db.store.status().await.unwrap().pending,
+        2,
+        "nothing confirmed, nothing sent"
+    );
+    db.cleanup().await;
+}
+
 /// Runs `ferry status` until its output has `line` (20 s at most).
 async fn wait_for_status_line(url: &str, line: &str) -> (Option<i32>, String) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
