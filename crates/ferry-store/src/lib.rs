@@ -322,6 +322,18 @@ pub(crate) fn owner_in_use(owner: &str) -> StoreError {
     )
 }
 
+/// [`ferry_core::SlotOwnership::members`] from `(owner, sink_stalled_us)` rows.
+pub(crate) fn members_from(
+    rows: impl IntoIterator<Item = (String, Option<i64>)>,
+) -> Vec<ferry_core::MemberInfo> {
+    rows.into_iter()
+        .map(|(owner, sink_stalled_us)| ferry_core::MemberInfo {
+            owner,
+            sink_stalled_us,
+        })
+        .collect()
+}
+
 /// Maps a sqlx error to the store's classification, keeping the source.
 pub(crate) fn db_err(context: &str, e: sqlx::Error) -> StoreError {
     let kind = error_kind(&e);

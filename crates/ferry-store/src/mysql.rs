@@ -708,13 +708,9 @@ impl ferry_core::SlotOwnership for MyStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("members", e))?;
-            Ok(rows
-                .into_iter()
-                .map(|(owner, sink_stalled_us)| ferry_core::MemberInfo {
-                    owner: String::from_utf8_lossy(&owner).into_owned(),
-                    sink_stalled_us,
-                })
-                .collect())
+            Ok(crate::members_from(rows.into_iter().map(
+                |(owner, stalled)| (String::from_utf8_lossy(&owner).into_owned(), stalled),
+            )))
         })
     }
 

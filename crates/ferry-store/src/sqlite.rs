@@ -565,13 +565,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("members", e))?;
-            Ok(rows
-                .into_iter()
-                .map(|(owner, sink_stalled_us)| ferry_core::MemberInfo {
-                    owner,
-                    sink_stalled_us,
-                })
-                .collect())
+            Ok(crate::members_from(rows))
         })
     }
 
