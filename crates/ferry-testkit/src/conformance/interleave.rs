@@ -206,132 +206,106 @@ const A: usize = 0;
 const B: usize = 1;
 const C: usize = 2;
 
+/// A fixed schedule written as it interleaves: `A Bump Y, B Insert X, B Commit, …` is
+/// `(A, Op::Bump("Y")), (B, Op::Insert("X")), (B, Op::Commit), …` (session, step, aggregate).
+macro_rules! fixed {
+    ($($s:ident $op:ident $($a:ident)?),* $(,)?) => {
+        Plan::Fixed(vec![$(($s, Op::$op $((stringify!($a)))?)),*])
+    };
+}
+
+/// One session's steps for the explorer: `Bump Y, Insert X, Commit` (step, aggregate).
+macro_rules! script {
+    ($($op:ident $($a:ident)?),* $(,)?) => {
+        vec![$(Op::$op $((stringify!($a)))?),*]
+    };
+}
+
 /// Issue #33: A takes its transaction id first (a write to Y), B writes X v1, A waits for X,
 /// B commits, A writes X v2 — v2 has the lower transaction id and the higher `seq`.
 fn cross_xid() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (A, Bump("X")),
-        (B, Commit),
-        (A, Insert("X")),
-        (A, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B Bump X, B Insert X,
+        A Bump X,
+        B Commit,
+        A Insert X, A Commit,
+    ]
 }
 
 /// Three transactions queued on one row: C holds X, then A and B (both with earlier
 /// transaction ids) wait for it in that order.
 fn three_queued() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, Bump("Z")),
-        (C, Bump("X")),
-        (C, Insert("X")),
-        (A, Bump("X")),
-        (B, Bump("X")),
-        (C, Commit),
-        (A, Insert("X")),
-        (A, Commit),
-        (B, Insert("X")),
-        (B, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B Bump Z,
+        C Bump X, C Insert X,
+        A Bump X,
+        B Bump X,
+        C Commit,
+        A Insert X, A Commit,
+        B Insert X, B Commit,
+    ]
 }
 
 /// Each transaction writes two versions of X: B v1, v2; A (waiting for B) v3, v4.
 fn two_versions() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (A, Bump("X")),
-        (B, Commit),
-        (A, Insert("X")),
-        (A, Bump("X")),
-        (A, Insert("X")),
-        (A, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B Bump X, B Insert X, B Bump X, B Insert X,
+        A Bump X,
+        B Commit,
+        A Insert X, A Bump X, A Insert X, A Commit,
+    ]
 }
 
 /// B writes v1, then v2 inside a savepoint and rolls back to it while A waits for X; B writes
 /// v2 again and commits; A writes v3. The rolled-back v2 never appears.
 fn savepoint_rolled_back() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (B, Savepoint),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (A, Bump("X")),
-        (B, RollbackToSavepoint),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (B, Commit),
-        (A, Insert("X")),
-        (A, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B Bump X, B Insert X, B Savepoint, B Bump X, B Insert X,
+        A Bump X,
+        B RollbackToSavepoint, B Bump X, B Insert X, B Commit,
+        A Insert X, A Commit,
+    ]
 }
 
 /// B takes X's lock inside a savepoint, its first write, and rolls back to it while A waits
 /// for X: the lock is released (A writes v1; B then waits for A and writes v2).
 fn savepoint_lock() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, Savepoint),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (A, Bump("X")),
-        (B, RollbackToSavepoint),
-        (B, Bump("X")),
-        (A, Insert("X")),
-        (A, Commit),
-        (B, Insert("X")),
-        (B, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B Savepoint, B Bump X, B Insert X,
+        A Bump X,
+        B RollbackToSavepoint, B Bump X,
+        A Insert X, A Commit,
+        B Insert X, B Commit,
+    ]
 }
 
 /// As [`savepoint_lock`], but B wrote Z before the savepoint. PostgreSQL releases X's lock at
 /// the rollback (A writes v1, B v2); MariaDB keeps it until B ends (B writes v1, A v2).
 fn savepoint_lock_after_write() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, Bump("Z")),
-        (B, Savepoint),
-        (B, Bump("X")),
-        (B, Insert("X")),
-        (A, Bump("X")),
-        (B, RollbackToSavepoint),
-        (B, Bump("X")),
-        (A, Insert("X")),
-        (A, Commit),
-        (B, Insert("X")),
-        (B, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B Bump Z, B Savepoint, B Bump X, B Insert X,
+        A Bump X,
+        B RollbackToSavepoint, B Bump X,
+        A Insert X, A Commit,
+        B Insert X, B Commit,
+    ]
 }
 
 /// The lock is taken by `SELECT … FOR UPDATE`, the version read, then written.
 fn lock_for_update() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, LockRead("X")),
-        (B, WriteNext("X")),
-        (B, Insert("X")),
-        (A, LockRead("X")),
-        (B, Commit),
-        (A, WriteNext("X")),
-        (A, Insert("X")),
-        (A, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B LockRead X, B WriteNext X, B Insert X,
+        A LockRead X,
+        B Commit,
+        A WriteNext X, A Insert X, A Commit,
+    ]
 }
 
 /// Versions by the unique `(aggregate_id, aggregate_version)` key: blind writers read
@@ -339,36 +313,33 @@ fn lock_for_update() -> Plan {
 /// for B's uncommitted v1 on the unique key, loses when B commits and retries with v2; C then
 /// loses v2 to A and retries with v3.
 fn optimistic() -> Plan {
-    use Op::*;
-    Plan::Fixed(vec![
-        (A, Bump("Y")),
-        (B, Optimistic("X")),
-        (A, Optimistic("X")),
-        (B, Commit),
-        (C, Optimistic("X")),
-        (A, Commit),
-        (C, Commit),
-    ])
+    fixed![
+        A Bump Y,
+        B Optimistic X,
+        A Optimistic X,
+        B Commit,
+        C Optimistic X,
+        A Commit,
+        C Commit,
+    ]
 }
 
 /// Two transactions, every interleaving: A takes its transaction id on Y, then writes X; B
 /// writes X.
 fn explore_two() -> Plan {
-    use Op::*;
     Plan::Explore(vec![
-        vec![Bump("Y"), Bump("X"), Insert("X"), Commit],
-        vec![Bump("X"), Insert("X"), Commit],
+        script![Bump Y, Bump X, Insert X, Commit],
+        script![Bump X, Insert X, Commit],
     ])
 }
 
 /// Three transactions, every interleaving: as [`explore_two`], plus C, which writes X and rolls
 /// back (its version is taken by the next writer).
 fn explore_three() -> Plan {
-    use Op::*;
     Plan::Explore(vec![
-        vec![Bump("Y"), Bump("X"), Insert("X"), Commit],
-        vec![Bump("X"), Insert("X"), Commit],
-        vec![Bump("X"), Insert("X"), Rollback],
+        script![Bump Y, Bump X, Insert X, Commit],
+        script![Bump X, Insert X, Commit],
+        script![Bump X, Insert X, Rollback],
     ])
 }
 
@@ -805,39 +776,66 @@ fn explore(locking: Locking, scripts: &[Vec<Op>]) -> Vec<Vec<usize>> {
     out
 }
 
-/// The steps of a fixed schedule in the order they can be issued on `locking`: a step of a
-/// waiting session is deferred until the session runs, then issued before the schedule goes on.
+/// Hands out a schedule's steps in the order the sessions can issue them: a step of a session
+/// that waits (or that has a step deferred already) is deferred until the session runs, then
+/// handed out before the schedule goes on. Each step comes with its index in the schedule.
+struct Issuer<'a> {
+    planned: std::iter::Enumerate<std::slice::Iter<'a, (usize, Op)>>,
+    deferred: Vec<VecDeque<(usize, Op)>>,
+}
+
+impl<'a> Issuer<'a> {
+    fn new(steps: &'a [(usize, Op)], sessions: usize) -> Self {
+        Self {
+            planned: steps.iter().enumerate(),
+            deferred: vec![VecDeque::new(); sessions],
+        }
+    }
+
+    /// The next step to issue on `model` (which must have seen every step handed out so far):
+    /// `(index, session, op)`, or `None` when nothing is left to hand out.
+    fn next(&mut self, model: &Model) -> Option<(usize, usize, Op)> {
+        loop {
+            let ready = (0..self.deferred.len())
+                .find(|&s| !model.waiting(s) && !self.deferred[s].is_empty());
+            if let Some(s) = ready {
+                let (k, op) = self.deferred[s].pop_front().expect("a deferred step");
+                return Some((k, s, op));
+            }
+            let (k, &(s, op)) = self.planned.next()?;
+            if model.waiting(s) || !self.deferred[s].is_empty() {
+                self.deferred[s].push_back((k, op));
+                continue;
+            }
+            return Some((k, s, op));
+        }
+    }
+
+    /// Steps of session `s` still deferred (it never ran again).
+    fn deferred(&self, s: usize) -> usize {
+        self.deferred[s].len()
+    }
+}
+
+/// The steps of a fixed schedule in the order they can be issued on `locking` (see [`Issuer`]).
 fn arrange(
     locking: Locking,
     sessions: usize,
     steps: &[(usize, Op)],
 ) -> Result<Vec<(usize, Op)>, String> {
     let mut m = Model::new(locking, sessions);
-    let mut deferred: Vec<VecDeque<Op>> = vec![VecDeque::new(); sessions];
+    let mut issuer = Issuer::new(steps, sessions);
     let mut out = Vec::new();
-    let mut pending = steps.iter().copied();
-    loop {
-        let next = match (0..sessions).find(|&s| !m.waiting(s) && !deferred[s].is_empty()) {
-            Some(s) => (s, deferred[s].pop_front().expect("a deferred step")),
-            None => match pending.next() {
-                None => break,
-                Some((s, op)) if m.waiting(s) || !deferred[s].is_empty() => {
-                    deferred[s].push_back(op);
-                    continue;
-                }
-                Some(step) => step,
-            },
-        };
-        let (s, op) = next;
+    while let Some((_, s, op)) = issuer.next(&m) {
         m.issue(s, op)
             .map_err(|e| format!("{} {}: {e}", letter(s), op.describe()))?;
-        out.push(next);
+        out.push((s, op));
     }
-    if let Some(s) = (0..sessions).find(|&s| !deferred[s].is_empty()) {
+    if let Some(s) = (0..sessions).find(|&s| issuer.deferred(s) > 0) {
         return Err(format!(
             "the schedule cannot finish: {} still waits with {} steps left",
             letter(s),
-            deferred[s].len()
+            issuer.deferred(s)
         ));
     }
     Ok(out)
@@ -1521,24 +1519,8 @@ impl Harness {
         let mut model = Model::new(self.locking, n);
         let mut log = Vec::new();
         let mut flight: Vec<Option<InFlight>> = (0..n).map(|_| None).collect();
-        let mut deferred: Vec<VecDeque<(usize, Op)>> = vec![VecDeque::new(); n];
-        let mut planned = order.iter().copied().enumerate();
-        loop {
-            let ready = (0..n).find(|&s| !model.waiting(s) && !deferred[s].is_empty());
-            let (k, s, op) = match ready {
-                Some(s) => {
-                    let (k, op) = deferred[s].pop_front().expect("a deferred step");
-                    (k, s, op)
-                }
-                None => match planned.next() {
-                    None => break,
-                    Some((k, (s, op))) if model.waiting(s) || !deferred[s].is_empty() => {
-                        deferred[s].push_back((k, op));
-                        continue;
-                    }
-                    Some((k, (s, op))) => (k, s, op),
-                },
-            };
+        let mut issuer = Issuer::new(order, n);
+        while let Some((k, s, op)) = issuer.next(&model) {
             let step = InFlight {
                 what: format!("{} {}", letter(s), op.describe()),
                 op,
@@ -1556,7 +1538,7 @@ impl Harness {
                 }
             }
         }
-        if let Some(s) = (0..n).find(|&s| flight[s].is_some() || !deferred[s].is_empty()) {
+        if let Some(s) = (0..n).find(|&s| flight[s].is_some() || issuer.deferred(s) > 0) {
             return Err(format!("{} did not finish its steps", letter(s)));
         }
         Ok(log)
