@@ -19,6 +19,36 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::TestDb;
+
+/// A suite's `CASES`, from the names of its case functions (in scope where it is used), in
+/// order. `everywhere` cases get the suite's database as it comes; `sql_only` ones get the SQL
+/// database an [`AnyDb`](crate::AnyDb) holds (the store suite), or, with no `everywhere` list,
+/// the suite's database as it comes (a suite of SQL databases).
+macro_rules! case_list {
+    (everywhere: [$($any:ident),* $(,)?], sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
+        &[
+            $($crate::conformance::Case {
+                name: stringify!($any),
+                sql_only: false,
+                run: |db| Box::pin($any(db)),
+            },)*
+            $($crate::conformance::Case {
+                name: stringify!($sql),
+                sql_only: true,
+                run: |db| Box::pin($sql(db.into_sql().expect("a SQL database"))),
+            },)*
+        ]
+    };
+    (sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
+        &[$($crate::conformance::Case {
+            name: stringify!($sql),
+            sql_only: true,
+            run: |db| Box::pin($sql(db)),
+        },)*]
+    };
+}
+
 pub mod cursor;
 pub mod interleave;
 pub mod store;
@@ -190,4 +220,19 @@ macro_rules! interleave_conformance {
             assert_eq!(cases, listed);
         }
     };
+}
+
+/// Runs every case of `cases`, in order, each on a fresh database from `factory` that is
+/// dropped after its case. Panics at the first failing case.
+async fn exercise_sql<F, Fut>(cases: &[Case<TestDb>], mut factory: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = TestDb>,
+{
+    for case in cases {
+        let db = factory().await;
+        let cleanup = db.cleanup_handle();
+        (case.run)(db).await;
+        cleanup.run().await;
+    }
 }

@@ -136,15 +136,10 @@ cases! {
 
 /// Runs every case, in order, each on a fresh database from `factory`. Panics at the first
 /// failing case.
-pub async fn exercise<F, Fut>(mut factory: F)
+pub async fn exercise<F, Fut>(factory: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = TestDb>,
 {
-    for case in CASES {
-        let db = factory().await;
-        let cleanup = db.cleanup_handle();
-        (case.run)(db).await;
-        cleanup.run().await;
-    }
+    super::exercise_sql(CASES, factory).await
 }
