@@ -9,7 +9,8 @@ use ferry_core::{
 
 use super::super::all_slots;
 use super::relay::{
-    advance_all, cs, ev, exception, find, owned, read_req, read_until, state, LONG,
+    advance_all, advance_to, cs, ev, exception, find, own_and_read, owned, read_req, read_until,
+    state, LONG,
 };
 use crate::TestDb;
 
@@ -35,10 +36,7 @@ pub async fn read_advance_derives_sent(db: TestDb) {
     // reading is not writing: nothing changed
     assert_eq!(state(&db, "e-x-1").await, Some(EventState::Pending));
     assert_eq!(db.store.status().await.unwrap().pending, 10);
-    let r = cs(&db)
-        .advance(&advance_all("a", &cursors, b.upto, vec![]))
-        .await
-        .unwrap();
+    let r = advance_to(&db, "a", &cursors, b.upto, vec![]).await;
     assert_eq!(r, AdvanceResult::Applied);
     assert_eq!(state(&db, "e-x-1").await, Some(EventState::Sent));
     let st = db.store.status().await.unwrap();
@@ -102,10 +100,7 @@ pub async fn stale_owner_advance_is_fenced(db: TestDb) {
     assert!(c.load_cursors("a", &[slot]).await.unwrap().is_empty());
     let b_read = read_until(&db, &read_req(&b, 10), 1).await;
     assert_eq!(b_read.events.len(), 1, "B reads the same event again");
-    let ra = c
-        .advance(&advance_all("a", &a, a_read.upto, vec![]))
-        .await
-        .unwrap();
+    let ra = advance_to(&db, "a", &a, a_read.upto, vec![]).await;
     assert_eq!(ra, AdvanceResult::Fenced);
     // a stale advance writes nothing, not even its exceptions
     let ra2 = c
@@ -125,26 +120,18 @@ pub async fn stale_owner_advance_is_fenced(db: TestDb) {
         .unwrap();
     assert_eq!(ra2, AdvanceResult::Fenced);
     assert_eq!(state(&db, "e-order-7-1").await, Some(EventState::Pending));
-    let rb = c
-        .advance(&advance_all("b", &b, b_read.upto, vec![]))
-        .await
-        .unwrap();
+    let rb = advance_to(&db, "b", &b, b_read.upto, vec![]).await;
     assert_eq!(rb, AdvanceResult::Applied);
     assert_eq!(state(&db, "e-order-7-1").await, Some(EventState::Sent));
     // B's own token is now stale too (version moved): a replay of its advance is fenced
-    let rb2 = c
-        .advance(&advance_all("b", &b, b_read.upto, vec![]))
-        .await
-        .unwrap();
+    let rb2 = advance_to(&db, "b", &b, b_read.upto, vec![]).await;
     assert_eq!(rb2, AdvanceResult::Fenced);
     db.cleanup().await;
 }
 
 /// A lost commit response is resolved by the advance's pre-generated id.
 pub async fn lookup_advance_finds_a_committed_advance(db: TestDb) {
-    let cursors = owned(&db, "a").await;
-    db.store.enqueue(&[ev("l", 1)]).await.unwrap();
-    let b = read_until(&db, &read_req(&cursors, 10), 1).await;
+    let (cursors, b) = own_and_read(&db, &[ev("l", 1)]).await;
     let adv = advance_all("a", &cursors, b.upto, vec![]);
     assert!(!cs(&db).lookup_advance(&adv.claim_id).await.unwrap());
     cs(&db).advance(&adv).await.unwrap();

@@ -8,7 +8,7 @@ use ferry_core::{
 
 use super::super::all_slots;
 use super::relay::{
-    advance_all, cs, ev, exception, find, owned, read_req, read_until, state, LONG,
+    advance_to, cs, ev, exception, find, own_and_read, read_req, read_until, state, LONG,
 };
 use crate::TestDb;
 
@@ -17,27 +17,18 @@ use crate::TestDb;
 /// the per-row protocol applies to exceptions: fenced tokens, retry, quarantine, operator
 /// requeue and skip.
 pub async fn exceptions_hold_successors_in_order(db: TestDb) {
-    let cursors = owned(&db, "a").await;
-    db.store
-        .enqueue(&[ev("p", 1), ev("p", 2), ev("q", 1)])
-        .await
-        .unwrap();
-    let b = read_until(&db, &read_req(&cursors, 10), 3).await;
+    let (cursors, b) = own_and_read(&db, &[ev("p", 1), ev("p", 2), ev("q", 1)]).await;
     // a failed item counts its attempt; a held one (`exception`) failed nothing itself
     let failed = |e, kind| NewException {
         attempts: 1,
         ..exception(e, kind)
     };
-    let adv = advance_all(
-        "a",
-        &cursors,
-        b.upto,
-        vec![
-            failed(find(&b, "p", 1), ExceptionKind::Quarantine("schema".into())),
-            exception(find(&b, "p", 2), ExceptionKind::Held),
-        ],
-    );
-    assert_eq!(cs(&db).advance(&adv).await.unwrap(), AdvanceResult::Applied);
+    let exceptions = vec![
+        failed(find(&b, "p", 1), ExceptionKind::Quarantine("schema".into())),
+        exception(find(&b, "p", 2), ExceptionKind::Held),
+    ];
+    let r = advance_to(&db, "a", &cursors, b.upto, exceptions).await;
+    assert_eq!(r, AdvanceResult::Applied);
     assert_eq!(state(&db, "e-q-1").await, Some(EventState::Sent));
     assert_eq!(state(&db, "e-p-1").await, Some(EventState::Quarantined));
     assert_eq!(state(&db, "e-p-2").await, Some(EventState::Pending));

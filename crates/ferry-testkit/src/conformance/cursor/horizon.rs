@@ -5,7 +5,9 @@ use std::time::Duration;
 use ferry_core::{EventState, SlotCursor};
 
 use super::super::all_slots;
-use super::relay::{advance_all, agg_in_slot, cs, drain, ev, owned, read_req, read_until, state};
+use super::relay::{
+    advance_to, agg_in_slot, cs, drain, ev, ids, only_on, owned, read_req, read_until, state,
+};
 use crate::TestDb;
 
 /// A producer transaction that is still open delays only its own intents: a later commit is
@@ -25,21 +27,13 @@ pub async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
         return open_transactions_hold_the_mysql_horizon(db, cursors, open, rolled).await;
     }
     let b = read_until(&db, &read_req(&cursors, 10), 1).await;
-    let ids: Vec<&str> = b
-        .events
-        .iter()
-        .map(|e| e.event.token.event_id.as_str())
-        .collect();
-    assert_eq!(ids, vec!["e-early-1"], "only the committed intent");
+    assert_eq!(ids(&b), vec!["e-early-1"], "only the committed intent");
     let h = cs(&db).horizon().await.unwrap();
     assert!(
         h.oldest_xact_pid.is_some(),
         "the open transaction is reported: {h:?}"
     );
-    cs(&db)
-        .advance(&advance_all("a", &cursors, b.upto, vec![]))
-        .await
-        .unwrap();
+    advance_to(&db, "a", &cursors, b.upto, vec![]).await;
     assert_eq!(state(&db, "e-early-1").await, Some(EventState::Sent));
     // the cursor is past "early", whose transaction began after "late"'s: "late" still comes
     open.commit().await;
@@ -51,10 +45,7 @@ pub async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
     while seen.is_empty() && tokio::time::Instant::now() < deadline {
         let b = cs(&db).read_batch(&read_req(&cursors, 10)).await.unwrap();
         seen.extend(b.events.iter().map(|e| e.event.token.event_id.clone()));
-        cs(&db)
-            .advance(&advance_all("a", &cursors, b.upto, vec![]))
-            .await
-            .unwrap();
+        advance_to(&db, "a", &cursors, b.upto, vec![]).await;
         cursors = cs(&db).load_cursors("a", &all_slots()).await.unwrap();
     }
     assert_eq!(seen, vec!["e-late-1".to_string()]);
@@ -131,11 +122,10 @@ async fn open_transactions_hold_the_mysql_horizon(
 /// half-way) holds every slot until the statement is done: reads that went on past it would
 /// move a slot's cursor over a `seq` that is committed later. Every intent is read once.
 pub async fn a_running_statement_of_a_long_transaction_is_waited_for(db: TestDb) {
-    if db.backend != ferry_store::Backend::Mysql {
-        eprintln!("MySQL/MariaDB only: the commit gate");
-        db.cleanup().await;
+    let why = "MySQL/MariaDB only: the commit gate";
+    let Some(db) = only_on(db, ferry_store::Backend::Mysql, why).await else {
         return;
-    }
+    };
     let _cursors = owned(&db, "a").await;
     let mut long = db.open_producer_tx(&[ev("long", 1)]).await.unwrap();
     // a second open transaction holds "blocker" v1 uncommitted: inserting it again waits

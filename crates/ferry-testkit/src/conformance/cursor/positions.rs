@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use ferry_core::{CursorPos, CursorRead, NewEvent, SlotCursor, SlotId};
 
-use super::relay::{cs, ev, owned, read_on, read_req, read_until};
+use super::relay::{cs, ev, ids, owned, read_on, read_req, read_until};
 use crate::TestDb;
 
 /// Readers of slot subsets, as relays own them (contiguous ranges, `desired_slots`; a single
@@ -253,18 +253,7 @@ pub async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
     }
     // one call from the start reads every span there is
     let all_even = evens.iter().map(|c| (c.slot, c.pos)).collect();
-    let one = cs(&db)
-        .read_batch(&CursorRead {
-            from: all_even,
-            limit: 100_000,
-        })
-        .await
-        .unwrap();
-    let one_ids: Vec<String> = one
-        .events
-        .iter()
-        .map(|e| e.event.token.event_id.clone())
-        .collect();
+    let one_ids = read_everything(&db, all_even).await;
     assert_eq!(
         one_ids, ids,
         "one call reads what the pieces read, in the same order"
@@ -280,18 +269,7 @@ pub async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
         .filter(|e| slot_of(e).is_multiple_of(4) || e.pos > mid)
         .map(|e| e.event.token.event_id.clone())
         .collect();
-    let got = cs(&db)
-        .read_batch(&CursorRead {
-            from: staggered.clone(),
-            limit: 100_000,
-        })
-        .await
-        .unwrap();
-    let got: Vec<String> = got
-        .events
-        .iter()
-        .map(|e| e.event.token.event_id.clone())
-        .collect();
+    let got = read_everything(&db, staggered.clone()).await;
     assert_eq!(got, want, "per-slot positions");
     // and cut at a small limit: each slot's intents once, in order (slots far behind the
     // others may be read beside them, so the order across slots can differ)
@@ -331,4 +309,16 @@ pub async fn a_reader_behind_many_ticks_misses_nothing(db: TestDb) {
         );
     }
     db.cleanup().await;
+}
+
+/// The event ids of one read past `from` with a limit no read here reaches, in read order.
+async fn read_everything(db: &TestDb, from: Vec<(SlotId, CursorPos)>) -> Vec<String> {
+    let b = cs(db)
+        .read_batch(&CursorRead {
+            from,
+            limit: 100_000,
+        })
+        .await
+        .unwrap();
+    ids(&b).into_iter().map(String::from).collect()
 }

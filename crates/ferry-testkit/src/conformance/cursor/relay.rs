@@ -178,3 +178,57 @@ pub(super) fn agg_in_slot(prefix: &str, slot: ferry_core::SlotId, taken: &[&str]
         .find(|a| ferry_core::slot_for(a) == slot && !taken.contains(&a.as_str()))
         .expect("an aggregate id in the slot")
 }
+
+/// Takes every slot for `a`, enqueues `evs` and reads until they all came back (10 at most):
+/// `a`'s cursors and the read.
+pub(super) async fn own_and_read(
+    db: &TestDb,
+    evs: &[NewEvent],
+) -> (Vec<SlotCursor>, ferry_core::CursorBatch) {
+    let cursors = owned(db, "a").await;
+    db.store.enqueue(evs).await.unwrap();
+    let b = read_until(db, &read_req(&cursors, 10), evs.len()).await;
+    (cursors, b)
+}
+
+/// Advances every slot of `owner`'s `cursors` to `to`, with `exceptions`.
+pub(super) async fn advance_to(
+    db: &TestDb,
+    owner: &str,
+    cursors: &[SlotCursor],
+    to: CursorPos,
+    exceptions: Vec<NewException>,
+) -> ferry_core::AdvanceResult {
+    cs(db)
+        .advance(&advance_all(owner, cursors, to, exceptions))
+        .await
+        .unwrap()
+}
+
+/// An exception row for a read event whose send got no answer.
+pub(super) fn unknown(e: &ferry_core::CursorEvent) -> NewException {
+    exception(e, ExceptionKind::Unknown("no answer".into()))
+}
+
+/// The event ids of a read, in read order.
+pub(super) fn ids(b: &ferry_core::CursorBatch) -> Vec<&str> {
+    b.events
+        .iter()
+        .map(|e| e.event.token.event_id.as_str())
+        .collect()
+}
+
+/// `db` if it is a `backend` database; otherwise prints why the case does not apply (`why`)
+/// and drops the database.
+pub(super) async fn only_on(
+    db: TestDb,
+    backend: ferry_store::Backend,
+    why: &str,
+) -> Option<TestDb> {
+    if db.backend == backend {
+        return Some(db);
+    }
+    eprintln!("{why}");
+    db.cleanup().await;
+    None
+}

@@ -3,7 +3,10 @@
 use ferry_core::{AdvanceResult, DispatchMode, EventState, ExceptionKind};
 
 use super::super::all_slots;
-use super::relay::{advance_all, cs, ev, exception, find, owned, read_req, read_until, state};
+use super::relay::{
+    advance_to, cs, ev, exception, find, ids, only_on, own_and_read, owned, read_req, read_until,
+    state, unknown,
+};
 use crate::TestDb;
 
 /// A database restored on a server whose transaction ids are lower than the ones its ticks
@@ -14,27 +17,17 @@ use crate::TestDb;
 /// restored undispatched intents (an unknown outcome among them) and every intent written
 /// since come back once, in per-aggregate order, and the dispatched ones stay SENT.
 pub async fn restored_elsewhere_rebases_cursors(db: TestDb) {
-    if db.backend != ferry_store::Backend::Postgres {
-        eprintln!("not applicable: only PostgreSQL cursors hold transaction ids");
-        db.cleanup().await;
+    let why = "not applicable: only PostgreSQL cursors hold transaction ids";
+    let Some(db) = only_on(db, ferry_store::Backend::Postgres, why).await else {
         return;
-    }
-    let cursors = owned(&db, "a").await;
-    db.store
-        .enqueue(&[ev("s", 1), ev("s", 2), ev("u", 1), ev("u", 2)])
-        .await
-        .unwrap();
-    let b = read_until(&db, &read_req(&cursors, 10), 4).await;
-    let adv = advance_all(
-        "a",
-        &cursors,
-        b.upto,
-        vec![
-            exception(find(&b, "u", 1), ExceptionKind::Unknown("no answer".into())),
-            exception(find(&b, "u", 2), ExceptionKind::Held),
-        ],
-    );
-    assert_eq!(cs(&db).advance(&adv).await.unwrap(), AdvanceResult::Applied);
+    };
+    let (cursors, b) = own_and_read(&db, &[ev("s", 1), ev("s", 2), ev("u", 1), ev("u", 2)]).await;
+    let exceptions = vec![
+        unknown(find(&b, "u", 1)),
+        exception(find(&b, "u", 2), ExceptionKind::Held),
+    ];
+    let r = advance_to(&db, "a", &cursors, b.upto, exceptions).await;
+    assert_eq!(r, AdvanceResult::Applied);
     db.store.enqueue(&[ev("p", 1), ev("p", 2)]).await.unwrap(); // not yet dispatched
     assert_eq!(state(&db, "e-s-2").await, Some(EventState::Sent));
 
@@ -89,10 +82,7 @@ pub async fn restored_elsewhere_rebases_cursors(db: TestDb) {
                     "nothing past the restored ticks: {:?}",
                     b.events
                 );
-                cs(&db)
-                    .advance(&advance_all("a", &cursors, b.upto, vec![]))
-                    .await
-                    .unwrap();
+                advance_to(&db, "a", &cursors, b.upto, vec![]).await;
             }
         }
     }
@@ -105,17 +95,13 @@ pub async fn restored_elsewhere_rebases_cursors(db: TestDb) {
         .unwrap());
     let cursors = owned(&db, "a").await;
     let b = read_until(&db, &read_req(&cursors, 100), 6).await;
-    let ids: Vec<&str> = b
-        .events
-        .iter()
-        .map(|e| e.event.token.event_id.as_str())
-        .collect();
-    let mut sorted = ids.clone();
+    let read = ids(&b);
+    let mut sorted = read.clone();
     sorted.sort();
     assert_eq!(
         sorted,
         vec!["e-n-1", "e-n-2", "e-p-1", "e-p-2", "e-u-1", "e-u-2"],
-        "undispatched and new intents, once; the dispatched ones not again: {ids:?}"
+        "undispatched and new intents, once; the dispatched ones not again: {read:?}"
     );
     for agg in ["n", "p", "u"] {
         let vs: Vec<i64> = b
@@ -129,20 +115,12 @@ pub async fn restored_elsewhere_rebases_cursors(db: TestDb) {
     assert!(b.events.iter().all(|e| !e.held));
     assert_eq!(state(&db, "e-s-1").await, Some(EventState::Sent));
     assert_eq!(db.store.status().await.unwrap().pending, 6);
-    cs(&db)
-        .advance(&advance_all("a", &cursors, b.upto, vec![]))
-        .await
-        .unwrap();
+    advance_to(&db, "a", &cursors, b.upto, vec![]).await;
     assert_eq!(db.store.status().await.unwrap().pending, 0);
     // and later intents flow as before
     db.store.enqueue(&[ev("n", 3)]).await.unwrap();
     let cursors = cs(&db).load_cursors("a", &all_slots()).await.unwrap();
     let b = read_until(&db, &read_req(&cursors, 100), 1).await;
-    let ids: Vec<&str> = b
-        .events
-        .iter()
-        .map(|e| e.event.token.event_id.as_str())
-        .collect();
-    assert_eq!(ids, vec!["e-n-3"]);
+    assert_eq!(ids(&b), vec!["e-n-3"]);
     db.cleanup().await;
 }

@@ -1,30 +1,18 @@
 //! Reconciliation and purge over the derived states.
 use std::time::Duration;
 
-use ferry_core::{EventState, ExceptionKind, Watermark};
+use ferry_core::{EventState, Watermark};
 
-use super::relay::{advance_all, cs, ev, exception, find, owned, read_req, read_until, state};
+use super::relay::{
+    advance_to, ev, find, own_and_read, owned, read_req, read_until, state, unknown,
+};
 use crate::TestDb;
 
 /// Reconciliation and retention see the derived states: SENT behind the cursor, PENDING ahead,
 /// exception states as written; purge deletes only SENT rows behind the cursors.
 pub async fn reconcile_and_purge_use_derived_states(db: TestDb) {
-    let cursors = owned(&db, "a").await;
-    db.store
-        .enqueue(&[ev("r", 1), ev("r", 2), ev("s", 1)])
-        .await
-        .unwrap();
-    let b = read_until(&db, &read_req(&cursors, 10), 3).await;
-    let adv = advance_all(
-        "a",
-        &cursors,
-        b.upto,
-        vec![exception(
-            find(&b, "r", 2),
-            ExceptionKind::Unknown("no answer".into()),
-        )],
-    );
-    cs(&db).advance(&adv).await.unwrap();
+    let (cursors, b) = own_and_read(&db, &[ev("r", 1), ev("r", 2), ev("s", 1)]).await;
+    advance_to(&db, "a", &cursors, b.upto, vec![unknown(find(&b, "r", 2))]).await;
     db.store.enqueue(&[ev("t", 1)]).await.unwrap(); // ahead of the cursor
     let rep = db
         .store
@@ -70,16 +58,7 @@ pub async fn purge_by_age_stops_at_young_rows(db: TestDb) {
     db.store.enqueue(&[ev("y", 1)]).await.unwrap();
     let b = read_until(&db, &read_req(&cursors, 10), 5).await;
     // p-1 is not acked: an exception, PENDING, between old SENT rows
-    let adv = advance_all(
-        "a",
-        &cursors,
-        b.upto,
-        vec![exception(
-            find(&b, "p", 1),
-            ExceptionKind::Unknown("no answer".into()),
-        )],
-    );
-    cs(&db).advance(&adv).await.unwrap();
+    advance_to(&db, "a", &cursors, b.upto, vec![unknown(find(&b, "p", 1))]).await;
     let by_age = |dry_run, vacuum| ferry_core::PurgeRequest {
         older_than: Duration::from_secs(1),
         dry_run,

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_core::{ClaimToken, EventState, NewEvent};
+use ferry_core::{EventState, NewEvent};
 
-use super::relay::{ev, req, LONG};
+use super::relay::{ev, req, tokens, LONG};
 use crate::{AnyDb, TestDb};
 
 /// An unfinished version of an aggregate keeps every later version of it from being claimed.
@@ -133,7 +133,7 @@ pub async fn predecessor_rule_under_concurrency(db: AnyDb) {
                         }
                     }
                 }
-                let tokens: Vec<ClaimToken> = got.iter().map(|e| e.token.clone()).collect();
+                let tokens = tokens(&got);
                 // hold the claim briefly, as a real send would: successors must stay blocked
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 {
@@ -206,7 +206,7 @@ pub async fn concurrent_claimers_deliver_each_event_once(db: AnyDb) {
                             .push((e.token.claim_id.clone(), e.token.claim_version));
                     }
                 }
-                let tokens: Vec<ClaimToken> = got.iter().map(|e| e.token.clone()).collect();
+                let tokens = tokens(&got);
                 let r = loop {
                     match store.ack(&tokens).await {
                         Ok(r) => break r,

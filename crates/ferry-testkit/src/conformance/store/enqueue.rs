@@ -2,9 +2,9 @@
 //! plain SQL `INSERT`; intents are immutable.
 use std::collections::HashSet;
 
-use ferry_core::{ClaimToken, EnqueueError, EventState, NewEvent};
+use ferry_core::{EnqueueError, EventState, NewEvent};
 
-use super::relay::{ev, req, LONG};
+use super::relay::{ev, req, tokens, LONG};
 use crate::{AnyDb, TestDb};
 
 /// Order 7 and its one intent `e-7-1`, committed or rolled back.
@@ -255,8 +255,10 @@ pub async fn plain_insert_fills_what_the_rust_api_fills(db: TestDb) {
     }
     let ids: HashSet<&str> = claimed.iter().map(|c| c.token.event_id.as_str()).collect();
     assert_eq!(ids.len(), keys.len(), "distinct event ids");
-    let tokens: Vec<ClaimToken> = claimed.iter().map(|c| c.token.clone()).collect();
-    assert_eq!(db.store.ack(&tokens).await.unwrap().applied(), keys.len());
+    assert_eq!(
+        db.store.ack(&tokens(&claimed)).await.unwrap().applied(),
+        keys.len()
+    );
     let mine = db.store.claim(&req(100, LONG)).await.unwrap();
     assert_eq!(mine.len(), 1);
     assert_eq!(

@@ -2,9 +2,11 @@
 //! or are extended; a lost claim found again by its id.
 use std::time::Duration;
 
-use ferry_core::{CasResult, ClaimToken, EventState, NewEvent};
+use ferry_core::{CasResult, EventState};
 
-use super::relay::{claim_eventually, claim_short, ev, extend, req, state, LONG};
+use super::relay::{
+    claim_eventually, claim_short, enqueue_and_claim, ev, extend, req, state, LONG,
+};
 use crate::AnyDb;
 
 /// An outcome under a claim token that was superseded (lease expired, row reclaimed) is fenced: it writes nothing.
@@ -97,11 +99,8 @@ pub async fn stale_and_live_token_of_one_row_in_one_batch(db: AnyDb) {
 
 /// A batch with mixed per-item outcomes marks only the acked items SENT; the others keep their own outcome.
 pub async fn batch_with_mixed_outcomes_confirms_only_acked(db: AnyDb) {
-    let evs: Vec<NewEvent> = (0..5).map(|i| ev(&format!("agg-{i}"), 1)).collect();
-    db.store.enqueue(&evs).await.unwrap();
-    let c = db.store.claim(&req(10, LONG)).await.unwrap();
+    let (c, t) = enqueue_and_claim(&*db.store, "agg", 5, 10).await;
     assert_eq!(c.len(), 5);
-    let t: Vec<ClaimToken> = c.iter().map(|e| e.token.clone()).collect();
     // items 0,1 acked; 2 retry; 3 permanent; 4 unknown (left claimed)
     let acked = db.store.ack(&t[0..2]).await.unwrap();
     assert_eq!(acked.applied(), 2);

@@ -59,3 +59,23 @@ pub(super) async fn claim_eventually(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The claim tokens of `claimed`, in order.
+pub(super) fn tokens(claimed: &[ferry_core::ClaimedEvent]) -> Vec<ClaimToken> {
+    claimed.iter().map(|e| e.token.clone()).collect()
+}
+
+/// Enqueues v1 of the aggregates `{prefix}-0` … `{prefix}-{n - 1}` and claims up to `limit`
+/// events: the events claimed and their tokens.
+pub(super) async fn enqueue_and_claim(
+    store: &dyn OutboxStore,
+    prefix: &str,
+    n: usize,
+    limit: usize,
+) -> (Vec<ferry_core::ClaimedEvent>, Vec<ClaimToken>) {
+    let evs: Vec<NewEvent> = (0..n).map(|i| ev(&format!("{prefix}-{i}"), 1)).collect();
+    store.enqueue(&evs).await.unwrap();
+    let claimed = store.claim(&req(limit, LONG)).await.unwrap();
+    let tokens = tokens(&claimed);
+    (claimed, tokens)
+}

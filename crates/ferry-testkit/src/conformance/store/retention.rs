@@ -1,9 +1,9 @@
 //! Retention (purge), reconciliation and the status counts.
 use std::time::Duration;
 
-use ferry_core::{ClaimRequest, ClaimToken, EventState, NewEvent, StoreErrorKind};
+use ferry_core::{ClaimRequest, ClaimToken, EventState, StoreErrorKind};
 
-use super::relay::{claim_eventually, ev, req, LONG};
+use super::relay::{claim_eventually, enqueue_and_claim, ev, req, LONG};
 use crate::{AnyDb, TestDb};
 
 /// The Inbox columns purge and reconcile read: the dedupe rows, and each aggregate's contiguous
@@ -16,11 +16,8 @@ const INBOX_DDL: [&str; 2] = [
 /// Purge deletes only SENT rows older than the cut-off (with a consumer named, only the ones its
 /// Inbox recorded).
 pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
-    let evs: Vec<NewEvent> = (0..5).map(|i| ev(&format!("p-{i}"), 1)).collect();
-    db.store.enqueue(&evs).await.unwrap();
-    let c = db.store.claim(&req(4, LONG)).await.unwrap();
+    let (c, t) = enqueue_and_claim(&*db.store, "p", 5, 4).await;
     assert_eq!(c.len(), 4);
-    let t: Vec<ClaimToken> = c.iter().map(|e| e.token.clone()).collect();
     db.store.ack(&t[0..3]).await.unwrap();
     // t[3] stays CLAIMED; p-4 stays PENDING; one more quarantined
     db.store.enqueue(&[ev("q", 1)]).await.unwrap();
