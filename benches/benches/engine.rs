@@ -1,7 +1,8 @@
 //! (f) The engine alone: `Relay` + `MemoryStore` + `NullSink` draining N committed events —
 //! shard routing, slot ownership, batched claims, per-item outcomes and the batched fenced ack,
-//! with no database and no broker. Goal: ≥ 1,000,000 events/s on 2 cores
-//! (docs/notes/2026-12-02-performance-log.md, "Goals and where we are").
+//! with no database and no broker. Goal: ≥ 1,000,000 events/s on 2 cores, so that the engine
+//! is never the limit (a store is 50–200× slower per event; docs/performance.md, "The engine
+//! alone").
 //!
 //! `cargo bench -p ferry-benches --bench engine` (reports events/s as elements/s).
 use std::sync::atomic::Ordering;
