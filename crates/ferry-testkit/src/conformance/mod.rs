@@ -19,11 +19,11 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::TestDb;
+use crate::{AnyDb, TestDb};
 
 /// A suite's `CASES`, from the names of its case functions (in scope where it is used), in
 /// order. `everywhere` cases get the suite's database as it comes; `sql_only` ones get the SQL
-/// database an [`AnyDb`](crate::AnyDb) holds (the store suite), or, with no `everywhere` list,
+/// database an [`AnyDb`] holds (the store suite), or, with no `everywhere` list,
 /// the suite's database as it comes (a suite of SQL databases).
 macro_rules! case_list {
     (everywhere: [$($any:ident),* $(,)?], sql_only: [$($sql:ident),* $(,)?] $(,)?) => {
@@ -222,17 +222,41 @@ macro_rules! interleave_conformance {
     };
 }
 
-/// Runs every case of `cases`, in order, each on a fresh database from `factory` that is
-/// dropped after its case. Panics at the first failing case.
-async fn exercise_sql<F, Fut>(cases: &[Case<TestDb>], mut factory: F)
+/// A suite's database: a [`TestDb`], or an [`AnyDb`] that may be the in-memory store.
+trait SuiteDb {
+    /// The SQL database, if this is one.
+    fn sql(&self) -> Option<&TestDb>;
+}
+
+impl SuiteDb for TestDb {
+    fn sql(&self) -> Option<&TestDb> {
+        Some(self)
+    }
+}
+
+impl SuiteDb for AnyDb {
+    fn sql(&self) -> Option<&TestDb> {
+        AnyDb::sql(self)
+    }
+}
+
+/// Runs every case of `cases`, in order, each on a fresh database from `factory`: a SQL-only
+/// case only when the database is SQL, and a SQL database is dropped after its case. Panics
+/// at the first failing case.
+async fn exercise_each<D: SuiteDb, F, Fut>(cases: &[Case<D>], mut factory: F)
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = TestDb>,
+    Fut: Future<Output = D>,
 {
     for case in cases {
         let db = factory().await;
-        let cleanup = db.cleanup_handle();
+        if case.sql_only && db.sql().is_none() {
+            continue;
+        }
+        let cleanup = db.sql().map(TestDb::cleanup_handle);
         (case.run)(db).await;
-        cleanup.run().await;
+        if let Some(c) = cleanup {
+            c.run().await;
+        }
     }
 }

@@ -62,5 +62,5 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = TestDb>,
 {
-    super::exercise_sql(CASES, factory).await
+    super::exercise_each(CASES, factory).await
 }

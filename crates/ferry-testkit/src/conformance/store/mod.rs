@@ -1,6 +1,6 @@
 //! The store conformance suite (row dispatch): every case runs against SQLite, PostgreSQL and
 //! MariaDB, and every case that needs no SQL also against the in-memory store. A case takes an
-//! [`AnyDb`] (any store) or a [`TestDb`] (SQL only); see [`CASES`].
+//! [`AnyDb`] (any store) or a [`TestDb`](crate::TestDb) (SQL only); see [`CASES`].
 //!
 //! The cases by concern: `enqueue` (in the caller's transaction, refusals, plain SQL
 //! producers), `claim` (the predecessor rule, concurrent claimers, skipped locked rows),
@@ -9,7 +9,7 @@
 use std::future::Future;
 
 use super::Case;
-use crate::{AnyDb, TestDb};
+use crate::AnyDb;
 
 mod claim;
 mod enqueue;
@@ -76,20 +76,10 @@ pub const CASES: &[Case<AnyDb>] = case_list!(
 
 /// Runs every case, in order, each on a fresh database from `factory`; the SQL-only cases only
 /// when the factory's databases are SQL ([`AnyDb::sql`]). Panics at the first failing case.
-pub async fn exercise<F, Fut>(mut factory: F)
+pub async fn exercise<F, Fut>(factory: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = AnyDb>,
 {
-    for case in CASES {
-        let db = factory().await;
-        if case.sql_only && db.sql().is_none() {
-            continue;
-        }
-        let cleanup = db.sql().map(TestDb::cleanup_handle);
-        (case.run)(db).await;
-        if let Some(c) = cleanup {
-            c.run().await;
-        }
-    }
+    super::exercise_each(CASES, factory).await
 }
