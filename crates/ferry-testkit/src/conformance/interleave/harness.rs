@@ -25,7 +25,7 @@ pub(super) struct Book {
     pub(super) committed: Vec<Intent>,
     pub(super) discarded: Vec<Intent>,
     /// Per session: intents of the open transaction, and how many there were at the savepoint.
-    pub(super) open: Vec<(Vec<Intent>, Option<usize>)>,
+    open: Vec<(Vec<Intent>, Option<usize>)>,
     /// Waits the server showed, as the model predicted.
     pub(super) waits: usize,
     pub(super) steps: usize,
@@ -33,10 +33,10 @@ pub(super) struct Book {
 
 pub(super) struct Harness {
     pub(super) locking: Locking,
-    pub(super) sessions: Vec<mpsc::UnboundedSender<Cmd>>,
-    pub(super) replies: mpsc::UnboundedReceiver<Reply>,
+    sessions: Vec<mpsc::UnboundedSender<Cmd>>,
+    replies: mpsc::UnboundedReceiver<Reply>,
     pub(super) server: Server,
-    pub(super) monitor: Monitor,
+    monitor: Monitor,
     pub(super) book: Book,
 }
 
@@ -165,7 +165,7 @@ impl Harness {
 
     /// Sends one step and waits until the steps the model says finished have finished (with
     /// the model's outcomes) and the sessions it says wait are seen waiting by the server.
-    pub(super) async fn step(
+    async fn step(
         &mut self,
         model: &mut Model,
         s: usize,
@@ -290,7 +290,7 @@ impl Harness {
 
     /// Books a finished step: compares it with the model's outcome (`None`: the model expected
     /// the session to wait) and records the intents it wrote or dropped. Returns its log line.
-    pub(super) fn accept(
+    fn accept(
         &mut self,
         reply: Reply,
         want: Option<Outcome>,
@@ -355,10 +355,10 @@ impl Harness {
 /// A step sent to a session and not answered yet.
 pub(super) struct InFlight {
     /// `B bump X`, for the log.
-    pub(super) what: String,
-    pub(super) op: Op,
-    pub(super) agg: String,
-    pub(super) tag: String,
+    what: String,
+    op: Op,
+    agg: String,
+    tag: String,
     /// The model said it waits.
-    pub(super) waited: bool,
+    waited: bool,
 }

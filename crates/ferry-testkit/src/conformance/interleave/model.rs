@@ -67,41 +67,41 @@ impl Outcome {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Mark {
     /// The transaction had written before the savepoint.
-    pub(super) wrote: bool,
-    pub(super) biz: BTreeMap<Agg, i64>,
-    pub(super) seen: BTreeMap<Agg, i64>,
-    pub(super) last: BTreeMap<Agg, i64>,
-    pub(super) intents: usize,
+    wrote: bool,
+    biz: BTreeMap<Agg, i64>,
+    seen: BTreeMap<Agg, i64>,
+    last: BTreeMap<Agg, i64>,
+    intents: usize,
 }
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct Tx {
-    pub(super) open: bool,
+    open: bool,
     /// It has written a row (business or intent).
-    pub(super) wrote: bool,
-    pub(super) waits: Option<(Want, Op)>,
-    pub(super) writer: bool,
+    wrote: bool,
+    waits: Option<(Want, Op)>,
+    writer: bool,
     /// Row locks held, and whether each was taken after the savepoint.
-    pub(super) rows: Vec<(Agg, bool)>,
-    pub(super) biz: BTreeMap<Agg, i64>,
-    pub(super) seen: BTreeMap<Agg, i64>,
-    pub(super) last: BTreeMap<Agg, i64>,
-    pub(super) intents: Vec<(Agg, i64)>,
-    pub(super) sp: Option<Mark>,
-    pub(super) conflicts: u32,
+    rows: Vec<(Agg, bool)>,
+    biz: BTreeMap<Agg, i64>,
+    seen: BTreeMap<Agg, i64>,
+    last: BTreeMap<Agg, i64>,
+    intents: Vec<(Agg, i64)>,
+    sp: Option<Mark>,
+    conflicts: u32,
 }
 
 /// The lock model (see the module doc).
 #[derive(Debug, Clone)]
 pub(super) struct Model {
-    pub(super) locking: Locking,
-    pub(super) tx: Vec<Tx>,
+    locking: Locking,
+    tx: Vec<Tx>,
     /// Waiting sessions, in request order.
     pub(super) queue: Vec<usize>,
     /// Committed business versions (a missing row is at 0).
-    pub(super) biz: BTreeMap<Agg, i64>,
+    biz: BTreeMap<Agg, i64>,
     /// Committed intents.
-    pub(super) intents: BTreeMap<Agg, BTreeSet<i64>>,
+    intents: BTreeMap<Agg, BTreeSet<i64>>,
 }
 
 impl Model {
@@ -124,7 +124,7 @@ impl Model {
     }
 
     /// The session other than `me` that holds what `want` names.
-    pub(super) fn holder(&self, want: Want, me: usize) -> Option<usize> {
+    fn holder(&self, want: Want, me: usize) -> Option<usize> {
         let others = self.tx.iter().enumerate().filter(|(i, _)| *i != me);
         match want {
             Want::Writer => others.filter(|(_, t)| t.writer).map(|(i, _)| i).next(),
@@ -160,7 +160,7 @@ impl Model {
         Ok(done)
     }
 
-    pub(super) fn wait(&mut self, s: usize, want: Want, op: Op) -> Result<(), String> {
+    fn wait(&mut self, s: usize, want: Want, op: Op) -> Result<(), String> {
         self.tx[s].waits = Some((want, op));
         self.queue.push(s);
         match self.cycle(s) {
@@ -171,7 +171,7 @@ impl Model {
 
     /// Who `s` waits for: the holder, and (PostgreSQL's tuple lock, InnoDB's queue) every
     /// earlier waiter for the same thing.
-    pub(super) fn waits_for(&self, s: usize) -> Vec<usize> {
+    fn waits_for(&self, s: usize) -> Vec<usize> {
         let Some((want, _)) = self.tx[s].waits else {
             return Vec::new();
         };
@@ -187,7 +187,7 @@ impl Model {
         out
     }
 
-    pub(super) fn cycle(&self, start: usize) -> Option<String> {
+    fn cycle(&self, start: usize) -> Option<String> {
         let mut stack = vec![(start, vec![start])];
         let mut seen = BTreeSet::new();
         while let Some((s, path)) = stack.pop() {
@@ -206,7 +206,7 @@ impl Model {
         None
     }
 
-    pub(super) fn current(&self, s: usize, a: Agg) -> i64 {
+    fn current(&self, s: usize, a: Agg) -> i64 {
         self.tx[s]
             .biz
             .get(a)
@@ -215,7 +215,7 @@ impl Model {
             .unwrap_or(0)
     }
 
-    pub(super) fn visible_max(&self, s: usize, a: Agg) -> i64 {
+    fn visible_max(&self, s: usize, a: Agg) -> i64 {
         let committed = self.intents.get(a).and_then(|v| v.last()).copied();
         let own = self.tx[s]
             .intents
@@ -376,7 +376,7 @@ impl Model {
     }
 
     /// Grants waiters whose lock is free, in request order, until nothing changes.
-    pub(super) fn wake(&mut self, done: &mut Vec<(usize, Outcome)>) -> Result<(), String> {
+    fn wake(&mut self, done: &mut Vec<(usize, Outcome)>) -> Result<(), String> {
         'again: loop {
             for i in 0..self.queue.len() {
                 let s = self.queue[i];
@@ -405,7 +405,7 @@ impl Model {
 /// Every order in which sessions can issue the steps of `scripts` (a waiting session issues
 /// nothing until it runs; orders that deadlock are left out), as session indices.
 pub(super) fn explore(locking: Locking, scripts: &[Vec<Op>]) -> Vec<Vec<usize>> {
-    pub(super) fn rec(
+    fn rec(
         m: &Model,
         scripts: &[Vec<Op>],
         pcs: &mut [usize],
@@ -447,8 +447,8 @@ pub(super) fn explore(locking: Locking, scripts: &[Vec<Op>]) -> Vec<Vec<usize>> 
 /// that waits (or that has a step deferred already) is deferred until the session runs, then
 /// handed out before the schedule goes on. Each step comes with its index in the schedule.
 pub(super) struct Issuer<'a> {
-    pub(super) planned: std::iter::Enumerate<std::slice::Iter<'a, (usize, Op)>>,
-    pub(super) deferred: Vec<VecDeque<(usize, Op)>>,
+    planned: std::iter::Enumerate<std::slice::Iter<'a, (usize, Op)>>,
+    deferred: Vec<VecDeque<(usize, Op)>>,
 }
 
 impl<'a> Issuer<'a> {

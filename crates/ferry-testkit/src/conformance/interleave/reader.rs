@@ -27,7 +27,7 @@ pub(super) const OWNER: &str = "interleave";
 pub(super) struct Reader {
     pub(super) mode: DispatchMode,
     /// Cursor dispatch: every slot's in-memory read position.
-    pub(super) pos: BTreeMap<SlotId, CursorPos>,
+    pos: BTreeMap<SlotId, CursorPos>,
     pub(super) delivered: Vec<Delivered>,
     pub(super) reads: usize,
 }
@@ -136,7 +136,7 @@ impl Reader {
     }
 
     /// Cursor dispatch: moves every slot's durable cursor to its read position.
-    pub(super) async fn advance(&mut self, db: &TestDb) -> Result<(), String> {
+    async fn advance(&mut self, db: &TestDb) -> Result<(), String> {
         let cs = cursor_store(db);
         let cursors = cs
             .load_cursors(OWNER, &all_slots())

@@ -59,12 +59,12 @@ macro_rules! on {
 
 /// One producer session: a connection and what the application remembers in its transaction.
 pub(super) struct Session {
-    pub(super) s: usize,
-    pub(super) conn: Conn,
-    pub(super) open: bool,
-    pub(super) seen: BTreeMap<String, i64>,
-    pub(super) last: BTreeMap<String, i64>,
-    pub(super) mark: Option<(BTreeMap<String, i64>, BTreeMap<String, i64>)>,
+    s: usize,
+    conn: Conn,
+    open: bool,
+    seen: BTreeMap<String, i64>,
+    last: BTreeMap<String, i64>,
+    mark: Option<(BTreeMap<String, i64>, BTreeMap<String, i64>)>,
 }
 
 /// A step sent to a session.
@@ -96,7 +96,7 @@ impl Session {
         on!(&mut self.conn, c, _pg => c.execute(sql).await.map(drop))
     }
 
-    pub(super) async fn begin(&mut self) -> Result<(), sqlx::Error> {
+    async fn begin(&mut self) -> Result<(), sqlx::Error> {
         match &mut self.conn {
             Conn::Pg(c) => c
                 .execute("BEGIN ISOLATION LEVEL READ COMMITTED")
@@ -121,7 +121,7 @@ impl Session {
     }
 
     /// `COMMIT` or `ROLLBACK`; on SQLite the gate is released after it (the holder flag first).
-    pub(super) async fn end(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+    async fn end(&mut self, sql: &str) -> Result<(), sqlx::Error> {
         let r = self.exec(sql).await;
         if let Conn::Lite { guard, flags, .. } = &mut self.conn {
             flags.holder.store(NOBODY, Ordering::SeqCst);
@@ -134,7 +134,7 @@ impl Session {
         r
     }
 
-    pub(super) async fn bump(&mut self, agg: &str) -> Result<i64, sqlx::Error> {
+    async fn bump(&mut self, agg: &str) -> Result<i64, sqlx::Error> {
         match &mut self.conn {
             Conn::My(c) => {
                 sqlx::query("UPDATE ferry_it_biz SET ver = ver + 1 WHERE id = ?")
@@ -156,7 +156,7 @@ impl Session {
         }
     }
 
-    pub(super) async fn lock_read(&mut self, agg: &str) -> Result<i64, sqlx::Error> {
+    async fn lock_read(&mut self, agg: &str) -> Result<i64, sqlx::Error> {
         // SQLite has no FOR UPDATE: the transaction holds the one write lock already
         let sql = match self.conn {
             Conn::Lite { .. } => "SELECT ver FROM ferry_it_biz WHERE id = ?",
@@ -168,7 +168,7 @@ impl Session {
             .await)
     }
 
-    pub(super) async fn write(&mut self, agg: &str, v: i64) -> Result<(), sqlx::Error> {
+    async fn write(&mut self, agg: &str, v: i64) -> Result<(), sqlx::Error> {
         let sql = "UPDATE ferry_it_biz SET ver = ? WHERE id = ?";
         on!(&mut self.conn, c, pg => sqlx::query(&crate::placeholder(sql, pg))
             .bind(v)
@@ -180,7 +180,7 @@ impl Session {
 
     /// The producer's one plain INSERT (docs/schema.md §2.1); SQLite's goes through the view
     /// `ferry_outbox_insert`.
-    pub(super) async fn insert(&mut self, agg: &str, v: i64, tag: &str) -> Result<(), sqlx::Error> {
+    async fn insert(&mut self, agg: &str, v: i64, tag: &str) -> Result<(), sqlx::Error> {
         let table = match self.conn {
             Conn::Lite { .. } => "ferry_outbox_insert",
             _ => "ferry_outbox",
@@ -200,7 +200,7 @@ impl Session {
             .map(drop))
     }
 
-    pub(super) async fn max_version(&mut self, agg: &str) -> Result<i64, sqlx::Error> {
+    async fn max_version(&mut self, agg: &str) -> Result<i64, sqlx::Error> {
         let sql =
             "SELECT COALESCE(MAX(aggregate_version), 0) FROM ferry_outbox WHERE aggregate_id = ?";
         on!(&mut self.conn, c, pg => sqlx::query_scalar(&crate::placeholder(sql, pg))
@@ -210,11 +210,7 @@ impl Session {
     }
 
     /// A blind writer: max + 1 in a savepoint of its own, again after each unique violation.
-    pub(super) async fn optimistic(
-        &mut self,
-        agg: &str,
-        tag: &str,
-    ) -> Result<Outcome, sqlx::Error> {
+    async fn optimistic(&mut self, agg: &str, tag: &str) -> Result<Outcome, sqlx::Error> {
         let mut conflicts = 0;
         loop {
             self.exec("SAVEPOINT ferry_it_opt").await?;
@@ -236,7 +232,7 @@ impl Session {
         }
     }
 
-    pub(super) async fn step(&mut self, cmd: &Cmd) -> Result<Outcome, String> {
+    async fn step(&mut self, cmd: &Cmd) -> Result<Outcome, String> {
         let what = format!("{} {} ({})", letter(self.s), cmd.op.describe(), cmd.agg);
         let err = |e: sqlx::Error| db_msg(&what, e);
         if !self.open {
