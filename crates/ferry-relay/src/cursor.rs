@@ -33,8 +33,8 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::context::Ctx;
 use crate::order_watch::{self, OrderWatch};
-use crate::relay::Ctx;
 use crate::route::{route, Decision, RouteItem};
 
 /// A slot whose durable cursor lags its read position is advanced at least this often, even
@@ -65,7 +65,7 @@ fn linger(read_linger: Duration, poll_idle: Duration, own: usize) -> Duration {
 /// it returned, and no sooner than `read_interval` after it started (both at most
 /// `poll_idle`). `None`: at once.
 fn next_read(
-    cfg: &crate::RelayConfig,
+    cfg: &crate::config::RelayConfig,
     own: usize,
     started: Instant,
     now: Instant,
@@ -982,11 +982,11 @@ mod tests {
     #[test]
     fn next_read_waits_out_the_linger_and_the_interval_since_the_read_began() {
         let ms = Duration::from_millis;
-        let cfg = |linger, interval| crate::RelayConfig {
+        let cfg = |linger, interval| crate::config::RelayConfig {
             read_linger: ms(linger),
             read_interval: ms(interval),
             poll_idle: ms(500),
-            ..crate::RelayConfig::default()
+            ..crate::config::RelayConfig::default()
         };
         let started = Instant::now();
         let now = started + ms(5);

@@ -61,7 +61,10 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod config;
+mod context;
 mod cursor;
+mod episode;
 pub mod metrics;
 mod order_watch;
 pub mod ownership;
@@ -69,10 +72,9 @@ mod relay;
 pub mod route;
 pub mod sink;
 
+pub use config::{default_owner, ConfigError, RelayConfig, WorkerDefaults};
+pub use episode::{is_transient, Episode};
 pub use metrics::Metrics;
-pub use relay::{
-    default_owner, is_transient, preferred_dispatch, ConfigError, Episode, Relay, RelayConfig,
-    WorkerDefaults,
-};
+pub use relay::{preferred_dispatch, Relay};
 pub use sink::kafka::{KafkaConfig, KafkaSink, MAX_KAFKA_LINGER};
 pub use sink::{NullSink, Sink, StdoutSink};
