@@ -1,20 +1,17 @@
 //! The relay: W shard workers over the slots this process owns.
 //!
-//! Per worker: claim a batch (≤ B items, fenced by slot ownership) → send it to the sink →
-//! collect each item's outcome → apply the outcomes with the store's batched compare-and-set.
-//! Up to `max_in_flight` batches per worker are in flight at once (the next claim runs while a
-//! send is outstanding). This never reorders an aggregate: the claim only returns events whose
-//! aggregate has no unfinished predecessor, so a successor cannot even be claimed before its
-//! predecessor is SENT — whatever happens to the predecessor's batch.
+//! [`Relay::run`] resolves the dispatch mode (converting the outbox if it is stored in the
+//! other one), takes its owner id and runs slot ownership ([`crate::ownership`]), listens for
+//! commit notifications, starts the sink's health watch and the status poller, and runs one
+//! worker per shard in that mode ([`crate::dispatch`]). On cancel it waits for the workers to
+//! drain, releases what row dispatch still holds claimed, and gives up its slot leases and its
+//! membership.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ferry_core::{
-    now_micros, slots_for_worker, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, DispatchMode,
-    OutboxStore, RetryItem, SlotFence, SlotId, StoreError,
-};
+use ferry_core::{ClaimToken, DispatchMode, OutboxStore, SlotId, StoreError};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -22,9 +19,7 @@ use crate::config::{ConfigError, RelayConfig};
 use crate::context::Ctx;
 use crate::episode::{is_transient, Episode};
 use crate::metrics::Metrics;
-use crate::order_watch::{self, OrderWatch};
 use crate::ownership::{self, OwnershipConfig};
-use crate::route::{route, Decision, RouteItem};
 use crate::sink::health::WatchedSink;
 use crate::sink::Sink;
 
@@ -197,10 +192,13 @@ impl Relay {
         ctx.metrics.dispatch_resolved.store(1, Ordering::Relaxed);
         let workers: Vec<_> = (0..config.workers)
             .map(|w| match mode {
-                DispatchMode::Row => {
-                    tokio::spawn(worker(ctx.clone(), w, slots_rx.clone(), stop.clone()))
-                }
-                DispatchMode::Cursor => tokio::spawn(crate::cursor::worker(
+                DispatchMode::Row => tokio::spawn(crate::dispatch::row::worker(
+                    ctx.clone(),
+                    w,
+                    slots_rx.clone(),
+                    stop.clone(),
+                )),
+                DispatchMode::Cursor => tokio::spawn(crate::dispatch::cursor::worker(
                     ctx.clone(),
                     w,
                     slots_rx.clone(),
@@ -403,343 +401,3 @@ async fn status_poller(
 /// The status poll waits at least this many times as long as its count took (see
 /// `status_poller`).
 const STATUS_COST_FACTOR: u32 = 10;
-
-async fn worker(
-    ctx: Arc<Ctx>,
-    w: usize,
-    mut slots_rx: watch::Receiver<Vec<SlotId>>,
-    cancel: CancellationToken,
-) {
-    let cfg = &ctx.config;
-    let abandon = CancellationToken::new();
-    // What this worker handed to the sink, per aggregate (the order net). Row dispatch never
-    // rewinds it: a claim returns a version only once every lower one is finished, and a resend
-    // is the same version again (order_watch.rs).
-    let watch = Arc::new(Mutex::new(OrderWatch::default()));
-    // Each batch runs as its own task: it must make progress (e.g. finish an outcome
-    // transaction that holds SQLite's write lock) while this loop waits on the next claim.
-    let mut inflight: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
-    let mut delay = cfg.poll_min;
-    let mut store_backoff = Duration::from_millis(50);
-    loop {
-        // reap finished batches without blocking
-        while inflight.try_join_next().is_some() {}
-        if cancel.is_cancelled() {
-            break;
-        }
-        if inflight.len() >= cfg.max_in_flight {
-            tokio::select! {
-                _ = inflight.join_next() => {}
-                _ = cancel.cancelled() => {}
-            }
-            continue;
-        }
-        let slots = slots_for_worker(&slots_rx.borrow_and_update(), w, cfg.workers);
-        if slots.is_empty() {
-            tokio::select! {
-                _ = slots_rx.changed() => {}
-                Some(_) = inflight.join_next(), if !inflight.is_empty() => {}
-                _ = cancel.cancelled() => {}
-                _ = tokio::time::sleep(cfg.poll_idle) => {}
-            }
-            continue;
-        }
-        let mut req = ClaimRequest::new(slots, cfg.batch_size, cfg.claim_lease);
-        if cfg.ownership {
-            req.fence = Some(SlotFence {
-                owner: cfg.owner.clone(),
-            });
-        }
-        let commits_seen = ctx.commits.load(Ordering::Acquire);
-        let t0 = Instant::now();
-        let claimed = match claim_or_recover(&*ctx.store, &req).await {
-            Ok(c) => {
-                store_backoff = Duration::from_millis(50);
-                c
-            }
-            Err(e) => {
-                ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(worker = w, error = %e, "claim failed");
-                tokio::select! {
-                    _ = tokio::time::sleep(store_backoff) => {}
-                    _ = cancel.cancelled() => {}
-                }
-                store_backoff = (store_backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        ctx.metrics.claim_latency.record(t0.elapsed());
-        ctx.metrics.claims.fetch_add(1, Ordering::Relaxed);
-        if let Some(n) = ctx.store.rows_skipped_locked() {
-            ctx.metrics.skipped_locked.store(n, Ordering::Relaxed);
-            ctx.metrics
-                .skipped_locked_known
-                .store(true, Ordering::Relaxed);
-        }
-        if claimed.is_empty() {
-            ctx.metrics.empty_claims.fetch_add(1, Ordering::Relaxed);
-            if ctx.commits.load(Ordering::Acquire) != commits_seen {
-                // a commit was notified while this claim ran: claim again at once
-                delay = cfg.poll_min;
-                continue;
-            }
-            tokio::select! {
-                _ = ctx.wake.notified() => {}
-                Some(_) = inflight.join_next(), if !inflight.is_empty() => {}
-                _ = cancel.cancelled() => {}
-                _ = slots_rx.changed() => {}
-                _ = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(cfg.poll_idle);
-            continue;
-        }
-        let full = claimed.len() == cfg.batch_size;
-        ctx.metrics
-            .claimed_items
-            .fetch_add(claimed.len() as u64, Ordering::Relaxed);
-        ctx.metrics.batch_size.record_us(claimed.len() as u64);
-        let id = ctx.next_batch.fetch_add(1, Ordering::Relaxed);
-        ctx.in_flight
-            .lock()
-            .expect("in-flight lock")
-            .insert(id, claimed.iter().map(|e| e.token.clone()).collect());
-        inflight.spawn(process_batch(
-            ctx.clone(),
-            id,
-            claimed,
-            watch.clone(),
-            abandon.clone(),
-        ));
-        if full {
-            delay = cfg.poll_min;
-        } else {
-            // A partial batch means the backlog is drained for now: give producers a moment
-            // to commit more so the next claim is fuller, without idling.
-            tokio::select! {
-                _ = ctx.wake.notified() => {}
-                _ = cancel.cancelled() => {}
-                _ = tokio::time::sleep(cfg.poll_min) => {}
-            }
-        }
-    }
-    // Drain: wait for in-flight batches up to the deadline; the rest are released by `run`.
-    let deadline = tokio::time::sleep(cfg.shutdown_timeout);
-    tokio::pin!(deadline);
-    while !inflight.is_empty() {
-        tokio::select! {
-            _ = inflight.join_next() => {}
-            _ = &mut deadline, if !abandon.is_cancelled() => {
-                tracing::warn!(worker = w, batches = inflight.len(), "shutdown deadline reached with batches in flight; abandoning their sends");
-                abandon.cancel();
-            }
-        }
-    }
-}
-
-/// Claims; if the claim's commit outcome is unknown (connection lost around COMMIT), looks the
-/// claim up by its pre-generated id and keeps only what is still ours.
-async fn claim_or_recover(
-    store: &dyn OutboxStore,
-    req: &ClaimRequest,
-) -> Result<Vec<ClaimedEvent>, StoreError> {
-    match store.claim(req).await {
-        Ok(c) => Ok(c),
-        Err(e) if e.kind() == ferry_core::StoreErrorKind::Unavailable => {
-            // The commit may have happened. Our claim id is unique: whatever is CLAIMED under
-            // it is ours to send; if the lookup fails too, the lease expires and others resend.
-            match store.lookup_claim(&req.claim_id).await {
-                Ok(items) if !items.is_empty() => {
-                    tracing::info!(claim_id = %req.claim_id, items = items.len(), "recovered a claim whose commit response was lost");
-                    Ok(items)
-                }
-                _ => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Sends one claimed batch and applies its outcomes; checks it against the worker's `watch`
-/// as it is handed to the sink.
-///
-/// Store calls are never cancelled half-way: a future dropped between `BEGIN` and `COMMIT`
-/// would leave a pooled connection inside a transaction (on SQLite, holding the only write
-/// lock). Only the *send* can be abandoned (`abandon`, at the shutdown deadline); the batch's
-/// tokens then stay in `in_flight` and `Relay::run` releases them.
-async fn process_batch(
-    ctx: Arc<Ctx>,
-    id: u64,
-    items: Vec<ClaimedEvent>,
-    watch: Arc<Mutex<OrderWatch>>,
-    abandon: CancellationToken,
-) {
-    let cfg = &ctx.config;
-    let tokens: Vec<ClaimToken> = items.iter().map(|e| e.token.clone()).collect();
-    // Renew the claim lease while the send is outstanding (slow broker). Stopped by a token and
-    // awaited, never aborted, so a renewal cannot land after (and be fenced by) our own ack.
-    let stop_renew = CancellationToken::new();
-    let renew = {
-        let store = ctx.store.clone();
-        let metrics = ctx.metrics.clone();
-        let tokens = tokens.clone();
-        let lease = cfg.claim_lease;
-        let stop = stop_renew.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(lease / 3) => {}
-                }
-                match store
-                    .extend_lease(&ferry_core::LeaseExtension::new(&tokens, lease))
-                    .await
-                {
-                    Ok(r) => {
-                        metrics
-                            .fenced
-                            .fetch_add(r.fenced() as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
-                }
-            }
-        })
-    };
-    ferry_core::failpoint::hit("relay-after-claim");
-    ctx.metrics.note_misrouted(&items);
-    order_watch::check_send(&watch, &ctx.metrics, &items);
-    let t0 = Instant::now();
-    let sent = tokio::select! {
-        o = ctx.sink.send_batch(&items) => Some(o),
-        _ = abandon.cancelled() => None,
-    };
-    stop_renew.cancel();
-    let _ = renew.await;
-    let Some(outcomes) = sent else {
-        tracing::info!(
-            batch = id,
-            items = items.len(),
-            "send abandoned at the shutdown deadline; the batch will be released"
-        );
-        return;
-    };
-    ctx.metrics.send_latency.record(t0.elapsed());
-    if outcomes.len() != items.len() {
-        tracing::error!(
-            items = items.len(),
-            outcomes = outcomes.len(),
-            "the sink answered a different number of outcomes than items; missing ones count as unknown"
-        );
-    }
-    let route_items: Vec<RouteItem<'_>> = items
-        .iter()
-        .map(|e| RouteItem {
-            aggregate_id: &e.aggregate_id,
-            attempts: e.attempts,
-            held: false,
-        })
-        .collect();
-    let decisions = route(&route_items, outcomes, &ctx.policy(false));
-
-    let mut acked = Vec::new();
-    let mut acked_created = Vec::new();
-    let mut retry = Vec::new();
-    let mut quarantine = Vec::new();
-    let mut unknown = Vec::new();
-    for (e, d) in items.iter().zip(decisions) {
-        match d {
-            Decision::Ack => {
-                acked.push(e.token.clone());
-                acked_created.push(e.created_at);
-            }
-            Decision::Retry { delay, error } => retry.push(RetryItem {
-                token: e.token.clone(),
-                delay,
-                error,
-            }),
-            Decision::Quarantine(why) => quarantine.push((e.token.clone(), why)),
-            Decision::Unknown(err) => {
-                tracing::debug!(event_id = %e.token.event_id, error = %err, "outcome unknown; releasing for resend");
-                unknown.push(e.token.clone());
-            }
-            // row mode never holds (one version per aggregate per claim); release if it did
-            Decision::Held { .. } => unknown.push(e.token.clone()),
-        }
-    }
-    if !acked.is_empty() {
-        ferry_core::failpoint::hit("relay-after-ack");
-    }
-    let t1 = Instant::now();
-    let m = &ctx.metrics;
-    if !acked.is_empty() {
-        if let Some(r) = apply(&ctx, "ack", || ctx.store.ack(&acked)).await {
-            // The report is in input order: zip it with the acked items' commit times and
-            // record them under one histogram lock.
-            let now = now_micros();
-            m.record_commit_to_ack(
-                r.items
-                    .iter()
-                    .zip(&acked_created)
-                    .filter(|((_, res), _)| *res == ferry_core::CasResult::Applied)
-                    .map(|(_, c)| (now - c).max(1) as u64),
-            );
-            m.sent.fetch_add(r.applied() as u64, Ordering::Relaxed);
-        }
-    }
-    if !retry.is_empty() {
-        if let Some(r) = apply(&ctx, "retry", || ctx.store.retry(&retry)).await {
-            m.retried.fetch_add(r.applied() as u64, Ordering::Relaxed);
-        }
-    }
-    if !quarantine.is_empty() {
-        for (t, why) in &quarantine {
-            tracing::warn!(event_id = %t.event_id, reason = %why, "quarantining event; its aggregate's successors are blocked until an operator acts");
-        }
-        if let Some(r) = apply(&ctx, "quarantine", || ctx.store.quarantine(&quarantine)).await {
-            m.quarantined
-                .fetch_add(r.applied() as u64, Ordering::Relaxed);
-        }
-    }
-    if !unknown.is_empty() {
-        m.unknown.fetch_add(unknown.len() as u64, Ordering::Relaxed);
-        apply(&ctx, "release", || ctx.store.release(&unknown)).await;
-    }
-    m.ack_latency.record(t1.elapsed());
-    ctx.in_flight.lock().expect("in-flight lock").remove(&id);
-}
-
-/// Applies one outcome CAS, retrying every store error (transient or not) for up to the claim
-/// lease (after that the items are someone else's to resend anyway). Counts fenced items.
-async fn apply<'a, F>(ctx: &'a Ctx, what: &str, op: impl Fn() -> F) -> Option<CasReport>
-where
-    F: std::future::Future<Output = Result<CasReport, StoreError>> + 'a,
-{
-    let deadline = Instant::now() + ctx.config.claim_lease;
-    let mut backoff = Duration::from_millis(20);
-    loop {
-        match op().await {
-            Ok(r) => {
-                if r.fenced() > 0 {
-                    ctx.metrics
-                        .fenced
-                        .fetch_add(r.fenced() as u64, Ordering::Relaxed);
-                    tracing::info!(
-                        what,
-                        fenced = r.fenced(),
-                        "outcome fenced: the claim was taken over"
-                    );
-                }
-                return Some(r);
-            }
-            Err(e) => {
-                ctx.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                if Instant::now() > deadline {
-                    tracing::error!(what, error = %e, "giving up on an outcome update; the lease will expire and the events be resent");
-                    return None;
-                }
-                tracing::warn!(what, error = %e, "outcome update failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-        }
-    }
-}
