@@ -45,14 +45,7 @@ pub(super) async fn run_exceptions(
     ctx.metrics.note_misrouted(&items);
     order_watch::check_send(watch, &ctx.metrics, &items);
     let outcomes = ctx.sink.send_batch(&items).await;
-    let route_items: Vec<RouteItem<'_>> = items
-        .iter()
-        .map(|e| RouteItem {
-            aggregate_id: &e.aggregate_id,
-            attempts: e.attempts,
-            held: false,
-        })
-        .collect();
+    let route_items: Vec<RouteItem<'_>> = items.iter().map(RouteItem::claimed).collect();
     let mut out = ExceptionOutcomes::default();
     let mut acked_created = Vec::new();
     for (e, d) in items

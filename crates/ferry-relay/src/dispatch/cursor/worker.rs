@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use ferry_core::{
     slots_for_worker, CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore, SlotId,
+    StoreError,
 };
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -75,12 +76,12 @@ pub(crate) async fn worker(
         let Some(read) = wk.read().await else {
             continue;
         };
-        let read = wk.cut_at_busy_aggregates(read);
-        if read.accepted.is_empty() {
-            wk.nothing_to_send(read).await;
+        let batch = wk.cut_at_busy_aggregates(read);
+        if batch.accepted.is_empty() {
+            wk.nothing_to_send(batch).await;
             continue;
         }
-        let pause = wk.send(read);
+        let pause = wk.send(batch);
         wk.pause_after_read(pause).await;
     }
     wk.shutdown().await;
@@ -199,15 +200,21 @@ impl Worker<'_> {
                 }
             }
             Err(e) => {
-                self.ctx
-                    .metrics
-                    .store_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(worker = self.w, error = %e, "loading cursors failed");
-                sleep_or_cancel(self.store_backoff, &self.cancel).await;
-                self.store_backoff = (self.store_backoff * 2).min(Duration::from_secs(5));
+                self.back_off("loading cursors", &e).await;
             }
         }
+    }
+
+    /// A failed store call (`what` names it in the log): counted, logged, and the next attempt
+    /// waits the store back-off, which doubles from 50 ms to 5 s (reset by a success).
+    async fn back_off(&mut self, what: &str, e: &StoreError) {
+        self.ctx
+            .metrics
+            .store_errors
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(worker = self.w, error = %e, "{what} failed");
+        sleep_or_cancel(self.store_backoff, &self.cancel).await;
+        self.store_backoff = (self.store_backoff * 2).min(Duration::from_secs(5));
     }
 
     /// No slot owned: waits for the slot set to change (or `poll_idle`), then reloads.
@@ -288,13 +295,7 @@ impl Worker<'_> {
                 b
             }
             Err(e) => {
-                self.ctx
-                    .metrics
-                    .store_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(worker = self.w, error = %e, "cursor read failed");
-                sleep_or_cancel(self.store_backoff, &self.cancel).await;
-                self.store_backoff = (self.store_backoff * 2).min(Duration::from_secs(5));
+                self.back_off("cursor read", &e).await;
                 return None;
             }
         };

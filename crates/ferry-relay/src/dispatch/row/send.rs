@@ -57,14 +57,7 @@ pub(super) async fn send_batch(
             "the sink answered a different number of outcomes than items; missing ones count as unknown"
         );
     }
-    let route_items: Vec<RouteItem<'_>> = items
-        .iter()
-        .map(|e| RouteItem {
-            aggregate_id: &e.aggregate_id,
-            attempts: e.attempts,
-            held: false,
-        })
-        .collect();
+    let route_items: Vec<RouteItem<'_>> = items.iter().map(RouteItem::claimed).collect();
     let decisions = route(&route_items, outcomes, &ctx.policy(false));
     apply_outcomes(&ctx, id, &items, decisions).await;
 }
