@@ -16,9 +16,9 @@
 //! computed from its hdrhistogram at scrape time: buckets add up across relays and windows,
 //! which quantile gauges cannot.
 //!
-//! [`state`] holds what the workers count into ([`Metrics`], [`Latency`], the alert rules),
-//! [`exposition`] how it is encoded at scrape time (every family's name and help), and
-//! [`endpoint`] the HTTP server and its client.
+//! `metrics/state.rs` holds what the workers count into ([`Metrics`], [`Latency`], the alert
+//! rules), `metrics/exposition.rs` how it is encoded at scrape time (every family's name and
+//! help), and `metrics/endpoint.rs` the HTTP server and its client.
 mod endpoint;
 mod exposition;
 mod state;

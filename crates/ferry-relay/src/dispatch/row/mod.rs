@@ -1,7 +1,7 @@
 //! Row dispatch: per-row claims, one version of an aggregate per claim → send → outcome round
 //! trip.
 //!
-//! Per worker ([`worker`]): claim a batch (≤ B items, fenced by slot ownership: [`claim`]) →
+//! Per worker ([`mod@worker`]): claim a batch (≤ B items, fenced by slot ownership: [`claim`]) →
 //! send it to the sink and route each item's outcome ([`send`]) → apply the outcomes with the
 //! store's batched compare-and-set ([`outcome`]). Up to `max_in_flight` batches per worker are
 //! in flight at once (the next claim runs while a send is outstanding). This never reorders an
