@@ -13,20 +13,14 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cmd;
 mod config;
+mod help;
 mod lab;
 
 use cmd::{fail, Database, Failure};
-use config::FileConfig;
+use config::{FileConfig, LogFormat};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -100,7 +94,7 @@ enum Cmd {
 
 /// The command line, its help text's `[default: …]` filled in from the defaults the code uses.
 fn command() -> clap::Command {
-    config::document_defaults(Cli::command())
+    help::document_defaults(Cli::command())
 }
 
 fn main() -> ExitCode {
@@ -181,5 +175,61 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Cmd::Purge(args) => cmd::purge::run(args, db.open(false, false).await?).await,
         Cmd::Reconcile(args) => cmd::reconcile::run(args, db.open(false, false).await?).await,
         Cmd::Lab(_) => unreachable!("handled before the database URL is required"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `{placeholder}` in the help is filled, and every default is shown somewhere.
+    #[test]
+    fn the_help_shows_every_default_and_no_placeholder() {
+        fn walk(c: &clap::Command, out: &mut Vec<String>) {
+            for a in c.get_arguments() {
+                out.extend(a.get_help().map(|h| h.to_string()));
+                out.extend(a.get_long_help().map(|h| h.to_string()));
+            }
+            for s in c.get_subcommands() {
+                walk(s, out);
+            }
+        }
+        let (mut raw, mut filled) = (Vec::new(), Vec::new());
+        walk(&Cli::command(), &mut raw);
+        walk(&command(), &mut filled);
+        for key in help::help_defaults().iter().map(|(k, _)| k) {
+            let p = format!("{{{key}}}");
+            assert!(raw.iter().any(|h| h.contains(&p)), "no flag shows {key}");
+        }
+        // a placeholder: `{` then lowercase letters, `_` and `.`, then `}`
+        let placeholder = |h: &str| {
+            h.split('{').skip(1).any(|rest| {
+                rest.split_once('}').is_some_and(|(name, _)| {
+                    !name.is_empty()
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+                })
+            })
+        };
+        assert!(placeholder("x [default: {relay.slot_ttl}]"));
+        for h in &filled {
+            assert!(!placeholder(h), "unfilled placeholder in {h:?}");
+        }
+        let relay = command()
+            .find_subcommand_mut("relay")
+            .unwrap()
+            .render_help()
+            .to_string();
+        for shown in [
+            "[default: 1 in cursor dispatch; in row dispatch 4, and 1 on SQLite,",
+            "Claim lease, e.g. 60s [default: 60s] (relay.claim_lease)",
+            "[default: 5m] (alerts.oldest_warning)",
+            "[default: 127.0.0.1:9464] (metrics.listen)",
+            "[default: kafka] (sink.kind)",
+            "[default: cursor] (relay.dispatch)",
+        ] {
+            assert!(relay.contains(shown), "{shown:?} not in:\n{relay}");
+        }
     }
 }

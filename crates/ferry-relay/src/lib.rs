@@ -6,8 +6,10 @@
 //! dispatch, reads past a per-slot cursor in cursor dispatch ([`preferred_dispatch`]) — sends
 //! them through a [`Sink`] that reports one [`ferry_core::Outcome`] per item, and applies those
 //! outcomes with the store's compare-and-set. [`route`] is the one pure function that maps
-//! outcomes to acks, retries, quarantines and releases in both modes. The data flow, the
-//! ordering arguments and the timing defaults are in docs/architecture.md.
+//! outcomes to acks, retries, quarantines and releases in both modes. The two modes live side
+//! by side in `src/dispatch/row/` and `src/dispatch/cursor/`, one file per step of the worker's
+//! loop (`dispatch/mod.rs` maps one onto the other); what they share is `context.rs`. The data
+//! flow, the ordering arguments and the timing defaults are in docs/architecture.md.
 //!
 //! # Invariants
 //!
@@ -20,8 +22,9 @@
 //!   predecessor is SENT (the store's claim), so pipelining and per-item retries cannot
 //!   overtake. Cursor dispatch: an aggregate is busy from the read that takes it until its items
 //!   are acked or its exception rows are committed, a read is cut before a busy aggregate
-//!   (`release_acked` and the read loop in `cursor.rs`), and the hold rule makes every item
-//!   after an aggregate's first non-acked one `Held`. Tests:
+//!   (`release_acked` in `dispatch/cursor/state.rs`, `cut_at_busy_aggregates` in
+//!   `dispatch/cursor/read.rs`), and the hold rule makes every item after an aggregate's first
+//!   non-acked one `Held`. Tests:
 //!   `the_hold_rule_stops_an_aggregate_at_its_first_failure` (`route.rs`),
 //!   `failed_aggregate_stays_busy_until_its_advance` (`tests/cursor_release.rs`),
 //!   `hot_aggregate_drains_in_order` and `mid_batch_faults_keep_first_delivery_order`
@@ -61,7 +64,10 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub)]
 
-mod cursor;
+mod config;
+mod context;
+mod dispatch;
+mod episode;
 pub mod metrics;
 mod order_watch;
 pub mod ownership;
@@ -69,10 +75,9 @@ mod relay;
 pub mod route;
 pub mod sink;
 
+pub use config::{default_owner, ConfigError, RelayConfig, WorkerDefaults};
+pub use episode::{is_transient, Episode};
 pub use metrics::Metrics;
-pub use relay::{
-    default_owner, is_transient, preferred_dispatch, ConfigError, Episode, Relay, RelayConfig,
-    WorkerDefaults,
-};
+pub use relay::{preferred_dispatch, Relay};
 pub use sink::kafka::{KafkaConfig, KafkaSink, MAX_KAFKA_LINGER};
 pub use sink::{NullSink, Sink, StdoutSink};

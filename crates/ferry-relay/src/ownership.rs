@@ -79,7 +79,7 @@ pub(crate) async fn run(
 ) -> Option<ferry_core::StoreError> {
     let mut held: BTreeSet<SlotId> = BTreeSet::new();
     // a failing database is logged once per episode (then every minute), and its end
-    let mut failing = crate::relay::Episode::new("slot ownership heartbeat");
+    let mut failing = crate::episode::Episode::new("slot ownership heartbeat");
     loop {
         let result = tick(&*store, &cfg, &metrics, &held).await;
         if result.is_ok() {
@@ -151,7 +151,7 @@ pub(crate) async fn claim_owner(
     let beat = ferry_core::MemberHeartbeat::new(&cfg.owner, cfg.ttl).instance(&cfg.instance);
     let deadline = tokio::time::Instant::now() + cfg.ttl + cfg.heartbeat;
     let mut waiting = false;
-    let mut transient = crate::relay::Episode::new("membership heartbeat at start");
+    let mut transient = crate::episode::Episode::new("membership heartbeat at start");
     loop {
         let e = match store.heartbeat_member(&beat).await {
             Ok(_) => {
@@ -159,7 +159,7 @@ pub(crate) async fn claim_owner(
                 return Ok(true);
             }
             Err(e) if e.kind() == ferry_core::StoreErrorKind::OwnerInUse => e,
-            Err(e) if crate::relay::is_transient(&e) => {
+            Err(e) if crate::episode::is_transient(&e) => {
                 // a full disk, a lost connection, a failover: wait for it to pass
                 let wait = transient.failed(&e);
                 tokio::select! {

@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use ferry_core::{Backoff, Outcome};
+use ferry_core::{Backoff, ClaimedEvent, Outcome};
 
 /// What to do with one item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,18 @@ pub struct RouteItem<'a> {
     pub attempts: i32,
     /// Not sent: the read found its aggregate behind an open exception (no outcome consumed).
     pub held: bool,
+}
+
+impl<'a> RouteItem<'a> {
+    /// A claimed item that was sent (never held: a claim returns one version of an aggregate
+    /// whose predecessors are finished).
+    pub fn claimed(e: &'a ClaimedEvent) -> Self {
+        Self {
+            aggregate_id: &e.aggregate_id,
+            attempts: e.attempts,
+            held: false,
+        }
+    }
 }
 
 /// Routing settings.

@@ -1,5 +1,6 @@
 //! One module per subcommand: its arguments and what it does. Settings that merge the config
-//! file, the environment and flags are resolved in [`crate::config`].
+//! file, the environment and flags are resolved by the rules of [`crate::config`] (`ferry
+//! relay`'s in `relay/settings.rs`).
 use std::sync::Arc;
 
 use ferry_core::{Limits, OutboxStore};

@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::Metrics;
+use super::state::Metrics;
 
 /// `/healthz` fails when the relay's loops have not ticked for this long.
 pub const LIVE_WITHIN: Duration = Duration::from_secs(10);
