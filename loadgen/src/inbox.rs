@@ -59,7 +59,7 @@ use crate::db::dialect;
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
-use crate::spec::RunSpec;
+use crate::spec::{InboxSpec, RunSpec};
 use crate::workload::Ids;
 
 /// Examples of failures kept for the report.
@@ -89,12 +89,13 @@ impl InboxConsumer {
     /// `topic` (all `partitions`) from `brokers`.
     pub async fn start(
         spec: &RunSpec,
+        inbox: &InboxSpec,
         run: &str,
         brokers: &str,
         topic: &str,
         partitions: i32,
     ) -> Result<Self> {
-        let (url, dir) = match &spec.flags.inbox_url {
+        let (url, dir) = match &inbox.url {
             Some(u) => (u.clone(), None),
             None => {
                 let dir =
@@ -107,7 +108,7 @@ impl InboxConsumer {
                 (url, Some(dir))
             }
         };
-        let workers = (spec.flags.inbox_workers as usize).max(1);
+        let workers = inbox.workers.max(1);
         let setup = async {
             let backend = Backend::from_url(&url).map_err(|e| {
                 Error::Setup(format!(
@@ -116,7 +117,7 @@ impl InboxConsumer {
                 ))
             })?;
             let (pool, connections) = match backend {
-                Backend::Sqlite => (sqlite_pool(&url, spec.flags.sqlite_synchronous).await?, 1),
+                Backend::Sqlite => (sqlite_pool(&url, spec.db.sqlite_sync).await?, 1),
                 Backend::Postgres | Backend::Mysql => {
                     let n = workers as u32;
                     let pool = InboxPool::connect(&url, n).await.map_err(|e| {
@@ -164,7 +165,7 @@ impl InboxConsumer {
             workers,
             connections,
             dir,
-            keep: spec.flags.keep_db,
+            keep: spec.db.keep,
             runner: Some(runner),
         })
     }

@@ -99,18 +99,25 @@ async fn app(args: Args) -> Result<bool> {
         });
     }
     let spec = spec::RunSpec::from_args(&args);
-    let sweep = match (&args.sweep_batch, &args.sweep_relays) {
+    let sweep = match (&args.sweep.sweep_batch, &args.sweep.sweep_relays) {
         (Some(v), _) => Some((SweepKind::Batch, v.0.clone())),
         (None, Some(v)) => Some((SweepKind::Relays, v.0.clone())),
         (None, None) => None,
     };
     if let Some((kind, values)) = sweep {
-        let report = sweep::run(&spec, kind, &values, args.chart.as_deref(), &interrupt).await?;
+        let report = sweep::run(
+            &spec,
+            kind,
+            &values,
+            args.sweep.chart.as_deref(),
+            &interrupt,
+        )
+        .await?;
         for p in &report.points {
             print!("{}", p.render());
         }
         print!("{}", report.render());
-        if let Some(path) = &args.json {
+        if let Some(path) = &args.run.json {
             report::write_json(path, &report)?;
         }
         return Ok(report.ok);
@@ -118,7 +125,7 @@ async fn app(args: Args) -> Result<bool> {
     let baseline = run::baseline(&spec, &interrupt).await?;
     let report = run::run(&spec, baseline, &interrupt).await?;
     print!("{}", report.render());
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.run.json {
         report::write_json(path, &report)?;
     }
     Ok(report.ok)

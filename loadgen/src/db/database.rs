@@ -78,10 +78,10 @@ impl Database {
     /// business table; `keep`: leave them in place afterwards.
     pub async fn create(spec: &RunSpec, keep: bool, run: &str, pool_size: u32) -> Result<Self> {
         let aggregates = spec.work.aggregate_rows();
-        let (flags, spec) = (&spec.flags, &spec.db);
-        let sqlite_sync = flags.sqlite_synchronous;
+        let spec = &spec.db;
+        let sqlite_sync = spec.sqlite_sync;
         let (mut dir, mut namespace) = (None, None);
-        let url = match (spec.store, &flags.database_url) {
+        let url = match (spec.store, &spec.url) {
             (Backend::Sqlite, None) => {
                 let d = TempDir::new(&format!("loadgen-{run}")).map_err(|source| Error::Io {
                     what: "create a temporary directory in",
@@ -135,10 +135,7 @@ impl Database {
             dir,
             keep,
         };
-        if let Err(e) = db
-            .prepare(flags.database_url.is_some(), run, aggregates, opts)
-            .await
-        {
+        if let Err(e) = db.prepare(spec.url.is_some(), run, aggregates, opts).await {
             drop_namespace(db.namespace.take()).await;
             return Err(e);
         }

@@ -47,7 +47,7 @@ impl<'a> Run<'a> {
                 run: run.to_string(),
             },
             topic: spec
-                .flags
+                .kafka
                 .topic
                 .clone()
                 .unwrap_or_else(|| format!("loadgen-{run}")),

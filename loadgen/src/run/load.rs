@@ -45,7 +45,7 @@ impl RunSpec {
 
     /// ANALYZE stands in for autovacuum (PostgreSQL, unless `--pg-analyze-every 0`).
     pub(super) fn analyze(&self) -> bool {
-        self.db.store == Backend::Postgres && !self.flags.pg_analyze_every.is_zero()
+        self.db.store == Backend::Postgres && !self.db.analyze_every.is_zero()
     }
 }
 
@@ -191,9 +191,9 @@ impl<'a> Run<'a> {
             return Ok(None);
         }
         let (brokers, topic, partitions) = (
-            self.spec.flags.kafka_brokers.clone(),
+            self.spec.kafka.brokers.clone(),
             self.topic.clone(),
-            self.spec.flags.partitions as i32,
+            self.spec.kafka.partitions as i32,
         );
         let target = tokio::task::spawn_blocking(move || match brokers {
             Some(b) => KafkaTarget::external(&b, &topic, partitions),
@@ -256,7 +256,7 @@ impl<'a> Run<'a> {
         let handles = start_producers(self.db, plan, &self.counters, &stop);
         let analyzer = spec
             .analyze()
-            .then(|| start_analyzer(self.db.clone(), spec.flags.pg_analyze_every, stop.clone()));
+            .then(|| start_analyzer(self.db.clone(), spec.db.analyze_every, stop.clone()));
         let t0 = sampler.t0;
         let load_end = t0 + spec.duration;
         let mut tick = 1u32;
@@ -299,7 +299,7 @@ impl<'a> Run<'a> {
             let n = a.await.unwrap_or(0);
             self.note(format!(
                 "ANALYZE ran {n} time(s) during the load (--pg-analyze-every {:.0}s), standing in for autovacuum on the fresh schema",
-                spec.flags.pg_analyze_every.as_secs_f64()
+                spec.db.analyze_every.as_secs_f64()
             ));
         }
         (results, t0.elapsed().as_secs_f64(), live.totals().await)

@@ -99,9 +99,7 @@ pub async fn run(
     interrupt: &CancellationToken,
 ) -> Result<RunReport> {
     let run = new_run_id();
-    let db = Arc::new(
-        Database::create(spec, spec.flags.keep_db, &run, spec.producers as u32 + 4).await?,
-    );
+    let db = Arc::new(Database::create(spec, spec.db.keep, &run, spec.producers as u32 + 4).await?);
     let result = Run::new(spec, &run, &db, interrupt).execute(baseline).await;
     match Arc::try_unwrap(db) {
         Ok(db) => db.finish().await,
@@ -139,9 +137,10 @@ impl<'a> Run<'a> {
                     .min(200_000_000),
             );
         }
-        let inbox = match (spec.flags.inbox, &kafka) {
-            (true, Some(k)) => Some(
-                InboxConsumer::start(spec, self.run, &k.brokers, &k.topic, k.partitions).await?,
+        let inbox = match (&spec.inbox, &kafka) {
+            (Some(ib), Some(k)) => Some(
+                InboxConsumer::start(spec, ib, self.run, &k.brokers, &k.topic, k.partitions)
+                    .await?,
             ),
             _ => None,
         };
