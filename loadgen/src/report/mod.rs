@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use crate::db::{PgCosts, SqliteWrites, TableStats, VersionCheck};
 use crate::error::{Error, Result};
-use crate::intervals::IntervalReport;
 use crate::spec::ConfigEcho;
 
 mod render;
@@ -516,6 +515,81 @@ pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
 /// Rounds to three decimals (reports carry no false precision).
 pub fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
+}
+
+// ---- the per-interval table (its rows are collected while the run goes on)
+
+/// Count and quantiles of one interval's samples, in ms.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Stats {
+    pub count: u64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+impl Stats {
+    pub fn of(h: Option<&Histogram<u64>>) -> Self {
+        match h.filter(|h| !h.is_empty()) {
+            None => Self {
+                count: 0,
+                p50_ms: None,
+                p99_ms: None,
+            },
+            Some(h) => {
+                let ms = |q: f64| Some(round3(h.value_at_quantile(q) as f64 / 1000.0));
+                Self {
+                    count: h.len(),
+                    p50_ms: ms(0.5),
+                    p99_ms: ms(0.99),
+                }
+            }
+        }
+    }
+}
+
+/// One interval of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct IntervalRow {
+    /// Seconds since the load phase started (the timeline's `t`).
+    pub t_start: f64,
+    pub t_end: f64,
+    /// `load`, `drain` or `load+drain`.
+    pub phase: &'static str,
+    /// A whole interval (the last one, cut by the end of the drain, is not).
+    pub full: bool,
+    /// COMMIT → broker ack of the acks that arrived in the interval (in-process relays).
+    pub commit_to_broker_ack: Option<Stats>,
+    /// tx start → consumed of the first deliveries consumed in the interval (Kafka sink).
+    pub tx_start_to_consumed: Option<Stats>,
+    /// Committed but not yet SENT at the interval's end.
+    pub backlog_at_end: i64,
+}
+
+/// The p99 of the first against the last interval.
+#[derive(Debug, Clone, Serialize)]
+pub struct FirstVsLast {
+    /// `commit_to_broker_ack`, else `tx_start_to_consumed`.
+    pub metric: &'static str,
+    /// Which intervals were compared: the full ones of the load phase with samples (with
+    /// `--preload`: of the drain).
+    pub scope: &'static str,
+    pub first: usize,
+    pub last: usize,
+    pub first_p99_ms: f64,
+    pub last_p99_ms: f64,
+    /// `last_p99_ms / first_p99_ms`.
+    pub ratio: f64,
+}
+
+/// The per-interval table of a run (`intervals` in the JSON report).
+#[derive(Debug, Clone, Serialize)]
+pub struct IntervalReport {
+    pub interval_secs: f64,
+    /// What places a sample in an interval.
+    pub bucketed_by: String,
+    pub rows: Vec<IntervalRow>,
+    /// `None` with fewer than two comparable intervals.
+    pub first_vs_last: Option<FirstVsLast>,
 }
 
 #[cfg(test)]

@@ -4,9 +4,8 @@ use std::fmt::Write as _;
 use ferry_core::DispatchMode;
 
 use crate::cli::FlagValue;
-use crate::intervals::Stats;
 
-use super::{InboxReport, IntervalReport, RetentionReport, RowWrites, RunReport};
+use super::{InboxReport, IntervalReport, RetentionReport, RowWrites, RunReport, Stats};
 
 /// `123456.7` → `123.5k`.
 pub fn rate(v: f64) -> String {

@@ -9,13 +9,13 @@ use super::context::{committed, Run};
 use super::verify::Verified;
 use crate::cli::RelayMode;
 use crate::db::{new_histogram, PgCosts, SqliteWrites, VersionCheck};
-use crate::intervals::IntervalReport;
+
 use crate::producer::ProducerResult;
 use crate::progress::{Sampler, Totals};
 use crate::relays::RelayMetrics;
 use crate::report::{
-    self, round3, Baseline, BatchStats, Claims, Contention, DbCosts, InboxReport, Latencies,
-    PreloadReport, Quantiles, RetentionReport, RowWrites, RunReport, StoreCheck,
+    self, round3, Baseline, BatchStats, Claims, Contention, DbCosts, InboxReport, IntervalReport,
+    Latencies, PreloadReport, Quantiles, RetentionReport, RowWrites, RunReport, StoreCheck,
 };
 use crate::retention::PurgeTally;
 use ferry_store::Backend;
