@@ -15,7 +15,6 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 mod chaos;
-mod chart;
 mod cli;
 mod clock;
 mod db;
@@ -110,6 +109,7 @@ async fn app(args: Args) -> Result<bool> {
             kind,
             &values,
             args.sweep.chart.as_deref(),
+            args.run.json.as_deref(),
             &interrupt,
         )
         .await?;
@@ -117,9 +117,6 @@ async fn app(args: Args) -> Result<bool> {
             print!("{}", p.render());
         }
         print!("{}", report.render());
-        if let Some(path) = &args.run.json {
-            report::write_json(path, &report)?;
-        }
         return Ok(report.ok);
     }
     let baseline = run::baseline(&spec, &interrupt).await?;

@@ -469,24 +469,6 @@ pub struct Contention {
     pub versions: VersionCheck,
 }
 
-/// A sweep: one report per value.
-#[derive(Debug, Clone, Serialize)]
-pub struct SweepReport {
-    /// `batch_size` or `relays`.
-    pub sweep: &'static str,
-    pub values: Vec<u32>,
-    pub ok: bool,
-    /// Sums over the points (so scripts can check a sweep like a run).
-    pub enqueued: u64,
-    pub sent: u64,
-    pub consumed: u64,
-    pub duplicates: u64,
-    pub lost: u64,
-    pub ordering_violations: u64,
-    pub chart: Option<String>,
-    pub points: Vec<RunReport>,
-}
-
 /// Peak resident set size of this process in MiB (`VmHWM`), 0 when unavailable.
 pub fn peak_rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
