@@ -257,10 +257,7 @@ impl RunSpec {
                 payload_bytes: a.work.payload_bytes as usize,
                 seed: a.run.seed.unwrap_or_else(|| rand::thread_rng().gen()),
                 producers_own_aggregates: a.work.producers_own_aggregates,
-                preload: a.work.preload.map(|total| Preload {
-                    total,
-                    per_aggregate: a.work.versions_per_aggregate.unwrap_or(1),
-                }),
+                preload: a.preload(),
             },
             baseline: a.run.baseline.then(|| {
                 a.run
@@ -373,7 +370,7 @@ mod tests {
     #[test]
     fn echo_states_the_resolved_settings() {
         let flags = "loadgen --database-url postgres://u:pw@h/db --chaos --relay-mode process \
-                     --skew zipf --preload 10 --versions-per-aggregate 3 --sink null --seed 9";
+                     --skew zipf --sink null --seed 9 burn-down --preload 10 --versions-per-aggregate 3";
         let a = Args::try_parse_from(flags.split_whitespace()).unwrap();
         let echo = RunSpec::from_args(&a).echo("abc", "t", &[], None);
         let v = serde_json::to_value(echo).unwrap();

@@ -8,7 +8,8 @@ use ferry_core::DispatchMode;
 use ferry_store::Backend;
 
 use super::parse::fmt_secs;
-use super::{Args, FlagValue, RelayMode, SinkKind};
+use super::{Args, Command, FlagValue, RelayMode, SinkKind};
+use crate::spec::Preload;
 
 impl Args {
     /// Parses the command line and checks flag combinations; exits with status 2 and one clear
@@ -19,6 +20,14 @@ impl Args {
             Self::command().error(kind, msg).exit();
         }
         args
+    }
+
+    /// The preloaded queue's shape with `loadgen burn-down`.
+    pub fn preload(&self) -> Option<Preload> {
+        self.command.as_ref().map(|Command::BurnDown(b)| Preload {
+            total: b.preload,
+            per_aggregate: b.versions_per_aggregate.unwrap_or(1),
+        })
     }
 
     /// The dispatch mode: `--dispatch`, else the store's preferred one.
@@ -46,7 +55,7 @@ impl Args {
     pub fn drain_timeout(&self) -> Duration {
         self.run
             .drain_timeout
-            .unwrap_or(if self.work.preload.is_some() {
+            .unwrap_or(if self.preload().is_some() {
                 Duration::from_secs(300)
             } else if self.relay.chaos {
                 Duration::from_secs(120)
@@ -59,7 +68,7 @@ impl Args {
     pub fn report_interval(&self) -> Duration {
         self.run.report_interval.unwrap_or_else(|| {
             crate::intervals::default_interval(
-                self.work.preload.is_none().then_some(self.run.duration),
+                self.preload().is_none().then_some(self.run.duration),
             )
         })
     }
@@ -80,6 +89,11 @@ impl Args {
     /// Checks combinations a single value parser cannot see.
     fn check(&self) -> Result<(), (ErrorKind, String)> {
         let conflict = |m: String| Err((ErrorKind::ArgumentConflict, m));
+        if let Some(n) = &self.preload_moved {
+            return conflict(format!(
+                "the burn-down is a subcommand now: 'loadgen burn-down --preload {n}' (the other flags as before)"
+            ));
+        }
         if let Some(url) = &self.db.database_url {
             let Ok(from_url) = Backend::from_url(url) else {
                 return Err((
@@ -154,30 +168,23 @@ impl Args {
                 "'--sink stdout' with '--relay-mode process' would mix the relays' output into the log files; use it in-process".to_string(),
             );
         }
-        match (self.work.preload, self.work.versions_per_aggregate) {
-            (None, Some(_)) => {
-                return Err((
-                    ErrorKind::MissingRequiredArgument,
-                    "'--versions-per-aggregate' shapes the preloaded queue: it needs '--preload N'"
-                        .to_string(),
-                ))
-            }
-            (Some(n), Some(k)) if k > n => {
+        if let Some(p) = self.preload() {
+            if p.per_aggregate > p.total {
                 return conflict(format!(
-                    "'--versions-per-aggregate {k}' exceeds '--preload {n}': at most one aggregate with every preloaded version (K = N)"
+                    "'--versions-per-aggregate {}' exceeds '--preload {}': at most one aggregate with every preloaded version (K = N)",
+                    p.per_aggregate, p.total
                 ));
             }
-            _ => {}
         }
-        if self.work.preload.is_some() && self.run.baseline {
+        if self.preload().is_some() && self.run.baseline {
             return conflict(
-                "'--baseline' measures producers against a load phase; '--preload' has none (its preload line already states the producers' own rate)".to_string(),
+                "'--baseline' measures producers against a load phase; 'burn-down' has none (its preload line already states the producers' own rate)".to_string(),
             );
         }
         if self.work.producers_own_aggregates {
-            if self.work.preload.is_some() {
+            if self.preload().is_some() {
                 return conflict(
-                    "'--producers-own-aggregates' shapes the load phase's picks; '--preload' hands out a fixed queue".to_string(),
+                    "'--producers-own-aggregates' shapes the load phase's picks; 'burn-down' hands out a fixed queue".to_string(),
                 );
             }
             let producers = self.producer_tasks() as u64;
@@ -189,7 +196,7 @@ impl Args {
             }
         }
         // the table keeps two small histograms per interval: bound their number
-        let span = match self.work.preload {
+        let span = match self.preload() {
             Some(_) => self.drain_timeout(),
             None => self.run.duration + self.drain_timeout(),
         };
@@ -209,9 +216,9 @@ impl Args {
                     "'--broker-stall' takes the embedded mock cluster's brokers down: it needs '--sink kafka' without '--kafka-brokers'".to_string(),
                 );
             }
-            if self.work.preload.is_some() {
+            if self.preload().is_some() {
                 return conflict(
-                    "'--broker-stall' starts a third of the way into the load phase; '--preload' has none".to_string(),
+                    "'--broker-stall' starts a third of the way into the load phase; 'burn-down' has none".to_string(),
                 );
             }
             if self.sweep.sweep_batch.is_some() || self.sweep.sweep_relays.is_some() {
@@ -295,7 +302,7 @@ mod tests {
             "--database-url",
             "postgres://u@h/db",
         ];
-        let cases: [(&[&str], &str); 17] = [
+        let cases: [(&[&str], &str); 16] = [
             (&["--chart", "x.svg"], "--sweep-batch"),
             (&["--chaos"], "--relay-mode process"),
             (&["--store", "postgres"], "--database-url"),
@@ -309,35 +316,68 @@ mod tests {
             // the default 8 producers on a server database
             (&own_pg, "--producers 8"),
             (
-                &["--producers-own-aggregates", "--preload", "10"],
-                "--preload",
+                &["--producers-own-aggregates", "burn-down", "--preload", "10"],
+                "'burn-down'",
             ),
             (&["--broker-stall", "2s", "--sink", "null"], "--sink kafka"),
-            (&["--broker-stall", "2s", "--preload", "100"], "load phase"),
+            (
+                &["--broker-stall", "2s", "burn-down", "--preload", "100"],
+                "load phase",
+            ),
             (&["--broker-stall", "2s", "--sweep-batch", "1,10"], "sweep"),
             (&["--inbox", "--sink", "null"], "--sink kafka"),
             (&bad_inbox, "--inbox-url"),
-            (&["--versions-per-aggregate", "5"], "--preload"),
             (
-                &["--preload", "100", "--versions-per-aggregate", "101"],
+                &[
+                    "burn-down",
+                    "--preload",
+                    "100",
+                    "--versions-per-aggregate",
+                    "101",
+                ],
                 "exceeds '--preload 100'",
             ),
-            (&["--preload", "100", "--baseline"], "--baseline"),
+            (
+                &["burn-down", "--preload", "100", "--baseline"],
+                "--baseline",
+            ),
         ];
+        assert!(parse(&["--preload", "10"])
+            .unwrap_err()
+            .1
+            .contains("loadgen burn-down --preload 10"));
         for (flags, want) in cases {
             let e = parse(flags).unwrap_err().1;
             assert!(e.contains(want) && !e.contains("pw"), "{flags:?}: {e}");
         }
-        let (kind, _) = parse(&["--versions-per-aggregate", "5"]).unwrap_err();
-        assert_eq!(kind, ErrorKind::MissingRequiredArgument);
         for ok in [
             &[][..],
             &["--inbox", "--inbox-url", "sqlite:///tmp/x.db"],
-            &["--preload", "20000"],
-            &["--preload", "5000", "--versions-per-aggregate", "5000"],
-            &["--preload", "5000", "--versions-per-aggregate", "7"],
+            &["burn-down", "--preload", "20000"],
+            &[
+                "burn-down",
+                "--preload",
+                "5000",
+                "--versions-per-aggregate",
+                "5000",
+            ],
+            &[
+                "burn-down",
+                "--preload",
+                "5000",
+                "--versions-per-aggregate",
+                "7",
+            ],
             // producers share aggregates: more producers than aggregates is fine
-            &["--preload", "100", "--aggregates", "2", "--producers", "4"],
+            &[
+                "burn-down",
+                "--preload",
+                "100",
+                "--aggregates",
+                "2",
+                "--producers",
+                "4",
+            ],
             &["--aggregates", "1", "--producers", "8"],
             &["--broker-stall", "3s"],
             &["--producers-own-aggregates", "--aggregates", "2"],
@@ -369,9 +409,11 @@ mod tests {
             &["--inbox-url", "sqlite://x.db"][..],
             &["--relays", "0"],
             &["--dispatch", "claims"],
-            &["--preload", "0"],
+            &["burn-down", "--preload", "0"],
             &["--store", "oracle"],
             &["--versions-per-aggregate", "0"],
+            // the queue's shape belongs to `burn-down`
+            &["--versions-per-aggregate", "5"],
             &["--poll-min", "0ms"],
             &["--poll-min", "2s"],
             &["--read-linger", "8d"],
@@ -408,7 +450,7 @@ mod tests {
             assert!(rejected(bad), "{bad:?}");
         }
         // a burn-down with retention is allowed: purge deletes SENT rows only
-        assert!(parse(&["--retention", "30s", "--preload", "1000"]).is_ok());
+        assert!(parse(&["--retention", "30s", "burn-down", "--preload", "1000"]).is_ok());
         assert!(parse(&["--retention", "30s", "--sink", "null", "--dispatch", "row"]).is_ok());
         // the report interval: 1/4 of the load, at least 1 s; 5 min from 15 min on
         assert_eq!(
@@ -424,7 +466,7 @@ mod tests {
             Duration::from_secs(300)
         );
         assert_eq!(
-            args(&["--preload", "10"]).report_interval(),
+            args(&["burn-down", "--preload", "10"]).report_interval(),
             crate::intervals::PRELOAD_INTERVAL
         );
         assert_eq!(
