@@ -119,11 +119,41 @@ async fn app(args: Args) -> Result<bool> {
         print!("{}", report.render());
         return Ok(report.ok);
     }
-    let baseline = run::baseline(&spec, &interrupt).await?;
+    if matches!(args.command, Some(cli::Command::Baseline)) {
+        return save_baseline(&spec, args.run.json.as_deref(), &interrupt).await;
+    }
+    let baseline = match &args.run.compare {
+        Some(path) => Some(report::SavedBaseline::read(path)?.measured()),
+        None => run::baseline(&spec, &interrupt).await?,
+    };
     let report = run::run(&spec, baseline, &interrupt).await?;
     print!("{}", report.render());
     if let Some(path) = &args.run.json {
         report::write_json(path, &report)?;
     }
     Ok(report.ok)
+}
+
+/// `loadgen baseline`: the producer-only phase alone, printed and saved to `json` if given.
+async fn save_baseline(
+    spec: &spec::RunSpec,
+    json: Option<&std::path::Path>,
+    interrupt: &CancellationToken,
+) -> Result<bool> {
+    let Some(measured) = run::baseline(spec, interrupt).await? else {
+        return Ok(false);
+    };
+    let saved = report::SavedBaseline::new(spec, measured);
+    println!(
+        "ferry loadgen — baseline: {} producers, no relay: {} intents in {:.1}s = {} ev/s ({})",
+        saved.producers,
+        saved.enqueued,
+        saved.duration_secs,
+        report::rate(saved.enqueued_per_sec),
+        saved.store
+    );
+    if let Some(path) = json {
+        report::write_json(path, &saved)?;
+    }
+    Ok(true)
 }

@@ -10,7 +10,7 @@ use ferry_relay::RelayConfig;
 use rand::Rng;
 use serde::{Serialize, Serializer};
 
-use crate::cli::{Args, RelayMode, SinkKind, Skew, SqliteSync};
+use crate::cli::{Args, Command, RelayMode, SinkKind, Skew, SqliteSync};
 use crate::retention::Retention;
 use ferry_store::{redact_url, Backend};
 
@@ -259,7 +259,7 @@ impl RunSpec {
                 producers_own_aggregates: a.work.producers_own_aggregates,
                 preload: a.preload(),
             },
-            baseline: a.run.baseline.then(|| {
+            baseline: (a.run.baseline || matches!(a.command, Some(Command::Baseline))).then(|| {
                 a.run
                     .baseline_duration
                     .unwrap_or(a.run.duration.min(Duration::from_secs(10)))

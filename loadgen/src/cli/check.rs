@@ -24,10 +24,13 @@ impl Args {
 
     /// The preloaded queue's shape with `loadgen burn-down`.
     pub fn preload(&self) -> Option<Preload> {
-        self.command.as_ref().map(|Command::BurnDown(b)| Preload {
-            total: b.preload,
-            per_aggregate: b.versions_per_aggregate.unwrap_or(1),
-        })
+        match &self.command {
+            Some(Command::BurnDown(b)) => Some(Preload {
+                total: b.preload,
+                per_aggregate: b.versions_per_aggregate.unwrap_or(1),
+            }),
+            _ => None,
+        }
     }
 
     /// The dispatch mode: `--dispatch`, else the store's preferred one.
@@ -175,6 +178,28 @@ impl Args {
                     p.per_aggregate, p.total
                 ));
             }
+        }
+        let baseline_only = matches!(self.command, Some(Command::Baseline));
+        if self.run.baseline_duration.is_some() && !self.run.baseline && !baseline_only {
+            return Err((
+                ErrorKind::MissingRequiredArgument,
+                "'--baseline-duration' is the producer-only phase's length: add '--baseline' or run 'loadgen baseline'".to_string(),
+            ));
+        }
+        if baseline_only
+            && (self.run.compare.is_some()
+                || self.sweep.sweep_batch.is_some()
+                || self.sweep.sweep_relays.is_some())
+        {
+            return conflict(
+                "'loadgen baseline' measures the producers alone: no '--compare' or sweep"
+                    .to_string(),
+            );
+        }
+        if self.preload().is_some() && self.run.compare.is_some() {
+            return conflict(
+                "'--compare' relates a load phase to a baseline; 'burn-down' has none".to_string(),
+            );
         }
         if self.preload().is_some() && self.run.baseline {
             return conflict(
@@ -342,6 +367,20 @@ mod tests {
                 "--baseline",
             ),
         ];
+        for (flags, want) in [
+            (&["--baseline-duration", "2s"][..], "loadgen baseline"),
+            (&["baseline", "--compare", "b.json"], "no '--compare'"),
+            (
+                &["burn-down", "--preload", "10", "--compare", "b.json"],
+                "'burn-down' has none",
+            ),
+        ] {
+            let e = parse(flags).unwrap_err().1;
+            assert!(e.contains(want), "{flags:?}: {e}");
+        }
+        assert!(parse(&["baseline", "--baseline-duration", "2s", "--json", "b.json"]).is_ok());
+        assert!(parse(&["--compare", "b.json", "--duration", "5s"]).is_ok());
+        assert!(rejected(&["--compare", "b.json", "--baseline"]));
         assert!(parse(&["--preload", "10"])
             .unwrap_err()
             .1

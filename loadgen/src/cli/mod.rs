@@ -133,9 +133,15 @@ pub struct RunFlags {
     #[arg(long, global = true)]
     pub baseline: bool,
 
-    /// Length of the producer-only phase [default: --duration, at most 10s].
-    #[arg(long, global = true, value_parser = parse_duration_positive, requires = "baseline")]
+    /// Length of the producer-only phase (--baseline, `loadgen baseline`) [default: --duration,
+    /// at most 10s].
+    #[arg(long, global = true, value_parser = parse_duration_positive)]
     pub baseline_duration: Option<Duration>,
+
+    /// State relay throughput as a ratio of a producer-only baseline saved earlier by
+    /// `loadgen baseline --json FILE` (instead of measuring one first, as --baseline does).
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "baseline")]
+    pub compare: Option<PathBuf>,
 
     /// Seed of the workload's random choices (aggregates, amounts) [default: random].
     #[arg(long, global = true)]
@@ -454,6 +460,12 @@ pub enum Command {
     /// aggregate contend for its row (all of them at once when --versions-per-aggregate exceeds
     /// --orders-per-tx).
     BurnDown(BurnDownFlags),
+    /// Measure the producer-only baseline alone and save it (--json FILE) for `--compare FILE`.
+    ///
+    /// The same producers as a run with these flags, flat out (whatever --rate says), no
+    /// relay, for --baseline-duration, in a namespace of their own: the database's own insert
+    /// ceiling. A later run with `--compare FILE` states its relay throughput against it.
+    Baseline,
 }
 
 /// The preloaded queue of `loadgen burn-down`.

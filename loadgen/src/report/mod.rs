@@ -4,14 +4,15 @@
 //! do not rename them. CI relies on the exit code, which the same verdict sets. This module holds
 //! the data; [`render`] writes it as text.
 use std::path::Path;
+use std::time::Duration;
 
 use ferry_core::DispatchMode;
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::db::{PgCosts, SqliteWrites, TableStats, VersionCheck};
 use crate::error::{Error, Result};
-use crate::spec::ConfigEcho;
+use crate::spec::{ConfigEcho, RunSpec};
 
 mod render;
 
@@ -214,6 +215,56 @@ pub struct Baseline {
     pub relay_ratio: f64,
     /// `enqueued_per_sec` with relays running, as a share of the baseline.
     pub enqueue_ratio: f64,
+}
+
+/// A producer-only baseline as `loadgen baseline --json FILE` saves it and `--compare FILE`
+/// reads it back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SavedBaseline {
+    /// Length of the producer-only phase (not rounded: the ratios are computed from it).
+    pub duration_secs: f64,
+    pub enqueued: u64,
+    pub enqueued_per_sec: f64,
+    /// The settings it ran with, for a reader to match runs against it.
+    pub store: String,
+    pub producers: usize,
+    pub orders_per_tx: usize,
+    pub payload_bytes: usize,
+}
+
+impl SavedBaseline {
+    /// `n` intents committed in `d` by the producers of `spec`.
+    pub fn new(spec: &RunSpec, (d, n): (Duration, u64)) -> Self {
+        Self {
+            duration_secs: d.as_secs_f64(),
+            enqueued: n,
+            enqueued_per_sec: round3(n as f64 / d.as_secs_f64().max(1e-9)),
+            store: spec.db.store.as_str().to_string(),
+            producers: spec.producers,
+            orders_per_tx: spec.work.orders_per_tx,
+            payload_bytes: spec.work.payload_bytes,
+        }
+    }
+
+    /// Reads a baseline `loadgen baseline --json` wrote.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            what: "read the baseline from",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|e| {
+            Error::Setup(format!(
+                "--compare {}: not a baseline saved by 'loadgen baseline --json': {e}",
+                path.display()
+            ))
+        })
+    }
+
+    /// (length, intents committed), as the run relates its throughput to it.
+    pub fn measured(&self) -> (Duration, u64) {
+        (Duration::from_secs_f64(self.duration_secs), self.enqueued)
+    }
 }
 
 /// Database costs of the run: PostgreSQL sizes and statistics before and after, and the row
