@@ -110,13 +110,13 @@ pub struct Args {
 #[command(next_help_heading = "Run")]
 pub struct RunFlags {
     /// Length of the load phase (per point when sweeping): 30s, 500ms, 2m.
-    /// Ignored with --preload (no load phase).
+    /// Ignored by burn-down (no load phase).
     #[arg(long, global = true, default_value = "30s", value_parser = parse_duration_positive)]
     pub duration: Duration,
 
     /// How long to wait after the load phase for every committed intent to be sent and
     /// consumed; with --inbox, also how long the Inbox consumer may go without applying a
-    /// message while it catches up [default: 60s, 120s with --chaos, 300s with --preload (the
+    /// message while it catches up [default: 60s, 120s with --chaos, 300s for burn-down (the
     /// whole burn-down must finish within it)].
     #[arg(long, global = true, value_parser = parse_duration_positive)]
     pub drain_timeout: Option<Duration>,
@@ -124,7 +124,7 @@ pub struct RunFlags {
     /// Interval of the report's per-interval latency table (COMMIT → broker ack, tx start →
     /// consumed: count, p50, p99; the backlog at each interval's end; the first against the
     /// last interval's p99) [default: 5m when --duration is 15m or more, else --duration/4,
-    /// at least 1s; with --preload 5s].
+    /// at least 1s; 5s for burn-down].
     #[arg(long, global = true, value_parser = parse_duration_positive)]
     pub report_interval: Option<Duration>,
 
@@ -215,8 +215,8 @@ pub struct WorkloadFlags {
     #[arg(long, global = true, default_value_t = 50, value_parser = value_parser!(u32).range(1..=10_000))]
     pub orders_per_tx: u32,
 
-    /// Target enqueue rate in events/s over all producers; 0 = as fast as possible (always with
-    /// --preload).
+    /// Target enqueue rate in events/s over all producers; 0 = as fast as possible (always in a
+    /// burn-down).
     #[arg(long, global = true, default_value_t = 0, value_parser = value_parser!(u64).range(0..=10_000_000))]
     pub rate: u64,
 
@@ -232,7 +232,7 @@ pub struct WorkloadFlags {
     /// measuring relay throughput on a few hot aggregates (--aggregates 10, --skew zipf), where
     /// shared aggregates make the producers themselves the bottleneck (PostgreSQL, 10
     /// aggregates, flat out, debug build: 2.5k ev/s committed shared, 19.6k with this flag).
-    /// Needs --producers ≤ --aggregates; not with --preload.
+    /// Needs --producers ≤ --aggregates; not with burn-down.
     #[arg(long, global = true)]
     pub producers_own_aggregates: bool,
 
@@ -283,8 +283,8 @@ pub struct KafkaFlags {
     /// the way into the load phase (e.g. 4s): relays, the verifier and the Inbox consumer lose
     /// their connections and reconnect once the brokers are back. A stall longer than the
     /// relays' Kafka message timeout (30s by default) makes sends time out, which the relays must
-    /// resend in order. Needs the embedded cluster (no --kafka-brokers) and a load phase (no
-    /// --preload).
+    /// resend in order. Needs the embedded cluster (no --kafka-brokers) and a load phase (not
+    /// burn-down).
     #[arg(long, global = true, value_parser = parse_duration_positive)]
     pub broker_stall: Option<Duration>,
 }
@@ -394,7 +394,7 @@ pub struct RetentionFlags {
     /// dispatch without a consumer, the order of SENT marks is also checked before every
     /// purge. The report states rows purged, purge runs and statements, the time spent purging
     /// (total and µs per purged row), and the outbox's rows and size at the end against
-    /// without retention. With --preload it purges during the burn-down: allowed because
+    /// without retention. With burn-down it purges during the burn-down: allowed because
     /// purge never deletes an undelivered row (PENDING, CLAIMED, QUARANTINED and SKIPPED are
     /// never touched), so the drain measures the relays with a purge competing, as an hourly
     /// `ferry purge` during a backlog would.
@@ -450,8 +450,8 @@ pub struct SweepFlags {
 pub enum Command {
     /// Drain a preloaded queue (a burn-down) instead of running a load phase.
     ///
-    /// Commits --preload intents first, as fast as the producers can, with no relay running; then start the relays and time how long they take
-    /// to drain the queue, from starting them (slot acquisition included) until every intent is
+    /// Commits --preload intents first, as fast as the producers can, with no relay running;
+    /// then starts the relays and times how long they take to drain the queue, from starting them (slot acquisition included) until every intent is
     /// SENT and, with a consumer, delivered. --duration, --rate, --aggregates and --skew do not
     /// apply (there is no load phase after the preload) and --baseline is refused;
     /// --drain-timeout bounds the burn-down [default then: 300s]. The producers take the
