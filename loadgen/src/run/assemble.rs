@@ -9,6 +9,7 @@ use super::context::{committed, Run};
 use super::verify::Verified;
 use crate::cli::RelayMode;
 use crate::db::{new_histogram, PgCosts, SqliteWrites, VersionCheck};
+use crate::error::Result;
 
 use crate::producer::ProducerResult;
 use crate::progress::{Sampler, Totals};
@@ -278,6 +279,53 @@ pub(super) fn claims(m: &RelayMetrics, secs: f64) -> Claims {
         claims_per_sec: round3(m.claims.claims as f64 / secs.max(1e-9)),
         empty_ratio: round3(m.claims.empty_claims as f64 / m.claims.claims.max(1) as f64),
         ..m.claims.clone()
+    }
+}
+
+impl Run<'_> {
+    /// The database's costs before anything is produced. The setup's statistics (migrations,
+    /// the dispatch switch) were reported when its connections closed (`Database::create`
+    /// reconnects): wait until they show.
+    pub(super) async fn costs_before(&self) -> Result<CostSnapshot> {
+        Ok(CostSnapshot {
+            pg: self
+                .db
+                .pg_costs_settled(Duration::from_millis(200))
+                .await?
+                .map(|(c, _)| c),
+            sqlite: self.db.sqlite_writes().await?,
+        })
+    }
+
+    /// The costs section, once the relays stopped: closes the producers' pool, whose backends
+    /// then report their last statistics (PostgreSQL).
+    pub(super) async fn costs_after(
+        &self,
+        before: CostSnapshot,
+        results: &[ProducerResult],
+        dead_peak: i64,
+        purge: Option<&PurgeTally>,
+    ) -> Result<Option<DbCosts>> {
+        let db = self.db;
+        let sqlite_after = db.sqlite_writes().await?;
+        db.close_pool().await;
+        let pg_after = db.pg_costs_settled(Duration::ZERO).await?;
+        if let (Some(tally), Some((after, _))) = (purge, &pg_after) {
+            if tally.vacuum {
+                self.note("each purge run ended with VACUUM (autovacuum is off on this server): purged rows' space is reused, and the size at the end is the table's high-water mark, free space included".to_string());
+            } else if after.autovacuum_count == 0 {
+                self.note("PostgreSQL reuses a purged row's space only after a vacuum, and autovacuum did not vacuum the outbox during this run (its naptime is 1 min): the size at the end still holds the purged rows as dead tuples".to_string());
+            }
+        }
+        Ok(costs(
+            db.kind,
+            committed(results),
+            before,
+            sqlite_after,
+            pg_after,
+            dead_peak,
+            purge.map_or(0, |t| t.purged),
+        ))
     }
 }
 

@@ -24,6 +24,7 @@ use crate::retention::{Purger, StorePurge};
 use crate::spec::{Preload, RunSpec};
 use crate::workload::Ids;
 use ferry_store::Backend;
+use ferry_testkit::verify::Verifier;
 
 impl RunSpec {
     /// The producers' plan; `flat_out` ignores `--rate` (the baseline, a preload).
@@ -146,6 +147,27 @@ pub(super) async fn wait_for_slots(
 /// Whether the relays of `live`, if any, are still running.
 pub(super) async fn check_alive(live: &Live<'_>) -> Option<Result<()>> {
     Some(live.relays?.check_alive().await)
+}
+
+impl Run<'_> {
+    /// The consumer that reads the topic back for the verification, sized for every id this
+    /// run can produce so its set never rehashes mid-run.
+    pub(super) fn verifier(&self, kafka: Option<&KafkaTarget>) -> Result<Option<Verifier>> {
+        let Some(v) = kafka.map(KafkaTarget::verifier).transpose()? else {
+            return Ok(None);
+        };
+        let (spec, work) = (self.spec, &self.spec.work);
+        let expected = match work.preload {
+            Some(p) => p.total,
+            None => work.rate.saturating_mul(spec.duration.as_secs() + 1),
+        };
+        v.reserve(
+            usize::try_from(expected)
+                .unwrap_or(usize::MAX)
+                .min(200_000_000),
+        );
+        Ok(Some(v))
+    }
 }
 
 impl<'a> Run<'a> {

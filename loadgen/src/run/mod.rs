@@ -23,7 +23,6 @@ use crate::cli::RelayMode;
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::inbox::InboxConsumer;
-use crate::kafka::KafkaTarget;
 use crate::producer::Counters;
 use crate::progress::Sampler;
 use crate::report::{self, RunReport};
@@ -34,7 +33,7 @@ mod context;
 mod load;
 mod verify;
 
-use self::assemble::{costs, CostSnapshot, Measured};
+use self::assemble::Measured;
 use self::context::{committed, Run};
 use self::load::{join_producers, start_producers};
 
@@ -114,29 +113,11 @@ impl<'a> Run<'a> {
         let (spec, db) = (self.spec, self.db);
         // the setup's statistics (migrations, the dispatch switch) were reported when its
         // connections closed (Database::create reconnects): wait until they show
-        let before = CostSnapshot {
-            pg: db
-                .pg_costs_settled(Duration::from_millis(200))
-                .await?
-                .map(|(c, _)| c),
-            sqlite: db.sqlite_writes().await?,
-        };
+        let before = self.costs_before().await?;
         let server = db.server_info().await;
         let kafka = self.kafka().await?;
         let kafka_partitions = kafka.as_ref().map(|k| k.partitions);
-        let verifier = kafka.as_ref().map(KafkaTarget::verifier).transpose()?;
-        if let Some(v) = &verifier {
-            // every id this run can produce, so the verifier's set never rehashes mid-run
-            let expected = match spec.work.preload {
-                Some(p) => p.total,
-                None => spec.work.rate.saturating_mul(spec.duration.as_secs() + 1),
-            };
-            v.reserve(
-                usize::try_from(expected)
-                    .unwrap_or(usize::MAX)
-                    .min(200_000_000),
-            );
-        }
+        let verifier = self.verifier(kafka.as_ref())?;
         let inbox = match (&spec.inbox, &kafka) {
             (Some(ib), Some(k)) => Some(
                 InboxConsumer::start(spec, ib, self.run, &k.brokers, &k.topic, k.partitions)
@@ -268,27 +249,9 @@ impl<'a> Run<'a> {
         drop(kafka);
         let versions = self.version_check().await?;
         let commit_to_ack = self.relay_checks(&relay_metrics).await?;
-        let sqlite_after = db.sqlite_writes().await?;
-        // relays are stopped (their pools closed, processes exited); closing the producers'
-        // pool makes its backends exit, which reports their last statistics
-        db.close_pool().await;
-        let pg_after = db.pg_costs_settled(Duration::ZERO).await?;
-        if let (Some(tally), Some((after, _))) = (&purge, &pg_after) {
-            if tally.vacuum {
-                self.note("each purge run ended with VACUUM (autovacuum is off on this server): purged rows' space is reused, and the size at the end is the table's high-water mark, free space included".to_string());
-            } else if after.autovacuum_count == 0 {
-                self.note("PostgreSQL reuses a purged row's space only after a vacuum, and autovacuum did not vacuum the outbox during this run (its naptime is 1 min): the size at the end still holds the purged rows as dead tuples".to_string());
-            }
-        }
-        let db_costs = costs(
-            db.kind,
-            committed(&results),
-            before,
-            sqlite_after,
-            pg_after,
-            sampler.dead_peak,
-            purge.as_ref().map_or(0, |t| t.purged),
-        );
+        let db_costs = self
+            .costs_after(before, &results, sampler.dead_peak, purge.as_ref())
+            .await?;
         let measured = Measured {
             results,
             load_secs,
