@@ -149,7 +149,7 @@ async fn save_baseline(
         saved.producers,
         saved.enqueued,
         saved.duration_secs,
-        report::rate(saved.enqueued_per_sec),
+        report::render::rate(saved.enqueued_per_sec),
         saved.store
     );
     if let Some(path) = json {

@@ -3,7 +3,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use ferry_core::{StoreError, StoreErrorKind};
-use ferry_store::PING_IDLE_AFTER;
+use ferry_store::{Backend, PING_IDLE_AFTER};
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -11,9 +11,10 @@ use sqlx::{
     Executor, MySqlConnection, MySqlPool, PgConnection, PgPool, SqliteConnection, SqlitePool,
 };
 
-use crate::{error, Backend, InboxError};
+use crate::error::{self, InboxError};
 
-/// The consumer's open transaction as handed to an [`Inbox::apply_once`] effect.
+/// The consumer's open transaction as handed to an
+/// [`Inbox::apply_once`](crate::Inbox::apply_once) effect.
 #[derive(Debug)]
 pub enum Conn<'c> {
     /// PostgreSQL.

@@ -42,7 +42,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::{BoxError, Conn, Delivery, Inbox, InboxError, Verdict};
+use crate::error::{BoxError, InboxError};
+use crate::pool::Conn;
+use crate::{Delivery, Inbox, Verdict};
 
 /// Failure examples kept in [`RunnerStats::examples`].
 const MAX_EXAMPLES: usize = 10;

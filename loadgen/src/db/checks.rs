@@ -221,6 +221,7 @@ mod tests {
     use super::*;
     use sqlx::sqlite::SqlitePoolOptions;
     use sqlx::Executor;
+
     #[tokio::test]
     async fn the_pre_purge_order_check_finds_both_kinds_of_violation() {
         let p = SqlitePoolOptions::new()

@@ -387,6 +387,7 @@ mod tests {
             amount_cents: 100,
         }
     }
+
     #[tokio::test]
     async fn versions_come_from_the_rows_and_roll_back_with_the_transaction() {
         // one connection: an in-memory database lives in its connection

@@ -14,9 +14,7 @@ use crate::db::{PgCosts, SqliteWrites, TableStats, VersionCheck};
 use crate::error::{Error, Result};
 use crate::spec::{ConfigEcho, RunSpec};
 
-mod render;
-
-pub use render::rate;
+pub mod render;
 
 /// Latency quantiles in milliseconds.
 #[derive(Debug, Clone, Copy, Default, Serialize)]

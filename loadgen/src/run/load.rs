@@ -376,7 +376,7 @@ impl<'a> Run<'a> {
             let n = committed(&results);
             eprintln!(
                 "loadgen: preload: {n} intents committed in {secs:.2}s ({} ev/s); starting the relays",
-                report::rate(n as f64 / secs.max(1e-9))
+                report::render::rate(n as f64 / secs.max(1e-9))
             );
         }
         if spec.analyze() {

@@ -78,7 +78,7 @@ pub async fn baseline(
         eprintln!(
             "loadgen: baseline: {n} intents in {:.1}s = {} ev/s",
             elapsed.as_secs_f64(),
-            report::rate(n as f64 / elapsed.as_secs_f64())
+            report::render::rate(n as f64 / elapsed.as_secs_f64())
         );
     }
     if let Ok(db) = Arc::try_unwrap(db) {

@@ -220,7 +220,7 @@ impl SweepReport {
                 let _ = writeln!(
                     o,
                     "  producer-only baseline: {} ev/s",
-                    report::rate(b.enqueued_per_sec)
+                    report::render::rate(b.enqueued_per_sec)
                 );
             }
         }
@@ -250,9 +250,9 @@ impl SweepReport {
                 o,
                 "  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>8} {:>7} {:>6} {:>6} {:>5}",
                 v,
-                report::rate(p.enqueued_per_sec),
-                report::rate(p.sent_per_sec),
-                if p.verification.method == "kafka-consumer" { report::rate(p.consumed_per_sec) } else { "-".to_string() },
+                report::render::rate(p.enqueued_per_sec),
+                report::render::rate(p.sent_per_sec),
+                if p.verification.method == "kafka-consumer" { report::render::rate(p.consumed_per_sec) } else { "-".to_string() },
                 p.baseline.as_ref().map_or("-".to_string(), |b| format!("{:.2}", b.relay_ratio)),
                 ms(p.latency_ms.commit_to_ack),
                 ms(p.latency_ms.commit_to_consumed),
