@@ -4,17 +4,14 @@
 //!
 //! # How it consumes
 //!
-//! A second [`Verifier`] (`assign()` on every partition from the beginning, no group) runs on
-//! its own thread concurrently with the load, so the mock cluster's
-//! ~5 MiB-per-partition retention never overtakes it. It hands each message to one of
-//! `--inbox-workers` async tasks chosen by the aggregate's slot ([`ferry_core::slot_for`], the
-//! relay's own stable hash) from its per-message hook: one aggregate is always
-//! applied by the same task, in partition order, so the Inbox's per-aggregate gap tracking
-//! sees the relay's order (a gap would be a real ordering fault, not an artefact of the
-//! consumer). Each message is one `apply_once` transaction: record `(consumer, event id)` in
-//! `ferry_inbox`, and, only for a `New` (or `Gap`) verdict, the effect. Duplicates, which
-//! chaos produces (a relay killed after the broker's ack but before its SENT commit), are
-//! recorded as `Duplicate` verdicts and their effect is skipped.
+//! [`ferry_inbox::ConsumerRunner`] reads every partition from the beginning on its own thread,
+//! concurrently with the load (so the mock cluster's ~5 MiB-per-partition retention never
+//! overtakes it), and applies each message of this run on one of `--inbox-workers` tasks keyed
+//! by the aggregate: one aggregate is applied in partition order, so a gap the Inbox reports is
+//! a real ordering fault. Each message is one `apply_once` transaction: record `(consumer,
+//! event id)` in `ferry_inbox`, and, only for a `New` (or `Gap`) verdict, the effect.
+//! Duplicates, which chaos produces (a relay killed after the broker's ack but before its SENT
+//! commit), are recorded as `Duplicate` verdicts and their effect is skipped.
 //!
 //! # The effect
 //!
@@ -29,8 +26,8 @@
 //! # Settling and the verdict
 //!
 //! After the relays stopped, loadgen reads each partition's high watermark and waits until the
-//! consumer has polled up to it and every polled message has gone through `apply_once`: every
-//! message (duplicates included) was applied or rejected, none is in flight. Then the effect
+//! runner has caught up with it ([`ConsumerRunner::caught_up`]): every message (duplicates
+//! included) was applied or rejected, none is in flight. Then the effect
 //! rows of the run are read back and matched against what the producers committed (event
 //! numbers `0..committed` per producer). `effects_exactly_once` holds when the rows are exactly
 //! the committed events, no effect failed or was applied twice, the projection agrees and
@@ -44,20 +41,17 @@
 //! are deleted afterwards unless `--keep-db`). SQLite has one writer: the pool has a single
 //! connection (more would only sleep in SQLite's busy handler) and the workers queue on it.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{Backoff, BoxFuture};
+use ferry_core::BoxFuture;
 use ferry_inbox::{
-    Backend, BoxError, Conn, Delivery, Inbox, InboxConfig, InboxError, InboxPool, PoolOptions,
-    Verdict,
+    Backend, BoxError, Conn, ConsumerRunner, Delivery, Inbox, InboxConfig, InboxPool, PoolOptions,
+    RunnerConfig, RunnerStats,
 };
 use ferry_store::redact_url;
-use ferry_testkit::{on_inbox, Received, TempDir, Verifier};
+use ferry_testkit::{on_inbox, TempDir};
 use sqlx::Executor;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cli::SqliteSync;
@@ -65,43 +59,11 @@ use crate::db::dialect;
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
-use crate::spec::RunSpec;
+use crate::spec::{InboxSpec, RunSpec};
 use crate::workload::Ids;
 
-/// Messages buffered per worker between the Kafka thread and the worker.
-const QUEUE: usize = 2048;
-/// Attempts of one delivery's transaction when it fails with a retryable error.
-const MAX_ATTEMPTS: u32 = 50;
-/// Waits between attempts of a delivery: 10 ms doubling to 500 ms (with half jitter).
-const RETRY: Backoff = Backoff {
-    base: Duration::from_millis(10),
-    max: Duration::from_millis(500),
-};
 /// Examples of failures kept for the report.
 const MAX_EXAMPLES: usize = 10;
-
-/// The consumer's counters, kept in the report's own fields, and its in-flight accounting.
-#[derive(Default)]
-struct Stats {
-    report: Mutex<InboxReport>,
-    dispatched: AtomicU64,
-    done: AtomicU64,
-}
-
-impl Stats {
-    /// Adds one to the counter `field` picks, and keeps `example` if there is room.
-    fn count(&self, field: fn(&mut InboxReport) -> &mut u64, example: Option<String>) {
-        let mut r = self.report.lock().unwrap_or_else(|e| e.into_inner());
-        *field(&mut r) += 1;
-        if let Some(e) = example.filter(|_| r.examples.len() < MAX_EXAMPLES) {
-            r.examples.push(e);
-        }
-    }
-
-    fn get(&self, field: fn(&InboxReport) -> u64) -> u64 {
-        field(&self.report.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-}
 
 /// The effect found the event's row already there: it was applied before.
 #[derive(Debug, thiserror::Error)]
@@ -119,13 +81,7 @@ pub struct InboxConsumer {
     /// Temporary directory of the default SQLite file.
     dir: Option<TempDir>,
     keep: bool,
-    stats: Arc<Stats>,
-    /// Next offset to poll, per partition (`-1`: nothing polled yet).
-    polled: Arc<Vec<AtomicI64>>,
-    stop: Arc<AtomicBool>,
-    /// The consumer whose per-message hook hands messages to the apply tasks.
-    reader: Option<Verifier>,
-    tasks: Vec<JoinHandle<()>>,
+    runner: Option<ConsumerRunner>,
 }
 
 impl InboxConsumer {
@@ -133,12 +89,13 @@ impl InboxConsumer {
     /// `topic` (all `partitions`) from `brokers`.
     pub async fn start(
         spec: &RunSpec,
+        inbox: &InboxSpec,
         run: &str,
         brokers: &str,
         topic: &str,
         partitions: i32,
     ) -> Result<Self> {
-        let (url, dir) = match &spec.flags.inbox_url {
+        let (url, dir) = match &inbox.url {
             Some(u) => (u.clone(), None),
             None => {
                 let dir =
@@ -151,7 +108,7 @@ impl InboxConsumer {
                 (url, Some(dir))
             }
         };
-        let workers = (spec.flags.inbox_workers as usize).max(1);
+        let workers = inbox.workers.max(1);
         let setup = async {
             let backend = Backend::from_url(&url).map_err(|e| {
                 Error::Setup(format!(
@@ -160,7 +117,7 @@ impl InboxConsumer {
                 ))
             })?;
             let (pool, connections) = match backend {
-                Backend::Sqlite => (sqlite_pool(&url, spec.flags.sqlite_synchronous).await?, 1),
+                Backend::Sqlite => (sqlite_pool(&url, spec.db.sqlite_sync).await?, 1),
                 Backend::Postgres | Backend::Mysql => {
                     let n = workers as u32;
                     let pool = InboxPool::connect(&url, n).await.map_err(|e| {
@@ -186,42 +143,20 @@ impl InboxConsumer {
 
         let run: Arc<str> = Arc::from(run);
         let consumer = format!("loadgen-{run}");
-        let stats = Arc::new(Stats::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let polled: Arc<Vec<AtomicI64>> =
-            Arc::new((0..partitions).map(|_| AtomicI64::new(-1)).collect());
-        let mut senders = Vec::with_capacity(workers);
-        let mut tasks = Vec::with_capacity(workers);
-        for _ in 0..workers {
-            let (tx, rx) = mpsc::channel::<Delivery>(QUEUE);
-            senders.push(tx);
-            tasks.push(tokio::spawn(apply_loop(
-                inbox.clone(),
-                rx,
-                run.clone(),
-                stats.clone(),
-                stop.clone(),
-            )));
-        }
-        let reader = {
-            let (stats, polled) = (stats.clone(), polled.clone());
-            let mut dispatch = Dispatch {
-                senders,
-                consumer: consumer.clone(),
-                prefix: format!("lg-{run}-"),
-                stats,
-                polled,
-                closed: false,
-            };
-            Verifier::start_with_hook(
-                brokers,
-                topic,
-                partitions,
-                &[],
-                Some(Box::new(move |m: &Received<'_>| dispatch.message(m))),
-            )
-            .map_err(|e| Error::Kafka(format!("cannot start the Inbox consumer: {e}")))?
-        };
+        let mut config = RunnerConfig::new(brokers, topic, partitions, &consumer);
+        config.workers = workers;
+        let prefix = format!("lg-{run}-");
+        let effect_run = run.clone();
+        let runner = ConsumerRunner::start(
+            inbox.clone(),
+            config,
+            ferry_inbox::runner::effect(move |c, d| effect(c, d, effect_run.clone())),
+            // another run's event on a reused topic is foreign
+            Some(Box::new(move |d: &Delivery| {
+                d.event_id.starts_with(&prefix)
+            })),
+        )
+        .map_err(|e| Error::Kafka(format!("cannot start the Inbox consumer: {e}")))?;
         Ok(Self {
             inbox,
             run,
@@ -230,32 +165,14 @@ impl InboxConsumer {
             workers,
             connections,
             dir,
-            keep: spec.flags.keep_db,
-            stats,
-            polled,
-            stop,
-            reader: Some(reader),
-            tasks,
+            keep: spec.db.keep,
+            runner: Some(runner),
         })
     }
 
     /// Messages that went through `apply_once` (or were skipped as foreign) so far.
     pub fn processed(&self) -> u64 {
-        self.stats.done.load(Ordering::Relaxed) + self.stats.get(|r| r.foreign)
-    }
-
-    /// Whether every message polled up to `high` (per partition) has been applied.
-    fn settled(&self, high: &[i64]) -> bool {
-        let all_polled = high.iter().enumerate().all(|(p, h)| {
-            *h <= 0
-                || self
-                    .polled
-                    .get(p)
-                    .is_some_and(|o| o.load(Ordering::Acquire) >= *h)
-        });
-        all_polled
-            && self.stats.done.load(Ordering::Acquire)
-                == self.stats.dispatched.load(Ordering::Acquire)
+        self.runner.as_ref().map_or(0, ConsumerRunner::processed)
     }
 
     /// Waits until every message up to the topic's high watermarks (`high`, read after the
@@ -277,7 +194,7 @@ impl InboxConsumer {
         if let Some(high) = &high {
             let total: i64 = high.iter().map(|h| (*h).max(0)).sum();
             loop {
-                if self.settled(high) {
+                if self.runner.as_ref().is_some_and(|r| r.caught_up(high)) {
                     settled = true;
                     break;
                 }
@@ -299,7 +216,10 @@ impl InboxConsumer {
             }
         }
         let settle_secs = round3(start.elapsed().as_secs_f64());
-        self.shutdown().await;
+        let stats = match self.runner.take() {
+            Some(r) => r.stop().await,
+            None => RunnerStats::default(),
+        };
 
         let mut r = InboxReport {
             backend: format!("{:?}", self.inbox.pool().backend()).to_lowercase(),
@@ -309,7 +229,18 @@ impl InboxConsumer {
             connections: self.connections,
             settled,
             settle_secs,
-            ..std::mem::take(&mut *self.stats.report.lock().expect("inbox stats lock"))
+            consumed: stats.consumed,
+            foreign: stats.foreign,
+            new: stats.new,
+            duplicates: stats.duplicates,
+            gaps: stats.gaps,
+            early: stats.early,
+            stale: stats.stale,
+            effect_failures: stats.effect_failures,
+            errors: stats.errors,
+            retries: stats.retries,
+            examples: stats.examples,
+            ..InboxReport::default()
         };
         if high.is_none() {
             r.examples
@@ -364,18 +295,6 @@ impl InboxConsumer {
             && r.projection_mismatches == 0;
         self.cleanup().await;
         Ok(r)
-    }
-
-    /// Stops the Kafka thread and the apply tasks (those still retrying give up).
-    async fn shutdown(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(r) = self.reader.take() {
-            // dropping the verifier joins its thread
-            let _ = tokio::task::spawn_blocking(move || drop(r)).await;
-        }
-        for t in self.tasks.drain(..) {
-            let _ = t.await;
-        }
     }
 
     /// Event ids of this run's effect rows.
@@ -444,9 +363,7 @@ impl InboxConsumer {
 
 impl Drop for InboxConsumer {
     fn drop(&mut self) {
-        // error paths: stop the reader; tasks end when its senders are dropped
-        self.stop.store(true, Ordering::Relaxed);
-        drop(self.reader.take());
+        // error paths: dropping the runner stops it
         if self.keep {
             std::mem::forget(self.dir.take());
         }
@@ -562,117 +479,6 @@ fn effect<'c>(
     })
 }
 
-/// One apply task: every delivery of its aggregates, in the order the Kafka thread saw them.
-async fn apply_loop(
-    inbox: Inbox,
-    mut rx: mpsc::Receiver<Delivery>,
-    run: Arc<str>,
-    stats: Arc<Stats>,
-    stop: Arc<AtomicBool>,
-) {
-    while let Some(d) = rx.recv().await {
-        apply(&inbox, &d, &run, &stats, &stop).await;
-        stats.done.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
-/// One delivery through `apply_once`, retried on retryable errors.
-async fn apply(inbox: &Inbox, d: &Delivery, run: &Arc<str>, stats: &Stats, stop: &AtomicBool) {
-    let mut attempt = 1;
-    loop {
-        let r = run.clone();
-        let err = match inbox.apply_once(d, move |c, d| effect(c, d, r)).await {
-            Ok(v) => {
-                let (id, agg) = (&d.event_id, &d.aggregate_id);
-                let example = match v {
-                    Verdict::New | Verdict::Duplicate => None,
-                    Verdict::Gap { expected, got } => {
-                        Some(format!("gap: {agg} v{got} before v{expected} ({id})"))
-                    }
-                    Verdict::Early { expected, got } => {
-                        Some(format!("early: {agg} v{got} before v{expected} ({id})"))
-                    }
-                    Verdict::Stale { applied_through } => Some(format!(
-                        "stale: {agg} v{} already covered through v{applied_through} ({id})",
-                        d.aggregate_version
-                    )),
-                };
-                let field: fn(&mut InboxReport) -> &mut u64 = match v {
-                    Verdict::New => |r| &mut r.new,
-                    Verdict::Duplicate => |r| &mut r.duplicates,
-                    Verdict::Gap { .. } => |r| &mut r.gaps,
-                    Verdict::Early { .. } => |r| &mut r.early,
-                    Verdict::Stale { .. } => |r| &mut r.stale,
-                };
-                stats.count(field, example);
-                return;
-            }
-            Err(e) => e,
-        };
-        if let InboxError::Effect(inner) = &err {
-            if inner.downcast_ref::<AppliedTwice>().is_some() {
-                tracing::error!(event_id = %d.event_id, "inbox: {err}");
-                stats.count(|r| &mut r.effect_failures, Some(err.to_string()));
-                return;
-            }
-        }
-        if err.is_transient() && attempt < MAX_ATTEMPTS && !stop.load(Ordering::Relaxed) {
-            stats.count(|r| &mut r.retries, None);
-            tokio::time::sleep(RETRY.delay(attempt)).await;
-            attempt += 1;
-            continue;
-        }
-        tracing::error!(event_id = %d.event_id, attempts = attempt, "inbox: {err}");
-        let example = format!("{} (after {attempt} attempts): {err}", d.event_id);
-        stats.count(|r| &mut r.errors, Some(example));
-        return;
-    }
-}
-
-/// The reader's per-message hook: hands each message of this run (event id `prefix…`) to the
-/// apply task of its aggregate (blocking the reader while that task's queue is full).
-struct Dispatch {
-    senders: Vec<mpsc::Sender<Delivery>>,
-    consumer: String,
-    prefix: String,
-    stats: Arc<Stats>,
-    polled: Arc<Vec<AtomicI64>>,
-    /// An apply task is gone (shutdown): ignore the rest.
-    closed: bool,
-}
-
-impl Dispatch {
-    fn message(&mut self, m: &Received<'_>) {
-        if self.closed {
-            return;
-        }
-        self.stats.count(|r| &mut r.consumed, None);
-        match Delivery::from_headers(self.consumer.as_str(), m.headers.iter().copied()) {
-            Ok(d) if d.event_id.starts_with(&self.prefix) => {
-                let worker = shard(&d.aggregate_id, self.senders.len());
-                self.stats.dispatched.fetch_add(1, Ordering::AcqRel);
-                if self.senders[worker].blocking_send(d).is_err() {
-                    // count it as done so nothing waits on it
-                    self.stats.done.fetch_add(1, Ordering::AcqRel);
-                    self.closed = true;
-                    return;
-                }
-            }
-            // no ferry headers, or another run's event on a reused topic
-            _ => self.stats.count(|r| &mut r.foreign, None),
-        }
-        if let Some(o) = self.polled.get(m.partition as usize) {
-            o.fetch_max(m.offset + 1, Ordering::AcqRel);
-        }
-    }
-}
-
-/// The apply task of an aggregate: by its slot, so the choice is stable across Rust versions
-/// and processes (a `DefaultHasher` is neither).
-fn shard(aggregate_id: &str, n: usize) -> usize {
-    usize::from(ferry_core::slot_for(aggregate_id)) % n.max(1)
-}
-
 /// `(producer, n)` of a loadgen event id of this run (`lg-<run>-p<producer>-<n>`).
 fn parse_event(ids: &Ids, id: &str) -> Option<(usize, u64)> {
     let rest = id.strip_prefix("lg-")?.strip_prefix(ids.run.as_str())?;
@@ -682,6 +488,8 @@ fn parse_event(ids: &Ids, id: &str) -> Option<(usize, u64)> {
 
 #[cfg(test)]
 mod tests {
+    use ferry_inbox::{InboxError, Verdict};
+
     use super::*;
 
     #[test]
@@ -707,42 +515,40 @@ mod tests {
         );
         inbox.migrate().await.unwrap();
         create_effect_tables(inbox.pool()).await.unwrap();
-        let (stats, stop) = (Stats::default(), AtomicBool::new(false));
         let run: Arc<str> = Arc::from("abc123");
-        let d1 = Delivery::new(
-            "loadgen-abc123",
-            "lg-abc123-p000-000000000000",
-            "lg-abc123-a1",
-            1,
-        );
-        apply(&inbox, &d1, &run, &stats, &stop).await;
-        apply(&inbox, &d1, &run, &stats, &stop).await; // a redelivery
-        assert_eq!(stats.get(|r| r.new), 1);
-        assert_eq!(stats.get(|r| r.duplicates), 1);
-        // a consumer whose dedupe does not see the first record: the effect's key rejects it
-        let mut again = d1.clone();
+        let apply = |d: Delivery| {
+            let (inbox, run) = (inbox.clone(), run.clone());
+            async move { inbox.apply_once(&d, |c, d| effect(c, d, run)).await }
+        };
+        let d = |n: u64, v: i64| {
+            Delivery::new(
+                "loadgen-abc123",
+                format!("lg-abc123-p000-{n:012}"),
+                "lg-abc123-a1",
+                v,
+            )
+        };
+        assert_eq!(apply(d(0, 1)).await.unwrap(), Verdict::New);
+        assert_eq!(apply(d(0, 1)).await.unwrap(), Verdict::Duplicate); // a redelivery
+                                                                       // a consumer whose dedupe does not see the first record: the effect's key rejects it
+        let mut again = d(0, 1);
         again.consumer = "another-consumer".into();
-        apply(&inbox, &again, &run, &stats, &stop).await;
-        assert_eq!(stats.get(|r| r.effect_failures), 1);
-        assert!(stats.report.lock().unwrap().examples[0].contains("applied twice"));
+        let e = apply(again).await.unwrap_err();
+        assert!(matches!(e, InboxError::Effect(_)), "{e}");
+        assert!(e.to_string().contains("applied twice"), "{e}");
         // v3 before v2: a gap, applied and reported; then v2 closes it
-        let d3 = Delivery::new(
-            "loadgen-abc123",
-            "lg-abc123-p000-000000000002",
-            "lg-abc123-a1",
-            3,
+        let gap = apply(d(2, 3)).await.unwrap();
+        assert!(
+            matches!(
+                gap,
+                Verdict::Gap {
+                    expected: 2,
+                    got: 3
+                }
+            ),
+            "{gap:?}"
         );
-        let d2 = Delivery::new(
-            "loadgen-abc123",
-            "lg-abc123-p000-000000000001",
-            "lg-abc123-a1",
-            2,
-        );
-        apply(&inbox, &d3, &run, &stats, &stop).await;
-        apply(&inbox, &d2, &run, &stats, &stop).await;
-        assert_eq!(stats.get(|r| r.gaps), 1);
-        assert_eq!(stats.get(|r| r.new), 2);
-        assert_eq!(stats.get(|r| r.errors), 0);
+        assert_eq!(apply(d(1, 2)).await.unwrap(), Verdict::New);
         let InboxPool::Sqlite(p) = inbox.pool() else {
             unreachable!()
         };
@@ -761,15 +567,5 @@ mod tests {
         .unwrap();
         assert_eq!((n, v), (3, 2));
         p.close().await;
-    }
-
-    #[test]
-    fn aggregates_spread_over_every_task() {
-        for n in [1, 3, 8] {
-            let used: std::collections::BTreeSet<usize> = (0..200)
-                .map(|i| shard(&format!("lg-abc123-a{i}"), n))
-                .collect();
-            assert_eq!(used, (0..n).collect(), "{n} tasks");
-        }
     }
 }

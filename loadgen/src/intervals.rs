@@ -4,7 +4,7 @@
 //! Interval `k` is `[start + k·len, start + (k+1)·len)`; `start` is the start of the load phase
 //! (with `--preload`: the start of the relays), and the last interval ends with the drain
 //! (shorter than the others). COMMIT → broker ack samples are bucketed exactly by the instant
-//! the sink reported the ack ([`Buckets`], kept by [`crate::clock::CommitClock`]); tx start →
+//! the sink reported the ack ([`Buckets`], kept by the commit clock); tx start →
 //! consumed samples by the instant the verifier consumed the message, as the difference of its
 //! cumulative histogram read at each interval's end ([`IntervalLog`]: in the load phase the
 //! run wakes at each end; in the drain it polls every 100 ms, so an end is read up to ~100 ms
@@ -12,9 +12,8 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
-use crate::report::round3;
+use crate::report::{round3, FirstVsLast, IntervalReport, IntervalRow, Stats};
 
 /// A load of at least this long gets [`LONG_LOAD_INTERVAL`] intervals by default.
 pub const LONG_LOAD: Duration = Duration::from_secs(15 * 60);
@@ -87,34 +86,6 @@ struct Closed {
     backlog: i64,
     /// tx start → consumed samples taken in the interval (`None`: no consumer).
     consumed: Option<Stats>,
-}
-
-/// Count and quantiles of one interval's samples, in ms.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Stats {
-    pub count: u64,
-    pub p50_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-}
-
-impl Stats {
-    pub fn of(h: Option<&Histogram<u64>>) -> Self {
-        match h.filter(|h| !h.is_empty()) {
-            None => Self {
-                count: 0,
-                p50_ms: None,
-                p99_ms: None,
-            },
-            Some(h) => {
-                let ms = |q: f64| Some(round3(h.value_at_quantile(q) as f64 / 1000.0));
-                Self {
-                    count: h.len(),
-                    p50_ms: ms(0.5),
-                    p99_ms: ms(0.99),
-                }
-            }
-        }
-    }
 }
 
 /// The interval ends read so far.
@@ -232,51 +203,6 @@ impl IntervalLog {
             first_vs_last,
         }
     }
-}
-
-/// One interval of the table.
-#[derive(Debug, Clone, Serialize)]
-pub struct IntervalRow {
-    /// Seconds since the load phase started (the timeline's `t`).
-    pub t_start: f64,
-    pub t_end: f64,
-    /// `load`, `drain` or `load+drain`.
-    pub phase: &'static str,
-    /// A whole interval (the last one, cut by the end of the drain, is not).
-    pub full: bool,
-    /// COMMIT → broker ack of the acks that arrived in the interval (in-process relays).
-    pub commit_to_broker_ack: Option<Stats>,
-    /// tx start → consumed of the first deliveries consumed in the interval (Kafka sink).
-    pub tx_start_to_consumed: Option<Stats>,
-    /// Committed but not yet SENT at the interval's end.
-    pub backlog_at_end: i64,
-}
-
-/// The p99 of the first against the last interval.
-#[derive(Debug, Clone, Serialize)]
-pub struct FirstVsLast {
-    /// `commit_to_broker_ack`, else `tx_start_to_consumed`.
-    pub metric: &'static str,
-    /// Which intervals were compared: the full ones of the load phase with samples (with
-    /// `--preload`: of the drain).
-    pub scope: &'static str,
-    pub first: usize,
-    pub last: usize,
-    pub first_p99_ms: f64,
-    pub last_p99_ms: f64,
-    /// `last_p99_ms / first_p99_ms`.
-    pub ratio: f64,
-}
-
-/// The per-interval table of a run (`intervals` in the JSON report).
-#[derive(Debug, Clone, Serialize)]
-pub struct IntervalReport {
-    pub interval_secs: f64,
-    /// What places a sample in an interval.
-    pub bucketed_by: String,
-    pub rows: Vec<IntervalRow>,
-    /// `None` with fewer than two comparable intervals.
-    pub first_vs_last: Option<FirstVsLast>,
 }
 
 /// The first and last full intervals with samples of the load phase (none: of the drain),

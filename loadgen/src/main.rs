@@ -15,7 +15,6 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 mod chaos;
-mod chart;
 mod cli;
 mod clock;
 mod db;
@@ -99,27 +98,62 @@ async fn app(args: Args) -> Result<bool> {
         });
     }
     let spec = spec::RunSpec::from_args(&args);
-    let sweep = match (&args.sweep_batch, &args.sweep_relays) {
+    let sweep = match (&args.sweep.sweep_batch, &args.sweep.sweep_relays) {
         (Some(v), _) => Some((SweepKind::Batch, v.0.clone())),
         (None, Some(v)) => Some((SweepKind::Relays, v.0.clone())),
         (None, None) => None,
     };
     if let Some((kind, values)) = sweep {
-        let report = sweep::run(&spec, kind, &values, args.chart.as_deref(), &interrupt).await?;
+        let report = sweep::run(
+            &spec,
+            kind,
+            &values,
+            args.sweep.chart.as_deref(),
+            args.run.json.as_deref(),
+            &interrupt,
+        )
+        .await?;
         for p in &report.points {
             print!("{}", p.render());
         }
         print!("{}", report.render());
-        if let Some(path) = &args.json {
-            report::write_json(path, &report)?;
-        }
         return Ok(report.ok);
     }
-    let baseline = run::baseline(&spec, &interrupt).await?;
+    if matches!(args.command, Some(cli::Command::Baseline)) {
+        return save_baseline(&spec, args.run.json.as_deref(), &interrupt).await;
+    }
+    let baseline = match &args.run.compare {
+        Some(path) => Some(report::SavedBaseline::read(path)?.measured()),
+        None => run::baseline(&spec, &interrupt).await?,
+    };
     let report = run::run(&spec, baseline, &interrupt).await?;
     print!("{}", report.render());
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.run.json {
         report::write_json(path, &report)?;
     }
     Ok(report.ok)
+}
+
+/// `loadgen baseline`: the producer-only phase alone, printed and saved to `json` if given.
+async fn save_baseline(
+    spec: &spec::RunSpec,
+    json: Option<&std::path::Path>,
+    interrupt: &CancellationToken,
+) -> Result<bool> {
+    let Some(measured) = run::baseline(spec, interrupt).await? else {
+        return Ok(false);
+    };
+    let saved = report::SavedBaseline::new(spec, measured);
+    println!(
+        "ferry loadgen — baseline: {} producers, no relay: {} intents in {:.1}s = {} ev/s ({})",
+        saved.producers,
+        saved.enqueued,
+        saved.duration_secs,
+        report::render::rate(saved.enqueued_per_sec),
+        saved.store
+    );
+    if let Some(path) = json {
+        report::write_json(path, &saved)?;
+    }
+    Ok(true)
 }

@@ -187,7 +187,9 @@ impl Sampler {
         };
         if self.print {
             let inbox = match (s.inbox_applied_per_sec, s.inbox_lag) {
-                (Some(r), Some(lag)) => format!("  inbox {:>7}/s lag {lag:>6}", report::rate(r)),
+                (Some(r), Some(lag)) => {
+                    format!("  inbox {:>7}/s lag {lag:>6}", report::render::rate(r))
+                }
                 _ => String::new(),
             };
             let purged = live.purged.map_or(String::new(), |n| {
@@ -196,9 +198,9 @@ impl Sampler {
             let line = format!(
                 "loadgen [{:>5.0}s {phase:<5}] enq {:>7}/s  sent {:>7}/s  cons {:>7}/s{inbox}  backlog {:>8}{purged}  p99 commit→ack {}",
                 s.t,
-                report::rate(s.enqueued_per_sec),
-                report::rate(s.sent_per_sec),
-                if live.verifier.is_some() { report::rate(s.consumed_per_sec) } else { "-".to_string() },
+                report::render::rate(s.enqueued_per_sec),
+                report::render::rate(s.sent_per_sec),
+                if live.verifier.is_some() { report::render::rate(s.consumed_per_sec) } else { "-".to_string() },
                 s.backlog,
                 p99.map_or("-".to_string(), |v| format!("{v:.1} ms")),
             );

@@ -169,7 +169,7 @@ impl Relays {
         clock: Arc<CommitClock>,
         log_dir: &Path,
     ) -> Result<Self> {
-        let (dispatch, flags, spec) = (db.dispatch, &run_spec.flags, &run_spec.relays);
+        let (dispatch, spec) = (db.dispatch, &run_spec.relays);
         match spec.mode {
             RelayMode::InProcess => {
                 let mut relays = Vec::with_capacity(spec.relays);
@@ -195,7 +195,7 @@ impl Relays {
                 for k in 0..spec.relays {
                     let (store, pool_handle) = db.open_store(pool, spec.measure_contention).await?;
                     let sink = Arc::new(ObservedSink {
-                        inner: make_sink(spec.sink, kafka_brokers, dispatch, flags.kafka_linger)?,
+                        inner: make_sink(spec.sink, kafka_brokers, dispatch, spec.kafka_linger)?,
                         check: check.clone(),
                         clock: Some(clock.clone()),
                     });
@@ -205,7 +205,7 @@ impl Relays {
                         batch_size: spec.batch_size,
                         max_in_flight: spec.in_flight,
                         dispatch: Some(dispatch),
-                        poll_min: flags.poll_min.unwrap_or(RelayConfig::default().poll_min),
+                        poll_min: spec.poll_min.unwrap_or(RelayConfig::default().poll_min),
                         read_linger: run_spec.read_linger(),
                         read_interval: spec.read_interval,
                         ..RelayConfig::default()
@@ -221,25 +221,22 @@ impl Relays {
                 Ok(Relays::InProcess(relays, check))
             }
             RelayMode::Process => {
-                let bin = ferry_binary(flags.ferry_bin.as_deref())?;
+                let bin = ferry_binary(spec.ferry_bin.as_deref())?;
                 // The URL travels in the environment (`ferry` reads FERRY_DATABASE_URL like
                 // --database-url): a password on a command line is visible to every local
                 // user through `ps`.
                 let optional = [
                     spec.measure_contention
                         .then(|| "--measure-contention".to_string()),
-                    flags
-                        .poll_min
+                    spec.poll_min
                         .map(|p| format!("--poll-min={}ms", p.as_millis().max(1))),
-                    flags
-                        .read_linger
+                    spec.read_linger
                         .map(|l| format!("--read-linger={}ms", l.as_millis())),
                     Some(format!(
                         "--read-interval={}ms",
                         spec.read_interval.as_millis()
                     )),
-                    flags
-                        .kafka_linger
+                    spec.kafka_linger
                         .map(|l| format!("--kafka-linger={}ms", l.as_secs_f64() * 1000.0)),
                     kafka_brokers.map(|b| format!("--kafka-brokers={b}")),
                 ];
@@ -253,7 +250,7 @@ impl Relays {
                 ]
                 .into_iter()
                 .chain(optional.into_iter().flatten())
-                .chain(flags.relay_args.iter().cloned())
+                .chain(spec.process_args.iter().cloned())
                 .collect();
                 let mut procs = Processes {
                     bin,

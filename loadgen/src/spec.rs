@@ -1,7 +1,8 @@
-//! The resolved settings of a run: [`RunSpec::from_args`] decides every default a flag leaves
-//! open (store, dispatch, producers, relay worker settings, drain timeout, seed, ...) and keeps
-//! the flags themselves for the settings used as given; the report's `config` section is this
-//! spec serialized ([`ConfigEcho`]). No setting is copied into a third shape.
+//! The plan of a run: [`RunSpec::from_args`] decides every default a flag leaves open (store,
+//! dispatch, producers, relay worker settings, drain timeout, seed, ...) and takes the settings
+//! used as given; the run reads this plan, never the flags. The report's `config` section is
+//! this spec serialized ([`ConfigEcho`]).
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_core::DispatchMode;
@@ -9,7 +10,7 @@ use ferry_relay::RelayConfig;
 use rand::Rng;
 use serde::{Serialize, Serializer};
 
-use crate::cli::{Args, RelayMode, SinkKind, Skew};
+use crate::cli::{Args, Command, RelayMode, SinkKind, Skew, SqliteSync};
 use crate::retention::Retention;
 use ferry_store::{redact_url, Backend};
 
@@ -49,10 +50,29 @@ pub struct RunSpec {
     pub baseline: Option<Duration>,
     #[serde(skip)]
     pub progress: bool,
-    /// The flags, for the settings used as given (`--topic`, `--keep-db`, `--inbox-url`,
-    /// `--poll-min`, `--relay-arg`, ...): only what the flags leave open is resolved above.
     #[serde(skip)]
-    pub flags: Args,
+    pub kafka: KafkaSpec,
+    /// `--inbox`: the consumer Inbox check.
+    #[serde(skip)]
+    pub inbox: Option<InboxSpec>,
+}
+
+/// Where a Kafka sink sends (`--kafka-brokers`, `--topic`, `--partitions`).
+#[derive(Debug, Clone)]
+pub struct KafkaSpec {
+    /// An external bootstrap list; `None`: the in-process mock cluster.
+    pub brokers: Option<String>,
+    /// `None`: a fresh `loadgen-<run>` per run.
+    pub topic: Option<String>,
+    pub partitions: u32,
+}
+
+/// The Inbox consumer of `--inbox`.
+#[derive(Debug, Clone)]
+pub struct InboxSpec {
+    /// `--inbox-url`; `None`: a fresh SQLite file in a temporary directory.
+    pub url: Option<String>,
+    pub workers: usize,
 }
 
 /// How to get the run's database.
@@ -62,6 +82,18 @@ pub struct DbSpec {
     pub store: Backend,
     /// The dispatch mode the outbox is put in before anything is produced, and the relays'.
     pub dispatch: DispatchMode,
+    /// `--database-url` (the run gets a fresh namespace in it); `None`: a temporary SQLite file.
+    #[serde(skip)]
+    pub url: Option<String>,
+    /// `--keep-db`: leave the run's database (and the Inbox's) in place afterwards.
+    #[serde(skip)]
+    pub keep: bool,
+    /// SQLite `synchronous`, for the outbox and a SQLite Inbox.
+    #[serde(skip)]
+    pub sqlite_sync: SqliteSync,
+    /// PostgreSQL: ANALYZE the outbox at this interval (zero: never).
+    #[serde(skip)]
+    pub analyze_every: Duration,
 }
 
 /// How the relays of a run are set up (their dispatch mode is the outbox's, [`DbSpec`]).
@@ -81,6 +113,19 @@ pub struct RelaySpec {
     /// Count rows claims skip as locked (costly on PostgreSQL: `ferry relay --measure-contention`).
     #[serde(skip)]
     pub measure_contention: bool,
+    /// The relay settings used as given when set (`--poll-min`, `--read-linger`,
+    /// `--kafka-linger`); unset, each relay keeps its own default.
+    #[serde(skip)]
+    pub poll_min: Option<Duration>,
+    #[serde(skip)]
+    pub read_linger: Option<Duration>,
+    #[serde(skip)]
+    pub kafka_linger: Option<Duration>,
+    /// `--ferry-bin` and `--relay-arg`s (process relays).
+    #[serde(skip)]
+    pub ferry_bin: Option<PathBuf>,
+    #[serde(skip)]
+    pub process_args: Vec<String>,
 }
 
 /// The workload of a run's producers (`--aggregates`, `--skew`, `--rate`, ...).
@@ -159,56 +204,82 @@ impl RunSpec {
         let defaults = ferry_relay::WorkerDefaults::for_mode(dispatch, store);
         Self {
             label: "run".to_string(),
-            duration: a.duration,
+            duration: a.run.duration,
             drain_timeout,
-            db: DbSpec { store, dispatch },
+            db: DbSpec {
+                store,
+                dispatch,
+                url: a.db.database_url.clone(),
+                keep: a.db.keep_db,
+                sqlite_sync: a.db.sqlite_synchronous,
+                analyze_every: a.db.pg_analyze_every,
+            },
             relays: RelaySpec {
-                relays: a.relays as usize,
-                mode: a.relay_mode,
-                workers: a.workers.map_or(defaults.workers, |w| w as usize),
-                batch_size: a.batch_size.map_or(defaults.batch_size, |b| b as usize),
-                in_flight: a.in_flight.map_or(defaults.max_in_flight, |n| n as usize),
-                read_interval: a.read_interval.unwrap_or(defaults.read_interval),
-                sink: a.sink,
+                relays: a.relay.relays as usize,
+                mode: a.relay.relay_mode,
+                workers: a.relay.workers.map_or(defaults.workers, |w| w as usize),
+                batch_size: a
+                    .relay
+                    .batch_size
+                    .map_or(defaults.batch_size, |b| b as usize),
+                in_flight: a
+                    .relay
+                    .in_flight
+                    .map_or(defaults.max_in_flight, |n| n as usize),
+                read_interval: a.relay.read_interval.unwrap_or(defaults.read_interval),
+                sink: a.kafka.sink,
                 // contention exists only between relays; a relays sweep measures every point
                 // (the 1-relay point too) so the points pay the same cost
                 measure_contention: a
+                    .relay
                     .measure_contention
-                    .unwrap_or(a.relays > 1 || a.sweep_relays.is_some()),
+                    .unwrap_or(a.relay.relays > 1 || a.sweep.sweep_relays.is_some()),
+                poll_min: a.relay.poll_min,
+                read_linger: a.relay.read_linger,
+                kafka_linger: a.relay.kafka_linger,
+                ferry_bin: a.relay.ferry_bin.clone(),
+                process_args: a.relay.relay_args.clone(),
             },
-            chaos: a.chaos.then_some(a.chaos_interval),
-            broker_stall: a.broker_stall,
+            chaos: a.relay.chaos.then_some(a.relay.chaos_interval),
+            broker_stall: a.kafka.broker_stall,
             retention: a
                 .retention
-                .map(|age| Retention::new(age, a.purge_batch as usize)),
+                .retention
+                .map(|age| Retention::new(age, a.retention.purge_batch as usize)),
             report_interval: a.report_interval(),
             producers,
             work: Workload {
-                aggregates: a.aggregates,
-                skew: a.skew,
-                zipf_s: a.zipf_s,
-                orders_per_tx: a.orders_per_tx as usize,
-                rate: a.rate,
-                payload_bytes: a.payload_bytes as usize,
-                seed: a.seed.unwrap_or_else(|| rand::thread_rng().gen()),
-                producers_own_aggregates: a.producers_own_aggregates,
-                preload: a.preload.map(|total| Preload {
-                    total,
-                    per_aggregate: a.versions_per_aggregate.unwrap_or(1),
-                }),
+                aggregates: a.work.aggregates,
+                skew: a.work.skew,
+                zipf_s: a.work.zipf_s,
+                orders_per_tx: a.work.orders_per_tx as usize,
+                rate: a.work.rate,
+                payload_bytes: a.work.payload_bytes as usize,
+                seed: a.run.seed.unwrap_or_else(|| rand::thread_rng().gen()),
+                producers_own_aggregates: a.work.producers_own_aggregates,
+                preload: a.preload(),
             },
-            baseline: a.baseline.then(|| {
-                a.baseline_duration
-                    .unwrap_or(a.duration.min(Duration::from_secs(10)))
+            baseline: (a.run.baseline || matches!(a.command, Some(Command::Baseline))).then(|| {
+                a.run
+                    .baseline_duration
+                    .unwrap_or(a.run.duration.min(Duration::from_secs(10)))
             }),
-            progress: !a.no_progress,
-            flags: a.clone(),
+            progress: !a.run.no_progress,
+            kafka: KafkaSpec {
+                brokers: a.kafka.kafka_brokers.clone(),
+                topic: a.kafka.topic.clone(),
+                partitions: a.kafka.partitions,
+            },
+            inbox: a.inbox.inbox.then(|| InboxSpec {
+                url: a.inbox.inbox_url.clone(),
+                workers: a.inbox.inbox_workers as usize,
+            }),
         }
     }
 
     /// The read linger in-process relays run with: `--read-linger`, else the relay's default.
     pub fn read_linger(&self) -> Duration {
-        self.flags
+        self.relays
             .read_linger
             .unwrap_or(RelayConfig::default().read_linger)
     }
@@ -225,10 +296,10 @@ impl RunSpec {
         ConfigEcho {
             run_id: run_id.to_string(),
             server: server.to_vec(),
-            database_url: self.flags.database_url.as_deref().map(redact_url),
+            database_url: self.db.url.as_deref().map(redact_url),
             kafka: kafka.then(|| {
-                self.flags
-                    .kafka_brokers
+                self.kafka
+                    .brokers
                     .clone()
                     .unwrap_or_else(|| "embedded mock cluster".to_string())
             }),
@@ -299,7 +370,7 @@ mod tests {
     #[test]
     fn echo_states_the_resolved_settings() {
         let flags = "loadgen --database-url postgres://u:pw@h/db --chaos --relay-mode process \
-                     --skew zipf --preload 10 --versions-per-aggregate 3 --sink null --seed 9";
+                     --skew zipf --sink null --seed 9 burn-down --preload 10 --versions-per-aggregate 3";
         let a = Args::try_parse_from(flags.split_whitespace()).unwrap();
         let echo = RunSpec::from_args(&a).echo("abc", "t", &[], None);
         let v = serde_json::to_value(echo).unwrap();

@@ -63,6 +63,10 @@ pub enum InboxError {
     /// The caller's effect failed; its transaction was rolled back.
     #[error("the effect failed: {0}")]
     Effect(#[source] BoxError),
+    /// The [`ConsumerRunner`](crate::runner::ConsumerRunner)'s Kafka client could not be set up
+    /// (bad broker list or properties, unknown topic partitions).
+    #[error("the inbox consumer cannot read from Kafka: {0}")]
+    Consumer(String),
 }
 
 impl InboxError {

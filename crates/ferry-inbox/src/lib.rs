@@ -34,6 +34,10 @@
 //!   are tracked) is refused before any statement runs. Test: `bad_input_writes_nothing`.
 //! * [`Inbox::apply_once`] is the whole pattern in one call on a pool: begin, record, run the
 //!   effect closure only when the verdict says so, commit.
+//! * [`runner::ConsumerRunner`] (feature `kafka`, on by default) is the consumer loop around it:
+//!   it reads a ferry topic, applies each message with `apply_once` on tasks keyed by the
+//!   aggregate (so one aggregate is applied in order), retries transient errors, counts the
+//!   verdicts and says when it has caught up with the topic. Test: `tests/consumer_runner.rs`.
 //! * [`Inbox::prune`] deletes only rows older than its window **and** covered by their
 //!   aggregate's contiguous mark, which never decreases: a pruned event delivered again is
 //!   `Stale`, never `New`. Test: `prune_deletes_only_what_the_mark_covers`.
@@ -77,28 +81,27 @@
 #![warn(unreachable_pub)]
 
 use std::collections::{BTreeMap, HashSet};
-use std::str::FromStr;
 use std::time::Duration;
 
-use ferry_core::{BoxFuture, StoreError, StoreErrorKind};
-use ferry_store::PING_IDLE_AFTER;
-use sqlx::mysql::MySqlConnectOptions;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
-use sqlx::{
-    Executor, MySqlConnection, MySqlPool, PgConnection, PgPool, SqliteConnection, SqlitePool,
-};
+use ferry_core::BoxFuture;
+use sqlx::{MySqlConnection, PgConnection, SqliteConnection};
 
 mod engine;
 mod error;
 mod migrate;
 pub mod mysql;
+mod pool;
 pub mod postgres;
+#[cfg(feature = "kafka")]
+pub mod runner;
 pub mod sqlite;
 
 pub use error::{BoxError, InboxError};
 pub use ferry_store::Backend;
 pub use migrate::{MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
+pub use pool::{Conn, InboxPool, PoolOptions};
+#[cfg(feature = "kafka")]
+pub use runner::{Accept, ConsumerRunner, Effect, RunnerConfig, RunnerStats};
 pub use sqlx::sqlite::SqliteSynchronous;
 
 /// Rows [`Inbox::prune`] deletes per statement.
@@ -340,132 +343,6 @@ impl GapInfo {
     /// The first missing version.
     pub fn missing(&self) -> i64 {
         self.applied_upto + 1
-    }
-}
-
-/// The consumer's open transaction as handed to an [`Inbox::apply_once`] effect.
-#[derive(Debug)]
-pub enum Conn<'c> {
-    /// PostgreSQL.
-    Postgres(&'c mut PgConnection),
-    /// MySQL / MariaDB.
-    Mysql(&'c mut MySqlConnection),
-    /// SQLite.
-    Sqlite(&'c mut SqliteConnection),
-}
-
-/// A pool-level handle on one of the three backends.
-#[derive(Debug, Clone)]
-pub enum InboxPool {
-    /// PostgreSQL.
-    Postgres(PgPool),
-    /// MySQL / MariaDB.
-    Mysql(MySqlPool),
-    /// SQLite.
-    Sqlite(SqlitePool),
-}
-
-/// How [`InboxPool::connect_with`] opens its pool.
-#[derive(Debug, Clone)]
-pub struct PoolOptions {
-    /// Connections at most (at least 1). Default 10.
-    pub max_connections: u32,
-    /// How long a caller waits for a free connection before the call fails. Default 10 s: long
-    /// enough for a busy server, short enough to report a wrong host promptly.
-    pub acquire_timeout: Duration,
-    /// SQLite only: when a commit is durable. Default `Full` (fsync of the WAL on every commit:
-    /// a recorded delivery survives power loss); `Normal` survives process crashes only.
-    pub sqlite_synchronous: SqliteSynchronous,
-}
-
-impl Default for PoolOptions {
-    fn default() -> Self {
-        Self {
-            max_connections: 10,
-            acquire_timeout: Duration::from_secs(10),
-            sqlite_synchronous: SqliteSynchronous::Full,
-        }
-    }
-}
-
-impl InboxPool {
-    /// Opens a pool on `url` (the scheme picks the backend) with `max_connections` and the
-    /// other [`PoolOptions`] at their defaults.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, InboxError> {
-        let options = PoolOptions {
-            max_connections,
-            ..PoolOptions::default()
-        };
-        Self::connect_with(url, &options).await
-    }
-
-    /// Opens a pool on `url` (the scheme picks the backend). MySQL sessions use `READ
-    /// COMMITTED` (as the store's do: fewer gap locks); SQLite uses WAL, a 10 s busy timeout and
-    /// `options.sqlite_synchronous`.
-    pub async fn connect_with(url: &str, options: &PoolOptions) -> Result<Self, InboxError> {
-        let max_connections = options.max_connections.max(1);
-        let bad = |e: sqlx::Error| {
-            InboxError::Database(StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!("invalid database URL {}: {e}", ferry_store::redact_url(url)),
-            ))
-        };
-        let acquire = options.acquire_timeout;
-        Ok(match Backend::from_url(url)? {
-            Backend::Postgres => Self::Postgres(
-                ferry_store::open_pool(
-                    ferry_store::pool_options(max_connections, acquire, PING_IDLE_AFTER),
-                    PgConnectOptions::from_str(url).map_err(bad)?,
-                )
-                .await
-                .map_err(|e| error::db_err("cannot connect to PostgreSQL", e))?,
-            ),
-            Backend::Mysql => Self::Mysql(
-                ferry_store::open_pool(
-                    ferry_store::pool_options::<sqlx::MySql>(
-                        max_connections,
-                        acquire,
-                        PING_IDLE_AFTER,
-                    )
-                    .after_connect(|c, _| {
-                        Box::pin(async move {
-                            c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                                .await?;
-                            Ok(())
-                        })
-                    }),
-                    MySqlConnectOptions::from_str(url).map_err(bad)?,
-                )
-                .await
-                .map_err(|e| error::db_err("cannot connect to MySQL/MariaDB", e))?,
-            ),
-            Backend::Sqlite => Self::Sqlite(
-                ferry_store::pool_options::<sqlx::Sqlite>(
-                    max_connections,
-                    acquire,
-                    PING_IDLE_AFTER,
-                )
-                .connect_with(
-                    SqliteConnectOptions::from_str(url)
-                        .map_err(bad)?
-                        .create_if_missing(true)
-                        .journal_mode(SqliteJournalMode::Wal)
-                        .synchronous(options.sqlite_synchronous)
-                        .busy_timeout(Duration::from_secs(10)),
-                )
-                .await
-                .map_err(|e| error::db_err("cannot open SQLite database", e))?,
-            ),
-        })
-    }
-
-    /// Which database the pool is connected to.
-    pub fn backend(&self) -> Backend {
-        match self {
-            Self::Postgres(_) => Backend::Postgres,
-            Self::Mysql(_) => Backend::Mysql,
-            Self::Sqlite(_) => Backend::Sqlite,
-        }
     }
 }
 

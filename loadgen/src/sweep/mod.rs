@@ -1,16 +1,21 @@
 //! `--sweep-batch` and `--sweep-relays`: the same workload once per value, each point on a
-//! fresh database namespace and topic, then a comparison table and an SVG chart.
+//! fresh database namespace and topic, then a comparison table, the sweep's JSON (`--json`) and
+//! its SVG chart ([`chart`], hand-written SVG).
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::chart::Chart;
 use crate::cli::FlagValue;
 use crate::error::{Error, Result};
-use crate::report::{self, RunReport, SweepReport};
+use crate::report::{self, RunReport};
 use crate::run;
 use crate::spec::RunSpec;
+
+mod chart;
+
+use self::chart::Chart;
 
 /// What is swept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,13 +50,33 @@ impl SweepKind {
     }
 }
 
-/// Runs every point; a point that fails to run at all stops the sweep. With `interrupt`, the
+/// A sweep: one report per value.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepReport {
+    /// `batch_size` or `relays`.
+    pub sweep: &'static str,
+    pub values: Vec<u32>,
+    pub ok: bool,
+    /// Sums over the points (so scripts can check a sweep like a run).
+    pub enqueued: u64,
+    pub sent: u64,
+    pub consumed: u64,
+    pub duplicates: u64,
+    pub lost: u64,
+    pub ordering_violations: u64,
+    pub chart: Option<String>,
+    pub points: Vec<RunReport>,
+}
+
+/// Runs every point and writes the chart (and the JSON report when `json` is given); a point
+/// that fails to run at all stops the sweep. With `interrupt`, the
 /// current point ends early and no further points start.
 pub async fn run(
     base: &RunSpec,
     kind: SweepKind,
     values: &[u32],
     chart: Option<&Path>,
+    json: Option<&Path>,
     interrupt: &CancellationToken,
 ) -> Result<SweepReport> {
     // one producer-only baseline for the whole sweep: the producers do not change per point
@@ -83,7 +108,7 @@ pub async fn run(
         .unwrap_or_else(|| PathBuf::from(format!("loadgen-sweep-{}.svg", kind.file_stem())));
     write_chart(kind, &done, &points, &chart_path)?;
     let sum = |f: fn(&RunReport) -> u64| points.iter().map(f).sum::<u64>();
-    Ok(SweepReport {
+    let report = SweepReport {
         sweep: kind.name(),
         values: done,
         ok: points.iter().all(|p| p.ok) && points.len() == values.len(),
@@ -95,7 +120,11 @@ pub async fn run(
         ordering_violations: sum(|p| p.ordering_violations),
         chart: (!points.is_empty()).then(|| chart_path.display().to_string()),
         points,
-    })
+    };
+    if let Some(path) = json {
+        report::write_json(path, &report)?;
+    }
+    Ok(report)
 }
 
 /// The p99 plotted per point: commit→ack when the relays' metrics or rows give it, else
@@ -191,7 +220,7 @@ impl SweepReport {
                 let _ = writeln!(
                     o,
                     "  producer-only baseline: {} ev/s",
-                    report::rate(b.enqueued_per_sec)
+                    report::render::rate(b.enqueued_per_sec)
                 );
             }
         }
@@ -221,9 +250,9 @@ impl SweepReport {
                 o,
                 "  {:>10} {:>10} {:>10} {:>10} {:>8} {:>12} {:>12} {:>9} {:>8} {:>8} {:>7} {:>6} {:>6} {:>5}",
                 v,
-                report::rate(p.enqueued_per_sec),
-                report::rate(p.sent_per_sec),
-                if p.verification.method == "kafka-consumer" { report::rate(p.consumed_per_sec) } else { "-".to_string() },
+                report::render::rate(p.enqueued_per_sec),
+                report::render::rate(p.sent_per_sec),
+                if p.verification.method == "kafka-consumer" { report::render::rate(p.consumed_per_sec) } else { "-".to_string() },
                 p.baseline.as_ref().map_or("-".to_string(), |b| format!("{:.2}", b.relay_ratio)),
                 ms(p.latency_ms.commit_to_ack),
                 ms(p.latency_ms.commit_to_consumed),
