@@ -57,15 +57,11 @@ mod common;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;
-mod mysql_cursor;
-mod mysql_ticker;
 mod ops;
 mod outcome;
 pub mod postgres;
-mod postgres_cursor;
 mod server_settings;
 pub mod sqlite;
-mod sqlite_cursor;
 
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 pub use ops::validate_identifier;

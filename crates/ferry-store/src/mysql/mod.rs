@@ -17,6 +17,9 @@
 //! MariaDB has no `UPDATE … RETURNING`: ack, release and extend run one statement per chunk of
 //! 1,000 tokens and, when the affected-row count is short, are redone row-locked to say which
 //! items were fenced; retry and quarantine run one statement per item.
+mod cursor;
+mod ticker;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,7 +76,7 @@ pub struct MyStore {
     /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
     skipped: Arc<AtomicU64>,
     /// Cursor dispatch's horizon ticker (started by the first cursor read).
-    ticker: Arc<crate::mysql_ticker::Ticker>,
+    ticker: Arc<crate::mysql::ticker::Ticker>,
 }
 
 pub(crate) const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
@@ -283,7 +286,7 @@ impl MyStore {
         &self.pool
     }
 
-    pub(crate) fn ticker(&self) -> &Arc<crate::mysql_ticker::Ticker> {
+    pub(crate) fn ticker(&self) -> &Arc<crate::mysql::ticker::Ticker> {
         &self.ticker
     }
 

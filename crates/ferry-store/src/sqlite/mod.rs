@@ -12,6 +12,8 @@
 //! with sleeps of up to 100 ms, which, with producers, claims and acks all wanting the one
 //! writer, left the database idle while writers slept. Other processes on the same file still
 //! meet the busy handler (30 s timeout).
+mod cursor;
+
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;

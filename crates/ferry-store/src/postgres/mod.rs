@@ -5,6 +5,8 @@
 //! requested slots in `seq` order `FOR UPDATE SKIP LOCKED`, whose outer `UPDATE … RETURNING`
 //! increments `claim_version`, sets `claim_id`/`lease_until` and returns each token. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
+mod cursor;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

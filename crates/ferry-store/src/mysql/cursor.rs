@@ -2,7 +2,7 @@
 //!
 //! MySQL shows SQL no transaction id or snapshot, so a bare `seq > cursor` read would skip a row
 //! whose transaction drew its `seq` early and committed late. The horizon comes from locks
-//! instead: the commit gate and its ticker ([`crate::mysql_ticker`]). Reads return committed
+//! instead: the commit gate and its ticker ([`crate::mysql::ticker`]). Reads return committed
 //! rows with `cursor < seq <= horizon` in `seq` order, as on SQLite, where the horizon is per
 //! slot while a long producer transaction holds a gate row (it holds back only the slots it
 //! wrote); [`CursorStore::horizon`] reports the oldest open transaction and how many slots wait
@@ -197,7 +197,7 @@ impl MyStore {
         if !t.started.swap(true, Ordering::AcqRel) {
             let pool = self.pool().clone();
             let weak = Arc::downgrade(t);
-            tokio::spawn(crate::mysql_ticker::run_ticker(pool, weak));
+            tokio::spawn(crate::mysql::ticker::run_ticker(pool, weak));
         }
         t.wake.notify_one();
     }
@@ -323,7 +323,7 @@ impl CursorStore for MyStore {
             // reorder"). Operator actions and the exception path only move open rows between
             // open states or close them.
             let mut conn = self.pool().acquire().await.ctx("cursor read: connect")?;
-            let (horizon, open) = crate::mysql_ticker::read_horizon(&mut conn).await?;
+            let (horizon, open) = crate::mysql::ticker::read_horizon(&mut conn).await?;
             let mut ranges = Ranges {
                 conn: &mut conn,
                 held_possible: open,
