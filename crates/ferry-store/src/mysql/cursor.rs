@@ -24,6 +24,7 @@ use ferry_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Executor, MySql, QueryBuilder, Row};
 
+use super::sql;
 use crate::common::{
     advance_applied, claimed_exceptions, claiming, exception_row, micros, mode_in_use,
     slotless_advance, Ctx, SeqRange, SeqRanges, SeqRead,
@@ -68,22 +69,19 @@ impl MyStore {
     /// outbox is in `mode` already.
     async fn convert_mode(&self, mode: DispatchMode, owner: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
-        let current: Vec<u8> =
-            sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| db_err("dispatch mode", e))?;
+        let current: Vec<u8> = sqlx::query_scalar(sql::DISPATCH_MODE_FOR_UPDATE)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode", e))?;
         let current = String::from_utf8_lossy(&current).into_owned();
         if current == mode.as_str() {
             return Ok(false);
         }
-        let others: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM ferry_relay_member WHERE owner <> ? AND lease_until > UTC_TIMESTAMP(6)",
-        )
-        .bind(owner)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(|e| db_err("dispatch mode: members", e))?;
+        let others: i64 = sqlx::query_scalar(sql::DISPATCH_MODE_MEMBERS)
+            .bind(owner)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode: members", e))?;
         if others > 0 {
             return Err(mode_in_use(&current, others, mode));
         }
@@ -136,13 +134,11 @@ impl MyStore {
                 .await
                 .map_err(|e| db_err("dispatch mode: convert", e))?;
         }
-        sqlx::query(
-            "UPDATE ferry_dispatch SET mode = ?, changed_at = UTC_TIMESTAMP(6) WHERE id = 1",
-        )
-        .bind(mode.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("dispatch mode: set", e))?;
+        sqlx::query(sql::DISPATCH_MODE_SET)
+            .bind(mode.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode: set", e))?;
         tx.commit().await.ctx("dispatch mode: commit")?;
         Ok(true)
     }
@@ -155,11 +151,7 @@ impl MyStore {
     /// cursor dispatch cost producers time, never correctness; row dispatch needs them, so a
     /// failure to build them is an error.
     async fn fit_row_indexes(&self, mode: DispatchMode) -> Result<(), StoreError> {
-        let mut q = sqlx::query_scalar::<_, String>(
-            "SELECT DISTINCT CAST(index_name AS CHAR) FROM information_schema.STATISTICS \
-             WHERE table_schema = DATABASE() AND table_name = 'ferry_outbox' \
-               AND index_name IN (?, ?, ?, ?)",
-        );
+        let mut q = sqlx::query_scalar::<_, String>(sql::DISPATCH_MODE_INDEXES);
         for (name, _) in ROW_INDEXES {
             q = q.bind(name);
         }
@@ -568,20 +560,9 @@ impl CursorStore for MyStore {
             // KILL). INNODB_TRX needs the PROCESS privilege; without it nothing is reported.
             // While the ticker reads past transactions that hold a gate row for long, the slots
             // they wrote are the ones that wait.
-            let row = sqlx::query(
-                "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) AS SIGNED), \
-                   CAST(t.trx_mysql_thread_id AS SIGNED), \
-                   (SELECT CASE WHEN h.partial_seq IS NULL THEN NULL \
-                           ELSE (SELECT CAST(count(*) AS SIGNED) FROM ferry_gate_hold) END \
-                    FROM ferry_gate_horizon h WHERE h.id = 1) \
-                 FROM information_schema.INNODB_TRX t \
-                 WHERE t.trx_rows_modified > 0 \
-                   AND t.trx_mysql_thread_id <> coalesce((SELECT ticker_conn FROM ferry_gate_horizon WHERE id = 1), 0) \
-                   AND t.trx_mysql_thread_id <> CONNECTION_ID() \
-                 ORDER BY t.trx_started LIMIT 1",
-            )
-            .fetch_optional(self.pool())
-            .await;
+            let row = sqlx::query(sql::HORIZON_OLDEST_TRANSACTION)
+                .fetch_optional(self.pool())
+                .await;
             Ok(match row {
                 Ok(Some(r)) => HorizonInfo {
                     oldest_xact_age_us: r.get::<Option<i64>, _>(0).map(|a| a.max(0)),

@@ -18,6 +18,7 @@
 //! 1,000 tokens and, when the affected-row count is short, are redone row-locked to say which
 //! items were fenced; retry and quarantine run one statement per item.
 mod cursor;
+mod sql;
 mod ticker;
 
 use std::borrow::Cow;
@@ -407,7 +408,7 @@ impl MyStore {
         // The lowest cursor first, bound as a value: as a subquery in the range the optimizer
         // walked far more of the table (1.3-3.5 s per status under load with ~1,300 intents
         // behind, every 5 s, on the cores the producers need).
-        let low: Option<i64> = sqlx::query_scalar("SELECT min(cursor_seq) FROM ferry_slot_lease")
+        let low: Option<i64> = sqlx::query_scalar(sql::STATUS_CURSORS)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| db_err("status: cursors", e))?;
@@ -417,29 +418,17 @@ impl MyStore {
         // docs/notes/2026-12-03-performance-log.md, "The status count of a backlog, cheaper").
         // Each is a consistent read of its own: an intent that an advance turns into an
         // exception row between them is counted in both (gauges only).
-        let (behind, behind_age): (i64, Option<i64>) = sqlx::query_as(
-            "SELECT CAST(count(*) AS SIGNED), \
-               CAST(TIMESTAMPDIFF(MICROSECOND, min(o.created_at), UTC_TIMESTAMP(6)) AS SIGNED) \
-             FROM ferry_outbox o JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-             WHERE o.seq > ? AND o.seq > l.cursor_seq",
-        )
-        // no cursor yet (no slot was ever owned in cursor mode): nothing is behind one
-        .bind(low.unwrap_or(i64::MAX))
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| db_err("status: backlog", e))?;
-        let (pending, claimed, quarantined, age, blocked): StatusRow = sqlx::query_as(
-            "SELECT CAST(coalesce(sum(x.state = 'PENDING'), 0) AS SIGNED), \
-               CAST(coalesce(sum(x.state = 'CLAIMED'), 0) AS SIGNED), \
-               CAST(coalesce(sum(x.state = 'QUARANTINED'), 0) AS SIGNED), \
-               CAST(TIMESTAMPDIFF(MICROSECOND, min(o.created_at), UTC_TIMESTAMP(6)) AS SIGNED), \
-               count(DISTINCT CASE WHEN x.state = 'QUARANTINED' THEN x.aggregate_id END) \
-             FROM ferry_outbox_exception x JOIN ferry_outbox o ON o.seq = x.seq \
-             WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| db_err("status: exceptions", e))?;
+        let (behind, behind_age): (i64, Option<i64>) = sqlx::query_as(sql::STATUS_BACKLOG)
+            // no cursor yet (no slot was ever owned in cursor mode): nothing is behind one
+            .bind(low.unwrap_or(i64::MAX))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status: backlog", e))?;
+        let (pending, claimed, quarantined, age, blocked): StatusRow =
+            sqlx::query_as(sql::STATUS_EXCEPTIONS)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| db_err("status: exceptions", e))?;
         // the oldest unfinished intent of either part: the larger age (`None` < `Some`)
         let oldest = behind_age.max(age);
         Ok(status_from((
@@ -666,35 +655,26 @@ impl ferry_core::SlotOwnership for MyStore {
             // the row is locked by the upsert; assignments run left to right, so `instance` is
             // ours afterwards exactly when the row was ours or expired, and only then is the
             // lease renewed
-            sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, instance, lease_until, sink_stalled_us) \
-                 VALUES (?, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
-                 ON DUPLICATE KEY UPDATE \
-                 instance = IF(instance = VALUES(instance) OR lease_until <= UTC_TIMESTAMP(6), VALUES(instance), instance), \
-                 lease_until = IF(instance = VALUES(instance), VALUES(lease_until), lease_until), \
-                 sink_stalled_us = IF(instance = VALUES(instance), VALUES(sink_stalled_us), sink_stalled_us)",
-            )
-            .bind(owner)
-            .bind(req.instance)
-            .bind(micros(ttl))
-            .bind(req.sink_stalled_us())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("member heartbeat", e))?;
-            let holder: Option<Vec<u8>> =
-                sqlx::query_scalar("SELECT instance FROM ferry_relay_member WHERE owner = ?")
-                    .bind(owner)
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(|e| db_err("member heartbeat", e))?;
+            sqlx::query(sql::MEMBER_HEARTBEAT)
+                .bind(owner)
+                .bind(req.instance)
+                .bind(micros(ttl))
+                .bind(req.sink_stalled_us())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("member heartbeat", e))?;
+            let holder: Option<Vec<u8>> = sqlx::query_scalar(sql::MEMBER_INSTANCE)
+                .bind(owner)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| db_err("member heartbeat", e))?;
             if holder.as_deref() != Some(req.instance.as_bytes()) {
                 return Err(crate::owner_in_use(owner));
             }
-            let owners: Vec<Vec<u8>> =
-                sqlx::query_scalar("SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner")
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(|e| db_err("members", e))?;
+            let owners: Vec<Vec<u8>> = sqlx::query_scalar(sql::LIVE_MEMBERS)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))?;
             Ok(owners
                 .into_iter()
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -704,13 +684,10 @@ impl ferry_core::SlotOwnership for MyStore {
 
     fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<(Vec<u8>, Option<i64>)> = sqlx::query_as(
-                "SELECT owner, sink_stalled_us FROM ferry_relay_member \
-                 WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))?;
+            let rows: Vec<(Vec<u8>, Option<i64>)> = sqlx::query_as(sql::MEMBERS_WITH_STALLS)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))?;
             Ok(crate::members_from(rows.into_iter().map(
                 |(owner, stalled)| (String::from_utf8_lossy(&owner).into_owned(), stalled),
             )))
@@ -719,7 +696,7 @@ impl ferry_core::SlotOwnership for MyStore {
 
     fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
+            sqlx::query(sql::LEAVE_MEMBER)
                 .bind(owner)
                 .execute(&self.pool)
                 .await
@@ -730,13 +707,10 @@ impl ferry_core::SlotOwnership for MyStore {
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease \
-                 WHERE owner IS NOT NULL ORDER BY slot",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("slot leases", e))?;
+            let rows = sqlx::query(sql::SLOT_LEASES)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("slot leases", e))?;
             Ok(rows.iter().map(lease_from_row).collect())
         })
     }

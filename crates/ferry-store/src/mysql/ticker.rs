@@ -31,6 +31,7 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{ConnectOptions, Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 use tokio::task::JoinHandle;
 
+use super::sql;
 use crate::db_err;
 use crate::mysql::push_list;
 
@@ -112,7 +113,7 @@ async fn gate_wait(conn: &mut MySqlConnection, parity: i8) -> Result<(), StoreEr
     conn.execute("START TRANSACTION")
         .await
         .map_err(|e| db_err("ticker: begin", e))?;
-    sqlx::query("SELECT parity FROM ferry_commit_gate WHERE parity = ? FOR UPDATE")
+    sqlx::query(sql::TICKER_GATE)
         .bind(parity)
         .fetch_all(&mut *conn)
         .await
@@ -142,7 +143,7 @@ async fn session_conn(pool: &MySqlPool) -> Result<(MySqlConnection, i64), StoreE
     let _ = conn
         .execute("SET SESSION idle_transaction_timeout = 0")
         .await;
-    let id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+    let id: i64 = sqlx::query_scalar(sql::TICKER_CONNECTION_ID)
         .fetch_one(&mut conn)
         .await
         .map_err(|e| db_err("ticker: connection id", e))?;
@@ -159,11 +160,10 @@ async fn win_election(
     // `ferry_gate_horizon`, and since when this session has seen it so.
     let mut unregistered: Option<(i64, tokio::time::Instant)> = None;
     loop {
-        let got: Option<i64> =
-            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('ferry_ticker:', DATABASE()), 1)")
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(|e| db_err("ticker: election", e))?;
+        let got: Option<i64> = sqlx::query_scalar(sql::TICKER_ELECTION)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| db_err("ticker: election", e))?;
         if got == Some(1) {
             return Ok(true);
         }
@@ -177,15 +177,11 @@ async fn win_election(
         // after the election) never writes `ticked_at` and holds no gate row: it is stale once
         // this session has seen it unregistered for as long.
         let (holder, registered, stale, conns): (Option<i64>, Option<i64>, i64, Option<String>) =
-            sqlx::query_as(
-                "SELECT CAST(IS_USED_LOCK(CONCAT('ferry_ticker:', DATABASE())) AS SIGNED), ticker_conn, \
-                   CAST(coalesce(ticked_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND, 0) AS SIGNED), ticker_conns \
-                 FROM ferry_gate_horizon WHERE id = 1",
-            )
-            .bind(STALE_TICKER_S)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| db_err("ticker: stale check", e))?;
+            sqlx::query_as(sql::TICKER_STALE_CHECK)
+                .bind(STALE_TICKER_S)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| db_err("ticker: stale check", e))?;
         let Some(holder) = holder else {
             unregistered = None;
             continue;
@@ -267,19 +263,16 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
         .begin()
         .await
         .map_err(|e| db_err("ticker: register", e))?;
-    sqlx::query(
-        "UPDATE ferry_gate_horizon SET ticker_conn = ?, ticker_conns = ?, \
-         ticked_at = UTC_TIMESTAMP(6), partial_seq = NULL WHERE id = 1",
-    )
-    .bind(me)
-    .bind(&conns)
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| db_err("ticker: register", e))?;
+    sqlx::query(sql::TICKER_REGISTER)
+        .bind(me)
+        .bind(&conns)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| db_err("ticker: register", e))?;
     tx.execute("DELETE FROM ferry_gate_hold")
         .await
         .map_err(|e| db_err("ticker: register", e))?;
-    let start: i64 = sqlx::query_scalar("SELECT horizon_seq FROM ferry_gate_horizon WHERE id = 1")
+    let start: i64 = sqlx::query_scalar(sql::TICKER_HORIZON)
         .fetch_one(&mut *tx)
         .await
         .map_err(|e| db_err("ticker: register", e))?;
@@ -395,12 +388,10 @@ impl Session {
             self.hold_some().await?;
             // Holding the `Held` rows exclusively: every transaction that may still own a seq
             // below the head read now holds one of the others.
-            let head: i64 = sqlx::query_scalar(
-                "SELECT CAST(coalesce(max(seq), 0) AS SIGNED) FROM ferry_outbox",
-            )
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| db_err("ticker: head", e))?;
+            let head: i64 = sqlx::query_scalar(sql::TICKER_HEAD)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| db_err("ticker: head", e))?;
             if self.closed.is_some()
                 && (self.closed != self.published || beat.elapsed() >= HEARTBEAT)
             {
@@ -550,15 +541,12 @@ impl Session {
             .map_err(|e| db_err("ticker: publish", e))?;
         match self.closed {
             Some(Closed::Full(h)) => {
-                sqlx::query(
-                    "UPDATE ferry_gate_horizon SET horizon_seq = GREATEST(horizon_seq, ?), partial_seq = NULL, \
-                     ticked_at = UTC_TIMESTAMP(6), ticker_conn = ? WHERE id = 1",
-                )
-                .bind(h)
-                .bind(self.me)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("ticker: publish", e))?;
+                sqlx::query(sql::TICKER_PUBLISH)
+                    .bind(h)
+                    .bind(self.me)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("ticker: publish", e))?;
                 if !self.published_holds.is_empty() {
                     tx.execute("DELETE FROM ferry_gate_hold")
                         .await
@@ -591,15 +579,12 @@ impl Session {
                         .map_err(|e| db_err("ticker: publish holds", e))?;
                     self.published_holds.extend(new);
                 }
-                sqlx::query(
-                    "UPDATE ferry_gate_horizon SET partial_seq = GREATEST(coalesce(partial_seq, 0), ?), \
-                     ticked_at = UTC_TIMESTAMP(6), ticker_conn = ? WHERE id = 1",
-                )
-                .bind(p)
-                .bind(self.me)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("ticker: publish", e))?;
+                sqlx::query(sql::TICKER_PUBLISH_PARTIAL)
+                    .bind(p)
+                    .bind(self.me)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("ticker: publish", e))?;
             }
             None => {}
         }
@@ -693,25 +678,23 @@ impl Session {
         }
         // 3. their uncommitted rows of the new range: in a dirty read, not in a committed one
         // (the committed read first: a row that commits in between counts as open, one tick)
-        let committed: HashSet<i64> =
-            sqlx::query_scalar("SELECT seq FROM ferry_outbox WHERE seq > ? AND seq <= ?")
-                .bind(self.analysed)
-                .bind(head)
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(|e| db_err("ticker: committed rows", e))?
-                .into_iter()
-                .collect();
+        let committed: HashSet<i64> = sqlx::query_scalar(sql::TICKER_COMMITTED_ROWS)
+            .bind(self.analysed)
+            .bind(head)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("ticker: committed rows", e))?
+            .into_iter()
+            .collect();
         conn.execute("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
             .await
             .map_err(|e| db_err("ticker: dirty read", e))?;
-        let dirty: Vec<(i64, i16)> =
-            sqlx::query_as("SELECT seq, shard_slot FROM ferry_outbox WHERE seq > ? AND seq <= ?")
-                .bind(self.analysed)
-                .bind(head)
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(|e| db_err("ticker: dirty read", e))?;
+        let dirty: Vec<(i64, i16)> = sqlx::query_as(sql::TICKER_DIRTY_READ)
+            .bind(self.analysed)
+            .bind(head)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| db_err("ticker: dirty read", e))?;
         for (seq, slot) in dirty {
             if !committed.contains(&seq) {
                 let below = self.holds.entry(slot).or_insert(seq);
@@ -728,15 +711,10 @@ impl Session {
 pub(crate) async fn read_horizon(
     conn: &mut MySqlConnection,
 ) -> Result<(Horizon, bool), StoreError> {
-    let rows = sqlx::query(
-        "SELECT h.horizon_seq, h.partial_seq, EXISTS (SELECT 1 FROM ferry_outbox_exception \
-           WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')), x.shard_slot, x.below_seq \
-         FROM ferry_gate_horizon h LEFT JOIN ferry_gate_hold x ON h.partial_seq IS NOT NULL \
-         WHERE h.id = 1",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(|e| db_err("cursor read: horizon", e))?;
+    let rows = sqlx::query(sql::CURSOR_READ_HORIZON)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| db_err("cursor read: horizon", e))?;
     let mut h = Horizon::default();
     let mut open = false;
     for r in &rows {

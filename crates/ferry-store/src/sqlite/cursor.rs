@@ -13,6 +13,7 @@ use ferry_core::{
 };
 use sqlx::Row;
 
+use super::sql;
 use crate::common::{
     advance_applied, claimed_exceptions, claiming, exception_row, mode_in_use, slotless_advance,
     Ctx, SeqRange, SeqRanges, SeqRead,
@@ -74,22 +75,19 @@ impl CursorStore for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let mut tx = self.begin_write().await.ctx("dispatch mode: begin")?;
-            let current: String =
-                sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode", e))?;
+            let current: String = sqlx::query_scalar(sql::DISPATCH_MODE)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_err("dispatch mode", e))?;
             if current == mode.as_str() {
                 return Ok(false);
             }
-            let others: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM ferry_relay_member WHERE owner <> ?1 AND lease_until > ?2",
-            )
-            .bind(owner)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode: members", e))?;
+            let others: i64 = sqlx::query_scalar(sql::DISPATCH_MODE_MEMBERS)
+                .bind(owner)
+                .bind(now)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_err("dispatch mode: members", e))?;
             if others > 0 {
                 return Err(mode_in_use(&current, others, mode));
             }
@@ -139,7 +137,7 @@ impl CursorStore for SqliteStore {
                     .await
                     .map_err(|e| db_err("dispatch mode: convert", e))?;
             }
-            sqlx::query("UPDATE ferry_dispatch SET mode = ?1, changed_at = ?2 WHERE id = 1")
+            sqlx::query(sql::DISPATCH_MODE_SET)
                 .bind(mode.as_str())
                 .bind(now)
                 .execute(&mut *tx)
@@ -156,17 +154,13 @@ impl CursorStore for SqliteStore {
         slots: &'a [SlotId],
     ) -> BoxFuture<'a, Result<Vec<SlotCursor>, StoreError>> {
         Box::pin(async move {
-            let rows = sqlx::query(
-                "SELECT slot, epoch, cursor_version, coalesce(cursor_xid, 0), cursor_seq FROM ferry_slot_lease \
-                 WHERE owner = ?1 AND lease_until > ?2 AND cursor_seq IS NOT NULL \
-                   AND slot IN (SELECT value FROM json_each(?3)) ORDER BY slot",
-            )
-            .bind(owner)
-            .bind(now_micros())
-            .bind(json(slots))
-            .fetch_all(self.pool())
-            .await
-            .map_err(|e| db_err("load cursors", e))?;
+            let rows = sqlx::query(sql::LOAD_CURSORS)
+                .bind(owner)
+                .bind(now_micros())
+                .bind(json(slots))
+                .fetch_all(self.pool())
+                .await
+                .map_err(|e| db_err("load cursors", e))?;
             Ok(rows
                 .iter()
                 .map(|r| SlotCursor {
@@ -189,12 +183,10 @@ impl CursorStore for SqliteStore {
             };
             // One read transaction: the head and the rows come from the same snapshot.
             let mut tx = self.pool().begin().await.ctx("cursor read: begin")?;
-            let head: i64 = sqlx::query_scalar(
-                "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'ferry_outbox'), 0)",
-            )
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| db_err("cursor read: head", e))?;
+            let head: i64 = sqlx::query_scalar(sql::CURSOR_READ_HEAD)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_err("cursor read: head", e))?;
             let (batch, _) = plan.run(&mut *tx, head).await?;
             tx.commit().await.ctx("cursor read: end")?;
             Ok(batch)
@@ -216,23 +208,14 @@ impl CursorStore for SqliteStore {
                 .map(|s| serde_json::json!([s.slot, s.epoch, s.version, s.to.xid, s.to.seq]))
                 .collect();
             let mut tx = self.begin_write().await.ctx("advance: begin")?;
-            let moved: Vec<i64> = sqlx::query_scalar(
-                "UPDATE ferry_slot_lease SET cursor_xid = t.xid, cursor_seq = t.seq, \
-                   cursor_version = cursor_version + 1, cursor_claim_id = ?2 \
-                 FROM (SELECT value->>0 AS slot, value->>1 AS epoch, value->>2 AS version, value->>3 AS xid, \
-                         value->>4 AS seq FROM json_each(?1)) AS t \
-                 WHERE ferry_slot_lease.slot = t.slot AND ferry_slot_lease.owner = ?3 \
-                   AND ferry_slot_lease.lease_until > ?4 AND ferry_slot_lease.epoch = t.epoch \
-                   AND ferry_slot_lease.cursor_version = t.version AND ferry_slot_lease.cursor_seq IS NOT NULL \
-                 RETURNING ferry_slot_lease.slot",
-            )
-            .bind(serde_json::Value::Array(slots).to_string())
-            .bind(&req.claim_id)
-            .bind(&req.owner)
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("advance", e))?;
+            let moved: Vec<i64> = sqlx::query_scalar(sql::ADVANCE)
+                .bind(serde_json::Value::Array(slots).to_string())
+                .bind(&req.claim_id)
+                .bind(&req.owner)
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("advance", e))?;
             let distinct: HashSet<SlotId> = req.slots.iter().map(|s| s.slot).collect();
             if moved.len() != distinct.len() {
                 // dropping the transaction rolls it back: nothing of this advance is written
@@ -257,17 +240,12 @@ impl CursorStore for SqliteStore {
                         ])
                     })
                     .collect();
-                sqlx::query(
-                    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
-                       available_at, attempts, last_error, created_at) \
-                     SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7, ?2 \
-                     FROM json_each(?1) WHERE true ON CONFLICT (seq) DO NOTHING",
-                )
-                .bind(serde_json::Value::Array(items).to_string())
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("advance: exceptions", e))?;
+                sqlx::query(sql::ADVANCE_EXCEPTIONS)
+                    .bind(serde_json::Value::Array(items).to_string())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("advance: exceptions", e))?;
             }
             tx.commit().await.ctx("advance: commit")?;
             Ok(AdvanceResult::Applied)

@@ -13,6 +13,7 @@
 //! writer, left the database idle while writers slept. Other processes on the same file still
 //! meet the busy handler (30 s timeout).
 mod cursor;
+mod sql;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
@@ -170,17 +171,15 @@ type Probe =
 fn by_version(
     r: &ValidatedEvent,
 ) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
-    sqlx::query_scalar(
-        "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
-    )
-    .bind(&r.aggregate_id)
-    .bind(r.aggregate_version)
+    sqlx::query_scalar(sql::PROBE_VERSION)
+        .bind(&r.aggregate_id)
+        .bind(r.aggregate_version)
 }
 
 fn by_event_id(
     r: &ValidatedEvent,
 ) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
-    sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?").bind(&r.event_id)
+    sqlx::query_scalar(sql::PROBE_EVENT_ID).bind(&r.event_id)
 }
 
 /// The first row of `chunk` that `probe` finds stored already: the row a unique violation of the
@@ -480,19 +479,14 @@ impl ferry_core::SlotOwnership for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let mut tx = self.begin_write().await.ctx("acquire slots: begin")?;
-            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
-                "UPDATE ferry_slot_lease SET \
-                   epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
-                 WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
-                 RETURNING slot, owner, epoch, lease_until",
-            )
-            .bind(owner)
-            .bind(json_slots(slots))
-            .bind(now)
-            .bind(micros(ttl))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("acquire slots", e))?;
+            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(sql::ACQUIRE_SLOTS)
+                .bind(owner)
+                .bind(json_slots(slots))
+                .bind(now)
+                .bind(micros(ttl))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("acquire slots", e))?;
             tx.commit().await.ctx("acquire slots: commit")?;
             let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
             leases.sort_by_key(|l| l.slot);
@@ -507,15 +501,12 @@ impl ferry_core::SlotOwnership for SqliteStore {
         let (owner, slots) = (req.owner, req.slots);
         Box::pin(async move {
             let _gate = self.gate.lock().await;
-            sqlx::query(
-                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
-                 AND slot IN (SELECT value FROM json_each(?2))",
-            )
-            .bind(owner)
-            .bind(json_slots(slots))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("release slots", e))?;
+            sqlx::query(sql::RELEASE_SLOTS)
+                .bind(owner)
+                .bind(json_slots(slots))
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("release slots", e))?;
             Ok(())
         })
     }
@@ -528,45 +519,35 @@ impl ferry_core::SlotOwnership for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let gate = self.gate.lock().await;
-            let held = sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, instance, lease_until, joined_at, sink_stalled_us) \
-                 VALUES (?1, ?4, ?2 + ?3, ?2, ?5) \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until, instance = excluded.instance, \
-                   sink_stalled_us = excluded.sink_stalled_us \
-                 WHERE ferry_relay_member.instance = excluded.instance OR ferry_relay_member.lease_until <= ?2",
-            )
-            .bind(owner)
-            .bind(now)
-            .bind(micros(ttl))
-            .bind(req.instance)
-            .bind(req.sink_stalled_us())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("member heartbeat", e))?
-            .rows_affected();
+            let held = sqlx::query(sql::MEMBER_HEARTBEAT)
+                .bind(owner)
+                .bind(now)
+                .bind(micros(ttl))
+                .bind(req.instance)
+                .bind(req.sink_stalled_us())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("member heartbeat", e))?
+                .rows_affected();
             drop(gate);
             if held == 0 {
                 return Err(crate::owner_in_use(owner));
             }
-            sqlx::query_scalar(
-                "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
-            )
-            .bind(now)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))
+            sqlx::query_scalar(sql::LIVE_MEMBERS)
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))
         })
     }
 
     fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
-                "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
-            )
-            .bind(now_micros())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))?;
+            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(sql::MEMBERS_WITH_STALLS)
+                .bind(now_micros())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))?;
             Ok(crate::members_from(rows))
         })
     }
@@ -574,7 +555,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
     fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let _gate = self.gate.lock().await;
-            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
+            sqlx::query(sql::LEAVE_MEMBER)
                 .bind(owner)
                 .execute(&self.pool)
                 .await
@@ -585,12 +566,10 @@ impl ferry_core::SlotOwnership for SqliteStore {
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
-                "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("slot leases", e))?;
+            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(sql::SLOT_LEASES)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("slot leases", e))?;
             Ok(rows.into_iter().map(lease_from).collect())
         })
     }
