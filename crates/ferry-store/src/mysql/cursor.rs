@@ -24,41 +24,20 @@ use ferry_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Executor, MySql, QueryBuilder, Row};
 
+use super::rows::claimed_from_row;
 use super::sql;
+use super::sql::{push_list, COLUMNS, COLUMNS_O, ROW_INDEXES};
+use super::MyStore;
 use crate::common::{
     advance_applied, claimed_exceptions, claiming, exception_row, micros, mode_in_use,
     slotless_advance, Ctx, SeqRange, SeqRanges, SeqRead,
 };
 use crate::db_err;
-use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
 use crate::outcome::Outcome;
 
-/// The row-dispatch indexes of `ferry_outbox` (migrations 0001 and 0002) and their columns.
-/// Cursor dispatch never reads them and never updates an outbox row, but without partial
-/// indexes each one still takes an entry for every intent a producer writes: a switch to cursor
-/// dispatch drops them, a switch to row dispatch builds them again (row claims force
-/// `ferry_outbox_due`).
-const ROW_INDEXES: [(&str, &str); 4] = [
-    (
-        "ferry_outbox_due",
-        "state, seq, shard_slot, available_at, lease_until",
-    ),
-    (
-        "ferry_outbox_predecessor",
-        "aggregate_id, state, aggregate_version",
-    ),
-    ("ferry_outbox_claim_id", "claim_id"),
-    ("ferry_outbox_sent_at", "state, sent_at"),
-];
 /// How long that DDL waits for the table's metadata lock (transactions open on the outbox; new
 /// producer statements queue behind a waiting DDL) before it gives up.
 const INDEX_DDL_WAIT_S: u32 = 10;
-
-/// `COLUMNS` qualified with `o.`, in the order [`claimed_from_row`] reads.
-const COLUMNS_O: &str =
-    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
-    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, \
-    TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at)";
 
 impl MyStore {
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
@@ -459,7 +438,7 @@ impl CursorStore for MyStore {
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(claiming(req, async move {
             let mut tx = self.pool().begin().await.ctx("claim exceptions: begin")?;
-            let slots = crate::mysql::fenced_slots(&mut tx, req).await?;
+            let slots = super::claim::fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
                 return Ok(Vec::new());
             }

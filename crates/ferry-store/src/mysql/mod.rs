@@ -17,20 +17,21 @@
 //! MariaDB has no `UPDATE … RETURNING`: ack, release and extend run one statement per chunk of
 //! 1,000 tokens and, when the affected-row count is short, are redone row-locked to say which
 //! items were fenced; retry and quarantine run one statement per item.
+mod claim;
 mod cursor;
+mod gate;
+mod outcome;
+mod rows;
 mod sql;
 mod ticker;
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferry_core::store::prelude::*;
 use ferry_core::{
-    BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
-    StoreError, StoreErrorKind, ValidatedEvent,
+    BoxFuture, ClaimRequest, ClaimedEvent, EnqueueError, EventRecord, Limits, NewEvent,
+    OperatorAction, OutboxStatus, QuarantinedEvent, SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
@@ -40,12 +41,9 @@ use crate::common::{
     url_options, Ctx, InsertIntents, StatusRow,
 };
 use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
-use crate::outcome::{Outcome, Transition};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_MYSQL};
-
-/// Rows per multi-row statement (9 placeholders per row: 9,000 per statement, far below the
-/// protocol's 65,535).
-const CHUNK: usize = 1000;
+use rows::{claimed_from_row, lease_from_row, otxt, txt};
+use sql::{push_list, CHUNK, COLUMNS, STATUS_CACHE};
 
 crate::common::enqueue_fns!(MySqlConnection);
 
@@ -53,10 +51,7 @@ impl InsertIntents for MySqlConnection {
     async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
         let conn = self;
         for chunk in rows.chunks(CHUNK) {
-            let mut qb: QueryBuilder<MySql> = QueryBuilder::new(
-                "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
-                 event_type, headers, payload) ",
-            );
+            let mut qb: QueryBuilder<MySql> = QueryBuilder::new(sql::INSERT_HEAD);
             qb.push_values(chunk, |mut b, r| {
                 push_intent(&mut b, r, r.shard_slot as i16)
             });
@@ -69,6 +64,13 @@ impl InsertIntents for MySqlConnection {
     }
 }
 
+/// The store's handle on its ticker task (started by the first cursor read).
+#[derive(Debug, Default)]
+pub(crate) struct Ticker {
+    pub(crate) started: AtomicBool,
+    pub(crate) wake: tokio::sync::Notify,
+}
+
 /// The MySQL/MariaDB outbox store.
 #[derive(Debug, Clone)]
 pub struct MyStore {
@@ -77,166 +79,7 @@ pub struct MyStore {
     /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
     skipped: Arc<AtomicU64>,
     /// Cursor dispatch's horizon ticker (started by the first cursor read).
-    ticker: Arc<crate::mysql::ticker::Ticker>,
-}
-
-pub(crate) const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
-    topic, msg_key, event_type, headers, payload, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at)";
-
-pub(crate) fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
-    ClaimedEvent {
-        token: ClaimToken {
-            seq: r.get(0),
-            event_id: txt(r, 1),
-            claim_id: otxt(r, 2).unwrap_or_default(),
-            claim_version: r.get(3),
-        },
-        aggregate_id: txt(r, 4),
-        aggregate_version: r.get(5),
-        shard_slot: r.get::<i16, _>(6) as SlotId,
-        topic: txt(r, 7),
-        key: txt(r, 8),
-        event_type: txt(r, 9),
-        headers: txt(r, 10),
-        payload: txt(r, 11),
-        attempts: r.get(12),
-        created_at: r.get(13),
-    }
-}
-
-/// A `ferry_slot_lease` row read as `slot, owner, epoch, lease_until` (µs).
-fn lease_from_row(r: &sqlx::mysql::MySqlRow) -> SlotLease {
-    SlotLease {
-        slot: r.get::<i16, _>(0) as SlotId,
-        owner: txt(r, 1),
-        epoch: r.get(2),
-        lease_until: r.get(3),
-    }
-}
-
-/// Reads a text column. The schema uses `utf8mb4_bin` (byte-exact keys), which the server
-/// reports with the BINARY flag, so sqlx decodes it as bytes; the bytes are UTF-8 we wrote.
-fn txt(r: &sqlx::mysql::MySqlRow, i: usize) -> String {
-    otxt(r, i).unwrap_or_default()
-}
-
-fn otxt(r: &sqlx::mysql::MySqlRow, i: usize) -> Option<String> {
-    r.get::<Option<Vec<u8>>, _>(i).map(|b| {
-        String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-    })
-}
-
-pub(crate) fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, items: impl IntoIterator<Item = T>)
-where
-    T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql> + Send,
-{
-    let mut sep = qb.separated(", ");
-    for i in items {
-        sep.push_bind(i);
-    }
-}
-
-/// `{head} FROM ferry_outbox WHERE seq IN (candidates) AND <still due> ORDER BY seq LIMIT n`:
-/// the window the claim's locking re-check reads, and its contention recount reads again.
-fn due_window<'a>(head: &str, candidates: &[i64], limit: usize) -> QueryBuilder<'a, MySql> {
-    let mut qb = QueryBuilder::<MySql>::new(format!("{head} FROM ferry_outbox WHERE seq IN ("));
-    push_list(&mut qb, candidates.iter().copied());
-    qb.push(
-        ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
-         ORDER BY seq LIMIT ",
-    );
-    qb.push_bind(limit as i64);
-    qb
-}
-
-/// Due rows of one state in the owner's slots, in `seq` order, whose aggregate has no unfinished
-/// lower version. `FORCE INDEX`: `ferry_outbox_due` (state, seq, shard_slot, available_at,
-/// lease_until) yields seq order and filters slot and due time without touching rows; left to
-/// itself the optimizer walked the primary key through every SENT row, or sorted all pending rows
-/// of the slots, once the table grew (docs/schema.md, "MariaDB claim plan").
-fn candidate_query<'a>(
-    state: &str,
-    due_column: &str,
-    slots: &[i16],
-    limit: usize,
-) -> QueryBuilder<'a, MySql> {
-    let mut qb = QueryBuilder::<MySql>::new(format!(
-        "SELECT o.seq FROM ferry_outbox o FORCE INDEX (ferry_outbox_due) WHERE o.state = '{state}' \
-         AND o.shard_slot IN ("
-    ));
-    push_list(&mut qb, slots.iter().copied());
-    qb.push(format!(
-        ") AND {due_column} <= UTC_TIMESTAMP(6) \
-         AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
-           AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
-         ORDER BY o.seq LIMIT "
-    ));
-    qb.push_bind(limit as i64);
-    qb
-}
-
-/// The requested slots a claim may take rows of: with a fence, those whose live lease the owner
-/// holds. A plain read (no share lock): a locking read made lease renewals queue behind slow
-/// claims; a claim racing a takeover is harmless (rows are claimed under SKIP LOCKED and state,
-/// never twice). Shared by row claims and cursor dispatch's exception claims.
-pub(crate) async fn fenced_slots(
-    conn: &mut MySqlConnection,
-    req: &ClaimRequest,
-) -> Result<Vec<i16>, StoreError> {
-    let Some(f) = &req.fence else {
-        return Ok(req.slots.iter().map(|s| *s as i16).collect());
-    };
-    let mut qb = QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
-    qb.push_bind(&f.owner)
-        .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
-    push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
-    qb.push(")");
-    qb.build_query_scalar()
-        .fetch_all(conn)
-        .await
-        .map_err(|e| db_err("claim: slot fence", e))
-}
-
-/// A CAS predicate over tokens: `seq IN (…) AND (seq, claim_version, claim_id) IN ((…), …)`.
-fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
-    qb.push("state = 'CLAIMED' AND seq IN (");
-    push_list(qb, tokens.iter().map(|t| t.seq));
-    qb.push(") AND (seq, claim_version, claim_id) IN (");
-    let mut first = true;
-    for t in tokens {
-        if !first {
-            qb.push(", ");
-        }
-        first = false;
-        qb.push("(")
-            .push_bind(t.seq)
-            .push(", ")
-            .push_bind(t.claim_version)
-            .push(", ")
-            .push_bind(&t.claim_id)
-            .push(")");
-    }
-    qb.push(")");
-}
-
-/// The SET clause of an outcome, the same on both tables. Per-item values are bound in the
-/// order the clause reads them (delay, then text).
-fn outcome_set(to: Transition) -> Cow<'static, str> {
-    match to {
-        Transition::Ack => "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL".into(),
-        Transition::Retry => "available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ?, state = 'PENDING', \
-             lease_until = NULL, attempts = attempts + 1"
-            .into(),
-        Transition::Quarantine => "available_at = available_at + INTERVAL ? MICROSECOND, last_error = ?, state = 'QUARANTINED', \
-             lease_until = NULL, attempts = attempts + 1"
-            .into(),
-        Transition::Release => {
-            "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)".into()
-        }
-        Transition::Extend { lease_us } => {
-            format!("lease_until = UTC_TIMESTAMP(6) + INTERVAL {lease_us} MICROSECOND").into()
-        }
-    }
+    ticker: Arc<Ticker>,
 }
 
 impl MyStore {
@@ -258,12 +101,11 @@ impl MyStore {
         )
         .after_connect(|c, _| {
             Box::pin(async move {
-                c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    .await?;
+                c.execute(sql::SESSION_READ_COMMITTED).await?;
                 // MariaDB 10.3+: abort a session idle for 10 s inside a transaction, so a
                 // stalled relay cannot hold its row locks (and block a takeover) forever.
                 // MySQL has no such variable; the error is ignored there.
-                let _ = c.execute("SET SESSION idle_transaction_timeout = 10").await;
+                let _ = c.execute(sql::SESSION_IDLE_TIMEOUT).await;
                 Ok(())
             })
         });
@@ -287,7 +129,7 @@ impl MyStore {
         &self.pool
     }
 
-    pub(crate) fn ticker(&self) -> &Arc<crate::mysql::ticker::Ticker> {
+    pub(crate) fn ticker(&self) -> &Arc<Ticker> {
         &self.ticker
     }
 
@@ -298,109 +140,6 @@ impl MyStore {
         use crate::migrate::{apply_mysql, OUTBOX_LOCK, OUTBOX_TABLE};
         let mut conn = self.pool.acquire().await.ctx("migrate: connect")?;
         apply_mysql(&mut conn, OUTBOX_LOCK, OUTBOX_TABLE, MIGRATIONS_MYSQL).await
-    }
-
-    /// A fenced outcome on `ferry_outbox` ([`Self::cas_on`]).
-    async fn cas(&self, o: Outcome<'_>) -> Result<CasReport, StoreError> {
-        self.cas_on("ferry_outbox", &o).await
-    }
-
-    /// One CAS per batch on `table` (`ferry_outbox` or `ferry_outbox_exception`, fixed
-    /// constants), in a transaction of its own. A transition with per-item values (retry,
-    /// quarantine: the rare paths) runs one statement per item inside that transaction.
-    pub(crate) async fn cas_on(
-        &self,
-        table: &str,
-        o: &Outcome<'_>,
-    ) -> Result<CasReport, StoreError> {
-        let (tokens, set) = (&o.tokens[..], outcome_set(o.to));
-        let per_item = match o.to {
-            Transition::Retry | Transition::Quarantine => Some(&o.items[..]),
-            Transition::Ack | Transition::Release | Transition::Extend { .. } => None,
-        };
-        if tokens.is_empty() {
-            return Ok(CasReport::default());
-        }
-        let mut tx = self.pool.begin().await.ctx("outcome: begin")?;
-        let report = if let Some(values) = per_item {
-            let mut applied = HashMap::new();
-            for (t, (delay, text)) in tokens.iter().zip(values) {
-                let n = sqlx::query(&format!(
-                    "UPDATE {table} SET {set} WHERE state = 'CLAIMED' AND seq = ? AND claim_version = ? AND claim_id = ?"
-                ))
-                .bind(*delay)
-                .bind(*text)
-                .bind(t.seq)
-                .bind(t.claim_version)
-                .bind(&t.claim_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("outcome update", e))?
-                .rows_affected();
-                if n == 1 {
-                    applied.insert(t.seq, (t.claim_version, t.claim_id.clone()));
-                }
-            }
-            CasReport::from_applied(tokens, &applied)
-        } else {
-            let mut total = 0usize;
-            for chunk in tokens.chunks(CHUNK) {
-                let mut qb = QueryBuilder::<MySql>::new(format!("UPDATE {table} SET {set} WHERE "));
-                push_tokens(&mut qb, chunk);
-                total += qb
-                    .build()
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("outcome update", e))?
-                    .rows_affected() as usize;
-            }
-            if total == tokens.len() {
-                CasReport::all_applied(tokens)
-            } else {
-                // Short count: some tokens are stale. Redo the batch row-locked so the report can
-                // name exactly which items applied and which were fenced.
-                tx.rollback()
-                    .await
-                    .map_err(|e| db_err("outcome: rollback", e))?;
-                tx = self
-                    .pool
-                    .begin()
-                    .await
-                    .map_err(|e| db_err("outcome: begin", e))?;
-                let mut applied = HashMap::new();
-                for chunk in tokens.chunks(CHUNK) {
-                    let mut qb = QueryBuilder::<MySql>::new(format!(
-                        "SELECT seq, claim_version, claim_id FROM {table} WHERE "
-                    ));
-                    push_tokens(&mut qb, chunk);
-                    qb.push(" FOR UPDATE");
-                    let matching: Vec<(i64, i64, String)> = qb
-                        .build()
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(|e| db_err("outcome lock", e))?
-                        .iter()
-                        .map(|r| (r.get(0), r.get(1), txt(r, 2)))
-                        .collect();
-                    if matching.is_empty() {
-                        continue;
-                    }
-                    let mut qb = QueryBuilder::<MySql>::new(format!(
-                        "UPDATE {table} SET {set} WHERE seq IN ("
-                    ));
-                    push_list(&mut qb, matching.iter().map(|m| m.0));
-                    qb.push(")");
-                    qb.build()
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| db_err("outcome update", e))?;
-                    applied.extend(matching.into_iter().map(|(seq, cv, cid)| (seq, (cv, cid))));
-                }
-                CasReport::from_applied(tokens, &applied)
-            }
-        };
-        tx.commit().await.ctx("outcome: commit")?;
-        Ok(report)
     }
 
     /// Status in cursor mode: unfinished = past the slot's cursor, or an open exception.
@@ -465,98 +204,7 @@ impl ferry_core::RowDispatch for MyStore {
         &'a self,
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(claiming(req, async move {
-            let mut tx = self.pool.begin().await.ctx("claim: begin")?;
-            let slots = fenced_slots(&mut tx, req).await?;
-            if slots.is_empty() {
-                return Ok(Vec::new());
-            }
-            // Over-fetch candidates: a concurrent claimer may hold some of them locked (SKIP
-            // LOCKED then passes over them), and without spares a contended claim would come
-            // back short or empty while other due rows wait. A fenced claim has its slots to
-            // itself (only a takeover races it), so it reads few spares: each candidate costs a
-            // row lookup and a predecessor probe (docs/notes/2026-12-02-performance-log.md, "MariaDB").
-            let want = if req.fence.is_some() {
-                req.limit + 16
-            } else {
-                req.limit.saturating_mul(3) + 16
-            };
-            let mut candidates = Vec::with_capacity(want);
-            for (state, due) in [
-                ("PENDING", "o.available_at"),
-                // leases that expired (their relay died or gave up)
-                ("CLAIMED", "o.lease_until"),
-            ] {
-                let mut qb = candidate_query(state, due, &slots, want);
-                let mut found: Vec<i64> = qb
-                    .build_query_scalar()
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("claim: candidates", e))?;
-                candidates.append(&mut found);
-            }
-            candidates.sort_unstable();
-            candidates.truncate(want);
-            if candidates.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut qb = due_window(&format!("SELECT {COLUMNS}"), &candidates, req.limit);
-            qb.push(" FOR UPDATE SKIP LOCKED");
-            let rows = qb
-                .build()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim: lock", e))?;
-            if rows.len() < req.limit.min(candidates.len()) {
-                // Short of both the limit and the candidates: some candidates were locked by a
-                // concurrent transaction (SKIP LOCKED passed over them) or taken since they were
-                // read. A plain read sees the locked ones still due (their claim has not
-                // committed); those in the claim's window, less ours, were skipped.
-                let mut qb = due_window("SELECT count(*) FROM (SELECT seq", &candidates, req.limit);
-                qb.push(") w");
-                let window: i64 = qb
-                    .build_query_scalar()
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("claim: contention count", e))?;
-                let passed = (window - rows.len() as i64).max(0) as u64;
-                self.skipped.fetch_add(passed, Ordering::Relaxed);
-            }
-            if rows.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
-            let mut qb = QueryBuilder::<MySql>::new(
-                "UPDATE ferry_outbox SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ",
-            );
-            qb.push_bind(&req.claim_id)
-                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-                .push_bind(micros(req.lease))
-                .push(" MICROSECOND WHERE seq IN (");
-            push_list(&mut qb, items.iter().map(|i| i.token.seq));
-            qb.push(")");
-            let n = qb
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim: update", e))?
-                .rows_affected();
-            if n as usize != items.len() {
-                return Err(StoreError::new(
-                    StoreErrorKind::Other,
-                    format!(
-                        "claim: updated {n} of {} locked rows; rolled back",
-                        items.len()
-                    ),
-                ));
-            }
-            for it in &mut items {
-                it.token.claim_version += 1;
-                it.token.claim_id = req.claim_id.clone();
-            }
-            tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
-            Ok(items)
-        }))
+        Box::pin(claiming(req, async move { self.claim_rows(req).await }))
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
@@ -743,20 +391,9 @@ impl ferry_core::OperatorActions for MyStore {
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
             let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => {
-                    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                   (SELECT COUNT(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
-                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
-                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
-                }
+                ferry_core::DispatchMode::Row => sql::QUARANTINED_ROWS,
                 // successors are held exceptions, or not yet read past the cursor
-                ferry_core::DispatchMode::Cursor => {
-                    "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                   (SELECT COUNT(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
-                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
-                 FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
-                 WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
-                }
+                ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
             };
             let rows = sqlx::query(sql)
                 .bind(limit as i64)
@@ -787,16 +424,7 @@ impl ferry_core::OperatorActions for MyStore {
                 // unfinished intent is the lowest seq of each unfinished state (one index probe
                 // each). A single aggregate over all unfinished rows took over a second with a
                 // 60k backlog.
-                "SELECT (SELECT count(*) FROM ferry_outbox WHERE state = 'PENDING'), \
-                   (SELECT count(*) FROM ferry_outbox WHERE state = 'CLAIMED'), \
-                   (SELECT count(*) FROM ferry_outbox WHERE state = 'QUARANTINED'), \
-                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
-                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'PENDING')), \
-                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
-                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'CLAIMED')), \
-                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
-                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'QUARANTINED')), \
-                   (SELECT count(DISTINCT aggregate_id) FROM ferry_outbox WHERE state = 'QUARANTINED')",
+                sql::STATUS_ROWS,
             )
             .fetch_one(&self.pool)
             .await
@@ -840,20 +468,6 @@ impl ferry_core::OperatorActions for MyStore {
         })
     }
 }
-
-/// `ferry_status_cache` on MariaDB ([`crate::common::shared_status`]; migration 5).
-const STATUS_CACHE: crate::common::StatusCacheSql = crate::common::StatusCacheSql {
-    lease: "UPDATE ferry_status_cache SET computing_until = UTC_TIMESTAMP(6) + INTERVAL 60 SECOND \
-            WHERE id = 1 AND (computed_at IS NULL OR computed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
-              AND (computing_until IS NULL OR computing_until < UTC_TIMESTAMP(6))",
-    stored: "SELECT pending, claimed, quarantined, \
-               oldest_age_us + TIMESTAMPDIFF(MICROSECOND, computed_at, UTC_TIMESTAMP(6)), blocked \
-             FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
-    clear: "UPDATE ferry_status_cache SET computing_until = NULL WHERE id = 1",
-    store: "UPDATE ferry_status_cache SET pending = ?, claimed = ?, quarantined = ?, \
-              oldest_age_us = ?, blocked = ?, computed_at = UTC_TIMESTAMP(6), computing_until = NULL \
-            WHERE id = 1",
-};
 
 impl ferry_core::OutboxStore for MyStore {
     fn backend(&self) -> &'static str {

@@ -1,4 +1,12 @@
-//! Every statement of the MariaDB backend, named: one place to read its protocol.
+//! Every statement of the MariaDB backend, named: one place to read its protocol. Static
+//! statements are constants; those with a list of values (slots, candidates, tokens) are built
+//! with a `QueryBuilder` by the functions here, every value bound.
+use std::borrow::Cow;
+
+use ferry_core::ClaimToken;
+use sqlx::{MySql, QueryBuilder};
+
+use crate::outcome::Transition;
 
 /// Status: cursors (mod.rs).
 pub(crate) const STATUS_CURSORS: &str = "SELECT min(cursor_seq) FROM ferry_slot_lease";
@@ -127,3 +135,179 @@ pub(crate) const CURSOR_READ_HORIZON: &str =
            WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')), x.shard_slot, x.below_seq \
          FROM ferry_gate_horizon h LEFT JOIN ferry_gate_hold x ON h.partial_seq IS NOT NULL \
          WHERE h.id = 1";
+
+pub(crate) const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
+    topic, msg_key, event_type, headers, payload, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at)";
+
+pub(crate) fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, items: impl IntoIterator<Item = T>)
+where
+    T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql> + Send,
+{
+    let mut sep = qb.separated(", ");
+    for i in items {
+        sep.push_bind(i);
+    }
+}
+
+/// `{head} FROM ferry_outbox WHERE seq IN (candidates) AND <still due> ORDER BY seq LIMIT n`:
+/// the window the claim's locking re-check reads, and its contention recount reads again.
+pub(crate) fn due_window<'a>(
+    head: &str,
+    candidates: &[i64],
+    limit: usize,
+) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(format!("{head} FROM ferry_outbox WHERE seq IN ("));
+    push_list(&mut qb, candidates.iter().copied());
+    qb.push(
+        ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
+         ORDER BY seq LIMIT ",
+    );
+    qb.push_bind(limit as i64);
+    qb
+}
+
+/// Due rows of one state in the owner's slots, in `seq` order, whose aggregate has no unfinished
+/// lower version. `FORCE INDEX`: `ferry_outbox_due` (state, seq, shard_slot, available_at,
+/// lease_until) yields seq order and filters slot and due time without touching rows; left to
+/// itself the optimizer walked the primary key through every SENT row, or sorted all pending rows
+/// of the slots, once the table grew (docs/schema.md, "MariaDB claim plan").
+pub(crate) fn candidate_query<'a>(
+    state: &str,
+    due_column: &str,
+    slots: &[i16],
+    limit: usize,
+) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(format!(
+        "SELECT o.seq FROM ferry_outbox o FORCE INDEX (ferry_outbox_due) WHERE o.state = '{state}' \
+         AND o.shard_slot IN ("
+    ));
+    push_list(&mut qb, slots.iter().copied());
+    qb.push(format!(
+        ") AND {due_column} <= UTC_TIMESTAMP(6) \
+         AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
+           AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
+         ORDER BY o.seq LIMIT "
+    ));
+    qb.push_bind(limit as i64);
+    qb
+}
+
+/// A CAS predicate over tokens: `seq IN (…) AND (seq, claim_version, claim_id) IN ((…), …)`.
+pub(crate) fn push_tokens<'a>(qb: &mut QueryBuilder<'a, MySql>, tokens: &'a [ClaimToken]) {
+    qb.push("state = 'CLAIMED' AND seq IN (");
+    push_list(qb, tokens.iter().map(|t| t.seq));
+    qb.push(") AND (seq, claim_version, claim_id) IN (");
+    let mut first = true;
+    for t in tokens {
+        if !first {
+            qb.push(", ");
+        }
+        first = false;
+        qb.push("(")
+            .push_bind(t.seq)
+            .push(", ")
+            .push_bind(t.claim_version)
+            .push(", ")
+            .push_bind(&t.claim_id)
+            .push(")");
+    }
+    qb.push(")");
+}
+
+/// The SET clause of an outcome, the same on both tables. Per-item values are bound in the
+/// order the clause reads them (delay, then text).
+pub(crate) fn outcome_set(to: Transition) -> Cow<'static, str> {
+    match to {
+        Transition::Ack => "state = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL".into(),
+        Transition::Retry => "available_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ?, state = 'PENDING', \
+             lease_until = NULL, attempts = attempts + 1"
+            .into(),
+        Transition::Quarantine => "available_at = available_at + INTERVAL ? MICROSECOND, last_error = ?, state = 'QUARANTINED', \
+             lease_until = NULL, attempts = attempts + 1"
+            .into(),
+        Transition::Release => {
+            "state = 'PENDING', lease_until = NULL, available_at = UTC_TIMESTAMP(6)".into()
+        }
+        Transition::Extend { lease_us } => {
+            format!("lease_until = UTC_TIMESTAMP(6) + INTERVAL {lease_us} MICROSECOND").into()
+        }
+    }
+}
+
+/// `ferry_status_cache` on MariaDB ([`crate::common::shared_status`]; migration 5).
+pub(crate) const STATUS_CACHE: crate::common::StatusCacheSql = crate::common::StatusCacheSql {
+    lease: "UPDATE ferry_status_cache SET computing_until = UTC_TIMESTAMP(6) + INTERVAL 60 SECOND \
+            WHERE id = 1 AND (computed_at IS NULL OR computed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
+              AND (computing_until IS NULL OR computing_until < UTC_TIMESTAMP(6))",
+    stored: "SELECT pending, claimed, quarantined, \
+               oldest_age_us + TIMESTAMPDIFF(MICROSECOND, computed_at, UTC_TIMESTAMP(6)), blocked \
+             FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
+    clear: "UPDATE ferry_status_cache SET computing_until = NULL WHERE id = 1",
+    store: "UPDATE ferry_status_cache SET pending = ?, claimed = ?, quarantined = ?, \
+              oldest_age_us = ?, blocked = ?, computed_at = UTC_TIMESTAMP(6), computing_until = NULL \
+            WHERE id = 1",
+};
+
+/// `COLUMNS` qualified with `o.`, in the order [`claimed_from_row`] reads.
+pub(crate) const COLUMNS_O: &str =
+    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
+    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, \
+    TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at)";
+
+/// The row-dispatch indexes of `ferry_outbox` (migrations 0001 and 0002) and their columns.
+/// Cursor dispatch never reads them and never updates an outbox row, but without partial
+/// indexes each one still takes an entry for every intent a producer writes: a switch to cursor
+/// dispatch drops them, a switch to row dispatch builds them again (row claims force
+/// `ferry_outbox_due`).
+pub(crate) const ROW_INDEXES: [(&str, &str); 4] = [
+    (
+        "ferry_outbox_due",
+        "state, seq, shard_slot, available_at, lease_until",
+    ),
+    (
+        "ferry_outbox_predecessor",
+        "aggregate_id, state, aggregate_version",
+    ),
+    ("ferry_outbox_claim_id", "claim_id"),
+    ("ferry_outbox_sent_at", "state, sent_at"),
+];
+
+/// Rows per multi-row statement (9 placeholders per row: 9,000 per statement, far below the
+/// protocol's 65,535).
+pub(crate) const CHUNK: usize = 1000;
+
+/// Row dispatch's status counts ([`crate::common::StatusRow`]).
+pub(crate) const STATUS_ROWS: &str = "SELECT (SELECT count(*) FROM ferry_outbox WHERE state = 'PENDING'), \
+                   (SELECT count(*) FROM ferry_outbox WHERE state = 'CLAIMED'), \
+                   (SELECT count(*) FROM ferry_outbox WHERE state = 'QUARANTINED'), \
+                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
+                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'PENDING')), \
+                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
+                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'CLAIMED')), \
+                   (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED) FROM ferry_outbox \
+                      WHERE seq = (SELECT min(seq) FROM ferry_outbox WHERE state = 'QUARANTINED')), \
+                   (SELECT count(DISTINCT aggregate_id) FROM ferry_outbox WHERE state = 'QUARANTINED')";
+
+/// Quarantined exception rows and how many successors each holds (cursor dispatch); `?` the limit.
+pub(crate) const QUARANTINED_CURSOR: &str = "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT COUNT(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
+                 FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
+                 WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?";
+
+/// Quarantined intents and how many unfinished successors each holds (row dispatch); `?` the limit.
+pub(crate) const QUARANTINED_ROWS: &str = "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT COUNT(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
+                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?";
+
+/// MariaDB 10.3+: abort a session idle for 10 s inside a transaction, so a stalled relay cannot hold its row locks (and block a takeover) forever. MySQL has no such variable; the error is ignored there.
+pub(crate) const SESSION_IDLE_TIMEOUT: &str = "SET SESSION idle_transaction_timeout = 10";
+
+/// Every store session runs at READ COMMITTED.
+pub(crate) const SESSION_READ_COMMITTED: &str =
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// The multi-row insert of intents, its VALUES pushed per chunk.
+pub(crate) const INSERT_HEAD: &str = "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
+                 event_type, headers, payload) ";
