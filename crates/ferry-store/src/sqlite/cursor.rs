@@ -13,7 +13,7 @@ use ferry_core::{
 };
 use sqlx::Row;
 
-use super::sql;
+use super::sql::{self, COLUMNS_O};
 use crate::common::{
     advance_applied, claimed_exceptions, claiming, exception_row, mode_in_use, slotless_advance,
     Ctx, SeqRange, SeqRanges, SeqRead,
@@ -21,11 +21,6 @@ use crate::common::{
 use crate::db_err;
 use crate::outcome::Outcome;
 use crate::sqlite::SqliteStore;
-
-/// `sqlite::COLUMNS` qualified with `o.`, in the order [`crate::sqlite::claimed_from_row`] reads.
-const COLUMNS_O: &str =
-    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
-    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, o.created_at";
 
 fn json(v: &[impl Into<i64> + Copy]) -> String {
     let v: Vec<i64> = v.iter().map(|x| (*x).into()).collect();
@@ -92,43 +87,8 @@ impl CursorStore for SqliteStore {
                 return Err(mode_in_use(&current, others, mode));
             }
             let stmts: &[&str] = match mode {
-                DispatchMode::Cursor => &[
-                    // Quarantined rows stay parked as exception rows (they hold their successors).
-                    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
-                       available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
-                     SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
-                       last_error, resolved_by, resolved_at, ?1 \
-                     FROM ferry_outbox WHERE state = 'QUARANTINED'",
-                    // Each slot's cursor sits just below its first unfinished row (or at the
-                    // head): the cursor path sends the row-mode backlog in order, and its read
-                    // passes over rows row mode already finished (their state is not PENDING).
-                    "UPDATE ferry_slot_lease SET cursor_xid = 0, cursor_version = cursor_version + 1, \
-                       cursor_claim_id = NULL, epoch = epoch + 1, owner = NULL, lease_until = NULL, \
-                       cursor_seq = coalesce((SELECT min(o.seq) - 1 FROM ferry_outbox o \
-                           WHERE o.shard_slot = ferry_slot_lease.slot AND o.state IN ('PENDING', 'CLAIMED')), \
-                         (SELECT seq FROM sqlite_sequence WHERE name = 'ferry_outbox'), 0)",
-                    "DROP INDEX IF EXISTS ferry_outbox_dispatch",
-                    "DROP INDEX IF EXISTS ferry_outbox_unfinished",
-                ],
-                DispatchMode::Row => &[
-                    // Rows behind their slot's cursor take the state the cursor gave them.
-                    "UPDATE ferry_outbox SET state = v.state, \
-                       sent_at = CASE WHEN v.state = 'SENT' THEN coalesce(ferry_outbox.sent_at, v.sent_at, ?1) END, \
-                       attempts = v.attempts, last_error = v.last_error, resolved_by = v.resolved_by, \
-                       available_at = coalesce(v.available_at, ferry_outbox.available_at), lease_until = NULL \
-                     FROM (SELECT seq, CASE state WHEN 'CLAIMED' THEN 'PENDING' ELSE state END AS state, \
-                             sent_at, attempts, last_error, resolved_by, available_at \
-                           FROM ferry_outbox_cursor_view) v \
-                     WHERE ferry_outbox.seq = v.seq \
-                       AND (v.state <> ferry_outbox.state OR v.attempts <> ferry_outbox.attempts)",
-                    "DELETE FROM ferry_outbox_exception",
-                    "UPDATE ferry_slot_lease SET cursor_xid = NULL, cursor_seq = NULL, cursor_claim_id = NULL, \
-                       cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
-                    "CREATE INDEX IF NOT EXISTS ferry_outbox_dispatch \
-                       ON ferry_outbox (seq, shard_slot) WHERE state IN ('PENDING', 'CLAIMED')",
-                    "CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished \
-                       ON ferry_outbox (aggregate_id, aggregate_version) WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
-                ],
+                DispatchMode::Cursor => &sql::TO_CURSOR,
+                DispatchMode::Row => &sql::TO_ROW,
             };
             for s in stmts {
                 sqlx::query(s)

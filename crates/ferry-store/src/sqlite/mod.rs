@@ -14,11 +14,9 @@
 //! meet the busy handler (30 s timeout).
 mod cursor;
 mod sql;
+mod write_gate;
 
-use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::store::prelude::*;
@@ -28,96 +26,21 @@ use ferry_core::{
     SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
-use tokio::sync::OwnedMutexGuard;
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use crate::common::{
     claiming, enqueue_in_own_tx, lease_from, micros, push_intent, quarantined_from, status_from,
     url_options, Ctx, InsertIntents, QuarantinedRow, StatusRow,
 };
 use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
-use crate::outcome::{Outcome, Transition};
+use crate::outcome::Outcome;
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_SQLITE};
+use sql::{outcome_set, CHUNK, COLUMNS};
+use write_gate::begin_gated;
+pub use write_gate::{begin_write, write_gate, WriteTx};
 
 /// WAL pages between automatic checkpoints (SQLite's default is 1,000).
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 10_000;
-
-/// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
-const CHUNK: usize = 1000;
-
-/// The in-process write gate of the database file `pool` opens: one FIFO mutex per file,
-/// shared by every pool of this process on that file.
-pub fn write_gate(pool: &SqlitePool) -> Arc<tokio::sync::Mutex<()>> {
-    static GATES: OnceLock<Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
-    let file = pool.connect_options().get_filename().to_path_buf();
-    let key = std::fs::canonicalize(&file).unwrap_or(file);
-    GATES
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(key)
-        .or_default()
-        .clone()
-}
-
-/// A write transaction (`BEGIN IMMEDIATE`) that holds this process's write gate of its
-/// database file until it commits or is dropped (rolled back). Dereferences to the
-/// transaction's connection, so `&mut *tx` runs statements in it.
-pub struct WriteTx {
-    // field order: the transaction is dropped (its rollback queued) before the gate opens
-    tx: Transaction<'static, Sqlite>,
-    _gate: Option<OwnedMutexGuard<()>>,
-}
-
-impl WriteTx {
-    /// Commits, then opens the gate.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
-    }
-}
-
-impl Deref for WriteTx {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
-    }
-}
-
-/// Begins a write transaction on `pool` behind the file's in-process write gate: application
-/// transactions that enqueue intents should use it, so they queue with the relay's claims and
-/// acks in FIFO order instead of sleeping in SQLite's busy handler.
-pub async fn begin_write(pool: &SqlitePool) -> Result<WriteTx, sqlx::Error> {
-    begin_gated(pool, write_gate(pool)).await
-}
-
-/// `FERRY_SQLITE_WRITE_GATE=off` leaves write transactions to SQLite's busy handler, as before
-/// the gate existed: a diagnostic switch for measuring what the gate buys, not a tuning knob.
-fn gate_disabled() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    *OFF.get_or_init(|| {
-        std::env::var("FERRY_SQLITE_WRITE_GATE").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
-    })
-}
-
-async fn begin_gated(
-    pool: &SqlitePool,
-    gate: Arc<tokio::sync::Mutex<()>>,
-) -> Result<WriteTx, sqlx::Error> {
-    // gate first, connection second: nothing holds a connection while it waits for the gate
-    let guard = if gate_disabled() {
-        None
-    } else {
-        Some(gate.lock_owned().await)
-    };
-    let tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    Ok(WriteTx { tx, _gate: guard })
-}
 
 crate::common::enqueue_fns!(SqliteConnection);
 
@@ -126,10 +49,7 @@ impl InsertIntents for SqliteConnection {
         let conn = self;
         let now = now_micros();
         for chunk in rows.chunks(CHUNK) {
-            let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
-                 event_type, headers, payload, created_at, available_at) ",
-            );
+            let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(sql::INSERT_HEAD);
             qb.push_values(chunk, |mut b, r| {
                 push_intent(&mut b, r, r.shard_slot as i64);
                 b.push_bind(now).push_bind(now);
@@ -205,10 +125,6 @@ pub struct SqliteStore {
     limits: Limits,
     gate: Arc<tokio::sync::Mutex<()>>,
 }
-
-const COLUMNS: &str =
-    "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
-    topic, msg_key, event_type, headers, payload, attempts, created_at";
 
 pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
     ClaimedEvent {
@@ -341,18 +257,6 @@ impl SqliteStore {
     }
 }
 
-/// The SET clause of an outcome, the same on both tables: `?2` is now (µs), `t.num` and `t.txt`
-/// the item's delay and text.
-fn outcome_set(to: Transition) -> &'static str {
-    match to {
-        Transition::Ack => "state = 'SENT', sent_at = ?2, lease_until = NULL",
-        Transition::Retry => "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
-        Transition::Quarantine => "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
-        Transition::Release => "state = 'PENDING', lease_until = NULL, available_at = ?2",
-        Transition::Extend { .. } => "lease_until = ?2 + t.num",
-    }
-}
-
 /// A batched CAS on `table` (`ferry_outbox` or `ferry_outbox_exception`, fixed constants) inside
 /// the caller's write transaction: the tokens (and per-item number/text) travel as one JSON array,
 /// joined with `json_each`, so every batch size uses the same prepared statement. `?2` is `now`.
@@ -374,13 +278,7 @@ pub(crate) async fn cas_in(
             serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
         })
         .collect();
-    let sql = format!(
-        "UPDATE {table} SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, value->>2 AS cid, \
-           value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
-         WHERE {table}.seq = t.seq AND {table}.state = 'CLAIMED' \
-           AND {table}.claim_version = t.cv AND {table}.claim_id = t.cid \
-         RETURNING {table}.seq, {table}.claim_version, {table}.claim_id"
-    );
+    let sql = sql::cas(table, set);
     let rows = sqlx::query_as::<_, (i64, i64, String)>(&sql)
         .bind(serde_json::Value::Array(items).to_string())
         .bind(now)
@@ -403,24 +301,7 @@ pub(crate) async fn claim_in(
     req: &ClaimRequest,
     now: i64,
 ) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
-    let fence = if req.fence.is_some() {
-        format!("AND {a}.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)")
-    } else {
-        String::new()
-    };
-    let sql = format!(
-        "UPDATE {table} SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
-           lease_until = ?2 + ?4 \
-         WHERE seq IN (SELECT {a}.seq FROM {table} {a} \
-           WHERE {a}.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
-             AND {a}.state IN ('PENDING', 'CLAIMED') \
-             AND (({a}.state = 'PENDING' AND {a}.available_at <= ?2) OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= ?2)) \
-             AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.aggregate_id = {a}.aggregate_id \
-               AND p.aggregate_version < {a}.aggregate_version \
-               AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-           ORDER BY {a}.seq LIMIT ?6) \
-         RETURNING {returning}"
-    );
+    let sql = sql::claim((table, a), returning, req.fence.is_some());
     sqlx::query(&sql)
         .bind(json_slots(&req.slots))
         .bind(now)
@@ -460,9 +341,7 @@ impl ferry_core::RowDispatch for SqliteStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
-            );
+            let sql = sql::lookup_claim();
             crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
@@ -602,22 +481,9 @@ impl ferry_core::OperatorActions for SqliteStore {
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
             let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => {
-                    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                   (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
-                      AND s.aggregate_version > q.aggregate_version \
-                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
-                }
+                ferry_core::DispatchMode::Row => sql::QUARANTINED_ROWS,
                 // successors are held exceptions, or not yet read past the cursor
-                ferry_core::DispatchMode::Cursor => {
-                    "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                   (SELECT count(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
-                      AND s.aggregate_version > q.aggregate_version \
-                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                 FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
-                 WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
-                }
+                ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
             };
             let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
                 .bind(limit as i64)
@@ -631,25 +497,9 @@ impl ferry_core::OperatorActions for SqliteStore {
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         Box::pin(async move {
             let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => {
-                    "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
-                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
-                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
-                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')"
-                }
+                ferry_core::DispatchMode::Row => sql::STATUS_ROWS,
                 // unfinished = past the slot's cursor, or an open exception
-                ferry_core::DispatchMode::Cursor => {
-                    "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
-                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
-                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
-                 FROM (SELECT 'PENDING' AS state, o.created_at, o.aggregate_id FROM ferry_outbox o \
-                         JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-                       WHERE o.seq > (SELECT min(cursor_seq) FROM ferry_slot_lease) AND o.seq > l.cursor_seq \
-                       UNION ALL \
-                       SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
-                         JOIN ferry_outbox o ON o.seq = x.seq \
-                       WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))"
-                }
+                ferry_core::DispatchMode::Cursor => sql::STATUS_CURSOR,
             };
             let r: StatusRow = sqlx::query_as(sql)
                 .bind(now_micros())

@@ -1,4 +1,7 @@
-//! Every statement of the SQLite backend, named: one place to read its protocol.
+//! Every statement of the SQLite backend, named: one place to read its protocol. Static
+//! statements are constants; a claim's and an outcome's text depend on the table (outbox or
+//! exception rows) and are built here. Every value is a bind parameter; lists travel as JSON.
+use crate::outcome::Transition;
 
 /// Statement (mod.rs).
 pub(crate) const PROBE_VERSION: &str =
@@ -74,3 +77,151 @@ pub(crate) const ADVANCE_EXCEPTIONS: &str = "INSERT INTO ferry_outbox_exception 
                        available_at, attempts, last_error, created_at) \
                      SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6, value->>7, ?2 \
                      FROM json_each(?1) WHERE true ON CONFLICT (seq) DO NOTHING";
+
+pub(crate) const COLUMNS: &str =
+    "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
+    topic, msg_key, event_type, headers, payload, attempts, created_at";
+
+/// The SET clause of an outcome, the same on both tables: `?2` is now (µs), `t.num` and `t.txt`
+/// the item's delay and text.
+pub(crate) fn outcome_set(to: Transition) -> &'static str {
+    match to {
+        Transition::Ack => "state = 'SENT', sent_at = ?2, lease_until = NULL",
+        Transition::Retry => "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
+        Transition::Quarantine => "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
+        Transition::Release => "state = 'PENDING', lease_until = NULL, available_at = ?2",
+        Transition::Extend { .. } => "lease_until = ?2 + t.num",
+    }
+}
+
+/// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
+pub(crate) const CHUNK: usize = 1000;
+
+/// `sqlite::COLUMNS` qualified with `o.`, in the order [`crate::sqlite::claimed_from_row`] reads.
+pub(crate) const COLUMNS_O: &str =
+    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
+    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, o.created_at";
+
+/// A batched CAS on `table` (`ferry_outbox` or `ferry_outbox_exception`) with the SET clause
+/// `set`: `?1` the tokens and per-item number/text as one JSON array, joined with `json_each`
+/// (one prepared statement for every batch size), `?2` now.
+pub(crate) fn cas(table: &str, set: &str) -> String {
+    format!(
+        "UPDATE {table} SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, value->>2 AS cid, \
+           value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
+         WHERE {table}.seq = t.seq AND {table}.state = 'CLAIMED' \
+           AND {table}.claim_version = t.cv AND {table}.claim_id = t.cid \
+         RETURNING {table}.seq, {table}.claim_version, {table}.claim_id"
+    )
+}
+
+/// SQLite's claim on `table` aliased `a` (`ferry_outbox o` or `ferry_outbox_exception x`): `?1`
+/// the slots (JSON), `?2` now, `?3` the claim id, `?4` the lease (µs), `?5` the fence's owner
+/// (with `fenced`), `?6` the limit; returns `returning` of each row claimed.
+pub(crate) fn claim((table, a): (&str, &str), returning: &str, fenced: bool) -> String {
+    let fence = if fenced {
+        format!("AND {a}.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)")
+    } else {
+        String::new()
+    };
+    format!(
+        "UPDATE {table} SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
+           lease_until = ?2 + ?4 \
+         WHERE seq IN (SELECT {a}.seq FROM {table} {a} \
+           WHERE {a}.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
+             AND {a}.state IN ('PENDING', 'CLAIMED') \
+             AND (({a}.state = 'PENDING' AND {a}.available_at <= ?2) OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= ?2)) \
+             AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.aggregate_id = {a}.aggregate_id \
+               AND p.aggregate_version < {a}.aggregate_version \
+               AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+           ORDER BY {a}.seq LIMIT ?6) \
+         RETURNING {returning}"
+    )
+}
+
+/// The rows still claimed under claim id `?`, in seq order.
+pub(crate) fn lookup_claim() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
+    )
+}
+
+/// Cursor dispatch's status counts (`?1` now): unfinished = past the slot's cursor, or an open exception.
+pub(crate) const STATUS_CURSOR: &str = "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
+                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
+                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
+                 FROM (SELECT 'PENDING' AS state, o.created_at, o.aggregate_id FROM ferry_outbox o \
+                         JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
+                       WHERE o.seq > (SELECT min(cursor_seq) FROM ferry_slot_lease) AND o.seq > l.cursor_seq \
+                       UNION ALL \
+                       SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
+                         JOIN ferry_outbox o ON o.seq = x.seq \
+                       WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))";
+
+/// Row dispatch's status counts (`?1` now).
+pub(crate) const STATUS_ROWS: &str =
+    "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
+                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
+                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
+                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')";
+
+/// Quarantined exception rows and how many successors each holds (cursor dispatch); `?` the limit.
+pub(crate) const QUARANTINED_CURSOR: &str = "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT count(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.aggregate_version > q.aggregate_version \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                 FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
+                 WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?";
+
+/// Quarantined intents and how many unfinished successors each holds (row dispatch); `?` the limit.
+pub(crate) const QUARANTINED_ROWS: &str =
+    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
+                   (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
+                      AND s.aggregate_version > q.aggregate_version \
+                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?";
+
+/// The multi-row insert of intents, its VALUES pushed per chunk.
+pub(crate) const INSERT_HEAD: &str = "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
+                 event_type, headers, payload, created_at, available_at) ";
+
+/// A switch to cursor dispatch, in its write transaction (`?1` now, where used).
+pub(crate) const TO_CURSOR: [&str; 4] = [
+    // Quarantined rows stay parked as exception rows (they hold their successors).
+    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
+       available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
+     SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
+       last_error, resolved_by, resolved_at, ?1 \
+     FROM ferry_outbox WHERE state = 'QUARANTINED'",
+    // Each slot's cursor sits just below its first unfinished row (or at the
+    // head): the cursor path sends the row-mode backlog in order, and its read
+    // passes over rows row mode already finished (their state is not PENDING).
+    "UPDATE ferry_slot_lease SET cursor_xid = 0, cursor_version = cursor_version + 1, \
+       cursor_claim_id = NULL, epoch = epoch + 1, owner = NULL, lease_until = NULL, \
+       cursor_seq = coalesce((SELECT min(o.seq) - 1 FROM ferry_outbox o \
+           WHERE o.shard_slot = ferry_slot_lease.slot AND o.state IN ('PENDING', 'CLAIMED')), \
+         (SELECT seq FROM sqlite_sequence WHERE name = 'ferry_outbox'), 0)",
+    "DROP INDEX IF EXISTS ferry_outbox_dispatch",
+    "DROP INDEX IF EXISTS ferry_outbox_unfinished",
+];
+
+/// A switch to row dispatch, in its write transaction (`?1` now, where used).
+pub(crate) const TO_ROW: [&str; 5] = [
+    // Rows behind their slot's cursor take the state the cursor gave them.
+    "UPDATE ferry_outbox SET state = v.state, \
+       sent_at = CASE WHEN v.state = 'SENT' THEN coalesce(ferry_outbox.sent_at, v.sent_at, ?1) END, \
+       attempts = v.attempts, last_error = v.last_error, resolved_by = v.resolved_by, \
+       available_at = coalesce(v.available_at, ferry_outbox.available_at), lease_until = NULL \
+     FROM (SELECT seq, CASE state WHEN 'CLAIMED' THEN 'PENDING' ELSE state END AS state, \
+             sent_at, attempts, last_error, resolved_by, available_at \
+           FROM ferry_outbox_cursor_view) v \
+     WHERE ferry_outbox.seq = v.seq \
+       AND (v.state <> ferry_outbox.state OR v.attempts <> ferry_outbox.attempts)",
+    "DELETE FROM ferry_outbox_exception",
+    "UPDATE ferry_slot_lease SET cursor_xid = NULL, cursor_seq = NULL, cursor_claim_id = NULL, \
+       cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
+    "CREATE INDEX IF NOT EXISTS ferry_outbox_dispatch \
+       ON ferry_outbox (seq, shard_slot) WHERE state IN ('PENDING', 'CLAIMED')",
+    "CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished \
+       ON ferry_outbox (aggregate_id, aggregate_version) WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
+];
