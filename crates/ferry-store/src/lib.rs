@@ -53,18 +53,26 @@ use std::time::Duration;
 
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreErrorKind};
 
-mod common;
+mod dialect;
+mod enqueue;
+mod error;
+mod exceptions;
+mod lookup;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;
-mod ops;
+mod operator;
 mod outcome;
 pub mod postgres;
+mod request;
+mod rows;
+mod seq_read;
 mod server_settings;
 pub mod sqlite;
+mod status_cache;
 
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
-pub use ops::validate_identifier;
+pub use operator::validate_identifier;
 
 /// Which database a URL points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,6 +316,11 @@ pub fn error_kind(e: &sqlx::Error) -> StoreErrorKind {
         }
         _ => StoreErrorKind::Other,
     }
+}
+
+/// A duration in whole microseconds, saturating.
+pub(crate) fn micros(d: Duration) -> i64 {
+    d.as_micros().min(i64::MAX as u128) as i64
 }
 
 /// A heartbeat of `owner` found its membership row held, live, by another instance.

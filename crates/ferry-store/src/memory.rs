@@ -67,7 +67,8 @@ use ferry_core::{
     StoreErrorKind, ValidatedEvent, Watermark, SLOT_COUNT,
 };
 
-use crate::common::{micros, not_quarantined};
+use crate::error::not_quarantined;
+use crate::micros;
 
 /// Bits of `seq` that hold the slot (`SLOT_COUNT` = 256).
 const SLOT_BITS: u32 = 8;

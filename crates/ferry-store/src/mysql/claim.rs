@@ -9,8 +9,9 @@ use sqlx::{MySql, QueryBuilder};
 use super::rows::claimed_from_row;
 use super::sql::{candidate_query, due_window, push_list, COLUMNS};
 use super::MyStore;
-use crate::common::{micros, Ctx};
 use crate::db_err;
+use crate::error::Ctx;
+use crate::micros;
 
 impl MyStore {
     /// [`ferry_core::RowDispatch::claim`] of a request that names slots and rows (the module

@@ -28,12 +28,14 @@ use super::rows::claimed_from_row;
 use super::sql;
 use super::sql::{push_list, COLUMNS, COLUMNS_O, ROW_INDEXES};
 use super::MyStore;
-use crate::common::{
-    advance_applied, claimed_exceptions, claiming, exception_row, micros, mode_in_use,
-    slotless_advance, Ctx, SeqRange, SeqRanges, SeqRead,
-};
 use crate::db_err;
+use crate::error::{mode_in_use, Ctx};
+use crate::exceptions::{claimed_exceptions, exception_row};
+use crate::lookup::advance_applied;
+use crate::micros;
 use crate::outcome::Outcome;
+use crate::request::{claiming, slotless_advance};
+use crate::seq_read::{SeqRange, SeqRanges, SeqRead};
 
 /// How long that DDL waits for the table's metadata lock (transactions open on the outbox; new
 /// producer statements queue behind a waiting DDL) before it gives up.
@@ -41,7 +43,7 @@ const INDEX_DDL_WAIT_S: u32 = 10;
 
 impl MyStore {
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
-        crate::common::stored_mode::<_, Vec<u8>>(self.pool()).await
+        crate::lookup::stored_mode::<_, Vec<u8>>(self.pool()).await
     }
 
     /// The mode switch's transaction (docs/schema.md, "Switching modes"): `false` when the

@@ -36,16 +36,18 @@ use ferry_core::{
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
-use crate::common::{
-    claiming, enqueue_in_own_tx, micros, push_intent, record_from, record_sql, status_from,
-    url_options, Ctx, InsertIntents, StatusRow,
-};
-use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::enqueue::{enqueue_in_own_tx, push_intent, InsertIntents};
+use crate::error::{url_options, Ctx};
+use crate::lookup::record_sql;
+use crate::micros;
+use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::request::claiming;
+use crate::rows::{record_from, status_from, StatusRow};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_MYSQL};
 use rows::{claimed_from_row, lease_from_row, otxt, txt};
 use sql::{push_list, CHUNK, COLUMNS, STATUS_CACHE};
 
-crate::common::enqueue_fns!(MySqlConnection);
+crate::enqueue::enqueue_fns!(MySqlConnection);
 
 impl InsertIntents for MySqlConnection {
     async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
@@ -194,7 +196,7 @@ impl MyStore {
         };
         let mode = self.stored_mode().await?;
         let pools = Pools::My(&self.pool);
-        let n = ops::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
+        let n = operator::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
         operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
@@ -219,7 +221,7 @@ impl ferry_core::RowDispatch for MyStore {
             let sql = format!(
                 "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
             );
-            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
+            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -479,7 +481,7 @@ impl ferry_core::OutboxStore for MyStore {
         max_age: std::time::Duration,
     ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         use ferry_core::OperatorActions;
-        Box::pin(crate::common::shared_status(
+        Box::pin(crate::status_cache::shared_status(
             &self.pool,
             &STATUS_CACHE,
             sqlx::mysql::MySqlQueryResult::rows_affected,
@@ -493,7 +495,7 @@ impl ferry_core::OutboxStore for MyStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            ops::purge_sent(Pools::My(&self.pool), self.stored_mode().await?, req).await
+            operator::purge::purge_sent(Pools::My(&self.pool), self.stored_mode().await?, req).await
         })
     }
 
@@ -502,7 +504,8 @@ impl ferry_core::OutboxStore for MyStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            ops::reconcile(Pools::My(&self.pool), self.stored_mode().await?, req).await
+            operator::reconcile::reconcile(Pools::My(&self.pool), self.stored_mode().await?, req)
+                .await
         })
     }
 

@@ -234,8 +234,8 @@ pub(crate) fn outcome_set(to: Transition) -> Cow<'static, str> {
     }
 }
 
-/// `ferry_status_cache` on MariaDB ([`crate::common::shared_status`]; migration 5).
-pub(crate) const STATUS_CACHE: crate::common::StatusCacheSql = crate::common::StatusCacheSql {
+/// `ferry_status_cache` on MariaDB ([`crate::status_cache::shared_status`]; migration 5).
+pub(crate) const STATUS_CACHE: crate::status_cache::StatusCacheSql = crate::status_cache::StatusCacheSql {
     lease: "UPDATE ferry_status_cache SET computing_until = UTC_TIMESTAMP(6) + INTERVAL 60 SECOND \
             WHERE id = 1 AND (computed_at IS NULL OR computed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) \
               AND (computing_until IS NULL OR computing_until < UTC_TIMESTAMP(6))",
@@ -276,7 +276,7 @@ pub(crate) const ROW_INDEXES: [(&str, &str); 4] = [
 /// protocol's 65,535).
 pub(crate) const CHUNK: usize = 1000;
 
-/// Row dispatch's status counts ([`crate::common::StatusRow`]).
+/// Row dispatch's status counts ([`crate::rows::StatusRow`]).
 pub(crate) const STATUS_ROWS: &str = "SELECT (SELECT count(*) FROM ferry_outbox WHERE state = 'PENDING'), \
                    (SELECT count(*) FROM ferry_outbox WHERE state = 'CLAIMED'), \
                    (SELECT count(*) FROM ferry_outbox WHERE state = 'QUARANTINED'), \

@@ -26,10 +26,12 @@ use sqlx::Row;
 
 use super::sql::{self, read_sql, SlotBound};
 use super::windows::{snapshot_bound, snapshot_xip};
-use crate::common::{claiming, exception_row, slotless_advance, Ctx};
 use crate::db_err;
+use crate::error::Ctx;
+use crate::exceptions::exception_row;
 use crate::outcome::Outcome;
 use crate::postgres::{PgStore, EXCEPTIONS};
+use crate::request::{claiming, slotless_advance};
 
 /// Reads [`EVENT_COLUMNS`] starting at column `off`.
 fn event_at(r: &PgRow, off: usize) -> ClaimedEvent {

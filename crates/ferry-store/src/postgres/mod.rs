@@ -23,12 +23,13 @@ use ferry_core::{
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, PgPool, Row, Transaction};
 
-use crate::common::{
-    claiming, enqueue_in_own_tx, lease_from, micros, quarantined_from, status_from, url_options,
-    Ctx, InsertIntents, QuarantinedRow, StatusRow,
-};
-use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::enqueue::{enqueue_in_own_tx, InsertIntents};
+use crate::error::{url_options, Ctx};
+use crate::micros;
+use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::{Outcome, Transition};
+use crate::request::claiming;
+use crate::rows::{lease_from, quarantined_from, status_from, QuarantinedRow, StatusRow};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_POSTGRES};
 use sql::{INSERT, STATUS_CACHE};
 
@@ -36,7 +37,7 @@ use sql::{INSERT, STATUS_CACHE};
 /// (`?application_name=…` in the URL overrides it).
 pub const APPLICATION_NAME: &str = "ferry";
 
-crate::common::enqueue_fns!(PgConnection);
+crate::enqueue::enqueue_fns!(PgConnection);
 
 impl InsertIntents for PgConnection {
     async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
@@ -140,7 +141,7 @@ impl PgStore {
 
     /// The stored dispatch mode (`ferry_dispatch`).
     pub(crate) async fn stored_mode(&self) -> Result<ferry_core::DispatchMode, StoreError> {
-        crate::common::stored_mode::<_, String>(self.pool()).await
+        crate::lookup::stored_mode::<_, String>(self.pool()).await
     }
 
     /// The pool, for the application's own transactions.
@@ -176,7 +177,7 @@ impl PgStore {
         };
         let mode = self.stored_mode().await?;
         let pools = Pools::Pg(&self.pool);
-        let n = ops::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
+        let n = operator::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
         operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
@@ -294,7 +295,7 @@ impl ferry_core::RowDispatch for PgStore {
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             let sql = sql::lookup_claim();
-            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
+            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -488,7 +489,7 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::common::record(&self.pool, self.stored_mode().await?, "$1", event_id).await
+            crate::lookup::record(&self.pool, self.stored_mode().await?, "$1", event_id).await
         })
     }
 }
@@ -503,7 +504,7 @@ impl ferry_core::OutboxStore for PgStore {
         max_age: std::time::Duration,
     ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         use ferry_core::OperatorActions;
-        Box::pin(crate::common::shared_status(
+        Box::pin(crate::status_cache::shared_status(
             &self.pool,
             &STATUS_CACHE,
             sqlx::postgres::PgQueryResult::rows_affected,
@@ -548,7 +549,7 @@ impl ferry_core::OutboxStore for PgStore {
         Box::pin(async move {
             let mode = self.stored_mode().await?;
             self.check_xids(mode).await?;
-            ops::purge_sent(Pools::Pg(&self.pool), mode, req).await
+            operator::purge::purge_sent(Pools::Pg(&self.pool), mode, req).await
         })
     }
 
@@ -559,7 +560,7 @@ impl ferry_core::OutboxStore for PgStore {
         Box::pin(async move {
             let mode = self.stored_mode().await?;
             self.check_xids(mode).await?;
-            ops::reconcile(Pools::Pg(&self.pool), mode, req).await
+            operator::reconcile::reconcile(Pools::Pg(&self.pool), mode, req).await
         })
     }
 

@@ -220,8 +220,8 @@ pub(crate) fn claim_slot_filter(a: &str, req: &ClaimRequest) -> String {
     }
 }
 
-/// `ferry_status_cache` on PostgreSQL ([`crate::common::shared_status`]).
-pub(crate) const STATUS_CACHE: crate::common::StatusCacheSql = crate::common::StatusCacheSql {
+/// `ferry_status_cache` on PostgreSQL ([`crate::status_cache::shared_status`]).
+pub(crate) const STATUS_CACHE: crate::status_cache::StatusCacheSql = crate::status_cache::StatusCacheSql {
     lease: "UPDATE ferry_status_cache SET computing_until = now() + interval '60 seconds' \
             WHERE id = 1 AND (computed_at IS NULL OR computed_at < now() - make_interval(secs => $1::float8 / 1e6)) \
               AND (computing_until IS NULL OR computing_until < now())",
@@ -491,7 +491,7 @@ pub(crate) fn lookup_claim() -> String {
     )
 }
 
-/// The status counts over rows of `state, created_at, aggregate_id` ([`crate::common::StatusRow`]).
+/// The status counts over rows of `state, created_at, aggregate_id` ([`crate::rows::StatusRow`]).
 pub(crate) const COUNTS: &str = "count(*) FILTER (WHERE state = 'PENDING'), \
     count(*) FILTER (WHERE state = 'CLAIMED'), count(*) FILTER (WHERE state = 'QUARANTINED'), \
     (extract(epoch from (now() - min(created_at))) * 1000000)::int8, \

@@ -14,12 +14,13 @@ use ferry_core::{
 use sqlx::Row;
 
 use super::sql::{self, COLUMNS_O};
-use crate::common::{
-    advance_applied, claimed_exceptions, claiming, exception_row, mode_in_use, slotless_advance,
-    Ctx, SeqRange, SeqRanges, SeqRead,
-};
 use crate::db_err;
+use crate::error::{mode_in_use, Ctx};
+use crate::exceptions::{claimed_exceptions, exception_row};
+use crate::lookup::advance_applied;
 use crate::outcome::Outcome;
+use crate::request::{claiming, slotless_advance};
+use crate::seq_read::{SeqRange, SeqRanges, SeqRead};
 use crate::sqlite::SqliteStore;
 
 fn json(v: &[impl Into<i64> + Copy]) -> String {
@@ -53,7 +54,7 @@ impl SeqRanges for sqlx::SqliteConnection {
 
 impl SqliteStore {
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
-        crate::common::stored_mode::<_, String>(self.pool()).await
+        crate::lookup::stored_mode::<_, String>(self.pool()).await
     }
 }
 

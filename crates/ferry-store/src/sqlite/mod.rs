@@ -28,12 +28,13 @@ use ferry_core::{
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
-use crate::common::{
-    claiming, enqueue_in_own_tx, lease_from, micros, push_intent, quarantined_from, status_from,
-    url_options, Ctx, InsertIntents, QuarantinedRow, StatusRow,
-};
-use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::enqueue::{enqueue_in_own_tx, push_intent, InsertIntents};
+use crate::error::{url_options, Ctx};
+use crate::micros;
+use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::Outcome;
+use crate::request::claiming;
+use crate::rows::{lease_from, quarantined_from, status_from, QuarantinedRow, StatusRow};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_SQLITE};
 use sql::{outcome_set, CHUNK, COLUMNS};
 use write_gate::begin_gated;
@@ -42,7 +43,7 @@ pub use write_gate::{begin_write, write_gate, WriteTx};
 /// WAL pages between automatic checkpoints (SQLite's default is 1,000).
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 10_000;
 
-crate::common::enqueue_fns!(SqliteConnection);
+crate::enqueue::enqueue_fns!(SqliteConnection);
 
 impl InsertIntents for SqliteConnection {
     async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
@@ -243,7 +244,7 @@ impl SqliteStore {
         };
         let mode = self.stored_mode().await?;
         let gate = self.gate.lock().await;
-        let n = ops::operator_update(
+        let n = operator::operator_update(
             Pools::Lite(&self.pool),
             mode,
             target,
@@ -342,7 +343,7 @@ impl ferry_core::RowDispatch for SqliteStore {
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
             let sql = sql::lookup_claim();
-            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
+            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -515,7 +516,7 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::common::record(&self.pool, self.stored_mode().await?, "?", event_id).await
+            crate::lookup::record(&self.pool, self.stored_mode().await?, "?", event_id).await
         })
     }
 }
@@ -530,7 +531,8 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            ops::purge_sent(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
+            operator::purge::purge_sent(Pools::Lite(&self.pool), self.stored_mode().await?, req)
+                .await
         })
     }
 
@@ -539,7 +541,8 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            ops::reconcile(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
+            operator::reconcile::reconcile(Pools::Lite(&self.pool), self.stored_mode().await?, req)
+                .await
         })
     }
 
