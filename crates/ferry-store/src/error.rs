@@ -31,7 +31,9 @@ where
     })
 }
 
-pub(crate) fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> StoreError {
+/// The error of a requeue or skip of `event_id` that is not quarantined (`rec`: its record, if
+/// it exists); every store, including ones outside this crate, gives this one.
+pub fn not_quarantined(event_id: &str, rec: Option<EventRecord>) -> StoreError {
     match rec {
         None => StoreError::new(StoreErrorKind::InvalidInput, format!("no outbox event with id {event_id:?}")),
         Some(r) => StoreError::new(
