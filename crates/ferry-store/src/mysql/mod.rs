@@ -30,13 +30,13 @@ use std::sync::Arc;
 
 use ferry_core::store::prelude::*;
 use ferry_core::{
-    BoxFuture, ClaimRequest, ClaimedEvent, EnqueueError, EventRecord, Limits, NewEvent,
-    OperatorAction, OutboxStatus, QuarantinedEvent, SlotLease, StoreError, ValidatedEvent,
+    BoxFuture, ClaimRequest, ClaimedEvent, EnqueueError, EventRecord, Limits, OutboxStatus,
+    QuarantinedEvent, SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
-use crate::enqueue::{enqueue_in_own_tx, push_intent, InsertIntents};
+use crate::enqueue::{push_intent, InsertIntents};
 use crate::error::{url_options, Ctx};
 use crate::lookup::record_sql;
 use crate::micros;
@@ -367,25 +367,7 @@ impl ferry_core::SlotOwnership for MyStore {
 }
 
 impl ferry_core::OperatorActions for MyStore {
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(enqueue_in_own_tx(
-            events,
-            &self.limits,
-            self.pool.begin(),
-            Transaction::commit,
-        ))
-    }
-
-    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
-    }
-
-    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
-    }
+    crate::operator::operator_writes!(pool.begin, Transaction::commit);
 
     fn list_quarantined(
         &self,

@@ -253,3 +253,40 @@ pub(crate) fn first_i64(rows: Vec<Vec<Option<String>>>) -> Option<i64> {
         .and_then(|r| r[0].as_deref())
         .and_then(|v| v.parse::<i64>().ok())
 }
+
+/// The three writes of [`ferry_core::OperatorActions`] (enqueue, requeue, skip) for an
+/// `impl OperatorActions` block of a store with a `limits` field and an inherent
+/// `async fn operator_update(&self, event_id, operator, target)`: an enqueue runs in a
+/// transaction of the store's own (`self.$begin()`, committed by `$commit`), requeue and skip are
+/// one fenced operator update each. A macro, not a blanket impl: `OperatorActions` belongs to
+/// ferry-core (the orphan rule), as [`crate::outcome::row_outcomes`] explains.
+macro_rules! operator_writes {
+    ($($begin:ident).+, $commit:path) => {
+        fn enqueue<'a>(
+            &'a self,
+            events: &'a [ferry_core::NewEvent],
+        ) -> ferry_core::BoxFuture<'a, Result<Vec<String>, ferry_core::EnqueueError>> {
+            Box::pin($crate::enqueue::enqueue_in_own_tx(
+                events,
+                &self.limits,
+                self.$($begin).+(),
+                $commit,
+            ))
+        }
+
+        fn requeue<'a>(
+            &'a self,
+            req: &'a ferry_core::OperatorAction<'a>,
+        ) -> ferry_core::BoxFuture<'a, Result<(), ferry_core::StoreError>> {
+            Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
+        }
+
+        fn skip<'a>(
+            &'a self,
+            req: &'a ferry_core::OperatorAction<'a>,
+        ) -> ferry_core::BoxFuture<'a, Result<(), ferry_core::StoreError>> {
+            Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
+        }
+    };
+}
+pub(crate) use operator_writes;

@@ -17,13 +17,12 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
-    StoreError, ValidatedEvent,
+    Limits, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, PgPool, Row, Transaction};
 
-use crate::enqueue::{enqueue_in_own_tx, InsertIntents};
+use crate::enqueue::InsertIntents;
 use crate::error::{url_options, Ctx};
 use crate::micros;
 use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
@@ -402,25 +401,7 @@ impl ferry_core::SlotOwnership for PgStore {
 }
 
 impl ferry_core::OperatorActions for PgStore {
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(enqueue_in_own_tx(
-            events,
-            &self.limits,
-            self.pool.begin(),
-            Transaction::commit,
-        ))
-    }
-
-    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
-    }
-
-    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
-    }
+    crate::operator::operator_writes!(pool.begin, Transaction::commit);
 
     fn list_quarantined(
         &self,

@@ -22,13 +22,13 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId,
-    SlotLease, StoreError, ValidatedEvent,
+    EventRecord, Limits, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError,
+    ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
-use crate::enqueue::{enqueue_in_own_tx, push_intent, InsertIntents};
+use crate::enqueue::{push_intent, InsertIntents};
 use crate::error::{url_options, Ctx};
 use crate::micros;
 use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
@@ -456,25 +456,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
 }
 
 impl ferry_core::OperatorActions for SqliteStore {
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(enqueue_in_own_tx(
-            events,
-            &self.limits,
-            self.begin_write(),
-            WriteTx::commit,
-        ))
-    }
-
-    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
-    }
-
-    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
-    }
+    crate::operator::operator_writes!(begin_write, WriteTx::commit);
 
     fn list_quarantined(
         &self,
