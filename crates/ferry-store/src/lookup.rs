@@ -3,7 +3,7 @@
 use ferry_core::{DispatchMode, EventRecord, StoreError, StoreErrorKind};
 
 use crate::db_err;
-use crate::rows::{record_from, RecordRow};
+use crate::rows::{lease_from, quarantined_from, record_from, QuarantinedRow, RecordRow};
 
 /// A claim's rows (`sql`, whose one parameter is the claim id) as events read by `from_row`.
 pub(crate) async fn lookup_claim<DB>(
@@ -108,4 +108,48 @@ pub(crate) fn state_table(mode: DispatchMode) -> &'static str {
         DispatchMode::Row => "ferry_outbox",
         DispatchMode::Cursor => "ferry_outbox_cursor_view",
     }
+}
+
+/// [`ferry_core::OperatorActions::list_quarantined`] on a backend whose driver decodes a
+/// [`QuarantinedRow`] (not MariaDB's binary text): `sql` is the backend's statement for the
+/// stored dispatch mode, its one parameter the limit.
+pub(crate) async fn quarantined<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    limit: usize,
+) -> Result<Vec<ferry_core::QuarantinedEvent>, StoreError>
+where
+    DB: sqlx::Database,
+    QuarantinedRow: for<'r> sqlx::FromRow<'r, DB::Row>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
+        .bind(limit as i64)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| db_err("list quarantined", e))?;
+    Ok(rows.into_iter().map(quarantined_from).collect())
+}
+
+/// [`ferry_core::SlotOwnership::slot_leases`] on a backend whose driver decodes the lease row
+/// `slot, owner, epoch, lease_until` (µs) with the slot as `S` (PostgreSQL `int2`, SQLite
+/// `INTEGER`).
+pub(crate) async fn slot_leases<DB, S>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+) -> Result<Vec<ferry_core::SlotLease>, StoreError>
+where
+    DB: sqlx::Database,
+    S: Into<i64> + Send + Unpin,
+    (S, String, i64, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let rows: Vec<(S, String, i64, i64)> = sqlx::query_as(sql)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| db_err("slot leases", e))?;
+    Ok(rows.into_iter().map(lease_from).collect())
 }

@@ -34,7 +34,7 @@ use crate::micros;
 use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
 use crate::outcome::Outcome;
 use crate::request::claiming;
-use crate::rows::{lease_from, quarantined_from, status_from, QuarantinedRow, StatusRow};
+use crate::rows::{lease_from, status_from, StatusRow};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_SQLITE};
 use sql::{outcome_set, CHUNK, COLUMNS};
 use write_gate::begin_gated;
@@ -445,13 +445,10 @@ impl ferry_core::SlotOwnership for SqliteStore {
     }
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(sql::SLOT_LEASES)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows.into_iter().map(lease_from).collect())
-        })
+        Box::pin(crate::lookup::slot_leases::<_, i64>(
+            &self.pool,
+            sql::SLOT_LEASES,
+        ))
     }
 }
 
@@ -468,12 +465,7 @@ impl ferry_core::OperatorActions for SqliteStore {
                 // successors are held exceptions, or not yet read past the cursor
                 ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
             };
-            let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows.into_iter().map(quarantined_from).collect())
+            crate::lookup::quarantined(&self.pool, sql, limit).await
         })
     }
 
