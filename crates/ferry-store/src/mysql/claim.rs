@@ -7,11 +7,10 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{MySql, QueryBuilder};
 
 use super::rows::claimed_from_row;
-use super::sql::{candidate_query, due_window, push_list, COLUMNS};
+use super::sql::{self, candidate_query, due_window, push_list, COLUMNS};
 use super::MyStore;
 use crate::db_err;
 use crate::error::Ctx;
-use crate::micros;
 
 impl MyStore {
     /// [`ferry_core::RowDispatch::claim`] of a request that names slots and rows (the module
@@ -80,15 +79,7 @@ impl MyStore {
             return Ok(Vec::new());
         }
         let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
-        let mut qb = QueryBuilder::<MySql>::new(
-            "UPDATE ferry_outbox SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ",
-        );
-        qb.push_bind(&req.claim_id)
-            .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-            .push_bind(micros(req.lease))
-            .push(" MICROSECOND WHERE seq IN (");
-        push_list(&mut qb, items.iter().map(|i| i.token.seq));
-        qb.push(")");
+        let mut qb = sql::claim_update("ferry_outbox", req, items.iter().map(|i| i.token.seq));
         let n = qb
             .build()
             .execute(&mut *tx)

@@ -32,7 +32,6 @@ use crate::db_err;
 use crate::error::{mode_in_use, Ctx};
 use crate::exceptions::{claimed_exceptions, exception_row};
 use crate::lookup::advance_applied;
-use crate::micros;
 use crate::outcome::Outcome;
 use crate::request::{claiming, slotless_advance};
 use crate::seq_read::{SeqRange, SeqRanges, SeqRead};
@@ -67,47 +66,8 @@ impl MyStore {
             return Err(mode_in_use(&current, others, mode));
         }
         let stmts: &[&str] = match mode {
-            DispatchMode::Cursor => &[
-                // Quarantined rows stay parked as exception rows (they hold their successors).
-                "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
-                   available_at, attempts, last_error, resolved_by, resolved_at) \
-                 SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
-                   last_error, resolved_by, resolved_at \
-                 FROM ferry_outbox WHERE state = 'QUARANTINED' \
-                 ON DUPLICATE KEY UPDATE state = VALUES(state)",
-                // Each slot's cursor sits just below its first unfinished row (or at the
-                // head): the cursor sends the row-mode backlog in order and passes over rows
-                // row mode already finished (their state is not PENDING).
-                "UPDATE ferry_slot_lease l \
-                 LEFT JOIN (SELECT shard_slot, min(seq) - 1 AS below FROM ferry_outbox \
-                            WHERE state IN ('PENDING', 'CLAIMED') GROUP BY shard_slot) u ON u.shard_slot = l.slot \
-                 SET l.cursor_seq = coalesce(u.below, (SELECT coalesce(max(seq), 0) FROM ferry_outbox)), \
-                   l.cursor_version = l.cursor_version + 1, l.cursor_claim_id = NULL, \
-                   l.epoch = l.epoch + 1, l.owner = NULL, l.lease_until = NULL",
-            ],
-            DispatchMode::Row => &[
-                // Rows behind their slot's cursor take the state the cursor gave them (the
-                // view's effective state, written out: MySQL cannot update a table through a
-                // view of itself). SET runs left to right: `state` goes last.
-                "UPDATE ferry_outbox o JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-                 LEFT JOIN ferry_outbox_exception x ON x.seq = o.seq \
-                 SET o.sent_at = CASE WHEN coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) = 'SENT' \
-                       THEN coalesce(o.sent_at, x.sent_at, UTC_TIMESTAMP(6)) END, \
-                   o.attempts = coalesce(x.attempts, o.attempts), o.last_error = coalesce(x.last_error, o.last_error), \
-                   o.resolved_by = coalesce(x.resolved_by, o.resolved_by), \
-                   o.available_at = coalesce(x.available_at, o.available_at), o.lease_until = NULL, \
-                   o.state = CASE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) \
-                     WHEN 'CLAIMED' THEN 'PENDING' \
-                     ELSE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) END \
-                 WHERE x.seq IS NOT NULL OR o.state = 'CLAIMED' \
-                   OR (o.state = 'PENDING' AND l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq)",
-                "DELETE FROM ferry_outbox_exception",
-                "UPDATE ferry_slot_lease SET cursor_seq = NULL, cursor_claim_id = NULL, \
-                   cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
-            ],
+            DispatchMode::Cursor => &sql::TO_CURSOR,
+            DispatchMode::Row => &sql::TO_ROW,
         };
         for s in stmts {
             sqlx::query(s)
@@ -486,15 +446,8 @@ impl CursorStore for MyStore {
             if locked.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut qb = QueryBuilder::<MySql>::new(
-                "UPDATE ferry_outbox_exception SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ",
-            );
-            qb.push_bind(&req.claim_id)
-                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-                .push_bind(micros(req.lease))
-                .push(" MICROSECOND WHERE seq IN (");
-            push_list(&mut qb, locked.iter().map(|l| l.0));
-            qb.push(")");
+            let mut qb =
+                sql::claim_update("ferry_outbox_exception", req, locked.iter().map(|l| l.0));
             qb.build()
                 .execute(&mut *tx)
                 .await

@@ -284,7 +284,7 @@ impl Session {
                     .await
                     .map_err(|e| db_err("ticker: publish", e))?;
                 if !self.published_holds.is_empty() {
-                    tx.execute("DELETE FROM ferry_gate_hold")
+                    tx.execute(sql::CLEAR_GATE_HOLDS)
                         .await
                         .map_err(|e| db_err("ticker: publish", e))?;
                     self.published_holds.clear();
@@ -422,7 +422,7 @@ impl Session {
             .map_err(|e| db_err("ticker: committed rows", e))?
             .into_iter()
             .collect();
-        conn.execute("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+        conn.execute(sql::DIRTY_READ_ISOLATION)
             .await
             .map_err(|e| db_err("ticker: dirty read", e))?;
         let dirty: Vec<(i64, i16)> = sqlx::query_as(sql::TICKER_DIRTY_READ)
@@ -462,7 +462,7 @@ impl Session {
 }
 
 pub(crate) async fn gate_wait(conn: &mut MySqlConnection, parity: i8) -> Result<(), StoreError> {
-    conn.execute("START TRANSACTION")
+    conn.execute(sql::GATE_BEGIN)
         .await
         .map_err(|e| db_err("ticker: begin", e))?;
     sqlx::query(sql::TICKER_GATE)

@@ -40,12 +40,12 @@ use crate::enqueue::{push_intent, InsertIntents};
 use crate::error::{url_options, Ctx};
 use crate::lookup::record_sql;
 use crate::micros;
-use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::operator::{self, operator_outcome, Pools};
 use crate::request::claiming;
 use crate::rows::{record_from, status_from, StatusRow};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_MYSQL};
 use rows::{claimed_from_row, lease_from_row, otxt, txt};
-use sql::{push_list, CHUNK, COLUMNS, STATUS_CACHE};
+use sql::{push_list, CHUNK, STATUS_CACHE};
 
 crate::enqueue::enqueue_fns!(MySqlConnection);
 
@@ -187,16 +187,10 @@ impl MyStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        // positional: the operator's placeholder (SET) comes before the event id's (WHERE)
-        const SQL: OperatorSql = OperatorSql {
-            event_id: "?",
-            operator: "?",
-            now: "UTC_TIMESTAMP(6)",
-            binds: &[OperatorParam::Operator, OperatorParam::EventId],
-        };
         let mode = self.stored_mode().await?;
         let pools = Pools::My(&self.pool);
-        let n = operator::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
+        let n = operator::operator_update(pools, mode, target, &sql::OPERATOR, event_id, operator)
+            .await?;
         operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
@@ -218,9 +212,7 @@ impl ferry_core::RowDispatch for MyStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
-            );
+            let sql = sql::lookup_claim();
             crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }

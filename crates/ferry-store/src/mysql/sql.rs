@@ -311,3 +311,105 @@ pub(crate) const SESSION_READ_COMMITTED: &str =
 /// The multi-row insert of intents, its VALUES pushed per chunk.
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
                  event_type, headers, payload) ";
+
+/// MariaDB's operator update, positional: the operator's placeholder (SET) comes before the event id's (WHERE); the server's clock.
+pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::OperatorSql {
+    event_id: "?",
+    operator: "?",
+    now: "UTC_TIMESTAMP(6)",
+    binds: &[
+        crate::operator::OperatorParam::Operator,
+        crate::operator::OperatorParam::EventId,
+    ],
+};
+
+/// A switch to cursor dispatch, in its transaction.
+pub(crate) const TO_CURSOR: [&str; 2] = [
+    // Quarantined rows stay parked as exception rows (they hold their successors).
+    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
+       available_at, attempts, last_error, resolved_by, resolved_at) \
+     SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
+       last_error, resolved_by, resolved_at \
+     FROM ferry_outbox WHERE state = 'QUARANTINED' \
+     ON DUPLICATE KEY UPDATE state = VALUES(state)",
+    // Each slot's cursor sits just below its first unfinished row (or at the
+    // head): the cursor sends the row-mode backlog in order and passes over rows
+    // row mode already finished (their state is not PENDING).
+    "UPDATE ferry_slot_lease l \
+     LEFT JOIN (SELECT shard_slot, min(seq) - 1 AS below FROM ferry_outbox \
+                WHERE state IN ('PENDING', 'CLAIMED') GROUP BY shard_slot) u ON u.shard_slot = l.slot \
+     SET l.cursor_seq = coalesce(u.below, (SELECT coalesce(max(seq), 0) FROM ferry_outbox)), \
+       l.cursor_version = l.cursor_version + 1, l.cursor_claim_id = NULL, \
+       l.epoch = l.epoch + 1, l.owner = NULL, l.lease_until = NULL",
+];
+
+/// A switch to row dispatch, in its transaction.
+pub(crate) const TO_ROW: [&str; 3] = [
+    // Rows behind their slot's cursor take the state the cursor gave them (the
+    // view's effective state, written out: MySQL cannot update a table through a
+    // view of itself). SET runs left to right: `state` goes last.
+    "UPDATE ferry_outbox o JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
+     LEFT JOIN ferry_outbox_exception x ON x.seq = o.seq \
+     SET o.sent_at = CASE WHEN coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
+           WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) = 'SENT' \
+           THEN coalesce(o.sent_at, x.sent_at, UTC_TIMESTAMP(6)) END, \
+       o.attempts = coalesce(x.attempts, o.attempts), o.last_error = coalesce(x.last_error, o.last_error), \
+       o.resolved_by = coalesce(x.resolved_by, o.resolved_by), \
+       o.available_at = coalesce(x.available_at, o.available_at), o.lease_until = NULL, \
+       o.state = CASE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
+           WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) \
+         WHEN 'CLAIMED' THEN 'PENDING' \
+         ELSE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
+           WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) END \
+     WHERE x.seq IS NOT NULL OR o.state = 'CLAIMED' \
+       OR (o.state = 'PENDING' AND l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq)",
+    "DELETE FROM ferry_outbox_exception",
+    "UPDATE ferry_slot_lease SET cursor_seq = NULL, cursor_claim_id = NULL, \
+       cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
+];
+
+/// The rows still claimed under claim id `?`, in seq order.
+pub(crate) fn lookup_claim() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
+    )
+}
+
+/// A gate connection's transaction, in which it requests its gate row.
+pub(crate) const GATE_BEGIN: &str = "START TRANSACTION";
+
+/// The dirty read of a frozen row's holders' uncommitted rows.
+pub(crate) const DIRTY_READ_ISOLATION: &str = "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED";
+
+/// Drops every held-back slot (`ferry_gate_hold`).
+pub(crate) const CLEAR_GATE_HOLDS: &str = "DELETE FROM ferry_gate_hold";
+
+/// A new ticker session drops an earlier session's held-back slots.
+pub(crate) const CLEAR_GATE_HOLDS_ON_REGISTER: &str = "DELETE FROM ferry_gate_hold";
+
+/// The ticker's sessions wait inside transactions by design: no idle-in-transaction timeout.
+pub(crate) const TICKER_NO_IDLE_TIMEOUT: &str = "SET SESSION idle_transaction_timeout = 0";
+
+/// The ticker's sessions run at READ COMMITTED.
+pub(crate) const TICKER_READ_COMMITTED: &str =
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// The update of a claim's locked rows `seqs` of `table` (`ferry_outbox` or
+/// `ferry_outbox_exception`, fixed constants): CLAIMED under the request's claim id, the next
+/// claim version, a lease to now + the request's lease.
+pub(crate) fn claim_update<'a>(
+    table: &str,
+    req: &'a ferry_core::ClaimRequest,
+    seqs: impl IntoIterator<Item = i64>,
+) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(format!(
+        "UPDATE {table} SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = "
+    ));
+    qb.push_bind(&req.claim_id)
+        .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
+        .push_bind(crate::micros(req.lease))
+        .push(" MICROSECOND WHERE seq IN (");
+    push_list(&mut qb, seqs);
+    qb.push(")");
+    qb
+}

@@ -92,16 +92,14 @@ async fn session_conn(pool: &MySqlPool) -> Result<(MySqlConnection, i64), StoreE
     let mut conn = MySqlConnection::connect_with(&opts)
         .await
         .map_err(|e| db_err("ticker: connect", e))?;
-    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    conn.execute(sql::TICKER_READ_COMMITTED)
         .await
         .map_err(|e| db_err("ticker: connect", e))?;
     // The pool's sessions end transactions idle for 10 s; the ticker's must not end that way
     // (it would look like a crash): a stopped ticker is replaced by the stale-ticker check
     // instead, whether it stopped inside a transaction or between two. (MySQL has no such
     // variable: the error is ignored.)
-    let _ = conn
-        .execute("SET SESSION idle_transaction_timeout = 0")
-        .await;
+    let _ = conn.execute(sql::TICKER_NO_IDLE_TIMEOUT).await;
     let id: i64 = sqlx::query_scalar(sql::TICKER_CONNECTION_ID)
         .fetch_one(&mut conn)
         .await
@@ -228,7 +226,7 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
         .execute(&mut *tx)
         .await
         .map_err(|e| db_err("ticker: register", e))?;
-    tx.execute("DELETE FROM ferry_gate_hold")
+    tx.execute(sql::CLEAR_GATE_HOLDS_ON_REGISTER)
         .await
         .map_err(|e| db_err("ticker: register", e))?;
     let start: i64 = sqlx::query_scalar(sql::TICKER_HORIZON)

@@ -25,7 +25,7 @@ use sqlx::{Connection, PgPool, Row, Transaction};
 use crate::enqueue::InsertIntents;
 use crate::error::{url_options, Ctx};
 use crate::micros;
-use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::operator::{self, operator_outcome, Pools};
 use crate::outcome::{Outcome, Transition};
 use crate::request::claiming;
 use crate::rows::{lease_from, status_from, StatusRow};
@@ -168,15 +168,10 @@ impl PgStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        const SQL: OperatorSql = OperatorSql {
-            event_id: "$1",
-            operator: "$2",
-            now: "now()",
-            binds: &[OperatorParam::EventId, OperatorParam::Operator],
-        };
         let mode = self.stored_mode().await?;
         let pools = Pools::Pg(&self.pool);
-        let n = operator::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
+        let n = operator::operator_update(pools, mode, target, &sql::OPERATOR, event_id, operator)
+            .await?;
         operator_outcome(n, event_id, self.record(event_id)).await
     }
 }

@@ -587,3 +587,14 @@ pub(crate) const TO_ROW: [(&str, &str); 6] = [
         "dispatch mode: fillfactor",
     ),
 ];
+
+/// PostgreSQL's operator update: `$1` the event id, `$2` the operator, the server's clock.
+pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::OperatorSql {
+    event_id: "$1",
+    operator: "$2",
+    now: "now()",
+    binds: &[
+        crate::operator::OperatorParam::EventId,
+        crate::operator::OperatorParam::Operator,
+    ],
+};

@@ -13,7 +13,7 @@ use ferry_core::{
 };
 use sqlx::Row;
 
-use super::sql::{self, COLUMNS_O};
+use super::sql;
 use crate::db_err;
 use crate::error::{mode_in_use, Ctx};
 use crate::exceptions::{claimed_exceptions, exception_row};
@@ -31,20 +31,14 @@ fn json(v: &[impl Into<i64> + Copy]) -> String {
 /// A cursor read's statements run in the read's transaction (one snapshot with the head).
 impl SeqRanges for sqlx::SqliteConnection {
     async fn read_range(&mut self, r: &SeqRange) -> Result<Vec<(ClaimedEvent, bool)>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
-               WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-             FROM ferry_outbox o WHERE o.seq > ?1 AND o.seq <= ?2 \
-               AND o.shard_slot IN (SELECT value FROM json_each(?3)) \
-               AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ?4"
-        ))
-        .bind(r.lo)
-        .bind(r.hi)
-        .bind(json(&r.slots))
-        .bind(r.limit as i64)
-        .fetch_all(&mut *self)
-        .await
-        .map_err(|e| db_err("cursor read", e))?;
+        let rows = sqlx::query(&sql::read_range())
+            .bind(r.lo)
+            .bind(r.hi)
+            .bind(json(&r.slots))
+            .bind(r.limit as i64)
+            .fetch_all(&mut *self)
+            .await
+            .map_err(|e| db_err("cursor read", e))?;
         Ok(rows
             .iter()
             .map(|r| (crate::sqlite::claimed_from_row(r), r.get::<bool, _>(14)))
@@ -238,13 +232,11 @@ impl CursorStore for SqliteStore {
                 return Ok(Vec::new());
             }
             let seqs: Vec<i64> = claimed.iter().map(|c| c.0).collect();
-            let rows = sqlx::query(&format!(
-                "SELECT {COLUMNS_O} FROM ferry_outbox o WHERE o.seq IN (SELECT value FROM json_each(?1)) ORDER BY o.seq"
-            ))
-            .bind(json(&seqs))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("claim exceptions: read", e))?;
+            let rows = sqlx::query(&sql::events_by_seq())
+                .bind(json(&seqs))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim exceptions: read", e))?;
             tx.commit().await.ctx("claim exceptions: commit")?;
             Ok(claimed_exceptions(
                 rows.iter().map(crate::sqlite::claimed_from_row),

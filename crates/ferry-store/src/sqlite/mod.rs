@@ -31,7 +31,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 use crate::enqueue::{push_intent, InsertIntents};
 use crate::error::{url_options, Ctx};
 use crate::micros;
-use crate::operator::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::operator::{self, operator_outcome, Pools};
 use crate::outcome::Outcome;
 use crate::request::claiming;
 use crate::rows::{lease_from, status_from, StatusRow};
@@ -232,23 +232,13 @@ impl SqliteStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        const SQL: OperatorSql = OperatorSql {
-            event_id: "?1",
-            operator: "?2",
-            now: "?3",
-            binds: &[
-                OperatorParam::EventId,
-                OperatorParam::Operator,
-                OperatorParam::Now,
-            ],
-        };
         let mode = self.stored_mode().await?;
         let gate = self.gate.lock().await;
         let n = operator::operator_update(
             Pools::Lite(&self.pool),
             mode,
             target,
-            &SQL,
+            &sql::OPERATOR,
             event_id,
             operator,
         )

@@ -225,3 +225,34 @@ pub(crate) const TO_ROW: [&str; 5] = [
     "CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished \
        ON ferry_outbox (aggregate_id, aggregate_version) WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
 ];
+
+/// SQLite's operator update: `?1` the event id, `?2` the operator, `?3` the process clock.
+pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::OperatorSql {
+    event_id: "?1",
+    operator: "?2",
+    now: "?3",
+    binds: &[
+        crate::operator::OperatorParam::EventId,
+        crate::operator::OperatorParam::Operator,
+        crate::operator::OperatorParam::Now,
+    ],
+};
+
+/// A cursor read's range ([`crate::seq_read::SeqRange`]): the unfinished rows of slots `?3` (JSON)
+/// with `?1 < seq <= ?2`, at most `?4`, each with whether an open exception holds its aggregate.
+pub(crate) fn read_range() -> String {
+    format!(
+        "SELECT {COLUMNS_O}, EXISTS (SELECT 1 FROM ferry_outbox_exception x \
+           WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+         FROM ferry_outbox o WHERE o.seq > ?1 AND o.seq <= ?2 \
+           AND o.shard_slot IN (SELECT value FROM json_each(?3)) \
+           AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ?4"
+    )
+}
+
+/// The intents of seqs `?1` (JSON), in seq order (the events of exception rows just claimed).
+pub(crate) fn events_by_seq() -> String {
+    format!(
+        "SELECT {COLUMNS_O} FROM ferry_outbox o WHERE o.seq IN (SELECT value FROM json_each(?1)) ORDER BY o.seq"
+    )
+}
