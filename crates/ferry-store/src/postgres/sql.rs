@@ -6,45 +6,45 @@ use ferry_core::ClaimRequest;
 
 use crate::outcome::Transition;
 
-/// Claim: plan settings (mod.rs).
+/// A claim walks the dispatch index in seq order: bitmap and sequential scans off for its transaction.
 pub(crate) const CLAIM_PLAN_SETTINGS: &str = "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)";
 
-/// Release slots (mod.rs).
+/// Gives back owner `$1`'s leases of slots `$2`, locked in slot order.
 pub(crate) const RELEASE_SLOTS: &str = "UPDATE ferry_slot_lease l SET owner = NULL, lease_until = NULL \
               FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
               WHERE l.slot = k.slot AND l.owner = $1";
 
-/// Member heartbeat (mod.rs).
+/// Joins or renews owner `$1`'s membership (instance `$3`, `$2` µs, sink stall `$4`); a live row of another instance is left alone (no row changed: the owner is in use).
 pub(crate) const MEMBER_HEARTBEAT: &str = "INSERT INTO ferry_relay_member (owner, instance, lease_until, sink_stalled_us) \
                  VALUES ($1, $3, now() + $2 * interval '1 microsecond', $4) \
                  ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until, instance = EXCLUDED.instance, \
                    sink_stalled_us = EXCLUDED.sink_stalled_us \
                  WHERE ferry_relay_member.instance = EXCLUDED.instance OR ferry_relay_member.lease_until <= now()";
 
-/// Members (mod.rs).
+/// The live members' owners, in order.
 pub(crate) const LIVE_MEMBERS: &str =
     "SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner";
 
-/// Members (mod.rs).
+/// The live members with their sink stall, in order.
 pub(crate) const MEMBERS_WITH_STALLS: &str = "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner";
 
-/// Leave (mod.rs).
+/// Owner `$1` leaves the membership.
 pub(crate) const LEAVE_MEMBER: &str = "DELETE FROM ferry_relay_member WHERE owner = $1";
 
-/// Slot leases (mod.rs).
+/// Every owned slot lease, in slot order.
 pub(crate) const SLOT_LEASES: &str = "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
                  WHERE owner IS NOT NULL ORDER BY slot";
 
-/// Status: cursors (mod.rs).
+/// The lowest window's lower snapshot xmin over every cursor: no row below it is unfinished without an exception row.
 pub(crate) const STATUS_LOW_XID: &str =
     "SELECT coalesce(min(pg_snapshot_xmin(t.snap)::text::int8), 0) FROM ferry_slot_lease l \
                          JOIN ferry_tick t ON t.tick_id = l.cursor_tick - 1";
 
-/// Status: plan settings (mod.rs).
+/// Cursor status reads the (xid, seq) index, not the whole table: sequential scans and JIT off for its transaction.
 pub(crate) const STATUS_PLAN_SETTINGS: &str =
     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)";
 
-/// Cursor read: ticks (cursor.rs).
+/// A read's span (`$1` its first tick, `$2` the most ticks it spans): ticks `$1 - 1`, `$1` and its last, the newest, and tick `$1` taken from this statement's snapshot when no reader has yet (asynchronously committed).
 pub(crate) const CURSOR_READ_TICKS: &str = "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v), \
                  top AS (SELECT max(tick_id) AS m FROM ferry_tick), \
                  cur AS (SELECT pg_current_snapshot() AS snap), \
@@ -60,46 +60,46 @@ pub(crate) const CURSOR_READ_TICKS: &str = "WITH cfg AS (SELECT set_config('sync
                    WHERE k.tick_id = $1 - 1 OR k.tick_id = $1 OR k.tick_id = least(top.m, $1 + $2 - 1) \
                  UNION ALL SELECT tick_id, snap, tick_id, true, 0::int8, seq_hi FROM ins";
 
-/// Tick: retention (cursor.rs).
+/// Deletes the ticks every cursor is past (below tick `$1 - 1`), asynchronously committed.
 pub(crate) const TICK_RETENTION: &str = "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v) \
              DELETE FROM ferry_tick WHERE tick_id < (SELECT min(cursor_tick) - 1 FROM ferry_slot_lease) \
                AND tick_id < $1 - 1 AND EXISTS (SELECT 1 FROM cfg)";
 
-/// Dispatch mode (cursor.rs).
+/// The stored dispatch mode, locked: serialises mode switches.
 pub(crate) const DISPATCH_MODE_FOR_UPDATE: &str =
     "SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE";
 
-/// Dispatch mode: members (cursor.rs).
+/// How many live relays other than `$1` there are.
 pub(crate) const DISPATCH_MODE_MEMBERS: &str =
     "SELECT count(*) FROM ferry_relay_member WHERE owner <> $1 AND lease_until > now()";
 
-/// Re-base cursors: lock the outbox (waits at most 10 s for transactions that wrote to it) (cursor.rs).
+/// A re-base locks the outbox (waits at most the 10 s lock timeout).
 pub(crate) const LOCK_OUTBOX: &str = "LOCK TABLE ferry_outbox IN ACCESS EXCLUSIVE MODE";
 
-/// Re-base cursors: restored rows (cursor.rs).
+/// The highest seq written on the server the ticks come from.
 pub(crate) const RE_BASE_CURSORS_RESTORED_ROWS: &str =
     "SELECT coalesce(max(seq), 0) FROM ferry_outbox \
                          WHERE xid >= pg_snapshot_xmax(pg_current_snapshot())::text::int8";
 
-/// Re-base cursors: exceptions (cursor.rs).
+/// A re-base drops the exception rows (their states are in the rows by then).
 pub(crate) const RE_BASE_CURSORS_EXCEPTIONS: &str = "DELETE FROM ferry_outbox_exception";
 
-/// Re-base cursors: xids (cursor.rs).
+/// A re-base puts every unfinished row in the first window.
 pub(crate) const RE_BASE_CURSORS_XIDS: &str =
     "UPDATE ferry_outbox SET xid = 3 WHERE state IN ('PENDING', 'CLAIMED')";
 
-/// Dispatch mode: xids of old rows (cursor.rs).
+/// Rows written before migration 0003 have no xid: unfinished ones get 3, the first normal xid, so the first window reads them.
 pub(crate) const DISPATCH_MODE_XIDS_OF_OLD_ROWS: &str =
     "UPDATE ferry_outbox SET xid = 3 WHERE xid IS NULL AND state IN ('PENDING', 'CLAIMED')";
 
-/// Dispatch mode: set (cursor.rs).
+/// Stores dispatch mode `$1`.
 pub(crate) const DISPATCH_MODE_SET: &str =
     "UPDATE ferry_dispatch SET mode = $1, changed_at = now() WHERE id = 1";
 
-/// Advance (cursor.rs).
+/// An advance commits asynchronously, like the ticks: lost in a crash it only moves the cursor back.
 pub(crate) const ADVANCE_ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
 
-/// Advance (cursor.rs).
+/// The fenced advance of slots `$1` (epochs `$2`, cursor versions `$3`) to positions (`$8` tick, `$4` xid, `$5` seq) under claim id `$6`, for live owner `$7`; rows locked in slot order; returns the slots moved.
 pub(crate) const ADVANCE_CURSORS: &str = "WITH k AS (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($1) ORDER BY slot FOR UPDATE) \
                  UPDATE ferry_slot_lease l SET cursor_tick = t.tick, cursor_xid = t.xid, cursor_seq = t.seq, \
                    cursor_version = l.cursor_version + 1, cursor_claim_id = $6 \
@@ -109,7 +109,7 @@ pub(crate) const ADVANCE_CURSORS: &str = "WITH k AS (SELECT slot FROM ferry_slot
                    AND l.epoch = t.epoch AND l.cursor_version = t.version AND l.cursor_tick IS NOT NULL \
                  RETURNING l.slot";
 
-/// Advance: exceptions (cursor.rs).
+/// An advance's exception rows, one array per column (a row already there is kept).
 pub(crate) const ADVANCE_EXCEPTIONS: &str = "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, \
                        state, available_at, attempts, last_error) \
                      SELECT t.seq, t.slot, t.aggregate_id, t.aggregate_version, t.state, \
@@ -119,11 +119,11 @@ pub(crate) const ADVANCE_EXCEPTIONS: &str = "INSERT INTO ferry_outbox_exception 
                        AS t(seq, slot, aggregate_id, aggregate_version, state, delay_us, attempts, last_error) \
                      ON CONFLICT (seq) DO NOTHING";
 
-/// Lookup advance (cursor.rs).
+/// Whether an advance with claim id `$1` was applied.
 pub(crate) const LOOKUP_ADVANCE: &str =
     "SELECT EXISTS (SELECT 1 FROM ferry_slot_lease WHERE cursor_claim_id = $1)";
 
-/// Horizon (cursor.rs).
+/// The oldest transaction holding the horizon back: its pid and age (prepared transactions as pid 0).
 pub(crate) const HORIZON: &str = "SELECT pid, age_us FROM ( \
                    SELECT pid::int8 AS pid, (extract(epoch from now() - xact_start) * 1000000)::int8 AS age_us, \
                      age(backend_xid) AS xid_age \
@@ -133,20 +133,20 @@ pub(crate) const HORIZON: &str = "SELECT pid, age_us FROM ( \
                    FROM pg_prepared_xacts) t \
                  ORDER BY xid_age DESC LIMIT 1";
 
-/// Dispatch mode: first window (cursor.rs).
+/// Tick 0's xid: below the first unfinished row's xid and every open transaction.
 pub(crate) const DISPATCH_MODE_FIRST_WINDOW: &str =
     "SELECT least(pg_snapshot_xmin(pg_current_snapshot())::text::int8, \
                coalesce((SELECT min(xid) FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED')), \
                         9223372036854775807))";
 
-/// Dispatch mode: ticks (cursor.rs).
+/// A switch drops every tick.
 pub(crate) const DISPATCH_MODE_TICKS: &str = "DELETE FROM ferry_tick";
 
-/// Dispatch mode: tick 0 (cursor.rs).
+/// Tick 0 from its snapshot's text `$1`.
 pub(crate) const DISPATCH_MODE_TICK_0: &str =
     "INSERT INTO ferry_tick (tick_id, snap) VALUES (0, $1::text::pg_snapshot)";
 
-/// Dispatch mode: exceptions (cursor.rs).
+/// A switch to cursor dispatch parks quarantined rows as exception rows (they hold their successors).
 pub(crate) const DISPATCH_MODE_EXCEPTIONS: &str =
     "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, \
            state, available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
@@ -154,22 +154,22 @@ pub(crate) const DISPATCH_MODE_EXCEPTIONS: &str =
            last_error, resolved_by, resolved_at, now() \
          FROM ferry_outbox WHERE state = 'QUARANTINED'";
 
-/// Dispatch mode: cursors (cursor.rs).
+/// A switch to cursor dispatch starts every slot at window 1 and ends every lease.
 pub(crate) const DISPATCH_MODE_CURSORS: &str =
     "UPDATE ferry_slot_lease SET cursor_tick = 1, cursor_xid = 0, cursor_seq = 0, \
                cursor_version = cursor_version + 1, cursor_claim_id = NULL, \
                epoch = epoch + 1, owner = NULL, lease_until = NULL";
 
-/// Transaction id check (cursor.rs).
+/// The newest tick's xmax and this server's: the ticks must not be ahead of the server.
 pub(crate) const TRANSACTION_ID_CHECK: &str =
     "SELECT (SELECT max(pg_snapshot_xmax(snap)::text::int8) FROM ferry_tick), \
                 pg_snapshot_xmax(pg_current_snapshot())::text::int8";
 
-/// Cursor dispatch: outbox sequence (cursor.rs).
+/// The outbox's identity sequence and how many values it caches per session.
 pub(crate) const CURSOR_DISPATCH_OUTBOX_SEQUENCE: &str = "SELECT pg_get_serial_sequence('ferry_outbox', 'seq'), s.seqcache \
              FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence('ferry_outbox', 'seq')::regclass";
 
-/// Dispatch mode: lock timeout (cursor.rs).
+/// A mode switch waits at most 10 s for the outbox's table lock.
 pub(crate) const DISPATCH_MODE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '10s'";
 
 pub(crate) const INSERT: &str = "INSERT INTO ferry_outbox \
