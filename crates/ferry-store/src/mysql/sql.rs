@@ -72,7 +72,8 @@ pub(crate) const DISPATCH_MODE_INDEXES: &str =
              WHERE table_schema = DATABASE() AND table_name = 'ferry_outbox' \
                AND index_name IN (?, ?, ?, ?)";
 
-/// The oldest open transaction that wrote (`INNODB_TRX`, needs the PROCESS privilege): its age and thread, and while a partial horizon is published how many slots are held back.
+/// The oldest open transaction that wrote (`INNODB_TRX`, needs the PROCESS privilege): its age and
+/// thread, and while a partial horizon is published how many slots are held back.
 pub(crate) const HORIZON_OLDEST_TRANSACTION: &str = "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) AS SIGNED), \
                    CAST(t.trx_mysql_thread_id AS SIGNED), \
                    (SELECT CASE WHEN h.partial_seq IS NULL THEN NULL \
@@ -94,12 +95,14 @@ pub(crate) const TICKER_CONNECTION_ID: &str = "SELECT CAST(CONNECTION_ID() AS SI
 /// The ticker election: this database's ticker lock, waited for 1 s.
 pub(crate) const TICKER_ELECTION: &str = "SELECT GET_LOCK(CONCAT('ferry_ticker:', DATABASE()), 1)";
 
-/// Who holds the ticker lock, the registered ticker's connection and gate connections, and whether it has not ticked for `?` s.
+/// Who holds the ticker lock, the registered ticker's connection and gate connections, and whether
+/// it has not ticked for `?` s.
 pub(crate) const TICKER_STALE_CHECK: &str = "SELECT CAST(IS_USED_LOCK(CONCAT('ferry_ticker:', DATABASE())) AS SIGNED), ticker_conn, \
                    CAST(coalesce(ticked_at < UTC_TIMESTAMP(6) - INTERVAL ? SECOND, 0) AS SIGNED), ticker_conns \
                  FROM ferry_gate_horizon WHERE id = 1";
 
-/// Registers this session's ticker connection and gate connections; drops an earlier session's partial horizon.
+/// Registers this session's ticker connection and gate connections; drops an earlier session's
+/// partial horizon.
 pub(crate) const TICKER_REGISTER: &str =
     "UPDATE ferry_gate_horizon SET ticker_conn = ?, ticker_conns = ?, \
          ticked_at = UTC_TIMESTAMP(6), partial_seq = NULL WHERE id = 1";
@@ -129,7 +132,8 @@ pub(crate) const TICKER_COMMITTED_ROWS: &str =
 pub(crate) const TICKER_DIRTY_READ: &str =
     "SELECT seq, shard_slot FROM ferry_outbox WHERE seq > ? AND seq <= ?";
 
-/// The published horizon, its partial part and holds, and whether any exception row is open, in one read view.
+/// The published horizon, its partial part and holds, and whether any exception row is open, in one
+/// read view.
 pub(crate) const CURSOR_READ_HORIZON: &str =
     "SELECT h.horizon_seq, h.partial_seq, EXISTS (SELECT 1 FROM ferry_outbox_exception \
            WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')), x.shard_slot, x.below_seq \
@@ -301,7 +305,9 @@ pub(crate) const QUARANTINED_ROWS: &str = "SELECT q.event_id, q.aggregate_id, q.
                       AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND s.aggregate_version > q.aggregate_version) \
                  FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?";
 
-/// MariaDB 10.3+: abort a session idle for 10 s inside a transaction, so a stalled relay cannot hold its row locks (and block a takeover) forever. MySQL has no such variable; the error is ignored there.
+/// MariaDB 10.3+: abort a session idle for 10 s inside a transaction, so a stalled relay cannot
+/// hold its row locks (and block a takeover) forever. MySQL has no such variable; the error is
+/// ignored there.
 pub(crate) const SESSION_IDLE_TIMEOUT: &str = "SET SESSION idle_transaction_timeout = 10";
 
 /// Every store session runs at READ COMMITTED.
@@ -312,7 +318,8 @@ pub(crate) const SESSION_READ_COMMITTED: &str =
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
                  event_type, headers, payload) ";
 
-/// MariaDB's operator update, positional: the operator's placeholder (SET) comes before the event id's (WHERE); the server's clock.
+/// MariaDB's operator update, positional: the operator's placeholder (SET) comes before the event
+/// id's (WHERE); the server's clock.
 pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::OperatorSql {
     event_id: "?",
     operator: "?",

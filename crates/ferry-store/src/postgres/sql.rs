@@ -6,7 +6,8 @@ use ferry_core::ClaimRequest;
 
 use crate::outcome::Transition;
 
-/// A claim walks the dispatch index in seq order: bitmap and sequential scans off for its transaction.
+/// A claim walks the dispatch index in seq order: bitmap and sequential scans off for its
+/// transaction.
 pub(crate) const CLAIM_PLAN_SETTINGS: &str = "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)";
 
 /// Gives back owner `$1`'s leases of slots `$2`, locked in slot order.
@@ -14,7 +15,8 @@ pub(crate) const RELEASE_SLOTS: &str = "UPDATE ferry_slot_lease l SET owner = NU
               FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
               WHERE l.slot = k.slot AND l.owner = $1";
 
-/// Joins or renews owner `$1`'s membership (instance `$3`, `$2` µs, sink stall `$4`); a live row of another instance is left alone (no row changed: the owner is in use).
+/// Joins or renews owner `$1`'s membership (instance `$3`, `$2` µs, sink stall `$4`); a live row of
+/// another instance is left alone (no row changed: the owner is in use).
 pub(crate) const MEMBER_HEARTBEAT: &str = "INSERT INTO ferry_relay_member (owner, instance, lease_until, sink_stalled_us) \
                  VALUES ($1, $3, now() + $2 * interval '1 microsecond', $4) \
                  ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until, instance = EXCLUDED.instance, \
@@ -35,16 +37,20 @@ pub(crate) const LEAVE_MEMBER: &str = "DELETE FROM ferry_relay_member WHERE owne
 pub(crate) const SLOT_LEASES: &str = "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
                  WHERE owner IS NOT NULL ORDER BY slot";
 
-/// The lowest window's lower snapshot xmin over every cursor: no row below it is unfinished without an exception row.
+/// The lowest window's lower snapshot xmin over every cursor: no row below it is unfinished without
+/// an exception row.
 pub(crate) const STATUS_LOW_XID: &str =
     "SELECT coalesce(min(pg_snapshot_xmin(t.snap)::text::int8), 0) FROM ferry_slot_lease l \
                          JOIN ferry_tick t ON t.tick_id = l.cursor_tick - 1";
 
-/// Cursor status reads the (xid, seq) index, not the whole table: sequential scans and JIT off for its transaction.
+/// Cursor status reads the (xid, seq) index, not the whole table: sequential scans and JIT off for
+/// its transaction.
 pub(crate) const STATUS_PLAN_SETTINGS: &str =
     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)";
 
-/// A read's span (`$1` its first tick, `$2` the most ticks it spans): ticks `$1 - 1`, `$1` and its last, the newest, and tick `$1` taken from this statement's snapshot when no reader has yet (asynchronously committed).
+/// A read's span (`$1` its first tick, `$2` the most ticks it spans): ticks `$1 - 1`, `$1` and its
+/// last, the newest, and tick `$1` taken from this statement's snapshot when no reader has yet
+/// (asynchronously committed).
 pub(crate) const CURSOR_READ_TICKS: &str = "WITH cfg AS (SELECT set_config('synchronous_commit', 'off', true) AS v), \
                  top AS (SELECT max(tick_id) AS m FROM ferry_tick), \
                  cur AS (SELECT pg_current_snapshot() AS snap), \
@@ -88,7 +94,8 @@ pub(crate) const RE_BASE_CURSORS_EXCEPTIONS: &str = "DELETE FROM ferry_outbox_ex
 pub(crate) const RE_BASE_CURSORS_XIDS: &str =
     "UPDATE ferry_outbox SET xid = 3 WHERE state IN ('PENDING', 'CLAIMED')";
 
-/// Rows written before migration 0003 have no xid: unfinished ones get 3, the first normal xid, so the first window reads them.
+/// Rows written before migration 0003 have no xid: unfinished ones get 3, the first normal xid, so
+/// the first window reads them.
 pub(crate) const DISPATCH_MODE_XIDS_OF_OLD_ROWS: &str =
     "UPDATE ferry_outbox SET xid = 3 WHERE xid IS NULL AND state IN ('PENDING', 'CLAIMED')";
 
@@ -96,10 +103,13 @@ pub(crate) const DISPATCH_MODE_XIDS_OF_OLD_ROWS: &str =
 pub(crate) const DISPATCH_MODE_SET: &str =
     "UPDATE ferry_dispatch SET mode = $1, changed_at = now() WHERE id = 1";
 
-/// An advance commits asynchronously, like the ticks: lost in a crash it only moves the cursor back.
+/// An advance commits asynchronously, like the ticks: lost in a crash it only moves the cursor
+/// back.
 pub(crate) const ADVANCE_ASYNC_COMMIT: &str = "SET LOCAL synchronous_commit = off";
 
-/// The fenced advance of slots `$1` (epochs `$2`, cursor versions `$3`) to positions (`$8` tick, `$4` xid, `$5` seq) under claim id `$6`, for live owner `$7`; rows locked in slot order; returns the slots moved.
+/// The fenced advance of slots `$1` (epochs `$2`, cursor versions `$3`) to positions (`$8` tick,
+/// `$4` xid, `$5` seq) under claim id `$6`, for live owner `$7`; rows locked in slot order; returns
+/// the slots moved.
 pub(crate) const ADVANCE_CURSORS: &str = "WITH k AS (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($1) ORDER BY slot FOR UPDATE) \
                  UPDATE ferry_slot_lease l SET cursor_tick = t.tick, cursor_xid = t.xid, cursor_seq = t.seq, \
                    cursor_version = l.cursor_version + 1, cursor_claim_id = $6 \
@@ -123,7 +133,8 @@ pub(crate) const ADVANCE_EXCEPTIONS: &str = "INSERT INTO ferry_outbox_exception 
 pub(crate) const LOOKUP_ADVANCE: &str =
     "SELECT EXISTS (SELECT 1 FROM ferry_slot_lease WHERE cursor_claim_id = $1)";
 
-/// The oldest transaction holding the horizon back: its pid and age (prepared transactions as pid 0).
+/// The oldest transaction holding the horizon back: its pid and age (prepared transactions as pid
+/// 0).
 pub(crate) const HORIZON: &str = "SELECT pid, age_us FROM ( \
                    SELECT pid::int8 AS pid, (extract(epoch from now() - xact_start) * 1000000)::int8 AS age_us, \
                      age(backend_xid) AS xid_age \
@@ -146,7 +157,8 @@ pub(crate) const DISPATCH_MODE_TICKS: &str = "DELETE FROM ferry_tick";
 pub(crate) const DISPATCH_MODE_TICK_0: &str =
     "INSERT INTO ferry_tick (tick_id, snap) VALUES (0, $1::text::pg_snapshot)";
 
-/// A switch to cursor dispatch parks quarantined rows as exception rows (they hold their successors).
+/// A switch to cursor dispatch parks quarantined rows as exception rows (they hold their
+/// successors).
 pub(crate) const DISPATCH_MODE_EXCEPTIONS: &str =
     "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, \
            state, available_at, attempts, last_error, resolved_by, resolved_at, created_at) \
@@ -276,10 +288,10 @@ pub(crate) const OPEN: &str = "('PENDING', 'CLAIMED', 'QUARANTINED')";
 ///   be sorted whole for every limit-sized piece. The upper bound stays a plain `xid < $2`, which
 ///   the planner estimates from the column's statistics (nearly every row): with both bounds
 ///   opaque it estimated a 700,000-row range to hold 3,500 matches and read 2,000 rows with two
-///   parallel workers, 7–14 ms against 0.7 ms serially. At a window's start (`from_floor`) the scan begins at
-///   the lowest seq any of these transactions wrote, found by one `(xid, seq)` index probe per
-///   transaction (a loose index scan), not at seq 0; within a window it begins at the start seq,
-///   below which every row of the window was read.
+///   parallel workers, 7–14 ms against 0.7 ms serially. At a window's start (`from_floor`) the scan
+///   begins at the lowest seq any of these transactions wrote, found by one `(xid, seq)` index
+///   probe per transaction (a loose index scan), not at seq 0; within a window it begins at the
+///   start seq, below which every row of the window was read.
 ///
 /// Several windows: each row's window is looked up among the span's ticks `$8 ..= $9` (a later
 /// window can hold a lower seq), and rows come in `(window, seq)` order, so a read cut at its
@@ -441,7 +453,8 @@ pub(crate) fn claim(req: &ClaimRequest, measure: bool) -> String {
     }
 }
 
-/// Quarantined exception rows and how many successors each holds (cursor dispatch; successors are held exceptions or not yet read past the cursor); `$1` the limit.
+/// Quarantined exception rows and how many successors each holds (cursor dispatch; successors are
+/// held exceptions or not yet read past the cursor); `$1` the limit.
 pub(crate) const QUARANTINED_CURSOR: &str = "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
                        (SELECT count(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
                           AND s.aggregate_version > q.aggregate_version \
@@ -449,7 +462,8 @@ pub(crate) const QUARANTINED_CURSOR: &str = "SELECT o.event_id, q.aggregate_id, 
                      FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
                      WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT $1";
 
-/// Quarantined intents and how many unfinished successors each holds (row dispatch); `$1` the limit.
+/// Quarantined intents and how many unfinished successors each holds (row dispatch); `$1` the
+/// limit.
 pub(crate) const QUARANTINED_ROWS: &str =
     "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
                        (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
@@ -457,7 +471,9 @@ pub(crate) const QUARANTINED_ROWS: &str =
                           AND s.phase < 2) \
                      FROM ferry_outbox q WHERE q.phase = 1 ORDER BY q.seq LIMIT $1";
 
-/// Takes or renews the leases of slots `$2` for owner `$1` for `$3` µs: free, own or expired ones; a new owner bumps the epoch. Rows are locked in slot order first (the cursor advance does the same), so a renewal and an advance over overlapping slots cannot deadlock.
+/// Takes or renews the leases of slots `$2` for owner `$1` for `$3` µs: free, own or expired ones;
+/// a new owner bumps the epoch. Rows are locked in slot order first (the cursor advance does the
+/// same), so a renewal and an advance over overlapping slots cannot deadlock.
 pub(crate) const ACQUIRE_SLOTS: &str = "UPDATE ferry_slot_lease l SET \
                    epoch = CASE WHEN l.owner IS DISTINCT FROM $1 THEN l.epoch + 1 ELSE l.epoch END, \
                    owner = $1, lease_until = now() + $3 * interval '1 microsecond' \
@@ -544,7 +560,9 @@ pub(crate) fn claim_exceptions(req: &ClaimRequest) -> String {
     )
 }
 
-/// The cursors of slots `$2` whose live lease owner `$1` holds. A position with an xid was written by a relay of a version that read windows in (xid, seq) order; it goes back to its window's start (sent again, never skipped).
+/// The cursors of slots `$2` whose live lease owner `$1` holds. A position with an xid was written
+/// by a relay of a version that read windows in (xid, seq) order; it goes back to its window's
+/// start (sent again, never skipped).
 pub(crate) const LOAD_CURSORS: &str = "SELECT slot, epoch, cursor_version, cursor_tick, 0::int8, \
                    CASE WHEN cursor_xid = 0 THEN cursor_seq ELSE 0 END FROM ferry_slot_lease \
                  WHERE owner = $1 AND lease_until > now() AND cursor_tick IS NOT NULL AND slot = ANY($2) \

@@ -10,7 +10,8 @@ pub(crate) const PROBE_VERSION: &str =
 /// Whether event id `?` is stored.
 pub(crate) const PROBE_EVENT_ID: &str = "SELECT 1 FROM ferry_outbox WHERE event_id = ?";
 
-/// Takes or renews slot leases for an owner: free, own or expired ones; a new owner bumps the epoch.
+/// Takes or renews slot leases for an owner: free, own or expired ones; a new owner bumps the
+/// epoch.
 pub(crate) const ACQUIRE_SLOTS: &str = "UPDATE ferry_slot_lease SET \
                    epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
                  WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
@@ -62,7 +63,8 @@ pub(crate) const LOAD_CURSORS: &str = "SELECT slot, epoch, cursor_version, coale
 pub(crate) const CURSOR_READ_HEAD: &str =
     "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'ferry_outbox'), 0)";
 
-/// The fenced advance of the listed slots (JSON) under a claim id, for a live owner; returns the slots moved.
+/// The fenced advance of the listed slots (JSON) under a claim id, for a live owner; returns the
+/// slots moved.
 pub(crate) const ADVANCE: &str = "UPDATE ferry_slot_lease SET cursor_xid = t.xid, cursor_seq = t.seq, \
                    cursor_version = cursor_version + 1, cursor_claim_id = ?2 \
                  FROM (SELECT value->>0 AS slot, value->>1 AS epoch, value->>2 AS version, value->>3 AS xid, \
@@ -146,7 +148,8 @@ pub(crate) fn lookup_claim() -> String {
     )
 }
 
-/// Cursor dispatch's status counts (`?1` now): unfinished = past the slot's cursor, or an open exception.
+/// Cursor dispatch's status counts (`?1` now): unfinished = past the slot's cursor, or an open
+/// exception.
 pub(crate) const STATUS_CURSOR: &str = "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
                    coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
                    count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
