@@ -14,7 +14,7 @@ use criterion::{
 };
 use ferry_benches::{fill, null_relay, quick, runtime, Feeder};
 use ferry_core::OutboxStore;
-use ferry_store::memory::MemoryStore;
+use ferry_testkit::memory::MemoryStore;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc; // as in the `ferry` binary

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ferry_benches::{fill, null_relay, runtime, Feeder};
 use ferry_core::OutboxStore;
-use ferry_store::memory::MemoryStore;
+use ferry_testkit::memory::MemoryStore;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

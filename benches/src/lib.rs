@@ -15,8 +15,8 @@ use std::time::Duration;
 use criterion::Criterion;
 use ferry_core::{ClaimRequest, NewEvent, OutboxStore};
 use ferry_relay::{Metrics, NullSink, Relay, RelayConfig};
-use ferry_store::memory::MemoryStore;
 use ferry_store::Backend;
+use ferry_testkit::memory::MemoryStore;
 use ferry_testkit::{Cleanup, RelayTask, TestDb};
 
 /// The payload size of the performance goals (200 bytes, docs/performance.md).

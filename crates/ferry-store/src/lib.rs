@@ -1,6 +1,6 @@
 //! Outbox storage for ferry over sqlx: PostgreSQL, MariaDB (the `mysql` module; MySQL itself is
-//! not supported, its migrations use MariaDB-only syntax: docs/schema.md §8) and SQLite, plus an
-//! in-memory store ([`memory`]) for tests and benches.
+//! not supported, its migrations use MariaDB-only syntax: docs/schema.md §8) and SQLite. (The
+//! in-memory store of tests and benches is `ferry_testkit::memory::MemoryStore`.)
 //!
 //! Each backend module offers
 //! * `enqueue` / `enqueue_many`: insert publish intents inside **the caller's own sqlx
@@ -53,22 +53,26 @@ use std::time::Duration;
 
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError, StoreErrorKind};
 
-mod common;
-pub mod memory;
+mod dialect;
+mod enqueue;
+mod error;
+mod exceptions;
+mod lookup;
 pub mod migrate;
 pub mod mysql;
-mod mysql_cursor;
-mod mysql_ticker;
-mod ops;
+mod operator;
 mod outcome;
 pub mod postgres;
-mod postgres_cursor;
+mod request;
+mod rows;
+mod seq_read;
 mod server_settings;
 pub mod sqlite;
-mod sqlite_cursor;
+mod status_cache;
 
+pub use error::not_quarantined;
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
-pub use ops::validate_identifier;
+pub use operator::validate_identifier;
 
 /// Which database a URL points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,8 +318,14 @@ pub fn error_kind(e: &sqlx::Error) -> StoreErrorKind {
     }
 }
 
-/// A heartbeat of `owner` found its membership row held, live, by another instance.
-pub(crate) fn owner_in_use(owner: &str) -> StoreError {
+/// A duration in whole microseconds, saturating.
+pub(crate) fn micros(d: Duration) -> i64 {
+    d.as_micros().min(i64::MAX as u128) as i64
+}
+
+/// A heartbeat of `owner` found its membership row held, live, by another instance (every store
+/// gives this error, including ones outside this crate).
+pub fn owner_in_use(owner: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::OwnerInUse,
         format!("owner id {owner:?} is held by another live relay process (its membership has not expired)"),

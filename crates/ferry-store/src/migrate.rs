@@ -68,8 +68,8 @@ use std::collections::HashSet;
 use ferry_core::{StoreError, StoreErrorKind};
 use sqlx::{Connection, Executor, MySqlConnection, PgConnection, SqliteConnection};
 
-use crate::common::Ctx;
 use crate::db_err;
+use crate::error::Ctx;
 
 /// The lock key and tracking table of the outbox's own migrations (every backend's store).
 pub(crate) const OUTBOX_LOCK: &str = "ferry_migrate";
@@ -77,7 +77,7 @@ pub(crate) const OUTBOX_LOCK: &str = "ferry_migrate";
 pub(crate) const OUTBOX_TABLE: &str = "ferry_schema_migrations";
 
 fn check_table(table: &str) -> Result<(), StoreError> {
-    crate::ops::validate_identifier("migrations table", table)
+    crate::operator::validate_identifier("migrations table", table)
 }
 
 /// Reads which versions `$table` holds, then applies the rest of `$migrations` in order on

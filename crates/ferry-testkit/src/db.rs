@@ -12,8 +12,8 @@ use std::sync::Arc;
 use ferry_core::{EnqueueError, Limits, NewEvent, OutboxStore, StoreError};
 use sqlx::Executor;
 
+use crate::memory::MemoryStore;
 use ferry_core::EventRecord;
-use ferry_store::memory::MemoryStore;
 use ferry_store::mysql::MyStore;
 use ferry_store::postgres::PgStore;
 use ferry_store::sqlite::SqliteStore;

@@ -14,6 +14,8 @@
 //!   [`read_records`] reads a topic's messages back.
 //! * [`RelayTask`]: an in-process relay on a task of its own, stopped through its token;
 //!   [`RelayProcess`]: a `ferry relay` child process (free metrics port, log file, signals).
+//! * [`memory::MemoryStore`]: the in-memory store (not durable) that benches measure the engine
+//!   with and tests use where no SQL is needed; the reference model of the claim protocol.
 //! * [`conformance`]: the store and cursor conformance suites as exported exercises, one
 //!   `pub async fn` per case ([`store_conformance!`] / [`cursor_conformance!`] instantiate them).
 //!
@@ -32,6 +34,7 @@ mod db;
 pub mod embedded;
 pub mod kafka;
 mod macros;
+pub mod memory;
 pub mod process;
 mod task;
 pub mod verify;

@@ -2,7 +2,7 @@
 //!
 //! MySQL shows SQL no transaction id or snapshot, so a bare `seq > cursor` read would skip a row
 //! whose transaction drew its `seq` early and committed late. The horizon comes from locks
-//! instead: the commit gate and its ticker ([`crate::mysql_ticker`]). Reads return committed
+//! instead: the commit gate and its ticker ([`crate::mysql::ticker`]). Reads return committed
 //! rows with `cursor < seq <= horizon` in `seq` order, as on SQLite, where the horizon is per
 //! slot while a long producer transaction holds a gate row (it holds back only the slots it
 //! wrote); [`CursorStore::horizon`] reports the oldest open transaction and how many slots wait
@@ -24,111 +24,50 @@ use ferry_core::{
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Executor, MySql, QueryBuilder, Row};
 
-use crate::common::{
-    advance_applied, claimed_exceptions, claiming, exception_row, micros, mode_in_use,
-    slotless_advance, Ctx, SeqRange, SeqRanges, SeqRead,
-};
+use super::rows::claimed_from_row;
+use super::sql;
+use super::sql::{push_list, COLUMNS, COLUMNS_O, ROW_INDEXES};
+use super::MyStore;
 use crate::db_err;
-use crate::mysql::{claimed_from_row, push_list, MyStore, COLUMNS};
+use crate::error::{mode_in_use, Ctx};
+use crate::exceptions::{claimed_exceptions, exception_row};
+use crate::lookup::advance_applied;
 use crate::outcome::Outcome;
+use crate::request::{claiming, slotless_advance};
+use crate::seq_read::{SeqRange, SeqRanges, SeqRead};
 
-/// The row-dispatch indexes of `ferry_outbox` (migrations 0001 and 0002) and their columns.
-/// Cursor dispatch never reads them and never updates an outbox row, but without partial
-/// indexes each one still takes an entry for every intent a producer writes: a switch to cursor
-/// dispatch drops them, a switch to row dispatch builds them again (row claims force
-/// `ferry_outbox_due`).
-const ROW_INDEXES: [(&str, &str); 4] = [
-    (
-        "ferry_outbox_due",
-        "state, seq, shard_slot, available_at, lease_until",
-    ),
-    (
-        "ferry_outbox_predecessor",
-        "aggregate_id, state, aggregate_version",
-    ),
-    ("ferry_outbox_claim_id", "claim_id"),
-    ("ferry_outbox_sent_at", "state, sent_at"),
-];
 /// How long that DDL waits for the table's metadata lock (transactions open on the outbox; new
 /// producer statements queue behind a waiting DDL) before it gives up.
 const INDEX_DDL_WAIT_S: u32 = 10;
 
-/// `COLUMNS` qualified with `o.`, in the order [`claimed_from_row`] reads.
-const COLUMNS_O: &str =
-    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
-    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, \
-    TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at)";
-
 impl MyStore {
     pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
-        crate::common::stored_mode::<_, Vec<u8>>(self.pool()).await
+        crate::lookup::stored_mode::<_, Vec<u8>>(self.pool()).await
     }
 
     /// The mode switch's transaction (docs/schema.md, "Switching modes"): `false` when the
     /// outbox is in `mode` already.
     async fn convert_mode(&self, mode: DispatchMode, owner: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
-        let current: Vec<u8> =
-            sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| db_err("dispatch mode", e))?;
+        let current: Vec<u8> = sqlx::query_scalar(sql::DISPATCH_MODE_FOR_UPDATE)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode", e))?;
         let current = String::from_utf8_lossy(&current).into_owned();
         if current == mode.as_str() {
             return Ok(false);
         }
-        let others: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM ferry_relay_member WHERE owner <> ? AND lease_until > UTC_TIMESTAMP(6)",
-        )
-        .bind(owner)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(|e| db_err("dispatch mode: members", e))?;
+        let others: i64 = sqlx::query_scalar(sql::DISPATCH_MODE_MEMBERS)
+            .bind(owner)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode: members", e))?;
         if others > 0 {
             return Err(mode_in_use(&current, others, mode));
         }
         let stmts: &[&str] = match mode {
-            DispatchMode::Cursor => &[
-                // Quarantined rows stay parked as exception rows (they hold their successors).
-                "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
-                   available_at, attempts, last_error, resolved_by, resolved_at) \
-                 SELECT seq, shard_slot, aggregate_id, aggregate_version, state, available_at, attempts, \
-                   last_error, resolved_by, resolved_at \
-                 FROM ferry_outbox WHERE state = 'QUARANTINED' \
-                 ON DUPLICATE KEY UPDATE state = VALUES(state)",
-                // Each slot's cursor sits just below its first unfinished row (or at the
-                // head): the cursor sends the row-mode backlog in order and passes over rows
-                // row mode already finished (their state is not PENDING).
-                "UPDATE ferry_slot_lease l \
-                 LEFT JOIN (SELECT shard_slot, min(seq) - 1 AS below FROM ferry_outbox \
-                            WHERE state IN ('PENDING', 'CLAIMED') GROUP BY shard_slot) u ON u.shard_slot = l.slot \
-                 SET l.cursor_seq = coalesce(u.below, (SELECT coalesce(max(seq), 0) FROM ferry_outbox)), \
-                   l.cursor_version = l.cursor_version + 1, l.cursor_claim_id = NULL, \
-                   l.epoch = l.epoch + 1, l.owner = NULL, l.lease_until = NULL",
-            ],
-            DispatchMode::Row => &[
-                // Rows behind their slot's cursor take the state the cursor gave them (the
-                // view's effective state, written out: MySQL cannot update a table through a
-                // view of itself). SET runs left to right: `state` goes last.
-                "UPDATE ferry_outbox o JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-                 LEFT JOIN ferry_outbox_exception x ON x.seq = o.seq \
-                 SET o.sent_at = CASE WHEN coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) = 'SENT' \
-                       THEN coalesce(o.sent_at, x.sent_at, UTC_TIMESTAMP(6)) END, \
-                   o.attempts = coalesce(x.attempts, o.attempts), o.last_error = coalesce(x.last_error, o.last_error), \
-                   o.resolved_by = coalesce(x.resolved_by, o.resolved_by), \
-                   o.available_at = coalesce(x.available_at, o.available_at), o.lease_until = NULL, \
-                   o.state = CASE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) \
-                     WHEN 'CLAIMED' THEN 'PENDING' \
-                     ELSE coalesce(x.state, CASE WHEN o.state NOT IN ('PENDING', 'CLAIMED') THEN o.state \
-                       WHEN l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq THEN 'SENT' ELSE 'PENDING' END) END \
-                 WHERE x.seq IS NOT NULL OR o.state = 'CLAIMED' \
-                   OR (o.state = 'PENDING' AND l.cursor_seq IS NOT NULL AND o.seq <= l.cursor_seq)",
-                "DELETE FROM ferry_outbox_exception",
-                "UPDATE ferry_slot_lease SET cursor_seq = NULL, cursor_claim_id = NULL, \
-                   cursor_version = cursor_version + 1, epoch = epoch + 1, owner = NULL, lease_until = NULL",
-            ],
+            DispatchMode::Cursor => &sql::TO_CURSOR,
+            DispatchMode::Row => &sql::TO_ROW,
         };
         for s in stmts {
             sqlx::query(s)
@@ -136,13 +75,11 @@ impl MyStore {
                 .await
                 .map_err(|e| db_err("dispatch mode: convert", e))?;
         }
-        sqlx::query(
-            "UPDATE ferry_dispatch SET mode = ?, changed_at = UTC_TIMESTAMP(6) WHERE id = 1",
-        )
-        .bind(mode.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("dispatch mode: set", e))?;
+        sqlx::query(sql::DISPATCH_MODE_SET)
+            .bind(mode.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("dispatch mode: set", e))?;
         tx.commit().await.ctx("dispatch mode: commit")?;
         Ok(true)
     }
@@ -155,11 +92,7 @@ impl MyStore {
     /// cursor dispatch cost producers time, never correctness; row dispatch needs them, so a
     /// failure to build them is an error.
     async fn fit_row_indexes(&self, mode: DispatchMode) -> Result<(), StoreError> {
-        let mut q = sqlx::query_scalar::<_, String>(
-            "SELECT DISTINCT CAST(index_name AS CHAR) FROM information_schema.STATISTICS \
-             WHERE table_schema = DATABASE() AND table_name = 'ferry_outbox' \
-               AND index_name IN (?, ?, ?, ?)",
-        );
+        let mut q = sqlx::query_scalar::<_, String>(sql::DISPATCH_MODE_INDEXES);
         for (name, _) in ROW_INDEXES {
             q = q.bind(name);
         }
@@ -197,7 +130,7 @@ impl MyStore {
         if !t.started.swap(true, Ordering::AcqRel) {
             let pool = self.pool().clone();
             let weak = Arc::downgrade(t);
-            tokio::spawn(crate::mysql_ticker::run_ticker(pool, weak));
+            tokio::spawn(crate::mysql::ticker::run_ticker(pool, weak));
         }
         t.wake.notify_one();
     }
@@ -323,7 +256,7 @@ impl CursorStore for MyStore {
             // reorder"). Operator actions and the exception path only move open rows between
             // open states or close them.
             let mut conn = self.pool().acquire().await.ctx("cursor read: connect")?;
-            let (horizon, open) = crate::mysql_ticker::read_horizon(&mut conn).await?;
+            let (horizon, open) = crate::mysql::ticker::read_horizon(&mut conn).await?;
             let mut ranges = Ranges {
                 conn: &mut conn,
                 held_possible: open,
@@ -467,7 +400,7 @@ impl CursorStore for MyStore {
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(claiming(req, async move {
             let mut tx = self.pool().begin().await.ctx("claim exceptions: begin")?;
-            let slots = crate::mysql::fenced_slots(&mut tx, req).await?;
+            let slots = super::claim::fenced_slots(&mut tx, req).await?;
             if slots.is_empty() {
                 return Ok(Vec::new());
             }
@@ -513,15 +446,8 @@ impl CursorStore for MyStore {
             if locked.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut qb = QueryBuilder::<MySql>::new(
-                "UPDATE ferry_outbox_exception SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ",
-            );
-            qb.push_bind(&req.claim_id)
-                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-                .push_bind(micros(req.lease))
-                .push(" MICROSECOND WHERE seq IN (");
-            push_list(&mut qb, locked.iter().map(|l| l.0));
-            qb.push(")");
+            let mut qb =
+                sql::claim_update("ferry_outbox_exception", req, locked.iter().map(|l| l.0));
             qb.build()
                 .execute(&mut *tx)
                 .await
@@ -568,20 +494,9 @@ impl CursorStore for MyStore {
             // KILL). INNODB_TRX needs the PROCESS privilege; without it nothing is reported.
             // While the ticker reads past transactions that hold a gate row for long, the slots
             // they wrote are the ones that wait.
-            let row = sqlx::query(
-                "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) AS SIGNED), \
-                   CAST(t.trx_mysql_thread_id AS SIGNED), \
-                   (SELECT CASE WHEN h.partial_seq IS NULL THEN NULL \
-                           ELSE (SELECT CAST(count(*) AS SIGNED) FROM ferry_gate_hold) END \
-                    FROM ferry_gate_horizon h WHERE h.id = 1) \
-                 FROM information_schema.INNODB_TRX t \
-                 WHERE t.trx_rows_modified > 0 \
-                   AND t.trx_mysql_thread_id <> coalesce((SELECT ticker_conn FROM ferry_gate_horizon WHERE id = 1), 0) \
-                   AND t.trx_mysql_thread_id <> CONNECTION_ID() \
-                 ORDER BY t.trx_started LIMIT 1",
-            )
-            .fetch_optional(self.pool())
-            .await;
+            let row = sqlx::query(sql::HORIZON_OLDEST_TRANSACTION)
+                .fetch_optional(self.pool())
+                .await;
             Ok(match row {
                 Ok(Some(r)) => HorizonInfo {
                     oldest_xact_age_us: r.get::<Option<i64>, _>(0).map(|a| a.max(0)),

@@ -5,6 +5,11 @@
 //! requested slots in `seq` order `FOR UPDATE SKIP LOCKED`, whose outer `UPDATE … RETURNING`
 //! increments `claim_version`, sets `claim_id`/`lease_until` and returns each token. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
+mod cursor;
+mod mode;
+mod sql;
+mod windows;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,30 +17,26 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
-    StoreError, ValidatedEvent,
+    Limits, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, PgPool, Row, Transaction};
 
-use crate::common::{
-    claiming, enqueue_in_own_tx, lease_from, micros, quarantined_from, status_from, url_options,
-    Ctx, InsertIntents, QuarantinedRow, StatusRow,
-};
-use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
+use crate::enqueue::InsertIntents;
+use crate::error::{url_options, Ctx};
+use crate::micros;
+use crate::operator::{self, operator_outcome, Pools};
 use crate::outcome::{Outcome, Transition};
+use crate::request::claiming;
+use crate::rows::{lease_from, status_from, StatusRow};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_POSTGRES};
+use sql::{INSERT, STATUS_CACHE};
 
 /// The `application_name` a ferry store's connections report when the URL sets none
 /// (`?application_name=…` in the URL overrides it).
 pub const APPLICATION_NAME: &str = "ferry";
 
-const INSERT: &str = "INSERT INTO ferry_outbox \
-    (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type, headers, payload) \
-    SELECT * FROM UNNEST($1::varchar[], $2::varchar[], $3::int8[], $4::int2[], $5::varchar[], \
-    $6::varchar[], $7::varchar[], $8::text[], $9::text[])";
-
-crate::common::enqueue_fns!(PgConnection);
+crate::enqueue::enqueue_fns!(PgConnection);
 
 impl InsertIntents for PgConnection {
     async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
@@ -73,10 +74,6 @@ pub struct PgStore {
     /// Whether claims measure `skipped` (`ConnectOptions::measure_contention`).
     measure: bool,
 }
-
-const CLAIM_COLUMNS: &str = "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, \
-    o.aggregate_version, o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, \
-    o.attempts, (extract(epoch from o.created_at) * 1000000)::int8";
 
 fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
     ClaimedEvent {
@@ -141,6 +138,11 @@ impl PgStore {
         Ok(store)
     }
 
+    /// The stored dispatch mode (`ferry_dispatch`).
+    pub(crate) async fn stored_mode(&self) -> Result<ferry_core::DispatchMode, StoreError> {
+        crate::lookup::stored_mode::<_, String>(self.pool()).await
+    }
+
     /// The pool, for the application's own transactions.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -166,15 +168,10 @@ impl PgStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        const SQL: OperatorSql = OperatorSql {
-            event_id: "$1",
-            operator: "$2",
-            now: "now()",
-            binds: &[OperatorParam::EventId, OperatorParam::Operator],
-        };
         let mode = self.stored_mode().await?;
         let pools = Pools::Pg(&self.pool);
-        let n = ops::operator_update(pools, mode, target, &SQL, event_id, operator).await?;
+        let n = operator::operator_update(pools, mode, target, &sql::OPERATOR, event_id, operator)
+            .await?;
         operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
@@ -200,25 +197,6 @@ pub(crate) const EXCEPTIONS: CasTable = CasTable {
     what: "exception outcome",
 };
 
-/// The SET clause of an outcome on the table aliased `a`; `t.delay_us` and `t.txt` are the
-/// item's delay and text.
-fn outcome_set(to: Transition, a: &str) -> String {
-    match to {
-        Transition::Ack => "state = 'SENT', sent_at = now(), lease_until = NULL".into(),
-        Transition::Retry => format!(
-            "state = 'PENDING', lease_until = NULL, attempts = {a}.attempts + 1, last_error = t.txt, \
-             available_at = now() + t.delay_us * interval '1 microsecond'"
-        ),
-        Transition::Quarantine => format!(
-            "state = 'QUARANTINED', lease_until = NULL, attempts = {a}.attempts + 1, last_error = t.txt"
-        ),
-        Transition::Release => "state = 'PENDING', lease_until = NULL, available_at = now()".into(),
-        Transition::Extend { .. } => {
-            "lease_until = now() + t.delay_us * interval '1 microsecond'".into()
-        }
-    }
-}
-
 /// One `UPDATE … FROM UNNEST(…) RETURNING` per batch on `on`, fenced on `(state = 'CLAIMED',
 /// claim_version, claim_id)`; the per-item values travel as arrays beside the tokens.
 pub(crate) async fn cas_on<'c>(
@@ -230,19 +208,7 @@ pub(crate) async fn cas_on<'c>(
     if tokens.is_empty() {
         return Ok(CasReport::default());
     }
-    let (decl, cols) = match o.to {
-        Transition::Ack | Transition::Release => ("", ""),
-        Transition::Extend { .. } => (", $4::int8[]", ", delay_us"),
-        Transition::Quarantine => (", $4::text[]", ", txt"),
-        Transition::Retry => (", $4::int8[], $5::text[]", ", delay_us, txt"),
-    };
-    let (table, a, set) = (on.table, on.alias, outcome_set(o.to, on.alias));
-    let sql = format!(
-        "UPDATE {table} {a} SET {set} \
-         FROM UNNEST($1::int8[], $2::int8[], $3::varchar[]{decl}) AS t(seq, cv, cid{cols}) \
-         WHERE {a}.seq = t.seq AND {a}.state = 'CLAIMED' AND {a}.claim_version = t.cv AND {a}.claim_id = t.cid \
-         RETURNING {a}.seq, {a}.claim_version, {a}.claim_id"
-    );
+    let sql = sql::cas(on.table, on.alias, o.to);
     let mut q = sqlx::query_as::<_, (i64, i64, String)>(&sql)
         .bind(tokens.iter().map(|t| t.seq).collect::<Vec<_>>())
         .bind(tokens.iter().map(|t| t.claim_version).collect::<Vec<_>>())
@@ -260,25 +226,6 @@ pub(crate) async fn cas_on<'c>(
     }
     let rows = q.fetch_all(ex).await.map_err(|e| db_err(on.what, e))?;
     Ok(CasReport::from_returned(tokens, rows))
-}
-
-/// The slot filter of a claim on the table aliased `a` (`$1` the requested slots, `$5` the
-/// fence's owner). With a slot fence, only slots whose lease this owner holds at the claim's start
-/// count: a relay whose lease ended claims nothing. The lease rows are read without a lock: a
-/// share lock made the owner's own lease renewal (and a takeover) queue behind slow claims until
-/// every lease expired. A claim racing a takeover is harmless: rows are taken one at a time under
-/// SKIP LOCKED, state and token, never twice. ARRAY(...) is an InitPlan, evaluated once per claim
-/// whatever the planner's row estimates (an IN-subquery became a per-row SubPlan on un-ANALYZEd
-/// tables).
-pub(crate) fn claim_slot_filter(a: &str, req: &ClaimRequest) -> String {
-    if req.fence.is_some() {
-        format!(
-            "{a}.shard_slot = ANY(ARRAY(SELECT l.slot FROM ferry_slot_lease l WHERE l.slot = ANY($1) \
-             AND l.owner = $5 AND l.lease_until > now()))"
-        )
-    } else {
-        format!("{a}.shard_slot = ANY($1)")
-    }
 }
 
 /// A claim statement (row or exception rows) with its parameters bound: `$1` the slots, `$2` the
@@ -304,51 +251,12 @@ impl ferry_core::RowDispatch for PgStore {
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(claiming(req, async move {
-            let slot_filter = claim_slot_filter("o", req);
-            // The predecessor rule as "o is its aggregate's lowest unfinished version": a scalar
-            // subquery stays a per-candidate index probe. The equivalent NOT EXISTS was planned,
-            // under load, as an anti join scanning the whole unfinished index per candidate
-            // (measured: 64M rows filtered, 82 s for one claim, against 6.7 ms for this form).
-            let due = format!(
-                "{slot_filter} \
-                 AND o.phase = 0 \
-                 AND ((o.state = 'PENDING' AND o.available_at <= now()) \
-                   OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
-                 AND o.aggregate_version = (SELECT min(p.aggregate_version) FROM ferry_outbox p \
-                   WHERE p.aggregate_id = o.aggregate_id AND p.phase < 2)"
-            );
-            // With `measure`, `passed` counts contention: when the claim comes back short of its
-            // limit, the same window read without locks (this statement's snapshot, where the
-            // rows just claimed still look due) minus what was claimed is what SKIP LOCKED passed
-            // over. The recount is an InitPlan under CASE, evaluated only for short claims; the
-            // LEFT JOIN returns one row even when nothing was claimed.
-            let head = format!(
-                "WITH due AS ( \
-                   SELECT o.seq FROM ferry_outbox o WHERE {due} \
-                   ORDER BY o.seq LIMIT $2 \
-                   FOR UPDATE OF o SKIP LOCKED)"
-            );
-            let update = "UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
-                   claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
-                 FROM due WHERE o.seq = due.seq";
-            let sql = if self.measure {
-                format!(
-                    "{head}, claimed AS ({update} RETURNING {CLAIM_COLUMNS}), \
-                     passed AS ( \
-                       SELECT CASE WHEN (SELECT count(*) FROM claimed) < $2 \
-                         THEN (SELECT count(*) FROM (SELECT 1 FROM ferry_outbox o WHERE {due} \
-                                 ORDER BY o.seq LIMIT $2) w) - (SELECT count(*) FROM claimed) \
-                         ELSE 0 END AS n) \
-                     SELECT c.*, passed.n FROM passed LEFT JOIN claimed c ON true"
-                )
-            } else {
-                format!("{head} {update} RETURNING {CLAIM_COLUMNS}, 0::int8")
-            };
+            let sql = sql::claim(req, self.measure);
             let mut tx = self.pool.begin().await.ctx("claim: begin")?;
             // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
             // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
             // slots first (stats from a small backlog, generic plans), which grows with the backlog.
-            sqlx::query("SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)")
+            sqlx::query(sql::CLAIM_PLAN_SETTINGS)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| db_err("claim: plan settings", e))?;
@@ -380,10 +288,8 @@ impl ferry_core::RowDispatch for PgStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let sql = format!(
-                "SELECT {CLAIM_COLUMNS} FROM ferry_outbox o WHERE o.phase = 0 AND o.claim_id = $1 AND o.state = 'CLAIMED' ORDER BY o.seq"
-            );
-            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
+            let sql = sql::lookup_claim();
+            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -400,12 +306,7 @@ impl ferry_core::SlotOwnership for PgStore {
             let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(
                 // Rows are locked in slot order first (the cursor advance does the same), so a
                 // renewal and an advance over overlapping slots cannot deadlock.
-                "UPDATE ferry_slot_lease l SET \
-                   epoch = CASE WHEN l.owner IS DISTINCT FROM $1 THEN l.epoch + 1 ELSE l.epoch END, \
-                   owner = $1, lease_until = now() + $3 * interval '1 microsecond' \
-                 FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
-                 WHERE l.slot = k.slot AND (l.owner IS NULL OR l.owner = $1 OR l.lease_until <= now()) \
-                 RETURNING l.slot, l.owner, l.epoch, (extract(epoch from l.lease_until) * 1000000)::int8",
+                sql::ACQUIRE_SLOTS,
             )
             .bind(owner)
             .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
@@ -425,9 +326,7 @@ impl ferry_core::SlotOwnership for PgStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         let (owner, slots) = (req.owner, req.slots);
         Box::pin(async move {
-            sqlx::query("UPDATE ferry_slot_lease l SET owner = NULL, lease_until = NULL \
-              FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
-              WHERE l.slot = k.slot AND l.owner = $1")
+            sqlx::query(sql::RELEASE_SLOTS)
                 .bind(owner)
                 .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
                 .execute(&self.pool)
@@ -445,48 +344,38 @@ impl ferry_core::SlotOwnership for PgStore {
         Box::pin(async move {
             // ON CONFLICT DO UPDATE locks the row and checks WHERE against its latest version:
             // of two instances racing for an expired row, one takes it
-            let held = sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, instance, lease_until, sink_stalled_us) \
-                 VALUES ($1, $3, now() + $2 * interval '1 microsecond', $4) \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until, instance = EXCLUDED.instance, \
-                   sink_stalled_us = EXCLUDED.sink_stalled_us \
-                 WHERE ferry_relay_member.instance = EXCLUDED.instance OR ferry_relay_member.lease_until <= now()",
-            )
-            .bind(owner)
-            .bind(micros(ttl))
-            .bind(req.instance)
-            .bind(req.sink_stalled_us())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("member heartbeat", e))?
-            .rows_affected();
+            let held = sqlx::query(sql::MEMBER_HEARTBEAT)
+                .bind(owner)
+                .bind(micros(ttl))
+                .bind(req.instance)
+                .bind(req.sink_stalled_us())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("member heartbeat", e))?
+                .rows_affected();
             if held == 0 {
                 return Err(crate::owner_in_use(owner));
             }
-            sqlx::query_scalar(
-                "SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))
+            sqlx::query_scalar(sql::LIVE_MEMBERS)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))
         })
     }
 
     fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
-                "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))?;
+            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(sql::MEMBERS_WITH_STALLS)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))?;
             Ok(crate::members_from(rows))
         })
     }
 
     fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = $1")
+            sqlx::query(sql::LEAVE_MEMBER)
                 .bind(owner)
                 .execute(&self.pool)
                 .await
@@ -496,39 +385,15 @@ impl ferry_core::SlotOwnership for PgStore {
     }
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(
-                "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
-                 WHERE owner IS NOT NULL ORDER BY slot",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows.into_iter().map(lease_from).collect())
-        })
+        Box::pin(crate::lookup::slot_leases::<_, i16>(
+            &self.pool,
+            sql::SLOT_LEASES,
+        ))
     }
 }
 
 impl ferry_core::OperatorActions for PgStore {
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(enqueue_in_own_tx(
-            events,
-            &self.limits,
-            self.pool.begin(),
-            Transaction::commit,
-        ))
-    }
-
-    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
-    }
-
-    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
-    }
+    crate::operator::operator_writes!(pool.begin, Transaction::commit);
 
     fn list_quarantined(
         &self,
@@ -536,58 +401,31 @@ impl ferry_core::OperatorActions for PgStore {
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
             let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => {
-                    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                       (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
-                          AND s.aggregate_version > q.aggregate_version \
-                          AND s.phase < 2) \
-                     FROM ferry_outbox q WHERE q.phase = 1 ORDER BY q.seq LIMIT $1"
-                }
+                ferry_core::DispatchMode::Row => sql::QUARANTINED_ROWS,
                 // successors are held exceptions, or not yet read past the cursor
-                ferry_core::DispatchMode::Cursor => {
-                    "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                       (SELECT count(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
-                          AND s.aggregate_version > q.aggregate_version \
-                          AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                     FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
-                     WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT $1"
-                }
+                ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
             };
-            let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows.into_iter().map(quarantined_from).collect())
+            crate::lookup::quarantined(&self.pool, sql, limit).await
         })
     }
 
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         Box::pin(async move {
-            const COUNTS: &str = "count(*) FILTER (WHERE state = 'PENDING'), \
-                count(*) FILTER (WHERE state = 'CLAIMED'), count(*) FILTER (WHERE state = 'QUARANTINED'), \
-                (extract(epoch from (now() - min(created_at))) * 1000000)::int8, \
-                count(DISTINCT aggregate_id) FILTER (WHERE state = 'QUARANTINED')";
             let r: StatusRow = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sqlx::query_as(&format!(
-                    "SELECT {COUNTS} FROM ferry_outbox WHERE phase < 2"
-                ))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| db_err("status", e))?,
+                ferry_core::DispatchMode::Row => sqlx::query_as(&sql::status_rows())
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(|e| db_err("status", e))?,
                 ferry_core::DispatchMode::Cursor => {
                     self.check_xids(ferry_core::DispatchMode::Cursor).await?;
                     // Unfinished = not yet behind the slot's cursor, or an open exception. No row
                     // below the lowest window's lower snapshot xmin can be unfinished without an
                     // exception row: that bound (read first and bound as a value, so the planner
                     // estimates the range from it) keeps the scan off the dispatched history.
-                    let low: i64 = sqlx::query_scalar(
-                        "SELECT coalesce(min(pg_snapshot_xmin(t.snap)::text::int8), 0) FROM ferry_slot_lease l \
-                         JOIN ferry_tick t ON t.tick_id = l.cursor_tick - 1",
-                    )
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(|e| db_err("status: cursors", e))?;
+                    let low: i64 = sqlx::query_scalar(sql::STATUS_LOW_XID)
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(|e| db_err("status: cursors", e))?;
                     let low = (low, 0i64);
                     // The rows past that bound are the newest part of the table, but once they
                     // are a few per cent of it the planner reads the whole table instead of
@@ -595,29 +433,17 @@ impl ferry_core::OperatorActions for PgStore {
                     // parallel sequential scan took 2.3–2.7 s (plus JIT), the index 0.6–0.8 s,
                     // and beside a burn-down that cost grew with the delivered history.
                     let mut tx = self.pool.begin().await.ctx("status: begin")?;
-                    sqlx::query(
-                        "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)",
-                    )
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("status: plan settings", e))?;
-                    let r = sqlx::query_as(&format!(
-                        "SELECT {COUNTS} FROM ( \
-                           SELECT 'PENDING'::varchar AS state, v.created_at, v.aggregate_id \
-                           FROM ferry_outbox_cursor_view v \
-                           WHERE v.xid >= $1 AND v.state = 'PENDING' AND $2 = 0 \
-                             AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception e WHERE e.seq = v.seq) \
-                           UNION ALL \
-                           SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
-                             JOIN ferry_outbox o ON o.seq = x.seq \
-                           WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) u"
-                    ))
-                    .bind(low.0)
-                    .bind(low.1)
-                    .persistent(false)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("status", e))?;
+                    sqlx::query(sql::STATUS_PLAN_SETTINGS)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("status: plan settings", e))?;
+                    let r = sqlx::query_as(&sql::status_cursor())
+                        .bind(low.0)
+                        .bind(low.1)
+                        .persistent(false)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(|e| db_err("status", e))?;
                     tx.commit().await.map_err(|e| db_err("status: commit", e))?;
                     r
                 }
@@ -631,24 +457,10 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::common::record(&self.pool, self.stored_mode().await?, "$1", event_id).await
+            crate::lookup::record(&self.pool, self.stored_mode().await?, "$1", event_id).await
         })
     }
 }
-
-/// `ferry_status_cache` on PostgreSQL ([`crate::common::shared_status`]).
-const STATUS_CACHE: crate::common::StatusCacheSql = crate::common::StatusCacheSql {
-    lease: "UPDATE ferry_status_cache SET computing_until = now() + interval '60 seconds' \
-            WHERE id = 1 AND (computed_at IS NULL OR computed_at < now() - make_interval(secs => $1::float8 / 1e6)) \
-              AND (computing_until IS NULL OR computing_until < now())",
-    stored: "SELECT pending, claimed, quarantined, \
-               oldest_age_us + (extract(epoch from (now() - computed_at)) * 1000000)::int8, blocked \
-             FROM ferry_status_cache WHERE id = 1 AND computed_at IS NOT NULL",
-    clear: "UPDATE ferry_status_cache SET computing_until = NULL WHERE id = 1",
-    store: "UPDATE ferry_status_cache SET pending = $1, claimed = $2, quarantined = $3, \
-              oldest_age_us = $4, blocked = $5, computed_at = now(), computing_until = NULL \
-            WHERE id = 1",
-};
 
 impl ferry_core::OutboxStore for PgStore {
     fn backend(&self) -> &'static str {
@@ -660,7 +472,7 @@ impl ferry_core::OutboxStore for PgStore {
         max_age: std::time::Duration,
     ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         use ferry_core::OperatorActions;
-        Box::pin(crate::common::shared_status(
+        Box::pin(crate::status_cache::shared_status(
             &self.pool,
             &STATUS_CACHE,
             sqlx::postgres::PgQueryResult::rows_affected,
@@ -705,7 +517,7 @@ impl ferry_core::OutboxStore for PgStore {
         Box::pin(async move {
             let mode = self.stored_mode().await?;
             self.check_xids(mode).await?;
-            ops::purge_sent(Pools::Pg(&self.pool), mode, req).await
+            operator::purge::purge_sent(Pools::Pg(&self.pool), mode, req).await
         })
     }
 
@@ -716,7 +528,7 @@ impl ferry_core::OutboxStore for PgStore {
         Box::pin(async move {
             let mode = self.stored_mode().await?;
             self.check_xids(mode).await?;
-            ops::reconcile(Pools::Pg(&self.pool), mode, req).await
+            operator::reconcile::reconcile(Pools::Pg(&self.pool), mode, req).await
         })
     }
 

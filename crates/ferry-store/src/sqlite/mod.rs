@@ -12,121 +12,45 @@
 //! with sleeps of up to 100 ms, which, with producers, claims and acks all wanting the one
 //! writer, left the database idle while writers slept. Other processes on the same file still
 //! meet the busy handler (30 s timeout).
-use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+mod cursor;
+mod sql;
+mod write_gate;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, NewEvent, OperatorAction, OutboxStatus, QuarantinedEvent, SlotId,
-    SlotLease, StoreError, ValidatedEvent,
+    EventRecord, Limits, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError,
+    ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
-use tokio::sync::OwnedMutexGuard;
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
-use crate::common::{
-    claiming, enqueue_in_own_tx, lease_from, micros, push_intent, quarantined_from, status_from,
-    url_options, Ctx, InsertIntents, QuarantinedRow, StatusRow,
-};
-use crate::ops::{self, operator_outcome, OperatorParam, OperatorSql, Pools};
-use crate::outcome::{Outcome, Transition};
+use crate::enqueue::{push_intent, InsertIntents};
+use crate::error::{url_options, Ctx};
+use crate::micros;
+use crate::operator::{self, operator_outcome, Pools};
+use crate::outcome::Outcome;
+use crate::request::claiming;
+use crate::rows::{lease_from, status_from, StatusRow};
 use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_SQLITE};
+use sql::{outcome_set, CHUNK, COLUMNS};
+use write_gate::begin_gated;
+pub use write_gate::{begin_write, write_gate, WriteTx};
 
 /// WAL pages between automatic checkpoints (SQLite's default is 1,000).
 const WAL_AUTOCHECKPOINT_PAGES: u32 = 10_000;
 
-/// Rows per multi-row insert (11 placeholders per row; SQLite allows 32,766).
-const CHUNK: usize = 1000;
-
-/// The in-process write gate of the database file `pool` opens: one FIFO mutex per file,
-/// shared by every pool of this process on that file.
-pub fn write_gate(pool: &SqlitePool) -> Arc<tokio::sync::Mutex<()>> {
-    static GATES: OnceLock<Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
-    let file = pool.connect_options().get_filename().to_path_buf();
-    let key = std::fs::canonicalize(&file).unwrap_or(file);
-    GATES
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(key)
-        .or_default()
-        .clone()
-}
-
-/// A write transaction (`BEGIN IMMEDIATE`) that holds this process's write gate of its
-/// database file until it commits or is dropped (rolled back). Dereferences to the
-/// transaction's connection, so `&mut *tx` runs statements in it.
-pub struct WriteTx {
-    // field order: the transaction is dropped (its rollback queued) before the gate opens
-    tx: Transaction<'static, Sqlite>,
-    _gate: Option<OwnedMutexGuard<()>>,
-}
-
-impl WriteTx {
-    /// Commits, then opens the gate.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
-    }
-}
-
-impl Deref for WriteTx {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
-    }
-}
-
-/// Begins a write transaction on `pool` behind the file's in-process write gate: application
-/// transactions that enqueue intents should use it, so they queue with the relay's claims and
-/// acks in FIFO order instead of sleeping in SQLite's busy handler.
-pub async fn begin_write(pool: &SqlitePool) -> Result<WriteTx, sqlx::Error> {
-    begin_gated(pool, write_gate(pool)).await
-}
-
-/// `FERRY_SQLITE_WRITE_GATE=off` leaves write transactions to SQLite's busy handler, as before
-/// the gate existed: a diagnostic switch for measuring what the gate buys, not a tuning knob.
-fn gate_disabled() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    *OFF.get_or_init(|| {
-        std::env::var("FERRY_SQLITE_WRITE_GATE").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
-    })
-}
-
-async fn begin_gated(
-    pool: &SqlitePool,
-    gate: Arc<tokio::sync::Mutex<()>>,
-) -> Result<WriteTx, sqlx::Error> {
-    // gate first, connection second: nothing holds a connection while it waits for the gate
-    let guard = if gate_disabled() {
-        None
-    } else {
-        Some(gate.lock_owned().await)
-    };
-    let tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    Ok(WriteTx { tx, _gate: guard })
-}
-
-crate::common::enqueue_fns!(SqliteConnection);
+crate::enqueue::enqueue_fns!(SqliteConnection);
 
 impl InsertIntents for SqliteConnection {
     async fn insert_intents(&mut self, rows: &[ValidatedEvent]) -> Result<(), EnqueueError> {
         let conn = self;
         let now = now_micros();
         for chunk in rows.chunks(CHUNK) {
-            let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
-                 event_type, headers, payload, created_at, available_at) ",
-            );
+            let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(sql::INSERT_HEAD);
             qb.push_values(chunk, |mut b, r| {
                 push_intent(&mut b, r, r.shard_slot as i64);
                 b.push_bind(now).push_bind(now);
@@ -168,17 +92,15 @@ type Probe =
 fn by_version(
     r: &ValidatedEvent,
 ) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
-    sqlx::query_scalar(
-        "SELECT 1 FROM ferry_outbox WHERE aggregate_id = ? AND aggregate_version = ?",
-    )
-    .bind(&r.aggregate_id)
-    .bind(r.aggregate_version)
+    sqlx::query_scalar(sql::PROBE_VERSION)
+        .bind(&r.aggregate_id)
+        .bind(r.aggregate_version)
 }
 
 fn by_event_id(
     r: &ValidatedEvent,
 ) -> sqlx::query::QueryScalar<'_, Sqlite, i64, sqlx::sqlite::SqliteArguments<'_>> {
-    sqlx::query_scalar("SELECT 1 FROM ferry_outbox WHERE event_id = ?").bind(&r.event_id)
+    sqlx::query_scalar(sql::PROBE_EVENT_ID).bind(&r.event_id)
 }
 
 /// The first row of `chunk` that `probe` finds stored already: the row a unique violation of the
@@ -204,10 +126,6 @@ pub struct SqliteStore {
     limits: Limits,
     gate: Arc<tokio::sync::Mutex<()>>,
 }
-
-const COLUMNS: &str =
-    "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
-    topic, msg_key, event_type, headers, payload, attempts, created_at";
 
 pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
     ClaimedEvent {
@@ -314,41 +232,19 @@ impl SqliteStore {
         operator: &str,
         target: &str,
     ) -> Result<(), StoreError> {
-        const SQL: OperatorSql = OperatorSql {
-            event_id: "?1",
-            operator: "?2",
-            now: "?3",
-            binds: &[
-                OperatorParam::EventId,
-                OperatorParam::Operator,
-                OperatorParam::Now,
-            ],
-        };
         let mode = self.stored_mode().await?;
         let gate = self.gate.lock().await;
-        let n = ops::operator_update(
+        let n = operator::operator_update(
             Pools::Lite(&self.pool),
             mode,
             target,
-            &SQL,
+            &sql::OPERATOR,
             event_id,
             operator,
         )
         .await?;
         drop(gate);
         operator_outcome(n, event_id, self.record(event_id)).await
-    }
-}
-
-/// The SET clause of an outcome, the same on both tables: `?2` is now (µs), `t.num` and `t.txt`
-/// the item's delay and text.
-fn outcome_set(to: Transition) -> &'static str {
-    match to {
-        Transition::Ack => "state = 'SENT', sent_at = ?2, lease_until = NULL",
-        Transition::Retry => "state = 'PENDING', lease_until = NULL, attempts = attempts + 1, last_error = t.txt, available_at = ?2 + t.num",
-        Transition::Quarantine => "state = 'QUARANTINED', lease_until = NULL, attempts = attempts + 1, last_error = t.txt",
-        Transition::Release => "state = 'PENDING', lease_until = NULL, available_at = ?2",
-        Transition::Extend { .. } => "lease_until = ?2 + t.num",
     }
 }
 
@@ -373,13 +269,7 @@ pub(crate) async fn cas_in(
             serde_json::json!([t.seq, t.claim_version, t.claim_id, n, s])
         })
         .collect();
-    let sql = format!(
-        "UPDATE {table} SET {set} FROM (SELECT value->>0 AS seq, value->>1 AS cv, value->>2 AS cid, \
-           value->>3 AS num, value->>4 AS txt FROM json_each(?1)) AS t \
-         WHERE {table}.seq = t.seq AND {table}.state = 'CLAIMED' \
-           AND {table}.claim_version = t.cv AND {table}.claim_id = t.cid \
-         RETURNING {table}.seq, {table}.claim_version, {table}.claim_id"
-    );
+    let sql = sql::cas(table, set);
     let rows = sqlx::query_as::<_, (i64, i64, String)>(&sql)
         .bind(serde_json::Value::Array(items).to_string())
         .bind(now)
@@ -402,24 +292,7 @@ pub(crate) async fn claim_in(
     req: &ClaimRequest,
     now: i64,
 ) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
-    let fence = if req.fence.is_some() {
-        format!("AND {a}.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)")
-    } else {
-        String::new()
-    };
-    let sql = format!(
-        "UPDATE {table} SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
-           lease_until = ?2 + ?4 \
-         WHERE seq IN (SELECT {a}.seq FROM {table} {a} \
-           WHERE {a}.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
-             AND {a}.state IN ('PENDING', 'CLAIMED') \
-             AND (({a}.state = 'PENDING' AND {a}.available_at <= ?2) OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= ?2)) \
-             AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.aggregate_id = {a}.aggregate_id \
-               AND p.aggregate_version < {a}.aggregate_version \
-               AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-           ORDER BY {a}.seq LIMIT ?6) \
-         RETURNING {returning}"
-    );
+    let sql = sql::claim((table, a), returning, req.fence.is_some());
     sqlx::query(&sql)
         .bind(json_slots(&req.slots))
         .bind(now)
@@ -459,10 +332,8 @@ impl ferry_core::RowDispatch for SqliteStore {
         claim_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
         Box::pin(async move {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM ferry_outbox WHERE claim_id = ? AND state = 'CLAIMED' ORDER BY seq"
-            );
-            crate::common::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
+            let sql = sql::lookup_claim();
+            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
         })
     }
 
@@ -478,19 +349,14 @@ impl ferry_core::SlotOwnership for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let mut tx = self.begin_write().await.ctx("acquire slots: begin")?;
-            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
-                "UPDATE ferry_slot_lease SET \
-                   epoch = CASE WHEN owner IS ?1 THEN epoch ELSE epoch + 1 END, owner = ?1, lease_until = ?3 + ?4 \
-                 WHERE slot IN (SELECT value FROM json_each(?2)) AND (owner IS NULL OR owner = ?1 OR lease_until <= ?3) \
-                 RETURNING slot, owner, epoch, lease_until",
-            )
-            .bind(owner)
-            .bind(json_slots(slots))
-            .bind(now)
-            .bind(micros(ttl))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("acquire slots", e))?;
+            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(sql::ACQUIRE_SLOTS)
+                .bind(owner)
+                .bind(json_slots(slots))
+                .bind(now)
+                .bind(micros(ttl))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("acquire slots", e))?;
             tx.commit().await.ctx("acquire slots: commit")?;
             let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
             leases.sort_by_key(|l| l.slot);
@@ -505,15 +371,12 @@ impl ferry_core::SlotOwnership for SqliteStore {
         let (owner, slots) = (req.owner, req.slots);
         Box::pin(async move {
             let _gate = self.gate.lock().await;
-            sqlx::query(
-                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
-                 AND slot IN (SELECT value FROM json_each(?2))",
-            )
-            .bind(owner)
-            .bind(json_slots(slots))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("release slots", e))?;
+            sqlx::query(sql::RELEASE_SLOTS)
+                .bind(owner)
+                .bind(json_slots(slots))
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("release slots", e))?;
             Ok(())
         })
     }
@@ -526,45 +389,35 @@ impl ferry_core::SlotOwnership for SqliteStore {
         Box::pin(async move {
             let now = now_micros();
             let gate = self.gate.lock().await;
-            let held = sqlx::query(
-                "INSERT INTO ferry_relay_member (owner, instance, lease_until, joined_at, sink_stalled_us) \
-                 VALUES (?1, ?4, ?2 + ?3, ?2, ?5) \
-                 ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until, instance = excluded.instance, \
-                   sink_stalled_us = excluded.sink_stalled_us \
-                 WHERE ferry_relay_member.instance = excluded.instance OR ferry_relay_member.lease_until <= ?2",
-            )
-            .bind(owner)
-            .bind(now)
-            .bind(micros(ttl))
-            .bind(req.instance)
-            .bind(req.sink_stalled_us())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_err("member heartbeat", e))?
-            .rows_affected();
+            let held = sqlx::query(sql::MEMBER_HEARTBEAT)
+                .bind(owner)
+                .bind(now)
+                .bind(micros(ttl))
+                .bind(req.instance)
+                .bind(req.sink_stalled_us())
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_err("member heartbeat", e))?
+                .rows_affected();
             drop(gate);
             if held == 0 {
                 return Err(crate::owner_in_use(owner));
             }
-            sqlx::query_scalar(
-                "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
-            )
-            .bind(now)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))
+            sqlx::query_scalar(sql::LIVE_MEMBERS)
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))
         })
     }
 
     fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
         Box::pin(async move {
-            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(
-                "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner",
-            )
-            .bind(now_micros())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("members", e))?;
+            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(sql::MEMBERS_WITH_STALLS)
+                .bind(now_micros())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| db_err("members", e))?;
             Ok(crate::members_from(rows))
         })
     }
@@ -572,7 +425,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
     fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let _gate = self.gate.lock().await;
-            sqlx::query("DELETE FROM ferry_relay_member WHERE owner = ?")
+            sqlx::query(sql::LEAVE_MEMBER)
                 .bind(owner)
                 .execute(&self.pool)
                 .await
@@ -582,38 +435,15 @@ impl ferry_core::SlotOwnership for SqliteStore {
     }
 
     fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
-                "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows.into_iter().map(lease_from).collect())
-        })
+        Box::pin(crate::lookup::slot_leases::<_, i64>(
+            &self.pool,
+            sql::SLOT_LEASES,
+        ))
     }
 }
 
 impl ferry_core::OperatorActions for SqliteStore {
-    fn enqueue<'a>(
-        &'a self,
-        events: &'a [NewEvent],
-    ) -> BoxFuture<'a, Result<Vec<String>, EnqueueError>> {
-        Box::pin(enqueue_in_own_tx(
-            events,
-            &self.limits,
-            self.begin_write(),
-            WriteTx::commit,
-        ))
-    }
-
-    fn requeue<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
-    }
-
-    fn skip<'a>(&'a self, req: &'a OperatorAction<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
-    }
+    crate::operator::operator_writes!(begin_write, WriteTx::commit);
 
     fn list_quarantined(
         &self,
@@ -621,54 +451,20 @@ impl ferry_core::OperatorActions for SqliteStore {
     ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
         Box::pin(async move {
             let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => {
-                    "SELECT q.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                   (SELECT count(*) FROM ferry_outbox s WHERE s.aggregate_id = q.aggregate_id \
-                      AND s.aggregate_version > q.aggregate_version \
-                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                 FROM ferry_outbox q WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
-                }
+                ferry_core::DispatchMode::Row => sql::QUARANTINED_ROWS,
                 // successors are held exceptions, or not yet read past the cursor
-                ferry_core::DispatchMode::Cursor => {
-                    "SELECT o.event_id, q.aggregate_id, q.aggregate_version, q.last_error, q.attempts, \
-                   (SELECT count(*) FROM ferry_outbox_cursor_view s WHERE s.aggregate_id = q.aggregate_id \
-                      AND s.aggregate_version > q.aggregate_version \
-                      AND s.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
-                 FROM ferry_outbox_exception q JOIN ferry_outbox o ON o.seq = q.seq \
-                 WHERE q.state = 'QUARANTINED' ORDER BY q.seq LIMIT ?"
-                }
+                ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
             };
-            let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows.into_iter().map(quarantined_from).collect())
+            crate::lookup::quarantined(&self.pool, sql, limit).await
         })
     }
 
     fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
         Box::pin(async move {
             let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => {
-                    "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
-                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
-                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
-                 FROM ferry_outbox WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')"
-                }
+                ferry_core::DispatchMode::Row => sql::STATUS_ROWS,
                 // unfinished = past the slot's cursor, or an open exception
-                ferry_core::DispatchMode::Cursor => {
-                    "SELECT coalesce(sum(state = 'PENDING'), 0), coalesce(sum(state = 'CLAIMED'), 0), \
-                   coalesce(sum(state = 'QUARANTINED'), 0), ?1 - min(created_at), \
-                   count(DISTINCT CASE WHEN state = 'QUARANTINED' THEN aggregate_id END) \
-                 FROM (SELECT 'PENDING' AS state, o.created_at, o.aggregate_id FROM ferry_outbox o \
-                         JOIN ferry_slot_lease l ON l.slot = o.shard_slot \
-                       WHERE o.seq > (SELECT min(cursor_seq) FROM ferry_slot_lease) AND o.seq > l.cursor_seq \
-                       UNION ALL \
-                       SELECT x.state, o.created_at, x.aggregate_id FROM ferry_outbox_exception x \
-                         JOIN ferry_outbox o ON o.seq = x.seq \
-                       WHERE x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))"
-                }
+                ferry_core::DispatchMode::Cursor => sql::STATUS_CURSOR,
             };
             let r: StatusRow = sqlx::query_as(sql)
                 .bind(now_micros())
@@ -684,7 +480,7 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::common::record(&self.pool, self.stored_mode().await?, "?", event_id).await
+            crate::lookup::record(&self.pool, self.stored_mode().await?, "?", event_id).await
         })
     }
 }
@@ -699,7 +495,8 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::PurgeRequest<'a>,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            ops::purge_sent(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
+            operator::purge::purge_sent(Pools::Lite(&self.pool), self.stored_mode().await?, req)
+                .await
         })
     }
 
@@ -708,7 +505,8 @@ impl ferry_core::OutboxStore for SqliteStore {
         req: &'a ferry_core::ReconcileRequest,
     ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
         Box::pin(async move {
-            ops::reconcile(Pools::Lite(&self.pool), self.stored_mode().await?, req).await
+            operator::reconcile::reconcile(Pools::Lite(&self.pool), self.stored_mode().await?, req)
+                .await
         })
     }
 

@@ -1,0 +1,60 @@
+//! The SQL dialects of the three backends, for the statements written once for all of them
+//! (the operator's purge, reconcile, requeue and skip): placeholders (`?` in bind order,
+//! rewritten once to PostgreSQL's `$n` by [`numbered_placeholders`]), clocks, concatenation.
+
+/// `sql` with each `?` replaced by `$1`, `$2`, … in order (PostgreSQL's placeholders).
+pub(crate) fn numbered_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Pg,
+    My,
+    Lite,
+}
+
+impl Dialect {
+    /// An expression for "now minus `?` µs" in the column's own representation.
+    pub(crate) fn now_minus_param(self) -> &'static str {
+        match self {
+            Dialect::Pg => "(now() - ?::int8 * interval '1 microsecond')",
+            Dialect::My => "(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)",
+            Dialect::Lite => "(? )", // the caller binds now - age (process clock)
+        }
+    }
+    /// A timestamp column as µs since the epoch.
+    pub(crate) fn micros(self, col: &str) -> String {
+        match self {
+            Dialect::Pg => format!("(extract(epoch from {col}) * 1000000)::int8"),
+            Dialect::My => format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {col})"),
+            Dialect::Lite => col.to_string(),
+        }
+    }
+    /// "now" as µs since the epoch.
+    pub(crate) fn now_micros(self) -> &'static str {
+        match self {
+            Dialect::Pg => "(extract(epoch from now()) * 1000000)::int8",
+            Dialect::My => "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+            Dialect::Lite => "?",
+        }
+    }
+    pub(crate) fn concat_param_id(self, col: &str) -> String {
+        match self {
+            Dialect::Pg => format!("(?::text || CAST({col} AS TEXT))"),
+            Dialect::My => format!("CONCAT(?, {col})"),
+            Dialect::Lite => format!("(? || CAST({col} AS TEXT))"),
+        }
+    }
+}

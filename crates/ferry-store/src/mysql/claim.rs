@@ -1,0 +1,127 @@
+//! MariaDB's row-dispatch claim, in one short transaction: the slot fence, a plain read of
+//! due candidates, their locking re-check `FOR UPDATE SKIP LOCKED`, the update of their tokens.
+use std::sync::atomic::Ordering;
+
+use ferry_core::{ClaimRequest, ClaimedEvent, StoreError, StoreErrorKind};
+use sqlx::mysql::MySqlConnection;
+use sqlx::{MySql, QueryBuilder};
+
+use super::rows::claimed_from_row;
+use super::sql::{self, candidate_query, due_window, push_list, COLUMNS};
+use super::MyStore;
+use crate::db_err;
+use crate::error::Ctx;
+
+impl MyStore {
+    /// [`ferry_core::RowDispatch::claim`] of a request that names slots and rows (the module
+    /// docs of [`super`] give its five steps).
+    pub(super) async fn claim_rows(
+        &self,
+        req: &ClaimRequest,
+    ) -> Result<Vec<ClaimedEvent>, StoreError> {
+        let mut tx = self.pool.begin().await.ctx("claim: begin")?;
+        let slots = fenced_slots(&mut tx, req).await?;
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Over-fetch candidates: a concurrent claimer may hold some of them locked (SKIP
+        // LOCKED then passes over them), and without spares a contended claim would come
+        // back short or empty while other due rows wait. A fenced claim has its slots to
+        // itself (only a takeover races it), so it reads few spares: each candidate costs a
+        // row lookup and a predecessor probe (docs/notes/2026-12-02-performance-log.md, "MariaDB").
+        let want = if req.fence.is_some() {
+            req.limit + 16
+        } else {
+            req.limit.saturating_mul(3) + 16
+        };
+        let mut candidates = Vec::with_capacity(want);
+        for (state, due) in [
+            ("PENDING", "o.available_at"),
+            // leases that expired (their relay died or gave up)
+            ("CLAIMED", "o.lease_until"),
+        ] {
+            let mut qb = candidate_query(state, due, &slots, want);
+            let mut found: Vec<i64> = qb
+                .build_query_scalar()
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim: candidates", e))?;
+            candidates.append(&mut found);
+        }
+        candidates.sort_unstable();
+        candidates.truncate(want);
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut qb = due_window(&format!("SELECT {COLUMNS}"), &candidates, req.limit);
+        qb.push(" FOR UPDATE SKIP LOCKED");
+        let rows = qb
+            .build()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim: lock", e))?;
+        if rows.len() < req.limit.min(candidates.len()) {
+            // Short of both the limit and the candidates: some candidates were locked by a
+            // concurrent transaction (SKIP LOCKED passed over them) or taken since they were
+            // read. A plain read sees the locked ones still due (their claim has not
+            // committed); those in the claim's window, less ours, were skipped.
+            let mut qb = due_window("SELECT count(*) FROM (SELECT seq", &candidates, req.limit);
+            qb.push(") w");
+            let window: i64 = qb
+                .build_query_scalar()
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| db_err("claim: contention count", e))?;
+            let passed = (window - rows.len() as i64).max(0) as u64;
+            self.skipped.fetch_add(passed, Ordering::Relaxed);
+        }
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
+        let mut qb = sql::claim_update("ferry_outbox", req, items.iter().map(|i| i.token.seq));
+        let n = qb
+            .build()
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim: update", e))?
+            .rows_affected();
+        if n as usize != items.len() {
+            return Err(StoreError::new(
+                StoreErrorKind::Other,
+                format!(
+                    "claim: updated {n} of {} locked rows; rolled back",
+                    items.len()
+                ),
+            ));
+        }
+        for it in &mut items {
+            it.token.claim_version += 1;
+            it.token.claim_id = req.claim_id.clone();
+        }
+        tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
+        Ok(items)
+    }
+}
+
+/// The requested slots a claim may take rows of: with a fence, those whose live lease the owner
+/// holds. A plain read (no share lock): a locking read made lease renewals queue behind slow
+/// claims; a claim racing a takeover is harmless (rows are claimed under SKIP LOCKED and state,
+/// never twice). Shared by row claims and cursor dispatch's exception claims.
+pub(crate) async fn fenced_slots(
+    conn: &mut MySqlConnection,
+    req: &ClaimRequest,
+) -> Result<Vec<i16>, StoreError> {
+    let Some(f) = &req.fence else {
+        return Ok(req.slots.iter().map(|s| *s as i16).collect());
+    };
+    let mut qb = QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
+    qb.push_bind(&f.owner)
+        .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
+    push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
+    qb.push(")");
+    qb.build_query_scalar()
+        .fetch_all(conn)
+        .await
+        .map_err(|e| db_err("claim: slot fence", e))
+}

@@ -1,0 +1,81 @@
+//! Rows every backend decodes the same way: slot leases, status counts, an event's record, a
+//! quarantined event.
+use std::str::FromStr;
+
+use ferry_core::{
+    EventRecord, EventState, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError,
+    StoreErrorKind,
+};
+
+/// A `ferry_slot_lease` row: `slot, owner, epoch, lease_until` (µs). The slot column is `int2`
+/// on PostgreSQL, `INTEGER` on SQLite.
+pub(crate) fn lease_from<S: Into<i64>>(
+    (slot, owner, epoch, lease_until): (S, String, i64, i64),
+) -> SlotLease {
+    SlotLease {
+        slot: slot.into() as SlotId,
+        owner,
+        epoch,
+        lease_until,
+    }
+}
+
+/// A status row: `pending, claimed, quarantined, oldest_unfinished_age_us, blocked_aggregates`.
+pub(crate) type StatusRow = (i64, i64, i64, Option<i64>, i64);
+
+pub(crate) fn status_from(row: StatusRow) -> OutboxStatus {
+    let (pending, claimed, quarantined, oldest_unfinished_age_us, blocked_aggregates) = row;
+    OutboxStatus {
+        pending,
+        claimed,
+        quarantined,
+        oldest_unfinished_age_us,
+        blocked_aggregates,
+    }
+}
+
+/// An event's delivery-state row: `event_id, state, claim_version, claim_id, attempts,
+/// last_error, resolved_by, payload`.
+pub(crate) type RecordRow = (
+    String,
+    String,
+    i64,
+    Option<String>,
+    i32,
+    Option<String>,
+    Option<String>,
+    String,
+);
+
+pub(crate) fn record_from(row: RecordRow) -> Result<EventRecord, StoreError> {
+    let (event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload) =
+        row;
+    let state =
+        EventState::from_str(&state).map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
+    Ok(EventRecord {
+        event_id,
+        state,
+        claim_version,
+        claim_id,
+        attempts,
+        last_error,
+        resolved_by,
+        payload,
+    })
+}
+
+/// A quarantined event's row: `event_id, aggregate_id, aggregate_version, last_error,
+/// attempts, blocked_successors`.
+pub(crate) type QuarantinedRow = (String, String, i64, Option<String>, i32, i64);
+
+pub(crate) fn quarantined_from(row: QuarantinedRow) -> QuarantinedEvent {
+    let (event_id, aggregate_id, aggregate_version, last_error, attempts, blocked_successors) = row;
+    QuarantinedEvent {
+        event_id,
+        aggregate_id,
+        aggregate_version,
+        last_error,
+        attempts,
+        blocked_successors,
+    }
+}
