@@ -424,8 +424,8 @@ mod mysql_paused {
     }
     /// A session that won the ticker election and stopped before it registered in
     /// `ferry_gate_horizon` (so it never ticked at all) is replaced too: a relay that has seen it hold
-    /// the lock unregistered for 30 s ends that session and delivers. (A CI run once stopped a
-    /// relay in exactly this window, and the relay beside it waited for ever.)
+    /// the lock unregistered for 30 s ends that session and delivers. (A relay stopped in exactly
+    /// this window would otherwise leave the relay beside it waiting for ever.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn unregistered_ticker_is_replaced() {
         use sqlx::{Connection, Executor};

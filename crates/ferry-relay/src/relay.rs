@@ -258,7 +258,7 @@ impl Relay {
 }
 
 /// The mode a relay picks on `backend` when not told: cursor on every SQL backend (on
-/// MySQL/MariaDB behind the commit gate; measured against row dispatch in docs/notes/2026-12-02-performance-log.md).
+/// MySQL/MariaDB behind the commit gate).
 pub fn preferred_dispatch(backend: &str) -> DispatchMode {
     match backend {
         "memory" => DispatchMode::Row,

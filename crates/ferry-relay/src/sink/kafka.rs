@@ -283,8 +283,7 @@ const SEND_NOW_MAX: usize = 256;
 /// no other batch will add to its requests, and the linger is pure latency (a millisecond on
 /// every low-rate batch). Used on every batch, the override cost the PostgreSQL burn-down (2,000-
 /// record batches, rarely overlapping) about 13 %, for a reason not found; limited to small lone
-/// batches it costs nothing measurable there (2026-12-02; docs/notes/2026-12-02-performance-log.md,
-/// "A low-rate batch skips the linger").
+/// batches it costs nothing measurable there.
 ///
 /// librdkafka treats the linger as elapsed while a `rd_kafka_flush()` is in progress, and the
 /// call wakes every broker thread (librdkafka ≥ 1.8.0, issue #3489). The whole batch is enqueued

@@ -28,7 +28,7 @@ impl MyStore {
         // LOCKED then passes over them), and without spares a contended claim would come
         // back short or empty while other due rows wait. A fenced claim has its slots to
         // itself (only a takeover races it), so it reads few spares: each candidate costs a
-        // row lookup and a predecessor probe (docs/notes/2026-12-02-performance-log.md, "MariaDB").
+        // row lookup and a predecessor probe.
         let want = if req.fence.is_some() {
             req.limit + 16
         } else {

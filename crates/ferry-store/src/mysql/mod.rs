@@ -155,8 +155,7 @@ impl MyStore {
             .map_err(|e| db_err("status: cursors", e))?;
         // The backlog behind the cursors and the exception rows in two statements: one
         // aggregate over a `UNION ALL` of both materialised the backlog first and cost half as
-        // much again (0.8 s against 0.5 s of server CPU for 200,000 intents behind;
-        // docs/notes/2026-12-03-performance-log.md, "The status count of a backlog, cheaper").
+        // much again (0.8 s against 0.5 s of server CPU for 200,000 intents behind).
         // Each is a consistent read of its own: an intent that an advance turns into an
         // exception row between them is counted in both (gauges only).
         let (behind, behind_age): (i64, Option<i64>) = sqlx::query_as(sql::STATUS_BACKLOG)

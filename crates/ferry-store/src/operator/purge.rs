@@ -121,7 +121,7 @@ async fn purge_rows(
 /// as SENT, so it looks at no more than `batch` rows whatever the table holds. (A `LIMIT batch`
 /// over the whole old part instead let the planner hash-join and sort every old row for each
 /// statement, its estimate of the derived-state filter being far too low: 7.3 s per 1,000
-/// rows with 1.4 million old rows, docs/notes/2026-12-06-performance-log.md.) The young part
+/// rows with 1.4 million old rows.) The young part
 /// of the table, which is what retention keeps, is never walked. A row older than the cutoff
 /// above the bound (its transaction ran long enough for a younger row to take a lower seq) is
 /// deleted by a later run.

@@ -38,7 +38,7 @@
 //! table (the slot fence, as the SQL backends check the lease in the claim), so it is atomic like a
 //! database claim. Relay workers own disjoint slots and never contend.
 //!
-//! Measured on a 2-core machine (bench `engine`, `docs/notes/2026-12-02-performance-log.md`): the first version
+//! Measured on a 2-core machine (bench `engine`): the first version
 //! (hash maps keyed by seq and aggregate id, seven string allocations per row) spent ~75 % of a
 //! backlog drain in cache misses inside the store; this layout removes most of them.
 //!
