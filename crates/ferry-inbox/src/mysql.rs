@@ -176,32 +176,11 @@ impl Ops for MySqlConnection {
         }
     }
 
-    async fn delete(&mut self, consumer: &str, event_id: &str) -> Result<(), InboxError> {
-        sqlx::query("DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?")
-            .bind(consumer)
-            .bind(event_id)
-            .execute(&mut *self)
-            .await
-            .map_err(|e| db_err("unrecord", e))?;
-        Ok(())
-    }
-
-    async fn recorded_above(
-        &mut self,
-        consumer: &str,
-        aggregate_id: &str,
-        above: i64,
-    ) -> Result<Vec<i64>, InboxError> {
-        sqlx::query_scalar(
-            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
-             AND aggregate_version > ? ORDER BY aggregate_version LOCK IN SHARE MODE",
-        )
-        .bind(consumer)
-        .bind(aggregate_id)
-        .bind(above)
-        .fetch_all(&mut *self)
-        .await
-        .map_err(|e| db_err("read recorded versions", e))
+    engine::delete_and_recorded_above! {
+        delete: "DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?",
+        recorded_above: "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? \
+                         AND aggregate_id = ? AND aggregate_version > ? \
+                         ORDER BY aggregate_version LOCK IN SHARE MODE",
     }
 
     async fn version_rows(
