@@ -12,7 +12,11 @@
 use ferry_core::now_micros;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
-use crate::{Baseline, Delivery, GapInfo, GapPolicy, InboxConfig, InboxError, Verdict};
+use crate::config::{Baseline, GapPolicy, InboxConfig};
+use crate::delivery::Delivery;
+use crate::error::InboxError;
+use crate::gap::GapInfo;
+use crate::verdict::Verdict;
 
 /// The tracked state of one `(consumer, aggregate)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,9 +284,9 @@ macro_rules! entry_points {
         /// do; see [`Verdict`](crate::Verdict). On `Err`, roll the transaction back.
         pub async fn record(
             conn: &mut $conn,
-            config: &$crate::InboxConfig,
-            delivery: &$crate::Delivery,
-        ) -> Result<$crate::Verdict, $crate::InboxError> {
+            config: &$crate::config::InboxConfig,
+            delivery: &$crate::delivery::Delivery,
+        ) -> Result<$crate::verdict::Verdict, $crate::error::InboxError> {
             $crate::engine::record(conn, config, delivery).await
         }
 
@@ -293,7 +297,7 @@ macro_rules! entry_points {
             consumer: &str,
             aggregate_id: &str,
             through: i64,
-        ) -> Result<i64, $crate::InboxError> {
+        ) -> Result<i64, $crate::error::InboxError> {
             $crate::engine::accept_gap(conn, consumer, aggregate_id, through).await
         }
     };

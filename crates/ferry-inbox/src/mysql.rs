@@ -15,9 +15,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use sqlx::{MySql, MySqlConnection};
 
+use crate::delivery::Delivery;
 use crate::engine::{self, AggState, Ops};
-use crate::error::{db_err, is_unique_violation};
-use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_MYSQL};
+use crate::error::{db_err, is_unique_violation, InboxError};
+use crate::gap::GapInfo;
+use crate::migrate::MIGRATIONS_MYSQL;
 
 engine::entry_points!(MySqlConnection);
 

@@ -9,9 +9,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use sqlx::PgConnection;
 
+use crate::delivery::Delivery;
 use crate::engine::{self, AggState, Ops};
-use crate::error::db_err;
-use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_POSTGRES};
+use crate::error::{db_err, InboxError};
+use crate::gap::GapInfo;
+use crate::migrate::MIGRATIONS_POSTGRES;
 
 engine::entry_points!(PgConnection);
 

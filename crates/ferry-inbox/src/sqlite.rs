@@ -11,9 +11,11 @@ use std::collections::{BTreeMap, HashSet};
 use ferry_core::now_micros;
 use sqlx::{Sqlite, SqliteConnection};
 
+use crate::delivery::Delivery;
 use crate::engine::{self, AggState, Ops};
-use crate::error::db_err;
-use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_SQLITE};
+use crate::error::{db_err, InboxError};
+use crate::gap::GapInfo;
+use crate::migrate::MIGRATIONS_SQLITE;
 
 engine::entry_points!(SqliteConnection);
 
