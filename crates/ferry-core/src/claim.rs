@@ -2,7 +2,7 @@
 use std::time::Duration;
 
 use crate::shard::SlotId;
-use crate::Micros;
+use crate::time::Micros;
 
 /// The fencing token of one claimed item: `claim_id` is unique per claim (generated before the
 /// claim transaction), `claim_version` numbers the claim terms of the row. Every transition after
@@ -46,7 +46,7 @@ impl ClaimRequest {
     /// A request with a fresh claim id, no slot fence.
     pub fn new(slots: Vec<SlotId>, limit: usize, lease: Duration) -> Self {
         Self {
-            claim_id: crate::new_event_id(),
+            claim_id: crate::event::new_event_id(),
             slots,
             limit,
             lease,
@@ -148,4 +148,15 @@ impl CasReport {
             items: inputs.iter().map(|t| (t.seq, CasResult::Applied)).collect(),
         }
     }
+}
+
+/// A retry outcome for one claimed item.
+#[derive(Debug, Clone)]
+pub struct RetryItem {
+    /// The item's token.
+    pub token: ClaimToken,
+    /// How long until it is due again.
+    pub delay: Duration,
+    /// The error, stored in `last_error`.
+    pub error: String,
 }

@@ -19,10 +19,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::claim::{CasReport, ClaimRequest, ClaimToken, ClaimedEvent};
+use crate::claim::{CasReport, ClaimRequest, ClaimToken, ClaimedEvent, RetryItem};
 use crate::error::StoreError;
+use crate::future::BoxFuture;
 use crate::shard::SlotId;
-use crate::store::{BoxFuture, RetryItem};
 
 /// How a relay moves intents from the outbox to the sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

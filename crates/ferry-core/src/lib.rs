@@ -76,12 +76,16 @@ mod duration;
 mod error;
 mod event;
 pub mod failpoint;
+mod future;
 mod outcome;
 mod shard;
 pub mod store;
+mod time;
 
 pub use backoff::Backoff;
-pub use claim::{CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent, SlotFence};
+pub use claim::{
+    CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent, RetryItem, SlotFence,
+};
 pub use cursor::{
     AdvanceResult, CursorAdvance, CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore,
     DispatchMode, ExceptionKind, ExceptionOutcomes, HorizonInfo, NewException, SlotAdvance,
@@ -93,23 +97,13 @@ pub use event::{
     is_kafka_topic, new_event_id, validate_batch, EventState, Limits, NewEvent, ValidatedEvent,
     MAX_HEADERS_BYTES, MAX_IDENT_LEN,
 };
+pub use future::BoxFuture;
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
-    BoxFuture, BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, MemberInfo,
-    OperatorAction, OperatorActions, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent,
-    ReconcileReport, ReconcileRequest, RetryItem, RowDispatch, SettingWarning, SlotLease,
-    SlotOwnership, SlotRelease, SlotRequest, Watermark,
+    BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, MemberInfo, OperatorAction,
+    OperatorActions, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent, ReconcileReport,
+    ReconcileRequest, RowDispatch, SettingWarning, SlotLease, SlotOwnership, SlotRelease,
+    SlotRequest, Watermark,
 };
-
-/// Microseconds since the Unix epoch, the unit every timestamp crosses the store API in.
-pub type Micros = i64;
-
-/// The current wall-clock time in microseconds since the Unix epoch.
-pub fn now_micros() -> Micros {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
+pub use time::{now_micros, Micros};

@@ -1,27 +1,15 @@
 //! The storage contract every backend implements.
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use crate::claim::{CasReport, ClaimRequest, ClaimToken, ClaimedEvent};
-use crate::error::{EnqueueError, StoreError};
+use crate::cursor::CursorStore;
+use crate::error::{EnqueueError, StoreError, StoreErrorKind};
 use crate::event::{EventState, NewEvent};
 use crate::shard::SlotId;
-use crate::Micros;
+use crate::time::Micros;
 
-/// A boxed, `Send` future (keeps [`OutboxStore`] object safe).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A retry outcome for one claimed item.
-#[derive(Debug, Clone)]
-pub struct RetryItem {
-    /// The item's token.
-    pub token: ClaimToken,
-    /// How long until it is due again.
-    pub delay: Duration,
-    /// The error, stored in `last_error`.
-    pub error: String,
-}
+pub use crate::claim::RetryItem;
+pub use crate::future::BoxFuture;
 
 /// Aggregate counts for `ferry status` and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -505,9 +493,9 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    /// Capability: cursor dispatch ([`crate::CursorStore`]); `None` where the backend offers
+    /// Capability: cursor dispatch ([`CursorStore`]); `None` where the backend offers
     /// only per-row claims.
-    fn cursor(&self) -> Option<&dyn crate::CursorStore> {
+    fn cursor(&self) -> Option<&dyn CursorStore> {
         None
     }
 
@@ -527,7 +515,7 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
 fn unsupported<'a, T: Send + 'a>(capability: &'static str) -> BoxFuture<'a, Result<T, StoreError>> {
     Box::pin(async move {
         Err(StoreError::new(
-            crate::StoreErrorKind::InvalidInput,
+            StoreErrorKind::InvalidInput,
             format!("this store does not support {capability}"),
         ))
     })
@@ -535,5 +523,5 @@ fn unsupported<'a, T: Send + 'a>(capability: &'static str) -> BoxFuture<'a, Resu
 
 /// The store traits, for `use ferry_core::store::prelude::*` where a `dyn OutboxStore` is used.
 pub mod prelude {
-    pub use super::{OperatorActions, OutboxStore, RowDispatch, SlotOwnership};
+    pub use crate::store::{OperatorActions, OutboxStore, RowDispatch, SlotOwnership};
 }

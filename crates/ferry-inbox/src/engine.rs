@@ -12,7 +12,11 @@
 use ferry_core::now_micros;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
-use crate::{Baseline, Delivery, GapInfo, GapPolicy, InboxConfig, InboxError, Verdict};
+use crate::config::{Baseline, GapPolicy, InboxConfig};
+use crate::delivery::Delivery;
+use crate::error::InboxError;
+use crate::gap::GapInfo;
+use crate::verdict::Verdict;
 
 /// The tracked state of one `(consumer, aggregate)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +88,59 @@ pub(crate) trait Ops: Send {
         state: &AggState,
     ) -> Result<(), InboxError>;
 }
+
+/// [`Ops::delete`] and [`Ops::recorded_above`] for a backend: the same binds and decoding on
+/// every backend, only the statement text differs (placeholders, locking clause).
+macro_rules! delete_and_recorded_above {
+    (delete: $delete:expr, recorded_above: $above:expr $(,)?) => {
+        async fn delete(&mut self, consumer: &str, event_id: &str) -> Result<(), InboxError> {
+            sqlx::query($delete)
+                .bind(consumer)
+                .bind(event_id)
+                .execute(&mut *self)
+                .await
+                .map_err(|e| $crate::error::db_err("unrecord", e))?;
+            Ok(())
+        }
+
+        async fn recorded_above(
+            &mut self,
+            consumer: &str,
+            aggregate_id: &str,
+            above: i64,
+        ) -> Result<Vec<i64>, InboxError> {
+            sqlx::query_scalar($above)
+                .bind(consumer)
+                .bind(aggregate_id)
+                .bind(above)
+                .fetch_all(&mut *self)
+                .await
+                .map_err(|e| $crate::error::db_err("read recorded versions", e))
+        }
+    };
+}
+pub(crate) use delete_and_recorded_above;
+
+/// [`Ops::version_rows`] for a backend that counts with `COUNT(*)` (PostgreSQL, SQLite).
+macro_rules! count_version_rows {
+    ($count:expr) => {
+        async fn version_rows(
+            &mut self,
+            consumer: &str,
+            aggregate_id: &str,
+            version: i64,
+        ) -> Result<i64, InboxError> {
+            sqlx::query_scalar($count)
+                .bind(consumer)
+                .bind(aggregate_id)
+                .bind(version)
+                .fetch_one(&mut *self)
+                .await
+                .map_err(|e| $crate::error::db_err("count version", e))
+        }
+    };
+}
+pub(crate) use count_version_rows;
 
 /// Records `d` and decides; see [`Verdict`] and the crate docs.
 pub(crate) async fn record<C: Ops>(
@@ -227,9 +284,9 @@ macro_rules! entry_points {
         /// do; see [`Verdict`](crate::Verdict). On `Err`, roll the transaction back.
         pub async fn record(
             conn: &mut $conn,
-            config: &$crate::InboxConfig,
-            delivery: &$crate::Delivery,
-        ) -> Result<$crate::Verdict, $crate::InboxError> {
+            config: &$crate::config::InboxConfig,
+            delivery: &$crate::delivery::Delivery,
+        ) -> Result<$crate::verdict::Verdict, $crate::error::InboxError> {
             $crate::engine::record(conn, config, delivery).await
         }
 
@@ -240,7 +297,7 @@ macro_rules! entry_points {
             consumer: &str,
             aggregate_id: &str,
             through: i64,
-        ) -> Result<i64, $crate::InboxError> {
+        ) -> Result<i64, $crate::error::InboxError> {
             $crate::engine::accept_gap(conn, consumer, aggregate_id, through).await
         }
     };

@@ -15,9 +15,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use sqlx::{MySql, MySqlConnection};
 
+use crate::delivery::Delivery;
 use crate::engine::{self, AggState, Ops};
-use crate::error::{db_err, is_unique_violation};
-use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_MYSQL};
+use crate::error::{db_err, is_unique_violation, InboxError};
+use crate::gap::GapInfo;
+use crate::migrate::MIGRATIONS_MYSQL;
 
 engine::entry_points!(MySqlConnection);
 
@@ -176,32 +178,11 @@ impl Ops for MySqlConnection {
         }
     }
 
-    async fn delete(&mut self, consumer: &str, event_id: &str) -> Result<(), InboxError> {
-        sqlx::query("DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?")
-            .bind(consumer)
-            .bind(event_id)
-            .execute(&mut *self)
-            .await
-            .map_err(|e| db_err("unrecord", e))?;
-        Ok(())
-    }
-
-    async fn recorded_above(
-        &mut self,
-        consumer: &str,
-        aggregate_id: &str,
-        above: i64,
-    ) -> Result<Vec<i64>, InboxError> {
-        sqlx::query_scalar(
-            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
-             AND aggregate_version > ? ORDER BY aggregate_version LOCK IN SHARE MODE",
-        )
-        .bind(consumer)
-        .bind(aggregate_id)
-        .bind(above)
-        .fetch_all(&mut *self)
-        .await
-        .map_err(|e| db_err("read recorded versions", e))
+    engine::delete_and_recorded_above! {
+        delete: "DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?",
+        recorded_above: "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? \
+                         AND aggregate_id = ? AND aggregate_version > ? \
+                         ORDER BY aggregate_version LOCK IN SHARE MODE",
     }
 
     async fn version_rows(

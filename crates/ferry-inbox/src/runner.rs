@@ -42,9 +42,11 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::delivery::Delivery;
 use crate::error::{BoxError, InboxError};
+use crate::inbox::Inbox;
 use crate::pool::Conn;
-use crate::{Delivery, Inbox, Verdict};
+use crate::verdict::Verdict;
 
 /// Failure examples kept in [`RunnerStats::examples`].
 const MAX_EXAMPLES: usize = 10;

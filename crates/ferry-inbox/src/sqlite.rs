@@ -11,9 +11,11 @@ use std::collections::{BTreeMap, HashSet};
 use ferry_core::now_micros;
 use sqlx::{Sqlite, SqliteConnection};
 
+use crate::delivery::Delivery;
 use crate::engine::{self, AggState, Ops};
-use crate::error::db_err;
-use crate::{Delivery, GapInfo, InboxError, MIGRATIONS_SQLITE};
+use crate::error::{db_err, InboxError};
+use crate::gap::GapInfo;
+use crate::migrate::MIGRATIONS_SQLITE;
 
 engine::entry_points!(SqliteConnection);
 
@@ -161,51 +163,16 @@ impl Ops for SqliteConnection {
         Ok(n == 1)
     }
 
-    async fn delete(&mut self, consumer: &str, event_id: &str) -> Result<(), InboxError> {
-        sqlx::query("DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?")
-            .bind(consumer)
-            .bind(event_id)
-            .execute(&mut *self)
-            .await
-            .map_err(|e| db_err("unrecord", e))?;
-        Ok(())
+    engine::delete_and_recorded_above! {
+        delete: "DELETE FROM ferry_inbox WHERE consumer = ? AND event_id = ?",
+        recorded_above: "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? \
+                         AND aggregate_id = ? AND aggregate_version > ? ORDER BY aggregate_version",
     }
 
-    async fn recorded_above(
-        &mut self,
-        consumer: &str,
-        aggregate_id: &str,
-        above: i64,
-    ) -> Result<Vec<i64>, InboxError> {
-        sqlx::query_scalar(
-            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
-             AND aggregate_version > ? ORDER BY aggregate_version",
-        )
-        .bind(consumer)
-        .bind(aggregate_id)
-        .bind(above)
-        .fetch_all(&mut *self)
-        .await
-        .map_err(|e| db_err("read recorded versions", e))
-    }
-
-    async fn version_rows(
-        &mut self,
-        consumer: &str,
-        aggregate_id: &str,
-        version: i64,
-    ) -> Result<i64, InboxError> {
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
-             AND aggregate_version = ?",
-        )
-        .bind(consumer)
-        .bind(aggregate_id)
-        .bind(version)
-        .fetch_one(&mut *self)
-        .await
-        .map_err(|e| db_err("count version", e))
-    }
+    engine::count_version_rows!(
+        "SELECT COUNT(*) FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
+         AND aggregate_version = ?"
+    );
 
     async fn store_aggregate(
         &mut self,

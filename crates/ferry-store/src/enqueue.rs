@@ -5,7 +5,7 @@ use std::ops::DerefMut;
 
 use ferry_core::{EnqueueError, Limits, NewEvent, ValidatedEvent};
 
-use crate::db_err;
+use crate::error::db_err;
 
 /// A backend's connection, on which validated intents are inserted inside whatever transaction
 /// it is in (each backend's multi-row insert).
@@ -41,6 +41,14 @@ pub(crate) fn push_intent<'a, DB, S>(
         .push_bind(&r.payload);
 }
 
+/// Validates `events` for an enqueue (shared by every backend).
+pub(crate) fn validate(
+    events: &[NewEvent],
+    limits: &Limits,
+) -> Result<Vec<ValidatedEvent>, EnqueueError> {
+    ferry_core::validate_batch(events, limits)
+}
+
 /// The body of every backend's `enqueue_many`: validates `events`, inserts them on the caller's
 /// connection (never beginning or committing) and returns their event ids, in order.
 pub(crate) async fn enqueue_on<C: InsertIntents>(
@@ -48,7 +56,7 @@ pub(crate) async fn enqueue_on<C: InsertIntents>(
     events: &[NewEvent],
     limits: &Limits,
 ) -> Result<Vec<String>, EnqueueError> {
-    let rows = crate::validate(events, limits)?;
+    let rows = validate(events, limits)?;
     conn.insert_intents(&rows).await?;
     Ok(rows.into_iter().map(|r| r.event_id).collect())
 }
@@ -96,7 +104,7 @@ where
     C: InsertIntents,
     CF: Future<Output = Result<(), sqlx::Error>>,
 {
-    let rows = crate::validate(events, limits)?;
+    let rows = validate(events, limits)?;
     let mut tx = begin
         .await
         .map_err(|e| EnqueueError::Store(db_err("begin", e).to_string()))?;

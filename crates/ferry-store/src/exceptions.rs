@@ -2,7 +2,7 @@
 //! and the events an exception claim returns.
 use ferry_core::ExceptionKind;
 
-use crate::micros;
+use crate::time::micros;
 
 /// Exception rows just claimed as events: each intent's row (`events`, read from `ferry_outbox`)
 /// with the exception row's claim — `claim_id`, and from `claimed` (`seq`, new claim version,

@@ -2,7 +2,7 @@
 //! rows, an event's record, the stored dispatch mode, whether an advance was applied.
 use ferry_core::{DispatchMode, EventRecord, StoreError, StoreErrorKind};
 
-use crate::db_err;
+use crate::error::db_err;
 use crate::rows::{lease_from, quarantined_from, record_from, QuarantinedRow, RecordRow};
 
 /// A claim's rows (`sql`, whose one parameter is the claim id) as events read by `from_row`.

@@ -68,8 +68,7 @@ use std::collections::HashSet;
 use ferry_core::{StoreError, StoreErrorKind};
 use sqlx::{Connection, Executor, MySqlConnection, PgConnection, SqliteConnection};
 
-use crate::db_err;
-use crate::error::Ctx;
+use crate::error::{db_err, Ctx};
 
 /// The lock key and tracking table of the outbox's own migrations (every backend's store).
 pub(crate) const OUTBOX_LOCK: &str = "ferry_migrate";

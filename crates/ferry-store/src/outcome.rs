@@ -11,7 +11,7 @@ use std::borrow::Cow;
 
 use ferry_core::{ClaimToken, ExceptionOutcomes, LeaseExtension, RetryItem};
 
-use crate::micros;
+use crate::time::micros;
 
 /// The transition an [`Outcome`] applies to the rows still `CLAIMED` under their tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! Rows every backend decodes the same way: slot leases, status counts, an event's record, a
-//! quarantined event.
+//! quarantined event, relay members.
 use std::str::FromStr;
 
 use ferry_core::{
@@ -78,4 +78,16 @@ pub(crate) fn quarantined_from(row: QuarantinedRow) -> QuarantinedEvent {
         attempts,
         blocked_successors,
     }
+}
+
+/// [`ferry_core::SlotOwnership::members`] from `(owner, sink_stalled_us)` rows.
+pub(crate) fn members_from(
+    rows: impl IntoIterator<Item = (String, Option<i64>)>,
+) -> Vec<ferry_core::MemberInfo> {
+    rows.into_iter()
+        .map(|(owner, sink_stalled_us)| ferry_core::MemberInfo {
+            owner,
+            sink_stalled_us,
+        })
+        .collect()
 }

@@ -6,7 +6,7 @@
 use ferry_core::{DispatchMode, SettingWarning, StoreError};
 use sqlx::{MySqlPool, PgPool};
 
-use crate::db_err;
+use crate::error::db_err;
 
 /// The PostgreSQL values [`pg_warnings`] judges, as this session sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]

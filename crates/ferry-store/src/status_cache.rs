@@ -2,7 +2,7 @@
 //! a lease, the others read what it stored.
 use ferry_core::{OutboxStatus, StoreError, StoreErrorKind};
 
-use crate::db_err;
+use crate::error::db_err;
 use crate::rows::{status_from, StatusRow};
 
 /// The statements of a backend's `ferry_status_cache` (PostgreSQL, MariaDB): take the counting

@@ -357,7 +357,7 @@ impl TestDb {
 
     /// Waits until every intent is SENT (nothing PENDING or CLAIMED); panics after `timeout`.
     pub async fn wait_all_sent(&self, timeout: std::time::Duration) {
-        crate::wait_until("all SENT", timeout, || async {
+        crate::wait::wait_until("all SENT", timeout, || async {
             let s = self.store.status().await;
             s.is_ok_and(|s| s.pending == 0 && s.claimed == 0)
         })
@@ -586,7 +586,7 @@ impl AnyDb {
 
 #[cfg(test)]
 mod tests {
-    use super::mysql_url_with_db;
+    use crate::db::mysql_url_with_db;
 
     #[test]
     fn mysql_database_is_swapped() {

@@ -104,10 +104,11 @@ impl EmbeddedKafka {
 
     /// [`Self::with_topic`] and a [`Verifier`](crate::Verifier) reading the topic back from the
     /// beginning (for tests: panics if either cannot start).
-    pub fn verified(brokers: i32, topic: &str, partitions: i32) -> (Self, crate::Verifier) {
+    pub fn verified(brokers: i32, topic: &str, partitions: i32) -> (Self, crate::verify::Verifier) {
         let cluster = Self::with_topic(brokers, topic, partitions).expect("mock Kafka cluster");
-        let verifier = crate::Verifier::start(cluster.bootstrap_servers(), topic, partitions)
-            .expect("verifier");
+        let verifier =
+            crate::verify::Verifier::start(cluster.bootstrap_servers(), topic, partitions)
+                .expect("verifier");
         (cluster, verifier)
     }
 

@@ -111,7 +111,7 @@ mod tests {
     /// count and watermarks.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_a_topics_partitions_and_watermarks() {
-        let cluster = crate::EmbeddedKafka::with_topic(1, "meta", 3).unwrap();
+        let cluster = crate::embedded::EmbeddedKafka::with_topic(1, "meta", 3).unwrap();
         let brokers = cluster.bootstrap_servers().to_string();
         let (partitions, marks) = tokio::task::spawn_blocking(move || {
             (

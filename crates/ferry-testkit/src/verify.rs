@@ -280,7 +280,7 @@ impl Verifier {
         timeout: Duration,
         pred: impl Fn(&VerifyReport) -> bool,
     ) -> VerifyReport {
-        crate::poll_until(timeout, Duration::from_millis(20), || async {
+        crate::wait::poll_until(timeout, Duration::from_millis(20), || async {
             pred(&self.report())
         })
         .await;
@@ -336,7 +336,7 @@ pub async fn read_records(
     };
     let reader = Verifier::start_with_hook(brokers, topic, partitions, &[], Some(Box::new(hook)))?;
     let count = || seen.lock().expect("reader lock").len();
-    let reached = crate::poll_until(wait, Duration::from_millis(50), || async {
+    let reached = crate::wait::poll_until(wait, Duration::from_millis(50), || async {
         expect > 0 && count() >= expect
     })
     .await;

@@ -9,8 +9,7 @@ use sqlx::{MySql, QueryBuilder};
 use super::rows::claimed_from_row;
 use super::sql::{self, candidate_query, due_window, push_list, COLUMNS};
 use super::MyStore;
-use crate::db_err;
-use crate::error::Ctx;
+use crate::error::{db_err, Ctx};
 
 impl MyStore {
     /// [`ferry_core::RowDispatch::claim`] of a request that names slots and rows (the module

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::sql::{self, push_list};
 use super::Ticker;
-use crate::db_err;
+use crate::error::db_err;
 
 /// The ticker's pace while intents keep arriving, and its poll when nothing does (a reader that
 /// caught up wakes it at once).

@@ -37,13 +37,14 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
 
 use crate::enqueue::{push_intent, InsertIntents};
-use crate::error::{url_options, Ctx};
+use crate::error::{db_err, enqueue_err, url_options, Ctx};
 use crate::lookup::record_sql;
-use crate::micros;
+use crate::migrate::MIGRATIONS_MYSQL;
 use crate::operator::{self, operator_outcome, Pools};
+use crate::options::ConnectOptions;
 use crate::request::claiming;
 use crate::rows::{record_from, status_from, StatusRow};
-use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_MYSQL};
+use crate::time::micros;
 use rows::{claimed_from_row, lease_from_row, otxt, txt};
 use sql::{push_list, CHUNK, STATUS_CACHE};
 
@@ -87,7 +88,7 @@ pub struct MyStore {
 impl MyStore {
     /// Connects to `url`; migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn: MySqlConnectOptions = url_options(url, "MySQL", &crate::redact_url(url))?;
+        let conn: MySqlConnectOptions = url_options(url, "MySQL", &crate::url::redact_url(url))?;
         Self::connect_with(conn, opts).await
     }
 
@@ -96,10 +97,10 @@ impl MyStore {
         conn: MySqlConnectOptions,
         opts: &ConnectOptions,
     ) -> Result<Self, StoreError> {
-        let pool = crate::pool_options::<MySql>(
+        let pool = crate::pool::pool_options::<MySql>(
             opts.max_connections,
             opts.acquire_timeout,
-            crate::PING_IDLE_AFTER,
+            crate::pool::PING_IDLE_AFTER,
         )
         .after_connect(|c, _| {
             Box::pin(async move {
@@ -111,7 +112,7 @@ impl MyStore {
                 Ok(())
             })
         });
-        let pool = crate::open_pool(pool, conn)
+        let pool = crate::pool::open_pool(pool, conn)
             .await
             .map_err(|e| db_err("cannot connect to MySQL/MariaDB", e))?;
         let store = Self {
@@ -310,7 +311,7 @@ impl ferry_core::SlotOwnership for MyStore {
                 .await
                 .map_err(|e| db_err("member heartbeat", e))?;
             if holder.as_deref() != Some(req.instance.as_bytes()) {
-                return Err(crate::owner_in_use(owner));
+                return Err(crate::error::owner_in_use(owner));
             }
             let owners: Vec<Vec<u8>> = sqlx::query_scalar(sql::LIVE_MEMBERS)
                 .fetch_all(&self.pool)
@@ -329,7 +330,7 @@ impl ferry_core::SlotOwnership for MyStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| db_err("members", e))?;
-            Ok(crate::members_from(rows.into_iter().map(
+            Ok(crate::rows::members_from(rows.into_iter().map(
                 |(owner, stalled)| (String::from_utf8_lossy(&owner).into_owned(), stalled),
             )))
         })

@@ -8,8 +8,7 @@ use sqlx::{MySql, QueryBuilder, Row};
 use super::rows::txt;
 use super::sql::{outcome_set, push_list, push_tokens, CHUNK};
 use super::MyStore;
-use crate::db_err;
-use crate::error::Ctx;
+use crate::error::{db_err, Ctx};
 use crate::outcome::{Outcome, Transition};
 
 impl MyStore {

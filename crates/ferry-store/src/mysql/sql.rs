@@ -414,7 +414,7 @@ pub(crate) fn claim_update<'a>(
     ));
     qb.push_bind(&req.claim_id)
         .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-        .push_bind(crate::micros(req.lease))
+        .push_bind(crate::time::micros(req.lease))
         .push(" MICROSECOND WHERE seq IN (");
     push_list(&mut qb, seqs);
     qb.push(")");

@@ -32,7 +32,7 @@ use sqlx::{ConnectOptions, Connection, Executor, MySqlPool, Row};
 use super::gate::{Gate, GateRow, Session, GATE_LOCK_WAIT_S, GATE_ROWS};
 use super::sql;
 use super::Ticker;
-use crate::db_err;
+use crate::error::db_err;
 
 /// A ticker that has not written `ticked_at` for this long while holding the election lock (a
 /// paused or hung process; or one waiting this long for an open producer transaction it could

@@ -8,8 +8,8 @@ use ferry_core::{now_micros, DispatchMode, StoreError, StoreErrorKind};
 use sqlx::query::Query;
 use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 
-use crate::db_err;
 use crate::dialect::{numbered_placeholders, Dialect};
+use crate::error::db_err;
 
 pub(crate) mod purge;
 pub(crate) mod reconcile;

@@ -3,9 +3,9 @@
 use ferry_core::{now_micros, DispatchMode, PurgeRequest, StoreError, StoreErrorKind};
 
 use super::{consumer_binds, count, first_i64, inbox_exists, Bind, Pools};
-use crate::db_err;
 use crate::dialect::Dialect;
-use crate::micros;
+use crate::error::db_err;
+use crate::time::micros;
 
 pub(crate) async fn purge_sent(
     pools: Pools<'_>,

@@ -26,8 +26,7 @@ use sqlx::Row;
 
 use super::sql::{self, read_sql, SlotBound};
 use super::windows::{snapshot_bound, snapshot_xip};
-use crate::db_err;
-use crate::error::Ctx;
+use crate::error::{db_err, Ctx};
 use crate::exceptions::exception_row;
 use crate::outcome::Outcome;
 use crate::postgres::{PgStore, EXCEPTIONS};

@@ -23,13 +23,14 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, PgPool, Row, Transaction};
 
 use crate::enqueue::InsertIntents;
-use crate::error::{url_options, Ctx};
-use crate::micros;
+use crate::error::{db_err, enqueue_err, url_options, Ctx};
+use crate::migrate::MIGRATIONS_POSTGRES;
 use crate::operator::{self, operator_outcome, Pools};
+use crate::options::ConnectOptions;
 use crate::outcome::{Outcome, Transition};
 use crate::request::claiming;
 use crate::rows::{lease_from, status_from, StatusRow};
-use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_POSTGRES};
+use crate::time::micros;
 use sql::{INSERT, STATUS_CACHE};
 
 /// The `application_name` a ferry store's connections report when the URL sets none
@@ -99,7 +100,7 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
 impl PgStore {
     /// Connects to `url`; migrates unless `opts.migrate` is false.
     pub async fn connect(url: &str, opts: &ConnectOptions) -> Result<Self, StoreError> {
-        let conn: PgConnectOptions = url_options(url, "PostgreSQL", &crate::redact_url(url))?;
+        let conn: PgConnectOptions = url_options(url, "PostgreSQL", &crate::url::redact_url(url))?;
         Self::connect_with(conn, opts).await
     }
 
@@ -118,12 +119,12 @@ impl PgStore {
         } else {
             conn
         };
-        let pool = crate::pool_options::<sqlx::Postgres>(
+        let pool = crate::pool::pool_options::<sqlx::Postgres>(
             opts.max_connections,
             opts.acquire_timeout,
-            crate::PING_IDLE_AFTER,
+            crate::pool::PING_IDLE_AFTER,
         );
-        let pool = crate::open_pool(pool, conn)
+        let pool = crate::pool::open_pool(pool, conn)
             .await
             .map_err(|e| db_err("cannot connect to PostgreSQL", e))?;
         let store = Self {
@@ -354,7 +355,7 @@ impl ferry_core::SlotOwnership for PgStore {
                 .map_err(|e| db_err("member heartbeat", e))?
                 .rows_affected();
             if held == 0 {
-                return Err(crate::owner_in_use(owner));
+                return Err(crate::error::owner_in_use(owner));
             }
             sqlx::query_scalar(sql::LIVE_MEMBERS)
                 .fetch_all(&self.pool)
@@ -369,7 +370,7 @@ impl ferry_core::SlotOwnership for PgStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| db_err("members", e))?;
-            Ok(crate::members_from(rows))
+            Ok(crate::rows::members_from(rows))
         })
     }
 

@@ -5,8 +5,7 @@ use ferry_core::{DispatchMode, StoreError, StoreErrorKind};
 use super::sql::{self, MATERIALIZE_STATES};
 use super::windows::xid_regression;
 use super::PgStore;
-use crate::db_err;
-use crate::error::{mode_in_use, Ctx};
+use crate::error::{db_err, mode_in_use, Ctx};
 
 impl PgStore {
     /// [`CursorStore::set_dispatch_mode`]: converts the outbox to `mode` in one transaction,

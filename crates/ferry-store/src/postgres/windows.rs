@@ -4,8 +4,7 @@ use ferry_core::{DispatchMode, StoreError, StoreErrorKind};
 
 use super::sql;
 use super::PgStore;
-use crate::db_err;
-use crate::error::Ctx;
+use crate::error::{db_err, Ctx};
 
 /// `xmin` (part 0) or `xmax` (part 1) of a snapshot's text form `xmin:xmax:xip,…`.
 pub(super) fn snapshot_bound(snap: &str, part: usize) -> Result<i64, StoreError> {

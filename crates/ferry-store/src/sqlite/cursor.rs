@@ -14,8 +14,7 @@ use ferry_core::{
 use sqlx::Row;
 
 use super::sql;
-use crate::db_err;
-use crate::error::{mode_in_use, Ctx};
+use crate::error::{db_err, mode_in_use, Ctx};
 use crate::exceptions::{claimed_exceptions, exception_row};
 use crate::lookup::advance_applied;
 use crate::outcome::Outcome;

@@ -29,13 +29,14 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
 
 use crate::enqueue::{push_intent, InsertIntents};
-use crate::error::{url_options, Ctx};
-use crate::micros;
+use crate::error::{db_err, enqueue_err, url_options, Ctx};
+use crate::migrate::MIGRATIONS_SQLITE;
 use crate::operator::{self, operator_outcome, Pools};
+use crate::options::ConnectOptions;
 use crate::outcome::Outcome;
 use crate::request::claiming;
 use crate::rows::{lease_from, status_from, StatusRow};
-use crate::{db_err, enqueue_err, ConnectOptions, MIGRATIONS_SQLITE};
+use crate::time::micros;
 use sql::{outcome_set, CHUNK, COLUMNS};
 use write_gate::begin_gated;
 pub use write_gate::{begin_write, write_gate, WriteTx};
@@ -178,10 +179,10 @@ impl SqliteStore {
             // database file once (docs/tuning.md, "Per store").
             .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string())
             .busy_timeout(Duration::from_secs(30));
-        let pool = crate::pool_options::<Sqlite>(
+        let pool = crate::pool::pool_options::<Sqlite>(
             opts.max_connections.max(1),
             opts.acquire_timeout,
-            crate::PING_IDLE_AFTER,
+            crate::pool::PING_IDLE_AFTER,
         )
         .connect_with(conn)
         .await
@@ -401,7 +402,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
                 .rows_affected();
             drop(gate);
             if held == 0 {
-                return Err(crate::owner_in_use(owner));
+                return Err(crate::error::owner_in_use(owner));
             }
             sqlx::query_scalar(sql::LIVE_MEMBERS)
                 .bind(now)
@@ -418,7 +419,7 @@ impl ferry_core::SlotOwnership for SqliteStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(|e| db_err("members", e))?;
-            Ok(crate::members_from(rows))
+            Ok(crate::rows::members_from(rows))
         })
     }
 

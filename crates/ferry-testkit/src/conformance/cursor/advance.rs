@@ -7,12 +7,12 @@ use ferry_core::{
     NewException, SlotId,
 };
 
-use super::super::all_slots;
+use super::super::slots::all_slots;
 use super::relay::{
     advance_all, advance_to, cs, ev, exception, find, own_and_read, owned, read_req, read_until,
     state, LONG,
 };
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// Reads everything committed, in per-aggregate order, without writing a row; the advance makes
 /// it SENT (derived) and the stored mode reports cursor.

@@ -6,11 +6,11 @@ use ferry_core::{
     AdvanceResult, CasResult, EventState, ExceptionKind, ExceptionOutcomes, NewException, SlotFence,
 };
 
-use super::super::all_slots;
+use super::super::slots::all_slots;
 use super::relay::{
     advance_to, cs, ev, exception, find, own_and_read, read_req, read_until, state, LONG,
 };
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// Failed items get row state in the advance's transaction; later versions of their aggregate
 /// are held behind them (the read flags them, the exception claim keeps version order), and
@@ -48,7 +48,7 @@ pub async fn exceptions_hold_successors_in_order(db: TestDb) {
     assert_eq!(b3.events.len(), 1);
     assert!(b3.events[0].held);
     // the held successor is not claimable while p-1 is quarantined
-    let mut req = crate::claim_all(10, LONG);
+    let mut req = crate::fixtures::claim_all(10, LONG);
     req.fence = Some(SlotFence { owner: "a".into() });
     assert!(cs(&db).claim_exceptions(&req).await.unwrap().is_empty());
     // operator requeue: p-1 first, then p-2 (one per claim: the predecessor rule)
@@ -81,7 +81,7 @@ pub async fn exceptions_hold_successors_in_order(db: TestDb) {
     // a retry pushes it back with attempts + 1
     let r = cs(&db)
         .settle_exceptions(&ExceptionOutcomes {
-            retry: vec![crate::retry_item(
+            retry: vec![crate::fixtures::retry_item(
                 &c2[0].token,
                 Duration::from_millis(200),
                 "broker busy",

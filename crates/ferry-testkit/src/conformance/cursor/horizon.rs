@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use ferry_core::{EventState, SlotCursor};
 
-use super::super::all_slots;
+use super::super::slots::all_slots;
 use super::relay::{
     advance_to, agg_in_slot, cs, drain, ev, ids, only_on, owned, read_req, read_until, state,
 };
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// A producer transaction that is still open delays only its own intents: a later commit is
 /// read meanwhile, the open one once it commits (whatever order the two commit in, nothing is
@@ -61,8 +61,8 @@ pub async fn open_transactions_delay_only_their_own_rows(db: TestDb) {
 async fn open_transactions_hold_the_mysql_horizon(
     db: TestDb,
     cursors: Vec<SlotCursor>,
-    open: crate::OpenTx,
-    rolled: crate::OpenTx,
+    open: crate::db::OpenTx,
+    rolled: crate::db::OpenTx,
 ) {
     drop(cursors);
     let held = [ferry_core::slot_for("late"), ferry_core::slot_for("gone")];

@@ -6,8 +6,8 @@
 //! (per-slot read positions), `restore`; `relay` holds what they share.
 use std::future::Future;
 
-use super::Case;
-use crate::TestDb;
+use super::case::{case_list, exercise_each, Case};
+use crate::db::TestDb;
 
 mod advance;
 mod exceptions;
@@ -62,5 +62,5 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = TestDb>,
 {
-    super::exercise_each(CASES, factory).await
+    exercise_each(CASES, factory).await
 }

@@ -2,9 +2,9 @@
 
 use ferry_core::{DispatchMode, EventState, ExceptionKind};
 
-use super::super::all_slots;
+use super::super::slots::all_slots;
 use super::relay::{advance_all, cs, ev, exception, find, read_req, read_until, state, LONG};
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// How many of the row-dispatch indexes of `ferry_outbox` exist on `db`, and how many row
 /// dispatch has: the ones that would take an entry per intent in cursor dispatch, which reads
@@ -47,7 +47,11 @@ pub async fn mode_switch_converts_state(db: TestDb) {
         .await
         .unwrap();
     // row mode: n-1 sent, m-1 quarantined, m-2 pending
-    let claimed = db.store.claim(&crate::claim_all(10, LONG)).await.unwrap();
+    let claimed = db
+        .store
+        .claim(&crate::fixtures::claim_all(10, LONG))
+        .await
+        .unwrap();
     let tok = |id: &str| {
         claimed
             .iter()
@@ -129,7 +133,11 @@ pub async fn mode_switch_converts_state(db: TestDb) {
         .requeue(&ferry_core::OperatorAction::new("e-m-1", "op"))
         .await
         .unwrap();
-    let again = db.store.claim(&crate::claim_all(10, LONG)).await.unwrap();
+    let again = db
+        .store
+        .claim(&crate::fixtures::claim_all(10, LONG))
+        .await
+        .unwrap();
     let ids: Vec<&str> = again.iter().map(|e| e.token.event_id.as_str()).collect();
     assert_eq!(ids, vec!["e-m-1"]);
     db.cleanup().await;

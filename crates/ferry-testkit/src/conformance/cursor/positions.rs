@@ -5,7 +5,7 @@ use std::time::Duration;
 use ferry_core::{CursorPos, CursorRead, NewEvent, SlotCursor, SlotId};
 
 use super::relay::{cs, ev, ids, owned, read_on, read_req, read_until};
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// Readers of slot subsets, as relays own them (contiguous ranges, `desired_slots`; a single
 /// slot; a set with gaps, as workers of one relay split it): each gets exactly the intents of

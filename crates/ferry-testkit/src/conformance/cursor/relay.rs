@@ -7,13 +7,13 @@ use ferry_core::{
     NewEvent, NewException, SlotAdvance, SlotCursor, SlotId, SLOT_COUNT,
 };
 
-use super::super::all_slots;
-use crate::TestDb;
+use super::super::slots::all_slots;
+use crate::db::TestDb;
 
 pub(super) const LONG: Duration = Duration::from_secs(60);
 
 pub(super) fn ev(agg: &str, v: i64) -> NewEvent {
-    crate::intent("orders", agg, v)
+    crate::fixtures::intent("orders", agg, v)
 }
 
 pub(super) fn cs(db: &TestDb) -> &dyn CursorStore {

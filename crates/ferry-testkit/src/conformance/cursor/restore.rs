@@ -2,12 +2,12 @@
 
 use ferry_core::{AdvanceResult, DispatchMode, EventState, ExceptionKind};
 
-use super::super::all_slots;
+use super::super::slots::all_slots;
 use super::relay::{
     advance_to, cs, ev, exception, find, ids, only_on, own_and_read, owned, read_req, read_until,
     state, unknown,
 };
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// A database restored on a server whose transaction ids are lower than the ones its ticks
 /// and rows hold (a logical dump restored elsewhere, a logical-replication switchover) must not
@@ -62,7 +62,7 @@ pub async fn restored_elsewhere_rebases_cursors(db: TestDb) {
     backwards(db.store.status().await.unwrap_err());
     backwards(
         db.store
-            .purge_sent(&crate::purge_all(10))
+            .purge_sent(&crate::fixtures::purge_all(10))
             .await
             .unwrap_err(),
     );

@@ -6,7 +6,7 @@ use ferry_core::{EventState, Watermark};
 use super::relay::{
     advance_to, ev, find, own_and_read, owned, read_req, read_until, state, unknown,
 };
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// Reconciliation and retention see the derived states: SENT behind the cursor, PENDING ahead,
 /// exception states as written; purge deletes only SENT rows behind the cursors.
@@ -32,12 +32,16 @@ pub async fn reconcile_and_purge_use_derived_states(db: TestDb) {
         .store
         .purge_sent(&ferry_core::PurgeRequest {
             dry_run: true,
-            ..crate::purge_all(10)
+            ..crate::fixtures::purge_all(10)
         })
         .await
         .unwrap();
     assert_eq!(dry, 2);
-    let n = db.store.purge_sent(&crate::purge_all(1)).await.unwrap();
+    let n = db
+        .store
+        .purge_sent(&crate::fixtures::purge_all(1))
+        .await
+        .unwrap();
     assert_eq!(n, 2);
     assert!(db.store.record("e-r-1").await.unwrap().is_none());
     assert_eq!(state(&db, "e-r-2").await, Some(EventState::Pending));
@@ -63,7 +67,7 @@ pub async fn purge_by_age_stops_at_young_rows(db: TestDb) {
         older_than: Duration::from_secs(1),
         dry_run,
         vacuum,
-        ..crate::purge_all(1)
+        ..crate::fixtures::purge_all(1)
     };
     assert_eq!(db.store.purge_sent(&by_age(true, false)).await.unwrap(), 3);
     assert_eq!(
@@ -81,7 +85,13 @@ pub async fn purge_by_age_stops_at_young_rows(db: TestDb) {
         "too young"
     );
     assert_eq!(db.store.purge_sent(&by_age(false, true)).await.unwrap(), 0);
-    assert_eq!(db.store.purge_sent(&crate::purge_all(10)).await.unwrap(), 1);
+    assert_eq!(
+        db.store
+            .purge_sent(&crate::fixtures::purge_all(10))
+            .await
+            .unwrap(),
+        1
+    );
     assert!(db.store.record("e-y-1").await.unwrap().is_none());
     assert_eq!(state(&db, "e-p-1").await, Some(EventState::Pending));
     db.cleanup().await;

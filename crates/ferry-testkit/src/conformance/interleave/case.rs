@@ -8,7 +8,7 @@ use super::check::{check_delivery, check_versions, Delivered, Intent};
 use super::harness::Harness;
 use super::plan::Plan;
 use super::reader::Reader;
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// Runs `plan` on `db` and drains it in `mode`; panics with every problem found.
 pub(super) async fn run_case(db: TestDb, case: &str, plan: Plan, mode: DispatchMode) {

@@ -17,7 +17,7 @@ use super::op::{letter, Op};
 use super::reader::Reader;
 use super::server::{Monitor, Seen, Server};
 use super::session::{spawn, Cmd, Conn, GateFlags, Reply, NOBODY, STEP_DEADLINE};
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// What a run of one schedule left behind.
 #[derive(Debug, Default)]

@@ -57,8 +57,8 @@ use std::future::Future;
 
 use ferry_core::DispatchMode;
 
-use super::Case;
-use crate::TestDb;
+use super::case::{exercise_each, Case};
+use crate::db::TestDb;
 use case::run_case;
 use plan::{
     cross_xid, explore_three, explore_two, lock_for_update, optimistic, savepoint_lock,
@@ -141,5 +141,5 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = TestDb>,
 {
-    super::exercise_each(CASES, factory).await
+    exercise_each(CASES, factory).await
 }

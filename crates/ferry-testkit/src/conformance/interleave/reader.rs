@@ -7,10 +7,10 @@ use ferry_core::{
     SlotAdvance, SlotId,
 };
 
-use super::super::all_slots;
+use super::super::slots::all_slots;
 use super::check::{tag_of, Delivered};
 use super::session::STEP_DEADLINE;
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// Rows per cursor read or row claim: small, so that reads cut windows and claims take a few
 /// aggregates at a time.
@@ -106,7 +106,7 @@ impl Reader {
                 Ok((b.events.len(), b.more))
             }
             DispatchMode::Row => {
-                let claim = crate::claim_all(READ_LIMIT, LONG);
+                let claim = crate::fixtures::claim_all(READ_LIMIT, LONG);
                 let got = tokio::time::timeout(STEP_DEADLINE, db.store.claim(&claim))
                     .await
                     .map_err(|_| "a claim waited for a producer".to_string())?

@@ -146,7 +146,7 @@ impl Session {
                     .fetch_one(&mut *c)
                     .await
             }
-            conn => on!(conn, c, pg => sqlx::query_scalar(&crate::placeholder(
+            conn => on!(conn, c, pg => sqlx::query_scalar(&crate::sql::placeholder(
                 "UPDATE ferry_it_biz SET ver = ver + 1 WHERE id = ? RETURNING ver",
                 pg,
             ))
@@ -162,7 +162,7 @@ impl Session {
             Conn::Lite { .. } => "SELECT ver FROM ferry_it_biz WHERE id = ?",
             _ => "SELECT ver FROM ferry_it_biz WHERE id = ? FOR UPDATE",
         };
-        on!(&mut self.conn, c, pg => sqlx::query_scalar(&crate::placeholder(sql, pg))
+        on!(&mut self.conn, c, pg => sqlx::query_scalar(&crate::sql::placeholder(sql, pg))
             .bind(agg)
             .fetch_one(&mut *c)
             .await)
@@ -170,7 +170,7 @@ impl Session {
 
     async fn write(&mut self, agg: &str, v: i64) -> Result<(), sqlx::Error> {
         let sql = "UPDATE ferry_it_biz SET ver = ? WHERE id = ?";
-        on!(&mut self.conn, c, pg => sqlx::query(&crate::placeholder(sql, pg))
+        on!(&mut self.conn, c, pg => sqlx::query(&crate::sql::placeholder(sql, pg))
             .bind(v)
             .bind(agg)
             .execute(&mut *c)
@@ -190,7 +190,7 @@ impl Session {
              VALUES (?, ?, ?, 'Changed', ?)"
         );
         let body = payload(tag);
-        on!(&mut self.conn, c, pg => sqlx::query(&crate::placeholder(&sql, pg))
+        on!(&mut self.conn, c, pg => sqlx::query(&crate::sql::placeholder(&sql, pg))
             .bind(agg)
             .bind(v)
             .bind(TOPIC)
@@ -203,7 +203,7 @@ impl Session {
     async fn max_version(&mut self, agg: &str) -> Result<i64, sqlx::Error> {
         let sql =
             "SELECT COALESCE(MAX(aggregate_version), 0) FROM ferry_outbox WHERE aggregate_id = ?";
-        on!(&mut self.conn, c, pg => sqlx::query_scalar(&crate::placeholder(sql, pg))
+        on!(&mut self.conn, c, pg => sqlx::query_scalar(&crate::sql::placeholder(sql, pg))
             .bind(agg)
             .fetch_one(&mut *c)
             .await)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ferry_core::{EventState, NewEvent};
 
 use super::relay::{ev, req, tokens, LONG};
-use crate::{AnyDb, TestDb};
+use crate::db::{AnyDb, TestDb};
 
 /// An unfinished version of an aggregate keeps every later version of it from being claimed.
 pub async fn predecessor_blocks_successors(db: AnyDb) {
@@ -25,7 +25,11 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
     assert_eq!(ids(&c), vec!["e-A-1", "e-B-1"]);
     // retry of v1 keeps v2 blocked
     db.store
-        .retry(&[crate::retry_item(&c[0].token, Duration::ZERO, "t")])
+        .retry(&[crate::fixtures::retry_item(
+            &c[0].token,
+            Duration::ZERO,
+            "t",
+        )])
         .await
         .unwrap();
     db.store.ack(&[c[1].token.clone()]).await.unwrap();

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use ferry_core::{EnqueueError, EventState, NewEvent};
 
 use super::relay::{ev, req, tokens, LONG};
-use crate::{AnyDb, TestDb};
+use crate::db::{AnyDb, TestDb};
 
 /// Order 7 and its one intent `e-7-1`, committed or rolled back.
 async fn place_order_7(db: &TestDb, commit: bool) {

@@ -1,6 +1,6 @@
 //! Migrations: applied once under concurrency, and a newer schema refused.
 
-use crate::TestDb;
+use crate::db::TestDb;
 
 /// The versions of the backend's embedded migrations.
 fn embedded_versions(db: &TestDb) -> Vec<i64> {

@@ -8,8 +8,8 @@
 //! `migrate`, `retention` (purge, reconcile, status); `relay` holds what they share.
 use std::future::Future;
 
-use super::Case;
-use crate::AnyDb;
+use super::case::{case_list, exercise_each, Case};
+use crate::db::AnyDb;
 
 mod claim;
 mod enqueue;
@@ -81,5 +81,5 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = AnyDb>,
 {
-    super::exercise_each(CASES, factory).await
+    exercise_each(CASES, factory).await
 }

@@ -7,7 +7,7 @@ use ferry_core::{CasResult, EventState};
 use super::relay::{
     claim_eventually, claim_short, enqueue_and_claim, ev, extend, req, state, LONG,
 };
-use crate::AnyDb;
+use crate::db::AnyDb;
 
 /// An outcome under a claim token that was superseded (lease expired, row reclaimed) is fenced: it writes nothing.
 pub async fn stale_claim_is_fenced(db: AnyDb) {
@@ -44,7 +44,11 @@ pub async fn stale_claim_is_fenced(db: AnyDb) {
             .await
             .unwrap(),
         db.store
-            .retry(&[crate::retry_item(&a[0].token, Duration::ZERO, "x")])
+            .retry(&[crate::fixtures::retry_item(
+                &a[0].token,
+                Duration::ZERO,
+                "x",
+            )])
             .await
             .unwrap(),
     ] {
@@ -86,8 +90,8 @@ pub async fn stale_and_live_token_of_one_row_in_one_batch(db: AnyDb) {
     let r = db
         .store
         .retry(&[
-            crate::retry_item(&live, LONG, "x"),
-            crate::retry_item(&stale, LONG, "x"),
+            crate::fixtures::retry_item(&live, LONG, "x"),
+            crate::fixtures::retry_item(&stale, LONG, "x"),
         ])
         .await
         .unwrap();
@@ -106,7 +110,7 @@ pub async fn batch_with_mixed_outcomes_confirms_only_acked(db: AnyDb) {
     assert_eq!(acked.applied(), 2);
     let retried = db
         .store
-        .retry(&[crate::retry_item(
+        .retry(&[crate::fixtures::retry_item(
             &t[2],
             Duration::from_secs(3600),
             "broker busy",

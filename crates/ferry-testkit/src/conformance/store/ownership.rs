@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 use ferry_core::{ClaimRequest, SlotFence};
 
 use super::relay::{ev, LONG};
-use crate::AnyDb;
+use crate::db::AnyDb;
 
 /// Slot leases fence claims: a relay claims only in the slots it holds, and loses them to a takeover.
 pub async fn slot_leases_fence_claims(db: AnyDb) {

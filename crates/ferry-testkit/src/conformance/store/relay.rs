@@ -4,10 +4,10 @@ use std::time::{Duration, Instant};
 
 use ferry_core::{ClaimRequest, ClaimToken, EventState, NewEvent, OutboxStore};
 
-pub(super) use crate::claim_all as req;
+pub(super) use crate::fixtures::claim_all as req;
 
 pub(super) fn ev(agg: &str, v: i64) -> NewEvent {
-    crate::intent("orders", agg, v)
+    crate::fixtures::intent("orders", agg, v)
 }
 
 pub(super) const LONG: Duration = Duration::from_secs(60);

@@ -4,7 +4,7 @@ use std::time::Duration;
 use ferry_core::{ClaimRequest, ClaimToken, EventState, StoreErrorKind};
 
 use super::relay::{claim_eventually, enqueue_and_claim, ev, req, LONG};
-use crate::{AnyDb, TestDb};
+use crate::db::{AnyDb, TestDb};
 
 /// The Inbox columns purge and reconcile read: the dedupe rows, and each aggregate's contiguous
 /// mark (a version it covers counts as consumed even when its row was pruned).
@@ -35,7 +35,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
                 older_than: Duration::from_secs(3600),
-                ..crate::purge_all(100)
+                ..crate::fixtures::purge_all(100)
             })
             .await
             .unwrap(),
@@ -46,7 +46,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         db.store
             .purge_sent(&ferry_core::PurgeRequest {
                 dry_run: true,
-                ..crate::purge_all(100)
+                ..crate::fixtures::purge_all(100)
             })
             .await
             .unwrap(),
@@ -59,7 +59,10 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
         "dry run deletes nothing"
     );
     assert_eq!(
-        db.store.purge_sent(&crate::purge_all(2)).await.unwrap(),
+        db.store
+            .purge_sent(&crate::fixtures::purge_all(2))
+            .await
+            .unwrap(),
         3,
         "two bounded batches"
     );
@@ -88,7 +91,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
             .store
             .purge_sent(&ferry_core::PurgeRequest {
                 consumer: Some("billing"),
-                ..crate::purge_all(10)
+                ..crate::fixtures::purge_all(10)
             })
             .await
             .is_err());
@@ -116,7 +119,7 @@ pub async fn purge_deletes_only_old_sent_rows(db: AnyDb) {
     let purge_consumed = || async {
         let req = ferry_core::PurgeRequest {
             consumer: Some("billing"),
-            ..crate::purge_all(10)
+            ..crate::fixtures::purge_all(10)
         };
         db.store.purge_sent(&req).await
     };
