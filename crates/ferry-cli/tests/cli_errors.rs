@@ -2,14 +2,8 @@
 //! password is ever printed.
 use std::process::{Command, Output};
 
-fn ferry(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(args)
-        .env_remove("FERRY_DATABASE_URL")
-        .env_remove("FERRY_CONFIG")
-        .output()
-        .expect("run ferry")
-}
+mod support;
+use support::ferry;
 
 fn err_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout)
@@ -122,23 +116,22 @@ fn unparsable_values_name_the_flag() {
 fn config_file_errors_name_the_key() {
     let d = ferry_store_dir::Dir::new();
     let cfg = d.0.join("ferry.toml");
-    std::fs::write(
-        &cfg,
-        "database_url = \"sqlite://x.db\"\n[relay]\nbatchsize = 5\n",
-    )
-    .unwrap();
-    let o = ferry(&["relay", "--config", cfg.to_str().unwrap()]);
-    assert_one_clear_line(&o, 2, &["batchsize", "ferry.toml"]);
-    std::fs::write(
-        &cfg,
-        "database_url = \"sqlite://x.db\"\n[relay]\nslot_ttl = \"fast\"\n",
-    )
-    .unwrap();
-    let o = ferry(&["relay", "--config", cfg.to_str().unwrap()]);
-    assert_one_clear_line(&o, 2, &["relay.slot_ttl", "fast"]);
-    std::fs::write(&cfg, "[relay]\nworkers = \"four\"\n").unwrap();
-    let o = ferry(&["relay", "--config", cfg.to_str().unwrap()]);
-    assert_one_clear_line(&o, 2, &["workers"]);
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "database_url = \"sqlite://x.db\"\n[relay]\nbatchsize = 5\n",
+            &["batchsize", "ferry.toml"],
+        ),
+        (
+            "database_url = \"sqlite://x.db\"\n[relay]\nslot_ttl = \"fast\"\n",
+            &["relay.slot_ttl", "fast"],
+        ),
+        ("[relay]\nworkers = \"four\"\n", &["workers"]),
+    ];
+    for (file, needles) in cases {
+        std::fs::write(&cfg, file).unwrap();
+        let o = ferry(&["relay", "--config", cfg.to_str().unwrap()]);
+        assert_one_clear_line(&o, 2, needles);
+    }
     let o = ferry(&["status", "--config", "/nonexistent/ferry.toml"]);
     assert_one_clear_line(
         &o,

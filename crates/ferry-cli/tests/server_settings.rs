@@ -7,23 +7,15 @@
 //! whatever the server has (the rules and their wording are unit tests in
 //! `crates/ferry-store/src/server_settings.rs`).
 use std::collections::BTreeSet;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use ferry_core::DispatchMode;
 use ferry_store::Backend;
 use ferry_testkit::TestDb;
 use sqlx::Connection;
 
-fn ferry(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(args)
-        .env_remove("FERRY_DATABASE_URL")
-        .env_remove("FERRY_CONFIG")
-        .env_remove("FERRY_OLDEST_WARNING")
-        .env_remove("FERRY_OLDEST_CRITICAL")
-        .output()
-        .expect("run ferry")
-}
+mod support;
+use support::ferry;
 
 fn text_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)

@@ -5,26 +5,16 @@ use std::time::Duration;
 
 use ferry_core::DispatchMode;
 use ferry_relay::{NullSink, Relay, RelayConfig};
-use ferry_store::Backend;
 use ferry_testkit::{RelayTask, TestDb};
+
+mod support;
+use support::insert_intent;
 
 async fn misrouted_intent_is_counted(db: TestDb, mode: DispatchMode) {
     let right = ferry_core::slot_for("order-9");
     let wrong = (right + 1) % ferry_core::SLOT_COUNT;
-    let timestamps = match db.backend {
-        // SQLite has no defaults for the timestamps (the Rust API and the insert view set them)
-        Backend::Sqlite => (", created_at, available_at", ", 1, 1"),
-        _ => ("", ""),
-    };
     for (v, slot) in [(1, right), (2, wrong)] {
-        db.exec(&format!(
-            "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, \
-             msg_key, event_type, headers, payload{}) \
-             VALUES ('e-order-9-{v}', 'order-9', {v}, {slot}, 'orders', 'order-9', 'T', '{{}}', '{{}}'{})",
-            timestamps.0, timestamps.1
-        ))
-        .await
-        .unwrap();
+        insert_intent(&db, &format!("e-order-9-{v}"), "order-9", v, slot, "orders").await;
     }
     let cfg = RelayConfig {
         dispatch: Some(mode),

@@ -14,8 +14,10 @@ use std::time::Duration;
 use ferry_core::{BoxFuture, ClaimedEvent, DispatchMode, Outcome};
 use ferry_relay::metrics::sample;
 use ferry_relay::{Metrics, Relay, RelayConfig, Sink};
-use ferry_store::Backend;
 use ferry_testkit::{wait_until, RelayTask, TestDb};
+
+mod support;
+use support::insert_intent;
 
 const TOPIC: &str = "orders";
 
@@ -187,20 +189,8 @@ async fn a_version_committed_after_a_later_one_was_sent_is_counted(db: TestDb, m
 async fn versions_read_out_of_order_in_one_batch(db: TestDb, mode: DispatchMode) {
     let agg = fresh_aggregate();
     let slot = ferry_core::slot_for(&agg);
-    let timestamps = match db.backend {
-        // SQLite has no defaults for the timestamps (the Rust API and the insert view set them)
-        Backend::Sqlite => (", created_at, available_at", ", 1, 1"),
-        _ => ("", ""),
-    };
     for v in [2, 1] {
-        db.exec(&format!(
-            "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, \
-             msg_key, event_type, headers, payload{}) \
-             VALUES ('e-{agg}-{v}', '{agg}', {v}, {slot}, '{TOPIC}', '{agg}', 'T', '{{}}', '{{}}'{})",
-            timestamps.0, timestamps.1
-        ))
-        .await
-        .unwrap();
+        insert_intent(&db, &format!("e-{agg}-{v}"), &agg, v, slot, TOPIC).await;
     }
     let (sink, metrics, relay) = start(&db, mode);
     wait_handed(&sink, &agg, 2).await;
