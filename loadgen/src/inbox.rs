@@ -229,21 +229,12 @@ impl InboxConsumer {
             connections: self.connections,
             settled,
             settle_secs,
-            consumed: stats.consumed,
-            foreign: stats.foreign,
-            new: stats.new,
-            duplicates: stats.duplicates,
-            gaps: stats.gaps,
-            early: stats.early,
-            stale: stats.stale,
-            effect_failures: stats.effect_failures,
-            errors: stats.errors,
-            retries: stats.retries,
-            examples: stats.examples,
+            stats,
             ..InboxReport::default()
         };
         if high.is_none() {
-            r.examples
+            r.stats
+                .examples
                 .push("the topic's high watermarks could not be read: not settled".to_string());
         }
 
@@ -259,8 +250,10 @@ impl InboxConsumer {
                 Some((p, n)) if n < committed.get(&p).copied().unwrap_or(0) => matched += 1,
                 _ => {
                     r.effects_unexpected += 1;
-                    if r.examples.len() < MAX_EXAMPLES {
-                        r.examples.push(format!("unexpected effect row: {id}"));
+                    if r.stats.examples.len() < MAX_EXAMPLES {
+                        r.stats
+                            .examples
+                            .push(format!("unexpected effect row: {id}"));
                     }
                 }
             }
@@ -285,12 +278,12 @@ impl InboxConsumer {
             .map_err(|e| Error::Setup(format!("Inbox gaps: {e}")))?
             .len() as u64;
         r.effects_exactly_once = settled
-            && r.effect_failures == 0
-            && r.errors == 0
+            && r.stats.effect_failures == 0
+            && r.stats.errors == 0
             && r.effects_unexpected == 0
             && r.effects_missing == 0
             && r.effects_rows == total_committed
-            && r.effects_rows == r.new + r.gaps
+            && r.effects_rows == r.stats.new + r.stats.gaps
             && r.inbox_rows == r.effects_rows
             && r.projection_mismatches == 0;
         self.cleanup().await;

@@ -118,7 +118,7 @@ impl RunnerConfig {
 }
 
 /// What a [`ConsumerRunner`] did so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RunnerStats {
     /// Messages polled from the topic (duplicates included).
     pub consumed: u64,

@@ -365,26 +365,12 @@ pub struct InboxReport {
     pub workers: usize,
     /// Connections in the Inbox pool.
     pub connections: u32,
-    /// Messages consumed from the topic (duplicates included).
-    pub consumed: u64,
-    /// Messages without ferry headers or of another run (not applied).
-    pub foreign: u64,
-    /// `New` verdicts: first deliveries, effect applied.
-    pub new: u64,
-    /// `Duplicate` verdicts: redeliveries, effect skipped.
-    pub duplicates: u64,
-    /// `Gap` verdicts (v(n+1) before v(n)); must be 0 since the relay delivers in order.
-    pub gaps: u64,
-    /// `Early` verdicts (hold-back policy; loadgen reports gaps instead): must be 0.
-    pub early: u64,
-    /// `Stale` verdicts (a new event id at an already covered version): must be 0.
-    pub stale: u64,
-    /// Effects rejected by `loadgen_effects`' primary key: an event applied twice. Must be 0.
-    pub effect_failures: u64,
-    /// Deliveries that failed for good (non-retryable error, or retries exhausted).
-    pub errors: u64,
-    /// Transaction attempts retried after a retryable error (busy, deadlock, ...).
-    pub retries: u64,
+    /// The consumer runner's counts (flattened into this object in the JSON report). Gap,
+    /// early and stale verdicts must be 0 (the relay delivers in order); `effect_failures` are
+    /// effects `loadgen_effects`' primary key rejected (an event applied twice) or that failed
+    /// otherwise: must be 0.
+    #[serde(flatten)]
+    pub stats: ferry_inbox::runner::RunnerStats,
     /// Rows of this run in `loadgen_effects`.
     pub effects_rows: u64,
     /// Effect rows whose event the producers did not commit (foreign or unknown ids).
@@ -411,13 +397,15 @@ pub struct InboxReport {
     pub applied_per_sec: f64,
     /// Highest once-a-second lag behind the verifying consumer (messages).
     pub lag_peak: i64,
-    pub examples: Vec<String>,
 }
 
 impl InboxReport {
     /// Every check this report makes passed.
     pub fn ok(&self) -> bool {
-        self.effects_exactly_once && self.gaps == 0 && self.early == 0 && self.stale == 0
+        self.effects_exactly_once
+            && self.stats.gaps == 0
+            && self.stats.early == 0
+            && self.stats.stale == 0
     }
 }
 

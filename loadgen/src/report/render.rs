@@ -299,7 +299,7 @@ impl RunReport {
             let inbox = self.inbox.as_ref().map_or(String::new(), |ib| {
                 format!(
                     "; Inbox: {} effects applied exactly once, {} duplicates skipped",
-                    ib.effects_rows, ib.duplicates
+                    ib.effects_rows, ib.stats.duplicates
                 )
             });
             let order = match self.verification.ordering_check.as_str() {
@@ -322,7 +322,7 @@ impl RunReport {
             if !ib.effects_exactly_once {
                 why.push("Inbox effects not exactly once".to_string());
             }
-            let order = ib.gaps + ib.early + ib.stale;
+            let order = ib.stats.gaps + ib.stats.early + ib.stats.stale;
             if order > 0 {
                 why.push(format!("{order} Inbox gap/early/stale verdicts"));
             }
@@ -357,7 +357,7 @@ fn render_inbox(o: &mut String, ib: &InboxReport, enqueued: u64, delivered: u64)
     let _ = writeln!(
         o,
         "    consumed {}   inbox_new {}   inbox_duplicates {}   inbox_gaps {}   inbox_early {}   stale {}   foreign {}",
-        ib.consumed, ib.new, ib.duplicates, ib.gaps, ib.early, ib.stale, ib.foreign
+        ib.stats.consumed, ib.stats.new, ib.stats.duplicates, ib.stats.gaps, ib.stats.early, ib.stats.stale, ib.stats.foreign
     );
     let _ = writeln!(
         o,
@@ -367,11 +367,11 @@ fn render_inbox(o: &mut String, ib: &InboxReport, enqueued: u64, delivered: u64)
     let _ = writeln!(
         o,
         "    applied twice {}   errors {}   retried {}   open gaps {}   applied {}/s during load, peak lag {}, settled {} in {:.1}s",
-        ib.effect_failures, ib.errors, ib.retries, ib.open_gaps, rate(ib.applied_per_sec), ib.lag_peak,
+        ib.stats.effect_failures, ib.stats.errors, ib.stats.retries, ib.open_gaps, rate(ib.applied_per_sec), ib.lag_peak,
         if ib.settled { "yes" } else { "NO" }, ib.settle_secs
     );
     let _ = writeln!(o, "    effects_exactly_once {}", ib.effects_exactly_once);
-    for e in ib.examples.iter().take(5) {
+    for e in ib.stats.examples.iter().take(5) {
         let _ = writeln!(o, "    inbox: {e}");
     }
 }
