@@ -242,10 +242,10 @@ impl RunSpec {
             },
             chaos: a.relay.chaos.then_some(a.relay.chaos_interval),
             broker_stall: a.kafka.broker_stall,
-            retention: a
-                .retention
-                .retention
-                .map(|age| Retention::new(age, a.retention.purge_batch as usize)),
+            retention: a.retention.retention.map(|age| Retention {
+                fold_orders: a.retention.fold_orders,
+                ..Retention::new(age, a.retention.purge_batch as usize)
+            }),
             report_interval: a.report_interval(),
             producers,
             work: Workload {
@@ -406,7 +406,7 @@ mod tests {
         let v = serde_json::to_value(RunSpec::from_args(&a).echo("abc", "t", &[], None)).unwrap();
         assert_eq!(
             v["retention"],
-            json!({"age_secs": 30.0, "every_secs": 7.5, "batch": 200}),
+            json!({"age_secs": 30.0, "every_secs": 7.5, "batch": 200, "fold_orders": false}),
             "{v}"
         );
         assert_eq!(v["report_interval_secs"], json!(30.0), "{v}");

@@ -130,6 +130,12 @@ impl Args {
                 ),
             ));
         }
+        if self.retention.fold_orders && self.backend() != Backend::Postgres {
+            return conflict(format!(
+                "'--fold-orders' folds loadgen's business orders on PostgreSQL only (got '--store {}')",
+                self.backend().as_str()
+            ));
+        }
         if self.sweep.chart.is_some()
             && self.sweep.sweep_batch.is_none()
             && self.sweep.sweep_relays.is_none()
@@ -485,9 +491,22 @@ mod tests {
             &["--purge-batch", "10"],
             &["--retention", "1s", "--purge-batch", "0"],
             &["--report-interval", "50ms"],
+            // --fold-orders needs --retention
+            &["--fold-orders"],
         ] {
             assert!(rejected(bad), "{bad:?}");
         }
+        // ... and PostgreSQL
+        for store in [
+            &[][..],
+            &["--store", "mysql", "--database-url", "mysql://r@h/db"],
+        ] {
+            let e = parse(&[store, &["--retention", "2s", "--fold-orders"]].concat()).unwrap_err();
+            assert!(e.1.contains("PostgreSQL only"), "{e:?}");
+        }
+        let pg = ["--store", "postgres", "--database-url", "postgres://u@h/db"];
+        let a = args(&[&pg[..], &["--retention", "2s", "--fold-orders"]].concat());
+        assert!(a.retention.fold_orders);
         // a burn-down with retention is allowed: purge deletes SENT rows only
         assert!(parse(&["--retention", "30s", "burn-down", "--preload", "1000"]).is_ok());
         assert!(parse(&["--retention", "30s", "--sink", "null", "--dispatch", "row"]).is_ok());

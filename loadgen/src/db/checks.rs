@@ -39,6 +39,41 @@ const VERSION_CHECK: &str = "SELECT COUNT(*), \
       COUNT(DISTINCT order_id >> 40) AS producers \
       FROM loadgen_orders GROUP BY aggregate_id) t ON t.aggregate_id = a.aggregate_id \
     WHERE a.ver > 0";
+/// PostgreSQL: [`VERSION_CHECK`] over the live orders and what `--fold-orders` moved to
+/// `loadgen_orders_folded` together, and the handoffs the business rows counted as versions
+/// were taken (`loadgen_take_versions`). An aggregate passes when its orders number `ver`,
+/// span `1..=ver` and their versions sum to `ver(ver+1)/2` and their squares to
+/// `ver(ver+1)(2ver+1)/6`: a set of `ver` versions within `1..=ver` is exactly `1..=ver`,
+/// and a version counted twice (live and folded) or missing changes the count or a sum.
+/// An aggregate is shared when it has a handoff: two producers among its successive
+/// versions make at least one pair of successive versions differ, and one such pair is two.
+const VERSION_CHECK_PG: &str = "SELECT COUNT(*), COUNT(CASE WHEN a.handoffs > 0 THEN 1 END), \
+      COUNT(CASE WHEN t.n IS NULL OR t.n <> a.ver OR t.lo <> 1 OR t.hi <> a.ver \
+        OR t.vsum <> a.ver::numeric * (a.ver + 1) / 2 \
+        OR t.vsq <> a.ver::numeric * (a.ver + 1) * (2 * a.ver + 1) / 6 THEN 1 END), \
+      COALESCE(SUM(a.handoffs), 0)::int8 \
+    FROM loadgen_aggregates a LEFT JOIN (SELECT aggregate_id, SUM(n)::int8 AS n, MIN(lo) AS lo, \
+      MAX(hi) AS hi, SUM(vsum) AS vsum, SUM(vsq) AS vsq FROM ( \
+        SELECT aggregate_id, COUNT(*) AS n, MIN(aggregate_version) AS lo, \
+          MAX(aggregate_version) AS hi, SUM(aggregate_version::numeric) AS vsum, \
+          SUM(aggregate_version::numeric * aggregate_version) AS vsq \
+        FROM loadgen_orders GROUP BY aggregate_id \
+        UNION ALL SELECT aggregate_id, n, lo, hi, vsum, vsq FROM loadgen_orders_folded) u \
+      GROUP BY aggregate_id) t ON t.aggregate_id = a.aggregate_id \
+    WHERE a.ver > 0";
+/// PostgreSQL `--fold-orders`: deletes the orders created before `$1` (µs since the epoch)
+/// and adds their count, version range and sums to `loadgen_orders_folded`, in one statement
+/// (what it deletes is what it folds). Returns the orders folded.
+const FOLD_ORDERS_PG: &str = "WITH d AS (DELETE FROM loadgen_orders WHERE created_at_us < $1 \
+      RETURNING aggregate_id, aggregate_version), \
+    g AS (SELECT aggregate_id, COUNT(*) AS n, MIN(aggregate_version) AS lo, \
+      MAX(aggregate_version) AS hi, SUM(aggregate_version::numeric) AS vsum, \
+      SUM(aggregate_version::numeric * aggregate_version) AS vsq FROM d GROUP BY aggregate_id), \
+    i AS (INSERT INTO loadgen_orders_folded AS f (aggregate_id, n, lo, hi, vsum, vsq) \
+      SELECT * FROM g ON CONFLICT (aggregate_id) DO UPDATE SET n = f.n + EXCLUDED.n, \
+        lo = LEAST(f.lo, EXCLUDED.lo), hi = GREATEST(f.hi, EXCLUDED.hi), \
+        vsum = f.vsum + EXCLUDED.vsum, vsq = f.vsq + EXCLUDED.vsq) \
+    SELECT COALESCE(SUM(n), 0)::int8 FROM g";
 /// PostgreSQL: successive versions of an aggregate whose outbox rows' `xid` (the inserting
 /// transaction's id) are in the opposite order.
 const XID_INVERSIONS: &str = "SELECT COUNT(*) FROM ferry_outbox a JOIN ferry_outbox b \
@@ -77,29 +112,63 @@ impl Database {
     /// Aggregates touched, shared and handed off between producers, and whether every
     /// aggregate's committed versions are exactly `1..=n` (see [`VersionCheck`]).
     pub async fn version_check(&self) -> Result<VersionCheck> {
-        let (touched, shared, mismatches): (i64, i64, i64) =
-            on_inbox!(InboxPool, &self.pool, p => sqlx::query_as(VERSION_CHECK).fetch_one(p).await)
-                .map_err(Error::sql("check the committed versions"))?;
-        let handoffs = self.scalar(HANDOFFS, "count version handoffs").await?;
-        let n = |v: i64| v.max(0) as u64;
-        let xid_inversions = match self.kind {
-            // informative only: a schema without the column must not fail the run
-            Backend::Postgres => match self.scalar(XID_INVERSIONS, "count xid inversions").await {
+        if let ferry_inbox::InboxPool::Postgres(p) = &self.pool {
+            let (touched, shared, mismatches, handoffs): (i64, i64, i64, i64) =
+                sqlx::query_as(VERSION_CHECK_PG)
+                    .fetch_one(p)
+                    .await
+                    .map_err(Error::sql("check the committed versions"))?;
+            let n = |v: i64| v.max(0) as u64;
+            let xid_inversions = match self.scalar(XID_INVERSIONS, "count xid inversions").await {
+                // informative only: a schema without the column must not fail the run
                 Ok(v) => Some(n(v)),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot count transaction-id inversions");
                     None
                 }
-            },
-            _ => None,
-        };
+            };
+            return Ok(VersionCheck {
+                aggregates_touched: n(touched),
+                aggregates_shared: n(shared),
+                handoffs: n(handoffs),
+                version_mismatches: n(mismatches),
+                xid_inversions,
+            });
+        }
+        let (touched, shared, mismatches): (i64, i64, i64) =
+            on_inbox!(InboxPool, &self.pool, p => sqlx::query_as(VERSION_CHECK).fetch_one(p).await)
+                .map_err(Error::sql("check the committed versions"))?;
+        let handoffs = self.scalar(HANDOFFS, "count version handoffs").await?;
+        let n = |v: i64| v.max(0) as u64;
         Ok(VersionCheck {
             aggregates_touched: n(touched),
             aggregates_shared: n(shared),
             handoffs: n(handoffs),
             version_mismatches: n(mismatches),
-            xid_inversions,
+            xid_inversions: None,
         })
+    }
+
+    /// PostgreSQL `--fold-orders`: folds the business orders older than `age` into
+    /// `loadgen_orders_folded` (see [`FOLD_ORDERS_PG`]), then, with `vacuum`, vacuums
+    /// `loadgen_orders` so their space is reused. The orders folded.
+    pub async fn fold_orders(&self, age: std::time::Duration, vacuum: bool) -> Result<u64> {
+        let ferry_inbox::InboxPool::Postgres(p) = &self.pool else {
+            return Err(Error::Setup("--fold-orders needs --store postgres".into()));
+        };
+        let cutoff = ferry_core::now_micros() - age.as_micros() as i64;
+        let n: i64 = sqlx::query_scalar(FOLD_ORDERS_PG)
+            .bind(cutoff)
+            .fetch_one(p)
+            .await
+            .map_err(Error::sql("fold old business orders"))?;
+        if vacuum {
+            sqlx::query("VACUUM loadgen_orders, loadgen_orders_folded")
+                .execute(p)
+                .await
+                .map_err(Error::sql("vacuum loadgen_orders"))?;
+        }
+        Ok(n.max(0) as u64)
     }
 
     /// The relation whose `state` is an intent's effective state: the outbox in row mode, the

@@ -94,6 +94,20 @@ const AGGREGATES_DDL: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
     (aggregate_id VARCHAR(255) PRIMARY KEY, ver BIGINT NOT NULL)";
 const AGGREGATES_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
     (aggregate_id TEXT PRIMARY KEY, ver INTEGER NOT NULL) WITHOUT ROWID";
+/// PostgreSQL: the business rows also count their handoffs as versions are taken
+/// (`last_producer`: the producer that took `ver`, -1 before any; `handoffs`: successive
+/// versions taken by different producers), so the count holds when `--fold-orders` has
+/// deleted old orders; a rolled-back transaction's update rolls back with it.
+const AGGREGATES_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
+    (aggregate_id VARCHAR(255) PRIMARY KEY, ver BIGINT NOT NULL, \
+     last_producer INT NOT NULL DEFAULT -1, handoffs BIGINT NOT NULL DEFAULT 0)";
+/// PostgreSQL: what `--fold-orders` deleted from `loadgen_orders`, per aggregate: how many
+/// orders, their lowest and highest version, and the sums of their versions and of their
+/// squares (with the live rows' own, the version check's `1..=n` holds exactly as on the
+/// whole table: see `checks::VERSION_CHECK_PG`).
+const FOLDED_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
+    (aggregate_id VARCHAR(255) PRIMARY KEY, n BIGINT NOT NULL, lo BIGINT NOT NULL, \
+     hi BIGINT NOT NULL, vsum NUMERIC NOT NULL, vsq NUMERIC NOT NULL)";
 /// Business rows created per statement (a million: about 4 s on PostgreSQL, 2.5 s on MariaDB).
 const AGGREGATE_ROWS_PER_STATEMENT: u64 = 1_000_000;
 /// PostgreSQL: one statement takes every version of a transaction, aggregate after aggregate in
@@ -112,7 +126,7 @@ const AGGREGATE_ROWS_PER_STATEMENT: u64 = 1_000_000;
 /// once, 2,634. 10 ms aborted three times as many waits in a line for one hot row (a
 /// preload's single aggregate: 13 timeouts against 4) for no deadlock at all. Waits shorter
 /// than the bound, the ones that reorder transaction ids and commits, still happen.
-const TAKE_VERSIONS_PG: &str = r#"CREATE OR REPLACE FUNCTION loadgen_take_versions(ids text[])
+const TAKE_VERSIONS_PG: &str = r#"CREATE OR REPLACE FUNCTION loadgen_take_versions(ids text[], producer int4)
 RETURNS int8[] LANGUAGE plpgsql SET lock_timeout = '20ms' AS $f$
 DECLARE
   vers int8[] := '{}';
@@ -120,7 +134,10 @@ DECLARE
   v int8;
 BEGIN
   FOREACH a IN ARRAY ids LOOP
-    UPDATE loadgen_aggregates SET ver = ver + 1 WHERE aggregate_id = a RETURNING ver INTO v;
+    UPDATE loadgen_aggregates SET ver = ver + 1,
+      handoffs = handoffs + CASE WHEN last_producer >= 0 AND last_producer <> producer THEN 1 ELSE 0 END,
+      last_producer = producer
+      WHERE aggregate_id = a RETURNING ver INTO v;
     IF NOT FOUND THEN
       RAISE EXCEPTION 'loadgen: aggregate % has no row in loadgen_aggregates', a;
     END IF;
@@ -232,7 +249,8 @@ pub(super) async fn exists(pool: &Pool, order_id: i64) -> Result<bool> {
     Ok(n > 0)
 }
 
-/// Creates `loadgen_orders`, `loadgen_aggregates` (PostgreSQL: and `loadgen_take_versions`)
+/// Creates `loadgen_orders`, `loadgen_aggregates` (PostgreSQL: and `loadgen_orders_folded`,
+/// `loadgen_take_versions`)
 /// and the business rows of aggregates `0..aggregates` of run `run`.
 pub(super) async fn create_tables(
     pool: &Pool,
@@ -251,7 +269,8 @@ pub(super) async fn create_tables(
         ],
         Backend::Postgres => vec![
             ORDERS_DDL.to_string(),
-            AGGREGATES_DDL.to_string(),
+            AGGREGATES_DDL_PG.to_string(),
+            FOLDED_DDL_PG.to_string(),
             TAKE_VERSIONS_PG.to_string(),
         ],
     };
@@ -277,8 +296,11 @@ fn no_row(aggregate: &str) -> sqlx::Error {
 /// [`TAKE_VERSIONS_PG`]).
 async fn take_versions_pg(conn: &mut sqlx::PgConnection, orders: &mut [Order]) -> sqlx::Result<()> {
     let ids: Vec<&str> = orders.iter().map(|o| o.aggregate_id.as_str()).collect();
-    let versions: Vec<i64> = sqlx::query_scalar("SELECT loadgen_take_versions($1)")
+    // every order of a transaction comes from one producer (`Ids::order`)
+    let producer = orders.first().map_or(0, |o| (o.order_id >> 40) as i32);
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT loadgen_take_versions($1, $2)")
         .bind(&ids)
+        .bind(producer)
         .fetch_one(conn)
         .await?;
     if versions.len() != orders.len() {

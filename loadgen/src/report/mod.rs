@@ -199,6 +199,10 @@ pub struct RetentionReport {
     pub order_checks: u64,
     pub order_check_failures: u64,
     pub order_check_secs: f64,
+    /// `--fold-orders`: business orders folded out of `loadgen_orders`, and the time spent
+    /// (not in `purge_secs`); `null` without it.
+    pub orders_folded: Option<u64>,
+    pub fold_secs: Option<f64>,
 }
 
 /// The producer-only ceiling measured in the same invocation.

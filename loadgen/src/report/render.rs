@@ -496,6 +496,12 @@ fn render_retention(o: &mut String, r: &RetentionReport) {
             r.order_checks, r.order_check_failures, r.order_check_secs
         );
     }
+    if let (Some(n), Some(secs)) = (r.orders_folded, r.fold_secs) {
+        let _ = writeln!(
+            o,
+            "            business orders folded out of loadgen_orders after each run (--fold-orders): {n}, {secs:.3} s (not in the time above)"
+        );
+    }
     for e in r.errors.iter().take(5) {
         let _ = writeln!(o, "            purge error: {e}");
     }

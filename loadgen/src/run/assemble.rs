@@ -228,6 +228,8 @@ impl<'a> Run<'a> {
             order_checks: t.order_checks,
             order_check_failures: t.order_check_failures,
             order_check_secs: round3(t.order_check_busy.as_secs_f64()),
+            orders_folded: r.fold_orders.then_some(t.orders_folded),
+            fold_secs: r.fold_orders.then(|| round3(t.fold_busy.as_secs_f64())),
         }
     }
 }
