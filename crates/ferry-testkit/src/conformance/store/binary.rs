@@ -111,9 +111,20 @@ pub async fn binary_migration_keeps_text_rows(db: TestDb) {
             .await
             .unwrap();
     }
-    // text rows written under the old schema
-    let evs: Vec<NewEvent> = (1..=3).map(|v| ev("old", v)).collect();
-    db.store.enqueue(&evs).await.unwrap();
+    // text rows written under the old schema (by a plain INSERT: this build's enqueue names
+    // payload_bytes)
+    let table = match db.backend {
+        ferry_store::Backend::Sqlite => "ferry_outbox_insert",
+        _ => "ferry_outbox",
+    };
+    for v in 1..=3 {
+        db.exec(&format!(
+            "INSERT INTO {table} (event_id, aggregate_id, aggregate_version, topic, event_type, payload) \
+             VALUES ('e-old-{v}', 'old', {v}, 'orders', 'OrderChanged', '{{\"agg\":\"old\",\"v\":{v}}}')"
+        ))
+        .await
+        .unwrap();
+    }
 
     let applied = ferry_store::migrate_url(&db.url).await.unwrap();
     assert_eq!(applied, version.into_iter().collect::<Vec<_>>());
