@@ -593,10 +593,25 @@ fn enqueue_binary_payloads() {
     let o = enqueue(&["--event", &ev(4), "--payload-file", bin]);
     assert_one_clear_line(&o, 2, &["not UTF-8", "--binary"]);
     let o = enqueue(&["--event", &ev(4), "--payload-file", json, "--binary"]);
-    assert!(o.status.success(), "JSON bytes are bytes too: {}", err_of(&o));
-    let o = enqueue(&["--event", &line.replace("e-s-3", "e-s-5").replace(":3,", ":5,"), "--payload-file", bin]);
+    assert!(
+        o.status.success(),
+        "JSON bytes are bytes too: {}",
+        err_of(&o)
+    );
+    let o = enqueue(&[
+        "--event",
+        &line.replace("e-s-3", "e-s-5").replace(":3,", ":5,"),
+        "--payload-file",
+        bin,
+    ]);
     assert_one_clear_line(&o, 2, &["\"payload\"", "keep one"]);
-    let o = enqueue(&["--event", &ev(6), "--payload-file", "/nonexistent/f.pb", "--binary"]);
+    let o = enqueue(&[
+        "--event",
+        &ev(6),
+        "--payload-file",
+        "/nonexistent/f.pb",
+        "--binary",
+    ]);
     assert_one_clear_line(&o, 2, &["cannot read /nonexistent/f.pb"]);
     // clap names the missing flag (on its second line)
     let o = enqueue(&["--event", &ev(6), "--binary"]);

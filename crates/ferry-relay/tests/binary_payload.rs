@@ -13,9 +13,15 @@ const TOPIC: &str = "orders";
 async fn plain_insert_bytes_arrive_unchanged(db: TestDb, mode: DispatchMode) {
     let kafka = EmbeddedKafka::with_topic(1, TOPIC, 1).unwrap();
     // v1 and v3 bytes, v2 JSON text, of one aggregate: one partition, in version order
-    db.exec(&plain_insert_binary(db.backend, TOPIC, "proto-1", 1, BINARY_PAYLOAD))
-        .await
-        .unwrap();
+    db.exec(&plain_insert_binary(
+        db.backend,
+        TOPIC,
+        "proto-1",
+        1,
+        BINARY_PAYLOAD,
+    ))
+    .await
+    .unwrap();
     db.store
         .enqueue(&[ferry_testkit::intent(TOPIC, "proto-1", 2)])
         .await

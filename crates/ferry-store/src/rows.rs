@@ -3,8 +3,8 @@
 use std::str::FromStr;
 
 use ferry_core::{
-    EventRecord, EventState, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease, StoreError,
-    StoreErrorKind,
+    EventRecord, EventState, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease,
+    StoreError, StoreErrorKind,
 };
 
 /// A `ferry_slot_lease` row: `slot, owner, epoch, lease_until` (µs). The slot column is `int2`

@@ -95,9 +95,11 @@ pub fn plain_insert_binary(
 ) -> String {
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let (table, column, value) = match backend {
-        ferry_store::Backend::Postgres => {
-            ("ferry_outbox", "payload_bytes", format!("decode('{hex}', 'hex')"))
-        }
+        ferry_store::Backend::Postgres => (
+            "ferry_outbox",
+            "payload_bytes",
+            format!("decode('{hex}', 'hex')"),
+        ),
         ferry_store::Backend::Mysql => ("ferry_outbox", "payload_bytes", format!("X'{hex}'")),
         ferry_store::Backend::Sqlite => ("ferry_outbox_insert", "payload", format!("X'{hex}'")),
     };

@@ -29,8 +29,13 @@ pub struct EnqueueArgs {
 
 /// The one event of `--event` whose payload is the content of `path` (bytes if `binary`).
 fn event_with_payload_file(event: &str, path: &str, binary: bool) -> Result<NewEvent, Failure> {
-    let mut obj: serde_json::Map<String, serde_json::Value> = serde_json::from_str(event)
-        .map_err(|e| fail(2, format!("invalid event JSON (--event must be one object): {e}")))?;
+    let mut obj: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(event).map_err(|e| {
+            fail(
+                2,
+                format!("invalid event JSON (--event must be one object): {e}"),
+            )
+        })?;
     if obj.contains_key("payload") {
         return Err(fail(
             2,
@@ -81,6 +86,18 @@ fn parse_events(text: &str) -> Result<Vec<NewEvent>, Failure> {
 pub async fn run(a: EnqueueArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
     let events = match (&a.event, &a.payload_file) {
         (Some(event), Some(path)) => vec![event_with_payload_file(event, path, a.binary)?],
+        (None, Some(_)) => {
+            return Err(fail(
+                2,
+                "--payload-file is the payload of one --event: pass that event as --event JSON",
+            ))
+        }
+        (_, None) if a.binary => {
+            return Err(fail(
+                2,
+                "--binary needs --payload-file FILE (the bytes to enqueue)",
+            ))
+        }
         _ => parse_events(&read_input(a)?)?,
     };
     if events.is_empty() {

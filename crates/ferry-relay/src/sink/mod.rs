@@ -49,8 +49,9 @@ pub fn event_json(e: &ClaimedEvent) -> serde_json::Value {
     // text: the JSON it holds (else the text); bytes: an array of numbers, like `ferry enqueue`'s
     // JSON lines
     let payload: serde_json::Value = match &e.payload {
-        Payload::Text(text) => serde_json::from_str(text)
-            .unwrap_or_else(|_| serde_json::Value::String(text.clone())),
+        Payload::Text(text) => {
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.clone()))
+        }
         Payload::Bytes(bytes) => serde_json::Value::from(bytes.as_slice()),
     };
     let headers: serde_json::Value =

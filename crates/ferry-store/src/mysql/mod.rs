@@ -425,11 +425,15 @@ impl ferry_core::OperatorActions for MyStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let r = sqlx::query(&record_sql(self.stored_mode().await?, "?", sql::RECORD_PAYLOAD))
-                .bind(event_id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| db_err("record", e))?;
+            let r = sqlx::query(&record_sql(
+                self.stored_mode().await?,
+                "?",
+                sql::RECORD_PAYLOAD,
+            ))
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| db_err("record", e))?;
             r.map(|r| {
                 record_from((
                     txt(&r, 0),

@@ -467,7 +467,14 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::lookup::record(&self.pool, self.stored_mode().await?, "$1", sql::RECORD_PAYLOAD, event_id).await
+            crate::lookup::record(
+                &self.pool,
+                self.stored_mode().await?,
+                "$1",
+                sql::RECORD_PAYLOAD,
+                event_id,
+            )
+            .await
         })
     }
 }

@@ -499,7 +499,14 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::lookup::record(&self.pool, self.stored_mode().await?, "?", sql::RECORD_PAYLOAD, event_id).await
+            crate::lookup::record(
+                &self.pool,
+                self.stored_mode().await?,
+                "?",
+                sql::RECORD_PAYLOAD,
+                event_id,
+            )
+            .await
         })
     }
 }

@@ -11,12 +11,21 @@ use crate::fixtures::{plain_insert_binary, BINARY_PAYLOAD};
 /// with exactly their bytes, next to a JSON text row; JSON text is still checked, bytes never
 /// are; a row with no payload (and, where there are two columns, with both) is refused.
 pub async fn binary_payloads_round_trip(db: TestDb) {
-    db.exec(&plain_insert_binary(db.backend, "orders", "bin-a", 1, BINARY_PAYLOAD))
-        .await
-        .unwrap();
+    db.exec(&plain_insert_binary(
+        db.backend,
+        "orders",
+        "bin-a",
+        1,
+        BINARY_PAYLOAD,
+    ))
+    .await
+    .unwrap();
     let mut api = NewEvent::new("bin-b", 1, "orders", "OrderProto", BINARY_PAYLOAD.to_vec())
         .with_id("e-bin-b-1");
-    db.store.enqueue(&[api.clone(), ev("text-c", 1)]).await.unwrap();
+    db.store
+        .enqueue(&[api.clone(), ev("text-c", 1)])
+        .await
+        .unwrap();
     // An empty message is a valid Protobuf message.
     api.payload = Payload::Bytes(Vec::new());
     api.aggregate_version = 2;
@@ -33,7 +42,11 @@ pub async fn binary_payloads_round_trip(db: TestDb) {
     let text = Payload::Text(r#"{"agg":"text-c","v":1}"#.into());
     assert_eq!(
         got,
-        vec![("e-bin-a-1", &bytes), ("e-bin-b-1", &bytes), ("e-text-c-1", &text)],
+        vec![
+            ("e-bin-a-1", &bytes),
+            ("e-bin-b-1", &bytes),
+            ("e-text-c-1", &text)
+        ],
         "v2 of bin-b waits for v1"
     );
     for id in ["e-bin-a-1", "e-bin-b-1"] {
@@ -46,8 +59,14 @@ pub async fn binary_payloads_round_trip(db: TestDb) {
     // JSON text is checked as before; bytes that do not parse as JSON are not text.
     let bad = NewEvent::new("bin-d", 1, "orders", "OrderChanged", "{\"unterminated\": ");
     let err = db.store.enqueue(&[bad]).await.unwrap_err();
-    assert!(matches!(err, ferry_core::EnqueueError::InvalidJson { .. }), "{err}");
-    assert_eq!(db.count("ferry_outbox WHERE aggregate_id = 'bin-d'").await, 0);
+    assert!(
+        matches!(err, ferry_core::EnqueueError::InvalidJson { .. }),
+        "{err}"
+    );
+    assert_eq!(
+        db.count("ferry_outbox WHERE aggregate_id = 'bin-d'").await,
+        0
+    );
 
     // Exactly one payload per row.
     let neither = match db.backend {
@@ -73,7 +92,11 @@ pub async fn binary_payloads_round_trip(db: TestDb) {
         );
         assert!(db.exec(&both).await.is_err(), "a row with both payloads");
     }
-    assert_eq!(db.count("ferry_outbox WHERE aggregate_id IN ('bin-e', 'bin-f')").await, 0);
+    assert_eq!(
+        db.count("ferry_outbox WHERE aggregate_id IN ('bin-e', 'bin-f')")
+            .await,
+        0
+    );
 }
 
 /// The binary-payload migration applies to a table that already holds text rows (the schema
@@ -107,9 +130,11 @@ pub async fn binary_migration_keeps_text_rows(db: TestDb) {
         db.exec(sql).await.unwrap();
     }
     if let Some(v) = version {
-        db.exec(&format!("DELETE FROM ferry_schema_migrations WHERE version = {v}"))
-            .await
-            .unwrap();
+        db.exec(&format!(
+            "DELETE FROM ferry_schema_migrations WHERE version = {v}"
+        ))
+        .await
+        .unwrap();
     }
     // text rows written under the old schema (by a plain INSERT: this build's enqueue names
     // payload_bytes)
@@ -128,12 +153,26 @@ pub async fn binary_migration_keeps_text_rows(db: TestDb) {
 
     let applied = ferry_store::migrate_url(&db.url).await.unwrap();
     assert_eq!(applied, version.into_iter().collect::<Vec<_>>());
-    db.exec(&plain_insert_binary(db.backend, "orders", "old", 4, BINARY_PAYLOAD))
-        .await
-        .unwrap();
+    db.exec(&plain_insert_binary(
+        db.backend,
+        "orders",
+        "old",
+        4,
+        BINARY_PAYLOAD,
+    ))
+    .await
+    .unwrap();
     for v in 1..=3 {
-        let rec = db.store.record(&format!("e-old-{v}")).await.unwrap().unwrap();
-        assert_eq!(rec.payload, Payload::Text(format!(r#"{{"agg":"old","v":{v}}}"#)));
+        let rec = db
+            .store
+            .record(&format!("e-old-{v}"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            rec.payload,
+            Payload::Text(format!(r#"{{"agg":"old","v":{v}}}"#))
+        );
     }
     let rec = db.store.record("e-old-4").await.unwrap().unwrap();
     assert_eq!(rec.payload, Payload::Bytes(BINARY_PAYLOAD.to_vec()));
