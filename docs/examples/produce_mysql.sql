@@ -29,3 +29,11 @@ INSERT INTO ferry_outbox (aggregate_id, aggregate_version, topic, event_type, pa
 VALUES ('order-1001', @v, 'orders', 'OrderShipped', JSON_OBJECT('order_id', 'order-1001', 'status', 'SHIPPED'),
         '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}');
 COMMIT;
+
+-- A binary payload (Avro, Protobuf, …): bytes go in payload_bytes instead of payload (exactly one
+-- of the two) and reach Kafka unchanged. Here a Protobuf-like message with 0x00, invalid UTF-8
+-- and 0xFF in it.
+START TRANSACTION;
+INSERT INTO ferry_outbox (aggregate_id, aggregate_version, topic, event_type, payload_bytes)
+VALUES ('sensor-1', 1, 'orders', 'ReadingTaken', X'08960100C328FF');
+COMMIT;

@@ -29,3 +29,11 @@ INSERT INTO ferry_outbox (aggregate_id, aggregate_version, topic, event_type, pa
 SELECT order_id, version, 'orders', 'OrderShipped', json_build_object('order_id', order_id, 'status', status)::text,
        '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}' FROM o;
 COMMIT;
+
+-- A binary payload (Avro, Protobuf, …): bytes go in payload_bytes instead of payload (exactly one
+-- of the two) and reach Kafka unchanged. Here a Protobuf-like message with 0x00, invalid UTF-8
+-- and 0xFF in it.
+BEGIN;
+INSERT INTO ferry_outbox (aggregate_id, aggregate_version, topic, event_type, payload_bytes)
+VALUES ('sensor-1', 1, 'orders', 'ReadingTaken', decode('08960100c328ff', 'hex'));
+COMMIT;

@@ -26,3 +26,10 @@ INSERT INTO ferry_outbox_insert (aggregate_id, aggregate_version, topic, event_t
 SELECT order_id, version, 'orders', 'OrderPaid', json_object('order_id', order_id, 'status', status)
 FROM demo_orders WHERE order_id = 'order-1001';
 COMMIT;
+
+-- A binary payload (Avro, Protobuf, …): a BLOB in payload (SQLite keeps it a BLOB) reaches Kafka
+-- unchanged. Here a Protobuf-like message with 0x00, invalid UTF-8 and 0xFF in it.
+BEGIN IMMEDIATE;
+INSERT INTO ferry_outbox_insert (aggregate_id, aggregate_version, topic, event_type, payload)
+VALUES ('sensor-1', 1, 'orders', 'ReadingTaken', X'08960100C328FF');
+COMMIT;

@@ -15,6 +15,8 @@ import pymysql
 
 CUSTOMERS = ["customer-7", "customer-8"]
 VERSIONS = int(os.environ.get("VERSIONS", "5"))
+# A binary payload (Avro, Protobuf, …): a Protobuf-like message with 0x00, invalid UTF-8 and 0xFF.
+READING = bytes([0x08, 0x96, 0x01, 0x00, 0xC3, 0x28, 0xFF])
 
 
 def connect() -> pymysql.connections.Connection:
@@ -59,8 +61,16 @@ def main() -> None:
                      json.dumps({"customer_id": customer, "points": points})),
                 )
             conn.commit()
+    # bytes go in payload_bytes instead of payload (exactly one of the two), sent unchanged
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO ferry_outbox (aggregate_id, aggregate_version, topic, event_type, payload_bytes) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            ("sensor-2", 1, "orders", "ReadingTaken", READING),
+        )
+    conn.commit()
     conn.close()
-    print(f"committed {VERSIONS * len(CUSTOMERS)} intents", file=sys.stderr)
+    print(f"committed {VERSIONS * len(CUSTOMERS) + 1} intents", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import psycopg
 
 CUSTOMERS = ["customer-7", "customer-8"]
 VERSIONS = int(os.environ.get("VERSIONS", "5"))
+# A binary payload (Avro, Protobuf, …): a Protobuf-like message with 0x00, invalid UTF-8 and 0xFF.
+READING = bytes([0x08, 0x96, 0x01, 0x00, 0xC3, 0x28, 0xFF])
 
 
 def main() -> None:
@@ -39,7 +41,14 @@ def main() -> None:
                         (customer, version, "orders", "PointsAdded",
                          json.dumps({"customer_id": customer, "points": points})),
                     )
-    print(f"committed {VERSIONS * len(CUSTOMERS)} intents", file=sys.stderr)
+        # bytes go in payload_bytes instead of payload (exactly one of the two), sent unchanged
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO ferry_outbox (aggregate_id, aggregate_version, topic, event_type, payload_bytes) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                ("sensor-2", 1, "orders", "ReadingTaken", READING),
+            )
+    print(f"committed {VERSIONS * len(CUSTOMERS) + 1} intents", file=sys.stderr)
 
 
 if __name__ == "__main__":

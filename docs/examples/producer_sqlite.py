@@ -12,6 +12,8 @@ import sys
 
 CUSTOMERS = ["customer-7", "customer-8"]
 VERSIONS = int(os.environ.get("VERSIONS", "5"))
+# A binary payload (Avro, Protobuf, …): a Protobuf-like message with 0x00, invalid UTF-8 and 0xFF.
+READING = bytes([0x08, 0x96, 0x01, 0x00, 0xC3, 0x28, 0xFF])
 
 
 def main() -> None:
@@ -41,8 +43,15 @@ def main() -> None:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+    # bytes (a Python bytes value is stored as a BLOB, which SQLite keeps a BLOB in payload)
+    # are sent unchanged; one statement in autocommit mode is its own transaction
+    conn.execute(
+        "INSERT INTO ferry_outbox_insert (aggregate_id, aggregate_version, topic, event_type, payload) "
+        "VALUES (?, ?, ?, ?, ?)",
+        ("sensor-2", 1, "orders", "ReadingTaken", READING),
+    )
     conn.close()
-    print(f"committed {VERSIONS * len(CUSTOMERS)} intents", file=sys.stderr)
+    print(f"committed {VERSIONS * len(CUSTOMERS) + 1} intents", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -158,7 +158,7 @@ pub fn event(ids: &Ids, p: usize, n: u64, order: &Order, topic: &str, size: usiz
         topic: topic.to_string(),
         key: None,
         event_type: EVENT_TYPE.to_string(),
-        payload: payload(order, size),
+        payload: payload(order, size).into(),
         headers: BTreeMap::new(),
     }
 }

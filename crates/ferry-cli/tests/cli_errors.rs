@@ -558,3 +558,69 @@ fn relay_waits_for_a_database_that_is_down_and_refuses_bad_credentials() {
         assert!(t.elapsed() < std::time::Duration::from_secs(15));
     }
 }
+
+/// `ferry enqueue --payload-file F [--binary]`: bytes are enqueued as bytes; a file that is not
+/// UTF-8 needs `--binary`; every misuse gets one clear line and exit 2.
+#[test]
+fn enqueue_binary_payloads() {
+    let (d, url) = sqlite_url();
+    assert!(ferry(&["migrate", "--database-url", &url]).status.success());
+    let bin = d.0.join("reading.pb");
+    std::fs::write(&bin, [0x08, 0x96, 0x01, 0x00, 0xc3, 0x28, 0xff]).unwrap();
+    let json = d.0.join("payload.json");
+    std::fs::write(&json, br#"{"points":10}"#).unwrap();
+    let (bin, json) = (bin.to_str().unwrap(), json.to_str().unwrap());
+    let ev = |v: i64| {
+        format!(
+            r#"{{"event_id":"e-s-{v}","aggregate_id":"s","aggregate_version":{v},"topic":"orders","event_type":"ReadingTaken"}}"#
+        )
+    };
+    let enqueue = |extra: &[&str]| {
+        let mut args = vec!["enqueue", "--database-url", &url];
+        args.extend_from_slice(extra);
+        ferry(&args)
+    };
+    let o = enqueue(&["--event", &ev(1), "--payload-file", bin, "--binary"]);
+    assert!(o.status.success(), "{}", err_of(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "e-s-1");
+    let o = enqueue(&["--event", &ev(2), "--payload-file", json]);
+    assert!(o.status.success(), "{}", err_of(&o));
+    // bytes in a JSON line: an array of byte values
+    let line = ev(3).replace(r#""event_type""#, r#""payload":[0,255,254],"event_type""#);
+    let o = enqueue(&["--event", &line]);
+    assert!(o.status.success(), "{}", err_of(&o));
+
+    let o = enqueue(&["--event", &ev(4), "--payload-file", bin]);
+    assert_one_clear_line(&o, 2, &["not UTF-8", "--binary"]);
+    let o = enqueue(&["--event", &ev(4), "--payload-file", json, "--binary"]);
+    assert!(
+        o.status.success(),
+        "JSON bytes are bytes too: {}",
+        err_of(&o)
+    );
+    let o = enqueue(&[
+        "--event",
+        &line.replace("e-s-3", "e-s-5").replace(":3,", ":5,"),
+        "--payload-file",
+        bin,
+    ]);
+    assert_one_clear_line(&o, 2, &["\"payload\"", "keep one"]);
+    let o = enqueue(&[
+        "--event",
+        &ev(6),
+        "--payload-file",
+        "/nonexistent/f.pb",
+        "--binary",
+    ]);
+    assert_one_clear_line(&o, 2, &["cannot read /nonexistent/f.pb"]);
+    // clap names the missing flag (on its second line)
+    let o = enqueue(&["--event", &ev(6), "--binary"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err_of(&o).contains("--payload-file"), "{}", err_of(&o));
+    let o = enqueue(&["--file", json, "--payload-file", bin]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err_of(&o).contains("--event"), "{}", err_of(&o));
+    let o = ferry(&["status", "--database-url", &url, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["outbox"]["pending"], 4, "e-s-1 to e-s-4");
+}

@@ -74,8 +74,8 @@ pub struct ClaimedEvent {
     pub event_type: String,
     /// Stored headers (JSON object of strings).
     pub headers: String,
-    /// The immutable JSON payload.
-    pub payload: String,
+    /// The immutable payload: text or bytes, sent unchanged.
+    pub payload: crate::Payload,
     /// Failed attempts so far.
     pub attempts: i32,
     /// When the intent was committed (row creation), µs since the epoch.

@@ -6,6 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EnqueueError;
+use crate::payload::Payload;
 use crate::shard::{slot_for, SlotId};
 
 /// Delivery state of an outbox row.
@@ -100,8 +101,9 @@ pub struct NewEvent {
     pub key: Option<String>,
     /// Event type, e.g. `OrderCreated`.
     pub event_type: String,
-    /// JSON payload, stored byte for byte.
-    pub payload: String,
+    /// The payload, stored byte for byte: JSON text (checked to parse) or opaque bytes (never
+    /// inspected; a JSON line gives them as an array of numbers).
+    pub payload: Payload,
     /// Extra message headers (e.g. a W3C `traceparent`).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -114,7 +116,7 @@ impl NewEvent {
         aggregate_version: i64,
         topic: impl Into<String>,
         event_type: impl Into<String>,
-        payload: impl Into<String>,
+        payload: impl Into<Payload>,
     ) -> Self {
         Self {
             event_id: None,
@@ -164,11 +166,13 @@ impl NewEvent {
                 limit: limits.max_payload_bytes,
             });
         }
-        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&self.payload) {
-            return Err(EnqueueError::InvalidJson {
-                event_id,
-                reason: e.to_string(),
-            });
+        if let Payload::Text(text) = &self.payload {
+            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                return Err(EnqueueError::InvalidJson {
+                    event_id,
+                    reason: e.to_string(),
+                });
+            }
         }
         let headers = serde_json::to_string(&self.headers).expect("string map serializes");
         if headers.len() > MAX_HEADERS_BYTES {
@@ -258,8 +262,8 @@ pub struct ValidatedEvent {
     pub event_type: String,
     /// Headers as a JSON object of strings.
     pub headers: String,
-    /// JSON payload, checked to parse and to fit [`Limits::max_payload_bytes`].
-    pub payload: String,
+    /// The payload, checked to fit [`Limits::max_payload_bytes`] (and, if text, to parse as JSON).
+    pub payload: Payload,
 }
 
 /// Validates a batch, also rejecting a duplicate `(aggregate, version)` or event id inside it.
@@ -338,7 +342,7 @@ mod tests {
             Err(EnqueueError::InvalidJson { .. })
         ));
         let mut e = ev();
-        e.payload = format!("\"{}\"", "x".repeat(20));
+        e.payload = format!("\"{}\"", "x".repeat(20)).into();
         assert!(matches!(
             e.validate(&l),
             Err(EnqueueError::PayloadTooLarge {
@@ -361,6 +365,18 @@ mod tests {
         let mut e = ev();
         e.topic = format!("Orders.v1_{}", "-".repeat(239));
         assert!(e.validate(&Limits::default()).is_ok());
+        // bytes are never parsed, only measured
+        let mut e = ev();
+        e.payload = Payload::Bytes(vec![0x00, 0xff, 0xfe, b'{']);
+        assert_eq!(
+            e.validate(&l).unwrap().payload.as_bytes(),
+            &[0x00, 0xff, 0xfe, b'{']
+        );
+        e.payload = Payload::Bytes(vec![0; 17]);
+        assert!(matches!(
+            e.validate(&l),
+            Err(EnqueueError::PayloadTooLarge { size: 17, .. })
+        ));
         let mut e = ev();
         e.aggregate_id = "order\0-7".into();
         assert!(matches!(

@@ -23,7 +23,8 @@
 //!
 //! 1. **One gate for intents.** Every enqueue through the Rust API, on every backend, passes
 //!    [`NewEvent::validate`] / [`validate_batch`] (non-empty identifiers of at most
-//!    [`MAX_IDENT_LEN`] bytes, version ≥ 1, JSON payload within [`Limits`], no duplicate
+//!    [`MAX_IDENT_LEN`] bytes, version ≥ 1, a text payload that parses as JSON (a [`Payload::Bytes`] is never inspected)
+//!    within [`Limits`], no duplicate
 //!    version or id inside a batch); on error nothing is written. (A plain SQL `INSERT` from
 //!    another language meets the schema's constraints instead: docs/schema.md §2.1.) Tests:
 //!    `event.rs` unit tests; `bad_inputs_are_refused_and_write_nothing` in
@@ -78,6 +79,7 @@ mod event;
 pub mod failpoint;
 mod future;
 mod outcome;
+mod payload;
 mod shard;
 pub mod store;
 mod time;
@@ -99,6 +101,7 @@ pub use event::{
 };
 pub use future::BoxFuture;
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
+pub use payload::Payload;
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
     BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, MemberInfo, OperatorAction,

@@ -73,8 +73,8 @@ pub struct EventRecord {
     pub last_error: Option<String>,
     /// Who resolved a quarantine (requeue/skip), if anyone.
     pub resolved_by: Option<String>,
-    /// Payload.
-    pub payload: String,
+    /// Payload (text or bytes).
+    pub payload: crate::Payload,
 }
 
 /// Lease of one shard slot by a relay process.

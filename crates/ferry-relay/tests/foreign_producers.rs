@@ -61,10 +61,11 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
     let Some(db) = TestDb::open(backend).await else {
         return;
     };
-    // the SQL example (one aggregate, 3 versions; SQLite's 2), then the Python one (2 × 5)
+    // the SQL example (one aggregate, 3 versions; SQLite's 2; and one binary payload), then the
+    // Python one (2 × 5, and one binary payload)
     let expected = match backend {
-        Backend::Sqlite => 12,
-        _ => 13,
+        Backend::Sqlite => 14,
+        _ => 15,
     };
     match backend {
         Backend::Sqlite => {

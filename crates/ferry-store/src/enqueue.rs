@@ -19,7 +19,8 @@ pub(crate) trait InsertIntents {
 
 /// Pushes one intent's values to a multi-row insert, in the column order of every backend's
 /// INSERT (`event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type,
-/// headers, payload`); `slot` is the shard slot in the backend's column type.
+/// headers`); `slot` is the shard slot in the backend's column type. The caller pushes the
+/// payload next: its columns differ by backend (one on SQLite, text and bytes elsewhere).
 pub(crate) fn push_intent<'a, DB, S>(
     b: &mut sqlx::query_builder::Separated<'_, 'a, DB, &'static str>,
     r: &'a ValidatedEvent,
@@ -37,8 +38,7 @@ pub(crate) fn push_intent<'a, DB, S>(
         .push_bind(&r.topic)
         .push_bind(&r.key)
         .push_bind(&r.event_type)
-        .push_bind(&r.headers)
-        .push_bind(&r.payload);
+        .push_bind(&r.headers);
 }
 
 /// Validates `events` for an enqueue (shared by every backend).

@@ -28,10 +28,12 @@ where
 
 /// The statement of [`ferry_core::OperatorActions::record`]: an intent's delivery-state row
 /// ([`RecordRow`]) by event id (placeholder `p`), from the relation holding its effective state.
-pub(crate) fn record_sql(mode: DispatchMode, p: &str) -> String {
+/// `payload` selects the payload as two columns, text and bytes (the backend's
+/// `RECORD_PAYLOAD`: exactly one of them is not NULL).
+pub(crate) fn record_sql(mode: DispatchMode, p: &str, payload: &str) -> String {
     let table = state_table(mode);
     format!(
-        "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload \
+        "SELECT event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, {payload} \
          FROM {table} WHERE event_id = {p}"
     )
 }
@@ -42,6 +44,7 @@ pub(crate) async fn record<DB>(
     pool: &sqlx::Pool<DB>,
     mode: DispatchMode,
     p: &str,
+    payload: &str,
     event_id: &str,
 ) -> Result<Option<EventRecord>, StoreError>
 where
@@ -51,7 +54,7 @@ where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
 {
-    let r: Option<RecordRow> = sqlx::query_as(&record_sql(mode, p))
+    let r: Option<RecordRow> = sqlx::query_as(&record_sql(mode, p, payload))
         .bind(event_id)
         .fetch_optional(pool)
         .await

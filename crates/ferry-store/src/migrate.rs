@@ -34,6 +34,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(8, "seq_order", "postgres/0008_seq_order"),
     migration!(9, "cursor_fillfactor", "postgres/0009_cursor_fillfactor"),
     migration!(10, "member_sink", "postgres/0010_member_sink"),
+    migration!(11, "binary_payload", "postgres/0011_binary_payload"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -46,6 +47,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(6, "member_instance", "mysql/0006_member_instance"),
     migration!(7, "gate_hold", "mysql/0007_gate_hold"),
     migration!(8, "member_sink", "mysql/0008_member_sink"),
+    migration!(9, "binary_payload", "mysql/0009_binary_payload"),
 ];
 
 /// SQLite migrations, in order.

@@ -3,8 +3,8 @@
 use std::str::FromStr;
 
 use ferry_core::{
-    EventRecord, EventState, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError,
-    StoreErrorKind,
+    EventRecord, EventState, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease,
+    StoreError, StoreErrorKind,
 };
 
 /// A `ferry_slot_lease` row: `slot, owner, epoch, lease_until` (µs). The slot column is `int2`
@@ -35,7 +35,7 @@ pub(crate) fn status_from(row: StatusRow) -> OutboxStatus {
 }
 
 /// An event's delivery-state row: `event_id, state, claim_version, claim_id, attempts,
-/// last_error, resolved_by, payload`.
+/// last_error, resolved_by` and the payload as text and bytes (one of them NULL).
 pub(crate) type RecordRow = (
     String,
     String,
@@ -44,11 +44,12 @@ pub(crate) type RecordRow = (
     i32,
     Option<String>,
     Option<String>,
-    String,
+    Option<String>,
+    Option<Vec<u8>>,
 );
 
 pub(crate) fn record_from(row: RecordRow) -> Result<EventRecord, StoreError> {
-    let (event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, payload) =
+    let (event_id, state, claim_version, claim_id, attempts, last_error, resolved_by, text, bytes) =
         row;
     let state =
         EventState::from_str(&state).map_err(|e| StoreError::new(StoreErrorKind::Schema, e))?;
@@ -60,7 +61,7 @@ pub(crate) fn record_from(row: RecordRow) -> Result<EventRecord, StoreError> {
         attempts,
         last_error,
         resolved_by,
-        payload,
+        payload: Payload::from_columns(text, bytes),
     })
 }
 

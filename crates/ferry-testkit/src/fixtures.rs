@@ -75,3 +75,36 @@ pub fn intent(topic: &str, agg: &str, v: i64) -> ferry_core::NewEvent {
     )
     .with_id(format!("e-{agg}-{v}"))
 }
+
+/// A Protobuf-like payload that is not text: a varint field, 0x00, an invalid UTF-8 sequence
+/// (0xC3 0x28), 0xFF and 0xFE, a lone continuation byte (0x80), and a trailing 0x00.
+pub const BINARY_PAYLOAD: &[u8] = &[
+    0x08, 0x96, 0x01, 0x00, 0x12, 0x02, 0xc3, 0x28, 0xff, 0xfe, 0x1a, 0x01, 0x80, 0x00,
+];
+
+/// A producer's plain `INSERT` (no Rust API) of a binary-payload intent of aggregate `agg`,
+/// version `v`, id `e-{agg}-{v}`, on `backend`: `payload_bytes` on PostgreSQL and MariaDB, a
+/// BLOB in `payload` through SQLite's `ferry_outbox_insert` view (docs/schema.md, "Binary
+/// payloads"). The bytes go in as a hex literal (test data, not input).
+pub fn plain_insert_binary(
+    backend: ferry_store::Backend,
+    topic: &str,
+    agg: &str,
+    v: i64,
+    bytes: &[u8],
+) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let (table, column, value) = match backend {
+        ferry_store::Backend::Postgres => (
+            "ferry_outbox",
+            "payload_bytes",
+            format!("decode('{hex}', 'hex')"),
+        ),
+        ferry_store::Backend::Mysql => ("ferry_outbox", "payload_bytes", format!("X'{hex}'")),
+        ferry_store::Backend::Sqlite => ("ferry_outbox_insert", "payload", format!("X'{hex}'")),
+    };
+    format!(
+        "INSERT INTO {table} (event_id, aggregate_id, aggregate_version, topic, event_type, {column}) \
+         VALUES ('e-{agg}-{v}', '{agg}', {v}, '{topic}', 'OrderProto', {value})"
+    )
+}

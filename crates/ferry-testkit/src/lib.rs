@@ -48,7 +48,9 @@ pub use db::{
 pub use embedded::{EmbeddedKafka, EmbeddedKafkaError};
 pub use ferry_core::DispatchMode;
 pub use ferry_store::Backend;
-pub use fixtures::{claim_all, claimed_events, intent, purge_all, retry_item};
+pub use fixtures::{
+    claim_all, claimed_events, intent, plain_insert_binary, purge_all, retry_item, BINARY_PAYLOAD,
+};
 pub use process::{RelayProcess, SpawnError, Stdout};
 pub use sql::placeholder;
 pub use task::{Joined, RelayTask};

@@ -390,7 +390,7 @@ impl Sink for KafkaSink {
                 }
                 let mut record = FutureRecord::to(&e.topic)
                     .key(&e.key)
-                    .payload(&e.payload)
+                    .payload(e.payload.as_bytes())
                     .headers(headers(e));
                 let fut = loop {
                     match producer.send_result(record) {

@@ -1,7 +1,7 @@
 //! Sinks: where claimed events go. Every sink returns one [`Outcome`] per item, in order.
 use std::io::Write;
 
-use ferry_core::{BoxFuture, ClaimedEvent, Outcome};
+use ferry_core::{BoxFuture, ClaimedEvent, Outcome, Payload};
 
 pub mod health;
 pub mod kafka;
@@ -46,8 +46,14 @@ pub struct StdoutSink;
 
 /// The JSON line written by [`StdoutSink`].
 pub fn event_json(e: &ClaimedEvent) -> serde_json::Value {
-    let payload: serde_json::Value = serde_json::from_str(&e.payload)
-        .unwrap_or_else(|_| serde_json::Value::String(e.payload.clone()));
+    // text: the JSON it holds (else the text); bytes: an array of numbers, like `ferry enqueue`'s
+    // JSON lines
+    let payload: serde_json::Value = match &e.payload {
+        Payload::Text(text) => {
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.clone()))
+        }
+        Payload::Bytes(bytes) => serde_json::Value::from(bytes.as_slice()),
+    };
     let headers: serde_json::Value =
         serde_json::from_str(&e.headers).unwrap_or(serde_json::Value::Null);
     serde_json::json!({

@@ -172,7 +172,7 @@ impl SeqRanges for Ranges<'_> {
             .map_err(|e| db_err("cursor read", e))?;
         Ok(rows
             .iter()
-            .map(|r| (claimed_from_row(r), r.get::<i64, _>(14) != 0))
+            .map(|r| (claimed_from_row(r), r.get::<i64, _>(15) != 0))
             .collect())
     }
 }

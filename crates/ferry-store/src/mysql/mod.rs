@@ -56,7 +56,9 @@ impl InsertIntents for MySqlConnection {
         for chunk in rows.chunks(CHUNK) {
             let mut qb: QueryBuilder<MySql> = QueryBuilder::new(sql::INSERT_HEAD);
             qb.push_values(chunk, |mut b, r| {
-                push_intent(&mut b, r, r.shard_slot as i16)
+                push_intent(&mut b, r, r.shard_slot as i16);
+                let (text, bytes) = r.payload.columns();
+                b.push_bind(text).push_bind(bytes);
             });
             qb.build()
                 .execute(&mut *conn)
@@ -423,11 +425,15 @@ impl ferry_core::OperatorActions for MyStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            let r = sqlx::query(&record_sql(self.stored_mode().await?, "?"))
-                .bind(event_id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| db_err("record", e))?;
+            let r = sqlx::query(&record_sql(
+                self.stored_mode().await?,
+                "?",
+                sql::RECORD_PAYLOAD,
+            ))
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| db_err("record", e))?;
             r.map(|r| {
                 record_from((
                     txt(&r, 0),
@@ -437,7 +443,8 @@ impl ferry_core::OperatorActions for MyStore {
                     r.get(4),
                     otxt(&r, 5),
                     otxt(&r, 6),
-                    txt(&r, 7),
+                    otxt(&r, 7),
+                    r.get(8),
                 ))
             })
             .transpose()

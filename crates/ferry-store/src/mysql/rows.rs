@@ -1,5 +1,5 @@
 //! Decoding MariaDB rows: its `utf8mb4_bin` text columns arrive as bytes.
-use ferry_core::{ClaimToken, ClaimedEvent, SlotId, SlotLease};
+use ferry_core::{ClaimToken, ClaimedEvent, Payload, SlotId, SlotLease};
 use sqlx::Row;
 
 pub(crate) fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
@@ -17,9 +17,18 @@ pub(crate) fn claimed_from_row(r: &sqlx::mysql::MySqlRow) -> ClaimedEvent {
         key: txt(r, 8),
         event_type: txt(r, 9),
         headers: txt(r, 10),
-        payload: txt(r, 11),
-        attempts: r.get(12),
-        created_at: r.get(13),
+        payload: payload(r, 11),
+        attempts: r.get(13),
+        created_at: r.get(14),
+    }
+}
+
+/// Reads `payload, payload_bytes` starting at column `i`: text (utf8mb4_bin, sent as bytes, so
+/// taken without a UTF-8 check) or bytes.
+pub(crate) fn payload(r: &sqlx::mysql::MySqlRow, i: usize) -> Payload {
+    match otxt(r, i) {
+        Some(text) => Payload::Text(text),
+        None => Payload::Bytes(r.get::<Option<Vec<u8>>, _>(i + 1).unwrap_or_default()),
     }
 }
 

@@ -141,7 +141,7 @@ pub(crate) const CURSOR_READ_HORIZON: &str =
          WHERE h.id = 1";
 
 pub(crate) const COLUMNS: &str = "seq, event_id, claim_id, claim_version, aggregate_id, aggregate_version, shard_slot, \
-    topic, msg_key, event_type, headers, payload, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at)";
+    topic, msg_key, event_type, headers, payload, payload_bytes, attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at)";
 
 pub(crate) fn push_list<'a, T>(qb: &mut QueryBuilder<'a, MySql>, items: impl IntoIterator<Item = T>)
 where
@@ -255,7 +255,7 @@ pub(crate) const STATUS_CACHE: crate::status_cache::StatusCacheSql = crate::stat
 /// `COLUMNS` qualified with `o.`, in the order [`claimed_from_row`] reads.
 pub(crate) const COLUMNS_O: &str =
     "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
-    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.attempts, \
+    o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, o.payload_bytes, o.attempts, \
     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at)";
 
 /// The row-dispatch indexes of `ferry_outbox` (migrations 0001 and 0002) and their columns.
@@ -316,7 +316,7 @@ pub(crate) const SESSION_READ_COMMITTED: &str =
 
 /// The multi-row insert of intents, its VALUES pushed per chunk.
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
-                 event_type, headers, payload) ";
+                 event_type, headers, payload, payload_bytes) ";
 
 /// MariaDB's operator update, positional: the operator's placeholder (SET) comes before the event
 /// id's (WHERE); the server's clock.
@@ -420,3 +420,6 @@ pub(crate) fn claim_update<'a>(
     qb.push(")");
     qb
 }
+
+/// The payload of [`crate::lookup::record_sql`] as text and bytes, one of them NULL.
+pub(crate) const RECORD_PAYLOAD: &str = "payload, payload_bytes";

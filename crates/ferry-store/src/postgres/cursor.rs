@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use ferry_core::{
     AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, CursorAdvance,
     CursorBatch, CursorEvent, CursorPos, CursorRead, CursorStore, DispatchMode, ExceptionOutcomes,
-    HorizonInfo, SlotCursor, SlotId, StoreError,
+    HorizonInfo, Payload, SlotCursor, SlotId, StoreError,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -48,9 +48,9 @@ fn event_at(r: &PgRow, off: usize) -> ClaimedEvent {
         key: r.get(off + 8),
         event_type: r.get(off + 9),
         headers: r.get(off + 10),
-        payload: r.get(off + 11),
-        attempts: r.get(off + 12),
-        created_at: r.get(off + 13),
+        payload: Payload::from_columns(r.get(off + 11), r.get(off + 12)),
+        attempts: r.get(off + 13),
+        created_at: r.get(off + 14),
     }
 }
 
@@ -217,7 +217,7 @@ impl CursorStore for PgStore {
                         })
                         .map(|r| CursorEvent {
                             pos: pos(r),
-                            held: r.get(16),
+                            held: r.get(17),
                             event: event_at(r, 2),
                         }),
                 );
@@ -341,9 +341,9 @@ impl CursorStore for PgStore {
                 .iter()
                 .map(|r| {
                     let mut e = event_at(r, 0);
-                    e.token.claim_id = r.get(14);
-                    e.token.claim_version = r.get(15);
-                    e.attempts = r.get(16);
+                    e.token.claim_id = r.get(15);
+                    e.token.claim_version = r.get(16);
+                    e.attempts = r.get(17);
                     e
                 })
                 .collect())

@@ -17,7 +17,7 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError, ValidatedEvent,
+    Limits, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease, StoreError, ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, PgPool, Row, Transaction};
@@ -57,7 +57,16 @@ impl InsertIntents for PgConnection {
             .bind(col(|r| &r.key))
             .bind(col(|r| &r.event_type))
             .bind(col(|r| &r.headers))
-            .bind(col(|r| &r.payload))
+            .bind(
+                rows.iter()
+                    .map(|r| r.payload.as_text().map(str::to_owned))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                rows.iter()
+                    .map(|r| r.payload.as_binary().map(<[u8]>::to_vec))
+                    .collect::<Vec<_>>(),
+            )
             .execute(&mut *conn)
             .await
             .map_err(|e| enqueue_err(rows, e))?;
@@ -91,9 +100,9 @@ fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
         key: r.get(8),
         event_type: r.get(9),
         headers: r.get(10),
-        payload: r.get(11),
-        attempts: r.get(12),
-        created_at: r.get(13),
+        payload: Payload::from_columns(r.get(11), r.get(12)),
+        attempts: r.get(13),
+        created_at: r.get(14),
     }
 }
 
@@ -266,7 +275,7 @@ impl ferry_core::RowDispatch for PgStore {
                 .await
                 .map_err(|e| db_err("claim", e))?;
             tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
-            let passed: i64 = rows.first().map_or(0, |r| r.get(14));
+            let passed: i64 = rows.first().map_or(0, |r| r.get(15));
             if passed > 0 {
                 self.skipped.fetch_add(passed as u64, Ordering::Relaxed);
             }
@@ -458,7 +467,14 @@ impl ferry_core::OperatorActions for PgStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::lookup::record(&self.pool, self.stored_mode().await?, "$1", event_id).await
+            crate::lookup::record(
+                &self.pool,
+                self.stored_mode().await?,
+                "$1",
+                sql::RECORD_PAYLOAD,
+                event_id,
+            )
+            .await
         })
     }
 }

@@ -185,14 +185,15 @@ pub(crate) const CURSOR_DISPATCH_OUTBOX_SEQUENCE: &str = "SELECT pg_get_serial_s
 pub(crate) const DISPATCH_MODE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '10s'";
 
 pub(crate) const INSERT: &str = "INSERT INTO ferry_outbox \
-    (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type, headers, payload) \
+    (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, event_type, headers, payload, \
+    payload_bytes) \
     SELECT * FROM UNNEST($1::varchar[], $2::varchar[], $3::int8[], $4::int2[], $5::varchar[], \
-    $6::varchar[], $7::varchar[], $8::text[], $9::text[])";
+    $6::varchar[], $7::varchar[], $8::text[], $9::text[], $10::bytea[])";
 
 pub(crate) const CLAIM_COLUMNS: &str =
     "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, \
     o.aggregate_version, o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, o.payload, \
-    o.attempts, (extract(epoch from o.created_at) * 1000000)::int8";
+    o.payload_bytes, o.attempts, (extract(epoch from o.created_at) * 1000000)::int8";
 
 /// The SET clause of an outcome on the table aliased `a`; `t.delay_us` and `t.txt` are the
 /// item's delay and text.
@@ -250,7 +251,7 @@ pub(crate) const STATUS_CACHE: crate::status_cache::StatusCacheSql = crate::stat
 /// epoch, like the row-mode claim).
 pub(crate) const EVENT_COLUMNS: &str = "o.seq, o.event_id, coalesce(o.claim_id, '') AS claim_id, o.claim_version, \
     o.aggregate_id, o.aggregate_version, o.shard_slot, o.topic, o.msg_key, o.event_type, o.headers, \
-    o.payload, o.attempts, (extract(epoch from o.created_at) * 1000000)::int8 AS created_us";
+    o.payload, o.payload_bytes, o.attempts, (extract(epoch from o.created_at) * 1000000)::int8 AS created_us";
 
 /// The open exception states: they hold their aggregate's later events.
 pub(crate) const OPEN: &str = "('PENDING', 'CLAIMED', 'QUARANTINED')";
@@ -616,3 +617,6 @@ pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::Opera
         crate::operator::OperatorParam::Operator,
     ],
 };
+
+/// The payload of [`crate::lookup::record_sql`] as text and bytes, one of them NULL.
+pub(crate) const RECORD_PAYLOAD: &str = "payload, payload_bytes";

@@ -22,11 +22,11 @@ use std::time::Duration;
 use ferry_core::store::prelude::*;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, OutboxStatus, QuarantinedEvent, SlotId, SlotLease, StoreError,
+    EventRecord, Limits, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease, StoreError,
     ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
 
 use crate::enqueue::{push_intent, InsertIntents};
 use crate::error::{db_err, enqueue_err, url_options, Ctx};
@@ -54,6 +54,11 @@ impl InsertIntents for SqliteConnection {
             let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(sql::INSERT_HEAD);
             qb.push_values(chunk, |mut b, r| {
                 push_intent(&mut b, r, r.shard_slot as i64);
+                // one column: a BLOB stays a BLOB in it
+                match &r.payload {
+                    Payload::Text(text) => b.push_bind(text.as_str()),
+                    Payload::Bytes(bytes) => b.push_bind(bytes.as_slice()),
+                };
                 b.push_bind(now).push_bind(now);
             });
             if let Err(e) = qb.build().execute(&mut *conn).await {
@@ -143,9 +148,22 @@ pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
         key: r.get(8),
         event_type: r.get(9),
         headers: r.get(10),
-        payload: r.get(11),
+        payload: payload_at(r, 11),
         attempts: r.get(12),
         created_at: r.get(13),
+    }
+}
+
+/// Reads the `payload` column at `i`: SQLite keeps a BLOB a BLOB in a TEXT column, so the
+/// value's own type says whether the row carries bytes (docs/schema.md, "Binary payloads").
+pub(crate) fn payload_at(r: &sqlx::sqlite::SqliteRow, i: usize) -> Payload {
+    let blob = r
+        .try_get_raw(i)
+        .is_ok_and(|v| !v.is_null() && v.type_info().name() == "BLOB");
+    if blob {
+        Payload::Bytes(r.get(i))
+    } else {
+        Payload::Text(r.get(i))
     }
 }
 
@@ -481,7 +499,14 @@ impl ferry_core::OperatorActions for SqliteStore {
         event_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
         Box::pin(async move {
-            crate::lookup::record(&self.pool, self.stored_mode().await?, "?", event_id).await
+            crate::lookup::record(
+                &self.pool,
+                self.stored_mode().await?,
+                "?",
+                sql::RECORD_PAYLOAD,
+                event_id,
+            )
+            .await
         })
     }
 }

@@ -259,3 +259,9 @@ pub(crate) fn events_by_seq() -> String {
         "SELECT {COLUMNS_O} FROM ferry_outbox o WHERE o.seq IN (SELECT value FROM json_each(?1)) ORDER BY o.seq"
     )
 }
+
+/// The payload of [`crate::lookup::record_sql`] as text and bytes, one of them NULL (one
+/// column here: its value's type tells them apart).
+pub(crate) const RECORD_PAYLOAD: &str =
+    "CASE WHEN typeof(payload) = 'blob' THEN NULL ELSE payload END, \
+     CASE WHEN typeof(payload) = 'blob' THEN payload END";

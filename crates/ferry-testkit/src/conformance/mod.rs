@@ -71,6 +71,9 @@ macro_rules! store_conformance {
                 reconcile_classifies_every_intent_once,
                 claims_count_rows_skipped_as_locked,
                 plain_insert_fills_what_the_rust_api_fills,
+                // binary payloads: a plain INSERT of bytes, and a migration set back by SQL
+                binary_payloads_round_trip,
+                binary_migration_keeps_text_rows,
             ],
         );
     };

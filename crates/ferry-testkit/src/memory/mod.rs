@@ -62,7 +62,7 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use ferry_core::{
     now_micros, BoxFuture, CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent,
-    EnqueueError, EventRecord, EventState, Limits, Micros, NewEvent, OutboxStatus,
+    EnqueueError, EventRecord, EventState, Limits, Micros, NewEvent, OutboxStatus, Payload,
     QuarantinedEvent, ReconcileReport, ReconcileRequest, RetryItem, SlotId, SlotLease, StoreError,
     StoreErrorKind, ValidatedEvent, Watermark, SLOT_COUNT,
 };
@@ -143,7 +143,7 @@ struct Row {
     attempts: i32,
     /// Which claim index holds the row.
     idx: Idx,
-    /// `last_error`, `resolved_by`: rare, kept out of line.
+    /// `last_error`, `resolved_by`, a binary payload: rare, kept out of line.
     notes: Option<Box<Notes>>,
 }
 
@@ -151,6 +151,8 @@ struct Row {
 struct Notes {
     last_error: Option<String>,
     resolved_by: Option<String>,
+    /// A binary payload (the text column is then empty): rare, so kept out of the row.
+    payload_bytes: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,7 +391,7 @@ impl Row {
             key: self.text(KEY).to_string(),
             event_type: self.text(EVENT_TYPE).to_string(),
             headers: self.text(HEADERS).to_string(),
-            payload: self.text(PAYLOAD).to_string(),
+            payload: self.payload(),
             attempts: self.attempts,
             created_at: self.created_at,
         }
@@ -405,7 +407,14 @@ impl Row {
             attempts: self.attempts,
             last_error: notes.and_then(|n| n.last_error.clone()),
             resolved_by: notes.and_then(|n| n.resolved_by.clone()),
-            payload: self.text(PAYLOAD).to_string(),
+            payload: self.payload(),
+        }
+    }
+
+    fn payload(&self) -> Payload {
+        match self.notes.as_deref().and_then(|n| n.payload_bytes.as_ref()) {
+            Some(bytes) => Payload::Bytes(bytes.clone()),
+            None => Payload::Text(self.text(PAYLOAD).to_string()),
         }
     }
 
@@ -499,13 +508,13 @@ impl Shard {
         );
         let mut ends = [0u32; 7];
         for (i, s) in [
-            &v.event_id,
+            v.event_id.as_str(),
             &v.aggregate_id,
             &v.topic,
             &v.key,
             &v.event_type,
             &v.headers,
-            &v.payload,
+            v.payload.as_text().unwrap_or_default(),
         ]
         .into_iter()
         .enumerate()
@@ -528,7 +537,12 @@ impl Shard {
             state: EventState::Pending,
             attempts: 0,
             idx: Idx::None,
-            notes: None,
+            notes: v.payload.as_binary().map(|b| {
+                Box::new(Notes {
+                    payload_bytes: Some(b.to_vec()),
+                    ..Notes::default()
+                })
+            }),
         };
         place(&mut row, head, now, &mut self.ready, &mut self.timed);
         self.counts.pending += 1;

@@ -88,7 +88,7 @@ impl Reader {
                         return Err(format!("{} came back held", e.event.aggregate_id));
                     }
                     self.delivered.push(Delivered {
-                        tag: tag_of(&e.event.payload),
+                        tag: tag_of(e.event.payload.as_text().unwrap_or_default()),
                         agg: e.event.aggregate_id.clone(),
                         version: e.event.aggregate_version,
                         at: format!(
@@ -113,7 +113,7 @@ impl Reader {
                     .map_err(|e| format!("claim: {e}"))?;
                 for e in &got {
                     self.delivered.push(Delivered {
-                        tag: tag_of(&e.payload),
+                        tag: tag_of(e.payload.as_text().unwrap_or_default()),
                         agg: e.aggregate_id.clone(),
                         version: e.aggregate_version,
                         at: format!("claim {}, seq {}", self.reads, e.token.seq),

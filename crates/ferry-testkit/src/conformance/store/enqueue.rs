@@ -126,7 +126,7 @@ pub async fn bad_inputs_are_refused_and_write_nothing(db: AnyDb) {
         Err(EnqueueError::InvalidJson { .. })
     ));
     let mut big = ev("order-3", 1);
-    big.payload = format!("\"{}\"", "x".repeat(2 * 1024 * 1024));
+    big.payload = format!("\"{}\"", "x".repeat(2 * 1024 * 1024)).into();
     assert!(matches!(
         db.store.enqueue(&[big]).await,
         Err(EnqueueError::PayloadTooLarge { .. })

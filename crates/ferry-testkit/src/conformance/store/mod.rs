@@ -11,6 +11,7 @@ use std::future::Future;
 use super::case::{case_list, exercise_each, Case};
 use crate::db::AnyDb;
 
+mod binary;
 mod claim;
 mod enqueue;
 mod migrate;
@@ -19,6 +20,7 @@ mod ownership;
 mod relay;
 mod retention;
 
+pub use binary::{binary_migration_keeps_text_rows, binary_payloads_round_trip};
 pub use claim::{
     claims_count_rows_skipped_as_locked, concurrent_claimers_deliver_each_event_once,
     predecessor_blocks_successors, predecessor_rule_under_concurrency,
@@ -71,6 +73,8 @@ pub const CASES: &[Case<AnyDb>] = case_list!(
         reconcile_classifies_every_intent_once,
         claims_count_rows_skipped_as_locked,
         plain_insert_fills_what_the_rust_api_fills,
+        binary_payloads_round_trip,
+        binary_migration_keeps_text_rows,
     ],
 );
 
