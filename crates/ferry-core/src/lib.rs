@@ -70,6 +70,7 @@
 #![warn(unreachable_pub)]
 
 mod backoff;
+mod bulk;
 mod claim;
 mod cursor;
 mod duration;
@@ -83,6 +84,9 @@ pub mod store;
 mod time;
 
 pub use backoff::Backoff;
+pub use bulk::{
+    BulkOutcome, BulkRequest, BulkVerb, OperatorRecord, QuarantineFilter, MAX_REASON_LEN,
+};
 pub use claim::{
     CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent, RetryItem, SlotFence,
 };
