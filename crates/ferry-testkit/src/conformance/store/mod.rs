@@ -5,11 +5,16 @@
 //! The cases by concern: `enqueue` (in the caller's transaction, refusals, plain SQL
 //! producers), `claim` (the predecessor rule, concurrent claimers, skipped locked rows),
 //! `outcome` (fenced outcomes, leases, lost claims), `ownership` (slot leases, membership),
-//! `migrate`, `retention` (purge, reconcile, status); `relay` holds what they share.
+//! `migrate`, `retention` (purge, reconcile, status), bulk quarantine actions (`super::bulk`,
+//! shared with the cursor suite); `relay` holds what they share.
 use std::future::Future;
 
 use super::case::{case_list, exercise_each, Case};
 use crate::db::AnyDb;
+
+pub use super::bulk::row::{
+    bulk_requeue_moves_exactly_the_matching_events, bulk_skip_releases_successors_in_order,
+};
 
 mod claim;
 mod enqueue;
@@ -71,6 +76,8 @@ pub const CASES: &[Case<AnyDb>] = case_list!(
         reconcile_classifies_every_intent_once,
         claims_count_rows_skipped_as_locked,
         plain_insert_fills_what_the_rust_api_fills,
+        bulk_requeue_moves_exactly_the_matching_events,
+        bulk_skip_releases_successors_in_order,
     ],
 );
 
