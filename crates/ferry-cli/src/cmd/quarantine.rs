@@ -279,7 +279,7 @@ pub fn action_lines(records: &[OperatorRecord]) -> Vec<String> {
                 filter.push(format!("created until {}", utc(t)));
             }
             format!(
-                "#{} {} {} {} {} event(s) ({} dispatch) where {}: {:?}",
+                "#{} {} {} {} {} event(s) ({} dispatch) where {}; reason {:?}",
                 r.id,
                 utc(r.at_us),
                 r.operator,
