@@ -195,7 +195,7 @@ fn invalid(message: String) -> StoreError {
 mod tests {
     use super::*;
 
-    fn req(filter: &QuarantineFilter, reason: &'static str, dry_run: bool) -> BulkRequest<'_> {
+    fn req<'a>(filter: &'a QuarantineFilter, reason: &'a str, dry_run: bool) -> BulkRequest<'a> {
         BulkRequest {
             verb: BulkVerb::Requeue,
             filter,
