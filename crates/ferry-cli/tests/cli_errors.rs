@@ -183,7 +183,10 @@ fn database_url_problems_are_clear_and_redacted() {
 fn enqueue_status_and_quarantine_commands() {
     let (_d, url) = sqlite_url();
     let o = ferry(&["migrate", "--database-url", &url]);
-    let all: Vec<i64> = ferry_store::MIGRATIONS_SQLITE.iter().map(|m| m.version).collect();
+    let all: Vec<i64> = ferry_store::MIGRATIONS_SQLITE
+        .iter()
+        .map(|m| m.version)
+        .collect();
     assert!(
         o.status.success() && err_of(&o).contains(&format!("applied migrations {all:?}")),
         "{}",

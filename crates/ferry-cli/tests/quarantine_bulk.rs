@@ -18,7 +18,10 @@ fn refused(o: &Output, needles: &[&str]) {
     assert_eq!(o.status.code(), Some(2), "exit code for: {t}");
     let first = t.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     for n in needles {
-        assert!(first.contains(n), "expected {n:?} on the first line of: {t}");
+        assert!(
+            first.contains(n),
+            "expected {n:?} on the first line of: {t}"
+        );
     }
 }
 
@@ -82,36 +85,87 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
     let refusal = "refusing to act on every quarantined event; give a filter";
     refused(&q(&["requeue"]), &[refusal]);
     refused(&q(&["skip", "--yes", "--reason", "x"]), &[refusal]);
-    refused(&q(&["requeue", "e-order-1-1", "--where-topic", "orders"]), &["--where-topic"]);
-    refused(&q(&["skip", "--where-topic", "orders", "--dry-run", "--yes"]), &["--dry-run"]);
-    refused(&q(&["requeue", "--since", "yesterday"]), &["invalid --since", "2026-12-06T08:00:00Z"]);
     refused(
-        &q(&["requeue", "--since", "2026-12-06T10:00:00Z", "--until", "2026-12-06T09:00:00Z"]),
+        &q(&["requeue", "e-order-1-1", "--where-topic", "orders"]),
+        &["--where-topic"],
+    );
+    refused(
+        &q(&["skip", "--where-topic", "orders", "--dry-run", "--yes"]),
+        &["--dry-run"],
+    );
+    refused(
+        &q(&["requeue", "--since", "yesterday"]),
+        &["invalid --since", "2026-12-06T08:00:00Z"],
+    );
+    refused(
+        &q(&[
+            "requeue",
+            "--since",
+            "2026-12-06T10:00:00Z",
+            "--until",
+            "2026-12-06T09:00:00Z",
+        ]),
         &["--since must be earlier than --until"],
     );
-    refused(&q(&["requeue", "--where-topic", "", "--dry-run"]), &["topic filter is empty"]);
-    refused(&q(&["requeue", "--where-topic", "orders", "--yes"]), &["--reason"]);
-    ok(&q(&["list"]), &["e-order-1-1", "e-order-2-1", "e-order-3-1", "e-pay-1-1"]);
+    refused(
+        &q(&["requeue", "--where-topic", "", "--dry-run"]),
+        &["topic filter is empty"],
+    );
+    refused(
+        &q(&["requeue", "--where-topic", "orders", "--yes"]),
+        &["--reason"],
+    );
+    ok(
+        &q(&["list"]),
+        &["e-order-1-1", "e-order-2-1", "e-order-3-1", "e-pay-1-1"],
+    );
 
     // without --yes: a dry run that counts, lists and says how to act
     let denied = ["--where-topic", "orders", "--where-error", "AUTHORIZATION"];
     let o = q(&[&["requeue"][..], &denied].concat());
-    ok(&o, &["2 quarantined event(s) match", "e-order-1-1, e-order-2-1", "add --yes"]);
-    ok(&q(&[&["requeue", "--dry-run"][..], &denied].concat()), &["2 quarantined", "dry run: nothing changed"]);
+    ok(
+        &o,
+        &[
+            "2 quarantined event(s) match",
+            "e-order-1-1, e-order-2-1",
+            "add --yes",
+        ],
+    );
+    ok(
+        &q(&[&["requeue", "--dry-run"][..], &denied].concat()),
+        &["2 quarantined", "dry run: nothing changed"],
+    );
     let after_dry = text(&q(&["list", "--json"]));
     assert_eq!(after_dry.matches("\"event_id\"").count(), 4, "{after_dry}");
 
     // --yes acts on what matches, records it; the rest stays quarantined
     let o = q(&[
-        &["requeue", "--yes", "--reason", "ACL granted", "--operator", "bob"][..],
+        &[
+            "requeue",
+            "--yes",
+            "--reason",
+            "ACL granted",
+            "--operator",
+            "bob",
+        ][..],
         &denied,
     ]
     .concat());
     ok(&o, &["requeued", "2 quarantined event(s)"]);
-    let o = q(&["skip", "--where-error", "TOO_LARGE", "--yes", "--reason", "oversized, re-published as e-9"]);
+    let o = q(&[
+        "skip",
+        "--where-error",
+        "TOO_LARGE",
+        "--yes",
+        "--reason",
+        "oversized, re-published as e-9",
+    ]);
     ok(&o, &["skipped", "1 quarantined event(s)"]);
     let left = text(&q(&["list", "--json"]));
-    assert!(left.contains("e-pay-1-1") && !left.contains("e-order-"), "{left}");
+    assert!(
+        left.contains("e-pay-1-1") && !left.contains("e-order-"),
+        "{left}"
+    );
 
     // status shows the record, newest first; --json carries it
     let o = ferry(&["status", "--database-url", &url, "--json"]);
@@ -133,5 +187,8 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
     assert!(t.contains("bob requeue 2 event(s)"), "{t}");
 
     // the single-event form is unchanged
-    ok(&q(&["requeue", "e-pay-1-1", "--operator", "carol"]), &["requeued e-pay-1-1"]);
+    ok(
+        &q(&["requeue", "e-pay-1-1", "--operator", "carol"]),
+        &["requeued e-pay-1-1"],
+    );
 }

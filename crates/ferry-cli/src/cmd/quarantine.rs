@@ -83,7 +83,12 @@ impl BulkArgs {
             v.as_deref()
                 .map(|s| {
                     super::reconcile::rfc3339_micros(s.trim()).ok_or_else(|| {
-                        fail(2, format!("invalid {flag} {s:?}: use a UTC time like 2026-12-06T08:00:00Z"))
+                        fail(
+                            2,
+                            format!(
+                                "invalid {flag} {s:?}: use a UTC time like 2026-12-06T08:00:00Z"
+                            ),
+                        )
                     })
                 })
                 .transpose()
@@ -202,8 +207,14 @@ async fn bulk(
     };
     let out = store.bulk_quarantine(&req).await?;
     let (what, done) = match verb {
-        BulkVerb::Requeue => ("requeue", "requeued (PENDING, due now, same ids and payloads)"),
-        BulkVerb::Skip => ("skip", "skipped (never delivered; their successors are released)"),
+        BulkVerb::Requeue => (
+            "requeue",
+            "requeued (PENDING, due now, same ids and payloads)",
+        ),
+        BulkVerb::Skip => (
+            "skip",
+            "skipped (never delivered; their successors are released)",
+        ),
     };
     let filter_text = b.describe();
     if !dry_run {
@@ -213,10 +224,7 @@ async fn bulk(
         );
         return Ok(0);
     }
-    println!(
-        "{} quarantined event(s) match {filter_text} now",
-        out.count
-    );
+    println!("{} quarantined event(s) match {filter_text} now", out.count);
     if !out.sample.is_empty() {
         let more = out.count.saturating_sub(out.sample.len() as u64);
         let tail = if more > 0 {

@@ -98,22 +98,22 @@ impl Conn<'_> {
     async fn locked_mode(&mut self) -> Result<DispatchMode, StoreError> {
         const WHAT: &str = "bulk action: dispatch mode";
         let mode: Vec<u8> = match self {
-            Conn::Pg(c) => {
-                sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR SHARE")
-                    .fetch_one(&mut **c)
-                    .await
-                    .map_err(|e| db_err(WHAT, e))?
-                    .try_get::<String, _>(0)
-                    .map_err(|e| db_err(WHAT, e))?
-                    .into_bytes()
-            }
-            // MariaDB reports the binary collation's text as bytes
-            Conn::My(c) => sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 LOCK IN SHARE MODE")
+            Conn::Pg(c) => sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR SHARE")
                 .fetch_one(&mut **c)
                 .await
                 .map_err(|e| db_err(WHAT, e))?
-                .try_get::<Vec<u8>, _>(0)
-                .map_err(|e| db_err(WHAT, e))?,
+                .try_get::<String, _>(0)
+                .map_err(|e| db_err(WHAT, e))?
+                .into_bytes(),
+            // MariaDB reports the binary collation's text as bytes
+            Conn::My(c) => {
+                sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 LOCK IN SHARE MODE")
+                    .fetch_one(&mut **c)
+                    .await
+                    .map_err(|e| db_err(WHAT, e))?
+                    .try_get::<Vec<u8>, _>(0)
+                    .map_err(|e| db_err(WHAT, e))?
+            }
             // the caller's BEGIN IMMEDIATE holds the write lock a mode switch needs
             Conn::Lite(c) => sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1")
                 .fetch_one(&mut **c)
@@ -168,7 +168,11 @@ fn selection(d: Dialect, mode: DispatchMode, f: &QuarantineFilter) -> Selection 
         add(0, contains(d, "last_error"), Bind::Str(e.clone()));
     }
     if let Some(t) = f.created_since {
-        add(o, format!("{q}created_at >= {}", at_micros(d)), Bind::I64(t));
+        add(
+            o,
+            format!("{q}created_at >= {}", at_micros(d)),
+            Bind::I64(t),
+        );
     }
     if let Some(t) = f.created_until {
         add(o, format!("{q}created_at < {}", at_micros(d)), Bind::I64(t));
@@ -187,7 +191,11 @@ fn selection(d: Dialect, mode: DispatchMode, f: &QuarantineFilter) -> Selection 
         binds.extend(intent_binds);
     }
     Selection {
-        table: if cursor { "ferry_outbox_exception" } else { "ferry_outbox" },
+        table: if cursor {
+            "ferry_outbox_exception"
+        } else {
+            "ferry_outbox"
+        },
         filter,
         binds,
         event_id: if cursor {
@@ -256,7 +264,10 @@ pub(crate) async fn preview(
         .await?;
     Ok(BulkOutcome {
         count: n,
-        sample: rows.into_iter().filter_map(|r| r.into_iter().next().flatten()).collect(),
+        sample: rows
+            .into_iter()
+            .filter_map(|r| r.into_iter().next().flatten())
+            .collect(),
     })
 }
 
@@ -274,7 +285,10 @@ pub(crate) async fn act(mut conn: Conn<'_>, req: &BulkRequest<'_>) -> Result<u64
         now(d, &mut vals)
     );
     if req.verb == ferry_core::BulkVerb::Requeue {
-        set.push_str(&format!(", available_at = {}, attempts = 0", now(d, &mut vals)));
+        set.push_str(&format!(
+            ", available_at = {}, attempts = 0",
+            now(d, &mut vals)
+        ));
     }
     vals.extend(s.binds.into_iter().map(Val::from));
     let sql = format!("UPDATE {} SET {set} WHERE {}", s.table, s.filter);
@@ -304,7 +318,10 @@ pub(crate) async fn act(mut conn: Conn<'_>, req: &BulkRequest<'_>) -> Result<u64
 }
 
 /// The newest `limit` records, newest first.
-pub(crate) async fn recent(pools: Pools<'_>, limit: usize) -> Result<Vec<OperatorRecord>, StoreError> {
+pub(crate) async fn recent(
+    pools: Pools<'_>,
+    limit: usize,
+) -> Result<Vec<OperatorRecord>, StoreError> {
     let sql = format!(
         "SELECT id, {}, operator, action, reason, dispatch, moved, where_topic, where_aggregate, \
          where_error, created_since_us, created_until_us \

@@ -43,11 +43,16 @@ async fn quarantine_v1s(db: &TestDb, mode: DispatchMode, aggs: &[Agg]) {
                 .iter()
                 .map(|c| (c.token.clone(), error_of(&c.aggregate_id).unwrap()))
                 .collect();
-            assert_eq!(db.store.quarantine(&items).await.unwrap().applied(), aggs.len());
+            assert_eq!(
+                db.store.quarantine(&items).await.unwrap().applied(),
+                aggs.len()
+            );
         }
         DispatchMode::Cursor => {
             let cs = db.store.cursor().expect("cursor dispatch on this store");
-            cs.set_dispatch_mode(DispatchMode::Cursor, OWNER).await.unwrap();
+            cs.set_dispatch_mode(DispatchMode::Cursor, OWNER)
+                .await
+                .unwrap();
             db.store
                 .acquire_slots(&ferry_core::SlotRequest::new(OWNER, &all_slots(), LONG))
                 .await
@@ -206,7 +211,11 @@ async fn requeue_by_filter(db: TestDb, mode: DispatchMode) {
         error_contains: Some("authorization".into()),
         ..Default::default()
     };
-    assert_eq!(count(wrong_case).await, 0, "the error match is case-sensitive");
+    assert_eq!(
+        count(wrong_case).await,
+        0,
+        "the error match is case-sensitive"
+    );
     let all_denied = QuarantineFilter {
         error_contains: Some("AUTHORIZATION".into()),
         created_until: Some(now + 3_600_000_000),
@@ -256,12 +265,21 @@ async fn requeue_by_filter(db: TestDb, mode: DispatchMode) {
     assert_eq!(log.len(), 1);
     let r = &log[0];
     assert_eq!(
-        (r.operator.as_str(), r.action.as_str(), r.reason.as_str(), r.count),
+        (
+            r.operator.as_str(),
+            r.action.as_str(),
+            r.reason.as_str(),
+            r.count
+        ),
         ("alice", "requeue", "topic ACL granted", 3)
     );
     assert_eq!(r.dispatch, mode.to_string());
     assert_eq!(r.filter, filter);
-    assert!((r.at_us - ferry_core::now_micros()).abs() < 600_000_000, "{}", r.at_us);
+    assert!(
+        (r.at_us - ferry_core::now_micros()).abs() < 600_000_000,
+        "{}",
+        r.at_us
+    );
     // requeueing keeps order: the v1s go first, their v2s after them
     assert_eq!(
         deliver_round(&db, mode).await,
@@ -270,7 +288,12 @@ async fn requeue_by_filter(db: TestDb, mode: DispatchMode) {
     assert_eq!(deliver_round(&db, mode).await, vec!["e-a1-2", "e-a2-2"]);
     assert!(deliver_round(&db, mode).await.is_empty());
     // run again, nothing matches: it moves none and records that
-    assert_eq!(act(&db, &request(BulkVerb::Requeue, &filter, false)).await.count, 0);
+    assert_eq!(
+        act(&db, &request(BulkVerb::Requeue, &filter, false))
+            .await
+            .count,
+        0
+    );
     let log = db.store.operator_actions(10).await.unwrap();
     assert_eq!(log.iter().map(|r| r.count).collect::<Vec<_>>(), vec![0, 3]);
     assert!(log[0].id > log[1].id, "newest first");
