@@ -211,7 +211,11 @@ async fn requeue_by_filter(db: TestDb, mode: DispatchMode) {
         aggregate_id: Some("a1".into()),
         ..Default::default()
     };
-    assert_eq!(count(a1).await, 1, "only the quarantined version, not v2 behind it");
+    assert_eq!(
+        count(a1).await,
+        1,
+        "only the quarantined version, not v2 behind it"
+    );
     let wrong_case = QuarantineFilter {
         error_contains: Some("authorization".into()),
         ..Default::default()
