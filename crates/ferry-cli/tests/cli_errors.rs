@@ -183,8 +183,12 @@ fn database_url_problems_are_clear_and_redacted() {
 fn enqueue_status_and_quarantine_commands() {
     let (_d, url) = sqlite_url();
     let o = ferry(&["migrate", "--database-url", &url]);
+    let all: Vec<i64> = ferry_store::MIGRATIONS_SQLITE
+        .iter()
+        .map(|m| m.version)
+        .collect();
     assert!(
-        o.status.success() && err_of(&o).contains("applied migrations [1, 2, 3, 4, 5]"),
+        o.status.success() && err_of(&o).contains(&format!("applied migrations {all:?}")),
         "{}",
         err_of(&o)
     );

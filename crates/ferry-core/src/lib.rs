@@ -13,7 +13,8 @@
 //! * [`OutboxStore`] = [`RowDispatch`] (per-row claims and their compare-and-set outcomes) +
 //!   [`SlotOwnership`] (slot leases, relay membership) + [`OperatorActions`] (requeue, skip,
 //!   status) + optional capabilities (purge, reconcile, [`CursorStore`] for cursor dispatch,
-//!   commit wake-ups, harmful server settings).
+//!   commit wake-ups, harmful server settings, [bulk quarantine actions](BulkRequest) and their
+//!   [`OperatorRecord`]).
 //! * [`ClaimToken`] / [`CasReport`] (row dispatch) and [`SlotCursor`] / [`CursorAdvance`] /
 //!   [`AdvanceResult`] (cursor dispatch): the fencing tokens and what a fenced write reports.
 //! * [`Outcome`]: what a sink reports for one item; [`Backoff`]: the retry delay;
@@ -71,6 +72,7 @@
 #![warn(unreachable_pub)]
 
 mod backoff;
+mod bulk;
 mod claim;
 mod cursor;
 mod duration;
@@ -85,6 +87,9 @@ pub mod store;
 mod time;
 
 pub use backoff::Backoff;
+pub use bulk::{
+    BulkOutcome, BulkRequest, BulkVerb, OperatorRecord, QuarantineFilter, MAX_REASON_LEN,
+};
 pub use claim::{
     CasReport, CasResult, ClaimRequest, ClaimToken, ClaimedEvent, RetryItem, SlotFence,
 };

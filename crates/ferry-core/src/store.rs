@@ -493,6 +493,29 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         Box::pin(async { Ok(Vec::new()) })
     }
 
+    /// Capability: requeue or skip every quarantined event `req.filter` selects, in one
+    /// transaction that also writes the action's [`OperatorRecord`](crate::OperatorRecord)
+    /// (who, when, why, how many, the filter); a dry run only counts and samples. Refuses an
+    /// invalid request ([`BulkRequest::validate`](crate::BulkRequest::validate)) with
+    /// `InvalidInput`, before touching the database.
+    fn bulk_quarantine<'a>(
+        &'a self,
+        req: &'a crate::BulkRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::BulkOutcome, StoreError>> {
+        let _ = req;
+        unsupported("bulk quarantine actions")
+    }
+
+    /// Capability: the last `limit` recorded operator actions, newest first. The default
+    /// records none.
+    fn operator_actions(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<crate::OperatorRecord>, StoreError>> {
+        let _ = limit;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     /// Capability: cursor dispatch ([`CursorStore`]); `None` where the backend offers
     /// only per-row claims.
     fn cursor(&self) -> Option<&dyn CursorStore> {

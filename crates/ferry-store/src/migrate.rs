@@ -35,6 +35,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(9, "cursor_fillfactor", "postgres/0009_cursor_fillfactor"),
     migration!(10, "member_sink", "postgres/0010_member_sink"),
     migration!(11, "binary_payload", "postgres/0011_binary_payload"),
+    migration!(12, "operator_action", "postgres/0012_operator_action"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -48,6 +49,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(7, "gate_hold", "mysql/0007_gate_hold"),
     migration!(8, "member_sink", "mysql/0008_member_sink"),
     migration!(9, "binary_payload", "mysql/0009_binary_payload"),
+    migration!(10, "operator_action", "mysql/0010_operator_action"),
 ];
 
 /// SQLite migrations, in order.
@@ -57,6 +59,7 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(3, "plain_insert", "sqlite/0003_plain_insert"),
     migration!(4, "member_instance", "sqlite/0004_member_instance"),
     migration!(5, "member_sink", "sqlite/0005_member_sink"),
+    migration!(7, "operator_action", "sqlite/0007_operator_action"),
 ];
 
 // ---------------------------------------------------------------- the runner

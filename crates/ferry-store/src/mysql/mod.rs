@@ -453,6 +453,8 @@ impl ferry_core::OperatorActions for MyStore {
 }
 
 impl ferry_core::OutboxStore for MyStore {
+    crate::operator::bulk::bulk_actions!(My, My, pool.begin, Transaction::commit);
+
     fn backend(&self) -> &'static str {
         "mysql"
     }

@@ -480,6 +480,8 @@ impl ferry_core::OperatorActions for PgStore {
 }
 
 impl ferry_core::OutboxStore for PgStore {
+    crate::operator::bulk::bulk_actions!(Pg, Pg, pool.begin, Transaction::commit);
+
     fn backend(&self) -> &'static str {
         "postgres"
     }

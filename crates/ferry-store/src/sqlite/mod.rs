@@ -512,6 +512,8 @@ impl ferry_core::OperatorActions for SqliteStore {
 }
 
 impl ferry_core::OutboxStore for SqliteStore {
+    crate::operator::bulk::bulk_actions!(Lite, Lite, begin_write, WriteTx::commit);
+
     fn backend(&self) -> &'static str {
         "sqlite"
     }

@@ -3,11 +3,16 @@
 //!
 //! The cases by concern: `advance` (read and advance, fencing), `exceptions`, `retention`,
 //! `horizon` (open producer transactions), `mode` (switching dispatch modes), `positions`
-//! (per-slot read positions), `restore`; `relay` holds what they share.
+//! (per-slot read positions), `restore`, bulk quarantine actions (`super::bulk`, shared with the
+//! store suite); `relay` holds what they share.
 use std::future::Future;
 
 use super::case::{case_list, exercise_each, Case};
 use crate::db::TestDb;
+
+pub use super::bulk::cursor::{
+    bulk_requeue_moves_exactly_the_matching_events, bulk_skip_releases_successors_in_order,
+};
 
 mod advance;
 mod exceptions;
@@ -52,6 +57,8 @@ pub const CASES: &[Case<TestDb>] = case_list!(
         a_lagging_slot_holds_the_others_back_no_longer,
         a_reader_behind_many_ticks_misses_nothing,
         restored_elsewhere_rebases_cursors,
+        bulk_requeue_moves_exactly_the_matching_events,
+        bulk_skip_releases_successors_in_order,
     ],
 );
 

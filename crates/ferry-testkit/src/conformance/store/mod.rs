@@ -5,13 +5,18 @@
 //! The cases by concern: `enqueue` (in the caller's transaction, refusals, plain SQL
 //! producers), `claim` (the predecessor rule, concurrent claimers, skipped locked rows),
 //! `outcome` (fenced outcomes, leases, lost claims), `ownership` (slot leases, membership),
-//! `migrate`, `retention` (purge, reconcile, status); `relay` holds what they share.
+//! `migrate`, `retention` (purge, reconcile, status), bulk quarantine actions (`super::bulk`,
+//! shared with the cursor suite); `relay` holds what they share.
 use std::future::Future;
 
 use super::case::{case_list, exercise_each, Case};
 use crate::db::AnyDb;
 
 mod binary;
+pub use super::bulk::row::{
+    bulk_requeue_moves_exactly_the_matching_events, bulk_skip_releases_successors_in_order,
+};
+
 mod claim;
 mod enqueue;
 mod migrate;
@@ -75,6 +80,8 @@ pub const CASES: &[Case<AnyDb>] = case_list!(
         plain_insert_fills_what_the_rust_api_fills,
         binary_payloads_round_trip,
         binary_migration_keeps_text_rows,
+        bulk_requeue_moves_exactly_the_matching_events,
+        bulk_skip_releases_successors_in_order,
     ],
 );
 

@@ -1,0 +1,413 @@
+//! Bulk operator actions on quarantined events (`ferry quarantine requeue|skip` with a filter)
+//! and their record (`ferry_operator_action`), written once for every backend.
+//!
+//! An action is one transaction of the backend's own ([`bulk_actions!`]), in which [`act`]:
+//! 1. reads the dispatch mode under a shared lock of its row (`ferry_dispatch`; SQLite: the
+//!    transaction's write lock), so a mode switch, which takes that row for update, cannot move
+//!    the quarantined events to the other mode's table in the middle of the action;
+//! 2. moves every quarantined event the filter selects with one `UPDATE … WHERE state =
+//!    'QUARANTINED' AND <filter>` (the single-event action's SET clause), and takes its row
+//!    count as the count;
+//! 3. inserts the record with that count.
+//!
+//! Nothing but an operator action changes a `QUARANTINED` row (a relay's outcomes are fenced on
+//! `CLAIMED`, and cursor dispatch's exception claims take `PENDING` rows only), so a concurrent
+//! relay can add matching events (quarantining them while the action runs: they are moved and
+//! counted if committed before the `UPDATE` reached them, left alone and uncounted otherwise)
+//! but never take one away or make one count twice. A dry run ([`preview`]) runs the same
+//! selection as a count and a sample on the pool, changing nothing.
+use ferry_core::{
+    BulkOutcome, BulkRequest, DispatchMode, OperatorRecord, QuarantineFilter, StoreError,
+    StoreErrorKind,
+};
+use sqlx::{MySqlConnection, PgConnection, Row, SqliteConnection};
+
+use super::{count, Bind, Pools};
+use crate::dialect::{numbered_placeholders, Dialect};
+use crate::error::db_err;
+
+/// A connection inside a transaction the caller opened (and commits).
+pub(crate) enum Conn<'a> {
+    Pg(&'a mut PgConnection),
+    My(&'a mut MySqlConnection),
+    Lite(&'a mut SqliteConnection),
+}
+
+/// A bind value that may be NULL (the record's filter columns).
+#[derive(Debug, Clone)]
+enum Val {
+    I64(Option<i64>),
+    Str(Option<String>),
+}
+
+impl From<Bind> for Val {
+    fn from(b: Bind) -> Self {
+        match b {
+            Bind::I64(v) => Val::I64(Some(v)),
+            Bind::Str(s) => Val::Str(Some(s)),
+        }
+    }
+}
+
+/// `$body` with `$c` bound to the connection and `$q` to `$sql` in its placeholders (see
+/// `on_pool!` in the parent module).
+macro_rules! on_conn {
+    ($conn:expr, $sql:expr, |$c:ident, $q:ident| $body:expr) => {
+        match $conn {
+            Conn::Pg($c) => {
+                let $q = &numbered_placeholders($sql);
+                $body
+            }
+            Conn::My($c) => {
+                let $q = $sql;
+                $body
+            }
+            Conn::Lite($c) => {
+                let $q = $sql;
+                $body
+            }
+        }
+    };
+}
+
+impl Conn<'_> {
+    fn dialect(&self) -> Dialect {
+        match self {
+            Conn::Pg(_) => Dialect::Pg,
+            Conn::My(_) => Dialect::My,
+            Conn::Lite(_) => Dialect::Lite,
+        }
+    }
+
+    /// The rows `sql` changed.
+    async fn exec(&mut self, sql: &str, vals: &[Val], what: &str) -> Result<u64, StoreError> {
+        Ok(on_conn!(self, sql, |c, q| {
+            vals.iter()
+                .fold(sqlx::query(q), |q, v| match v {
+                    Val::I64(v) => q.bind(*v),
+                    Val::Str(s) => q.bind(s.clone()),
+                })
+                .execute(&mut **c)
+                .await
+                .map_err(|e| db_err(what, e))?
+                .rows_affected()
+        }))
+    }
+
+    /// The stored dispatch mode, its row locked against a mode switch until the transaction ends.
+    async fn locked_mode(&mut self) -> Result<DispatchMode, StoreError> {
+        const WHAT: &str = "bulk action: dispatch mode";
+        let mode: Vec<u8> = match self {
+            Conn::Pg(c) => sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR SHARE")
+                .fetch_one(&mut **c)
+                .await
+                .map_err(|e| db_err(WHAT, e))?
+                .try_get::<String, _>(0)
+                .map_err(|e| db_err(WHAT, e))?
+                .into_bytes(),
+            // MariaDB reports the binary collation's text as bytes
+            Conn::My(c) => {
+                sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 LOCK IN SHARE MODE")
+                    .fetch_one(&mut **c)
+                    .await
+                    .map_err(|e| db_err(WHAT, e))?
+                    .try_get::<Vec<u8>, _>(0)
+                    .map_err(|e| db_err(WHAT, e))?
+            }
+            // the caller's BEGIN IMMEDIATE holds the write lock a mode switch needs
+            Conn::Lite(c) => sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1")
+                .fetch_one(&mut **c)
+                .await
+                .map_err(|e| db_err(WHAT, e))?
+                .try_get::<String, _>(0)
+                .map_err(|e| db_err(WHAT, e))?
+                .into_bytes(),
+        };
+        String::from_utf8_lossy(&mode)
+            .parse()
+            .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
+    }
+}
+
+/// The quarantined rows `f` selects in `mode`: the table the state lives in (row dispatch: the
+/// outbox; cursor dispatch: the exception rows), the `WHERE` clause over its unqualified
+/// columns, its binds, and an expression for the event id.
+struct Selection {
+    table: &'static str,
+    filter: String,
+    binds: Vec<Bind>,
+    event_id: &'static str,
+}
+
+fn selection(d: Dialect, mode: DispatchMode, f: &QuarantineFilter) -> Selection {
+    // [0]: conditions on the state table's columns; [1]: on the outbox row `o` (cursor
+    // dispatch only), each with its binds in text order
+    let mut conds: [(Vec<String>, Vec<Bind>); 2] = Default::default();
+    let cursor = mode == DispatchMode::Cursor;
+    // topic and creation time are the intent's: the state table's own in row dispatch
+    let (o, q) = if cursor { (1, "o.") } else { (0, "") };
+    // PostgreSQL's row dispatch finds quarantined rows by `phase`, the column its partial
+    // indexes are on (migration 0002); `state` says the same and is kept for clarity.
+    conds[0].0.push(if d == Dialect::Pg && !cursor {
+        "phase = 1 AND state = 'QUARANTINED'".to_string()
+    } else {
+        "state = 'QUARANTINED'".to_string()
+    });
+    let mut add = |i: usize, cond: String, b: Bind| {
+        conds[i].0.push(cond);
+        conds[i].1.push(b);
+    };
+    if let Some(t) = &f.topic {
+        add(o, format!("{q}topic = ?"), Bind::Str(t.clone()));
+    }
+    // aggregate and last error are on the state table in both modes
+    if let Some(a) = &f.aggregate_id {
+        add(0, "aggregate_id = ?".into(), Bind::Str(a.clone()));
+    }
+    if let Some(e) = &f.error_contains {
+        add(0, contains(d, "last_error"), Bind::Str(e.clone()));
+    }
+    if let Some(t) = f.created_since {
+        add(
+            o,
+            format!("{q}created_at >= {}", at_micros(d)),
+            Bind::I64(t),
+        );
+    }
+    if let Some(t) = f.created_until {
+        add(o, format!("{q}created_at < {}", at_micros(d)), Bind::I64(t));
+    }
+    let [(own, mut binds), (intent, intent_binds)] = conds;
+    let mut filter = own.join(" AND ");
+    if cursor {
+        filter.push_str(
+            " AND EXISTS (SELECT 1 FROM ferry_outbox o WHERE o.seq = ferry_outbox_exception.seq",
+        );
+        for c in &intent {
+            filter.push_str(" AND ");
+            filter.push_str(c);
+        }
+        filter.push(')');
+        binds.extend(intent_binds);
+    }
+    Selection {
+        table: if cursor {
+            "ferry_outbox_exception"
+        } else {
+            "ferry_outbox"
+        },
+        filter,
+        binds,
+        event_id: if cursor {
+            "(SELECT o.event_id FROM ferry_outbox o WHERE o.seq = ferry_outbox_exception.seq)"
+        } else {
+            "event_id"
+        },
+    }
+}
+
+/// "`col` contains the bound text", byte for byte (case-sensitive on every backend; no `LIKE`,
+/// so `%` and `_` in the text are plain characters).
+fn contains(d: Dialect, col: &str) -> String {
+    match d {
+        Dialect::Pg => format!("strpos({col}, ?::text) > 0"),
+        Dialect::My => format!("LOCATE(CAST(? AS BINARY), CAST({col} AS BINARY)) > 0"),
+        Dialect::Lite => format!("instr({col}, ?) > 0"),
+    }
+}
+
+/// A bound µs-since-the-epoch value as the backend's `created_at` (SQLite stores µs).
+fn at_micros(d: Dialect) -> &'static str {
+    match d {
+        Dialect::Pg => "('epoch'::timestamptz + ?::int8 * interval '1 microsecond')",
+        Dialect::My => "TIMESTAMPADD(MICROSECOND, ?, '1970-01-01 00:00:00')",
+        Dialect::Lite => "?",
+    }
+}
+
+/// "now" in a timestamp column, and its bind where the backend binds the process clock.
+fn now(d: Dialect, vals: &mut Vec<Val>) -> &'static str {
+    match d {
+        Dialect::Pg => "now()",
+        Dialect::My => "UTC_TIMESTAMP(6)",
+        Dialect::Lite => {
+            vals.push(Val::I64(Some(ferry_core::now_micros())));
+            "?"
+        }
+    }
+}
+
+/// A dry run: how many quarantined events `req.filter` selects now in `mode`, and the ids of
+/// the first `req.sample` of them (oldest first). Changes nothing.
+pub(crate) async fn preview(
+    pools: Pools<'_>,
+    mode: DispatchMode,
+    req: &BulkRequest<'_>,
+) -> Result<BulkOutcome, StoreError> {
+    let s = selection(pools.dialect(), mode, req.filter);
+    let n = count(
+        pools,
+        &format!("SELECT count(*) FROM {} WHERE {}", s.table, s.filter),
+        &s.binds,
+    )
+    .await?;
+    let mut binds = s.binds.clone();
+    binds.push(Bind::I64(req.sample.min(100_000) as i64));
+    let rows = pools
+        .rows(
+            &format!(
+                "SELECT {} FROM {} WHERE {} ORDER BY seq LIMIT ?",
+                s.event_id, s.table, s.filter
+            ),
+            &binds,
+        )
+        .await?;
+    Ok(BulkOutcome {
+        count: n,
+        sample: rows
+            .into_iter()
+            .filter_map(|r| r.into_iter().next().flatten())
+            .collect(),
+    })
+}
+
+/// The action, in the caller's open transaction on `conn`: moves every quarantined event
+/// `req.filter` selects and records it (module docs). Returns how many it moved.
+pub(crate) async fn act(mut conn: Conn<'_>, req: &BulkRequest<'_>) -> Result<u64, StoreError> {
+    let d = conn.dialect();
+    let mode = conn.locked_mode().await?;
+    let s = selection(d, mode, req.filter);
+    // the single-event action's SET clause (operator_update in the parent module)
+    let mut vals = vec![Val::Str(Some(req.operator.to_string()))];
+    let mut set = format!(
+        "state = '{}', resolved_by = ?, resolved_at = {}, lease_until = NULL",
+        req.verb.target_state(),
+        now(d, &mut vals)
+    );
+    if req.verb == ferry_core::BulkVerb::Requeue {
+        set.push_str(&format!(
+            ", available_at = {}, attempts = 0",
+            now(d, &mut vals)
+        ));
+    }
+    vals.extend(s.binds.into_iter().map(Val::from));
+    let sql = format!("UPDATE {} SET {set} WHERE {}", s.table, s.filter);
+    let moved = conn.exec(&sql, &vals, "bulk action: update").await?;
+    let f = req.filter;
+    let mut vals = Vec::new();
+    let at = now(d, &mut vals);
+    vals.extend([
+        Val::Str(Some(req.operator.to_string())),
+        Val::Str(Some(req.verb.as_str().to_string())),
+        Val::Str(Some(req.reason.to_string())),
+        Val::Str(Some(mode.to_string())),
+        Val::I64(Some(moved as i64)),
+        Val::Str(f.topic.clone()),
+        Val::Str(f.aggregate_id.clone()),
+        Val::Str(f.error_contains.clone()),
+        Val::I64(f.created_since),
+        Val::I64(f.created_until),
+    ]);
+    let sql = format!(
+        "INSERT INTO ferry_operator_action (at, operator, action, reason, dispatch, moved, \
+         where_topic, where_aggregate, where_error, created_since_us, created_until_us) \
+         VALUES ({at}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    );
+    conn.exec(&sql, &vals, "bulk action: record").await?;
+    Ok(moved)
+}
+
+/// The newest `limit` records, newest first.
+pub(crate) async fn recent(
+    pools: Pools<'_>,
+    limit: usize,
+) -> Result<Vec<OperatorRecord>, StoreError> {
+    let sql = format!(
+        "SELECT id, {}, operator, action, reason, dispatch, moved, where_topic, where_aggregate, \
+         where_error, created_since_us, created_until_us \
+         FROM ferry_operator_action ORDER BY id DESC LIMIT ?",
+        pools.dialect().micros("at")
+    );
+    let rows = pools
+        .rows(&sql, &[Bind::I64(limit.min(10_000) as i64)])
+        .await?;
+    Ok(rows.into_iter().map(record_from).collect())
+}
+
+fn record_from(r: Vec<Option<String>>) -> OperatorRecord {
+    let mut c = r.into_iter();
+    let mut text = || c.next().flatten();
+    let id = text();
+    let at = text();
+    let (operator, action, reason, dispatch) = (text(), text(), text(), text());
+    let moved = text();
+    let (topic, aggregate_id, error_contains) = (text(), text(), text());
+    let (since, until) = (text(), text());
+    let int = |v: Option<String>| v.and_then(|v| v.parse::<i64>().ok());
+    OperatorRecord {
+        id: int(id).unwrap_or(0),
+        at_us: int(at).unwrap_or(0),
+        operator: operator.unwrap_or_default(),
+        action: action.unwrap_or_default(),
+        reason: reason.unwrap_or_default(),
+        dispatch: dispatch.unwrap_or_default(),
+        count: int(moved).unwrap_or(0),
+        filter: QuarantineFilter {
+            topic,
+            aggregate_id,
+            error_contains,
+            created_since: int(since),
+            created_until: int(until),
+        },
+    }
+}
+
+/// `bulk_quarantine` and `operator_actions` of [`ferry_core::OutboxStore`] for a backend's
+/// `impl OutboxStore` block: a store with a `pool` field and an inherent `stored_mode()`, its
+/// [`Pools`] variant `$pools`, its [`Conn`] variant `$conn`, and its write transaction
+/// (`self.$begin()`, committed by `$commit`). A macro for the reason
+/// [`operator_writes!`](super::operator_writes) is one.
+macro_rules! bulk_actions {
+    ($pools:ident, $conn:ident, $($begin:ident).+, $commit:path) => {
+        fn bulk_quarantine<'a>(
+            &'a self,
+            req: &'a ferry_core::BulkRequest<'a>,
+        ) -> ferry_core::BoxFuture<'a, Result<ferry_core::BulkOutcome, ferry_core::StoreError>>
+        {
+            Box::pin(async move {
+                req.validate()?;
+                let pools = $crate::operator::Pools::$pools(&self.pool);
+                if req.dry_run {
+                    let mode = self.stored_mode().await?;
+                    return $crate::operator::bulk::preview(pools, mode, req).await;
+                }
+                let mut tx = self
+                    .$($begin).+()
+                    .await
+                    .map_err(|e| $crate::error::db_err("bulk action: begin", e))?;
+                let count =
+                    $crate::operator::bulk::act($crate::operator::bulk::Conn::$conn(&mut *tx), req)
+                        .await?;
+                $commit(tx)
+                    .await
+                    .map_err(|e| $crate::error::db_err("bulk action: commit", e))?;
+                Ok(ferry_core::BulkOutcome {
+                    count,
+                    sample: Vec::new(),
+                })
+            })
+        }
+
+        fn operator_actions(
+            &self,
+            limit: usize,
+        ) -> ferry_core::BoxFuture<'_, Result<Vec<ferry_core::OperatorRecord>, ferry_core::StoreError>>
+        {
+            Box::pin($crate::operator::bulk::recent(
+                $crate::operator::Pools::$pools(&self.pool),
+                limit,
+            ))
+        }
+    };
+}
+pub(crate) use bulk_actions;
