@@ -78,6 +78,7 @@ mod event;
 pub mod failpoint;
 mod future;
 mod outcome;
+pub mod replay;
 mod shard;
 pub mod store;
 mod time;
