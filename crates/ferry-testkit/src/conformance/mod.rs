@@ -71,6 +71,8 @@ macro_rules! store_conformance {
                 reconcile_classifies_every_intent_once,
                 claims_count_rows_skipped_as_locked,
                 plain_insert_fills_what_the_rust_api_fills,
+                replay_reads_exactly_the_sent_events_of_a_range,
+                purge_raises_the_retention_watermark,
             ],
         );
     };

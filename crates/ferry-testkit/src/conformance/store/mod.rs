@@ -17,6 +17,7 @@ mod migrate;
 mod outcome;
 mod ownership;
 mod relay;
+mod replay;
 mod retention;
 
 pub use claim::{
@@ -37,6 +38,9 @@ pub use outcome::{
     stale_claim_is_fenced,
 };
 pub use ownership::{one_instance_holds_an_owner_id, slot_leases_fence_claims};
+pub use replay::{
+    purge_raises_the_retention_watermark, replay_reads_exactly_the_sent_events_of_a_range,
+};
 pub use retention::{
     purge_deletes_only_old_sent_rows, reconcile_classifies_every_intent_once,
     shared_status_is_counted_once_per_max_age,
@@ -71,6 +75,8 @@ pub const CASES: &[Case<AnyDb>] = case_list!(
         reconcile_classifies_every_intent_once,
         claims_count_rows_skipped_as_locked,
         plain_insert_fills_what_the_rust_api_fills,
+        replay_reads_exactly_the_sent_events_of_a_range,
+        purge_raises_the_retention_watermark,
     ],
 );
 
