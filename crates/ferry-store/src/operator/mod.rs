@@ -129,7 +129,14 @@ impl Pools<'_> {
                 .map_err(|e| db_err("purge: delete", e))?;
             let mut newest: std::collections::BTreeMap<String, i64> = Default::default();
             for r in &rows {
-                let topic: String = r.try_get(0).map_err(|e| db_err("purge: deleted row", e))?;
+                // MariaDB returns a binary-collated column of RETURNING as VARBINARY
+                let topic: String = r
+                    .try_get::<String, _>(0)
+                    .or_else(|_| {
+                        r.try_get::<Vec<u8>, _>(0)
+                            .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    })
+                    .map_err(|e| db_err("purge: deleted row", e))?;
                 let created: i64 = r.try_get(1).map_err(|e| db_err("purge: deleted row", e))?;
                 let e = newest.entry(topic).or_insert(created);
                 *e = (*e).max(created);

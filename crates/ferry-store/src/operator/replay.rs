@@ -4,7 +4,7 @@
 use ferry_core::replay::{ReplayFilter, ReplayPage, ReplayPageRequest, RetentionMark, TopicScan};
 use ferry_core::{ClaimToken, ClaimedEvent, DispatchMode, StoreError, StoreErrorKind};
 
-use super::{count, first_i64, Bind, Pools};
+use super::{count, Bind, Pools};
 use crate::dialect::Dialect;
 
 /// The statement that raises a topic's watermark (binds: topic, created_at µs, now µs); never
@@ -104,15 +104,14 @@ pub(crate) async fn scan(
                 purged_at: n(1)?,
             })
         });
-        let retained = first_i64(
-            pools
-                .rows(
-                    "SELECT 1 FROM ferry_outbox WHERE topic = ? LIMIT 1",
-                    &[Bind::Str(topic.clone())],
-                )
-                .await?,
+        // COUNT of at most one row: stops at the first row of the topic
+        let retained = count(
+            pools,
+            "SELECT COUNT(*) FROM (SELECT 1 AS x FROM ferry_outbox WHERE topic = ? LIMIT 1) t",
+            &[Bind::Str(topic.clone())],
         )
-        .is_some();
+        .await?
+            > 0;
         out.push(TopicScan {
             topic: topic.clone(),
             known: retained || retention.is_some(),
@@ -150,10 +149,16 @@ pub(crate) async fn page(
         ]);
     }
     let sql = format!(
-        "SELECT o.seq, o.event_id, o.aggregate_id, o.aggregate_version, o.shard_slot, o.topic, \
+        "SELECT o.seq, o.event_id, o.aggregate_id, o.aggregate_version, {}, o.topic, \
          o.msg_key, o.event_type, o.headers, o.payload, {} FROM {src} \
          WHERE {cond} AND {state} = 'SENT' \
          ORDER BY o.aggregate_id, o.aggregate_version LIMIT {}",
+        // PostgreSQL's slot is a smallint, which the text decoding of `Pools::rows` skips
+        if d == Dialect::Pg {
+            "o.shard_slot::int8"
+        } else {
+            "o.shard_slot"
+        },
         d.micros("o.created_at"),
         req.limit
     );
