@@ -148,7 +148,6 @@ pub async fn run(
         replay_id: a.replay_id.clone().unwrap_or_else(new_replay_id),
         page_size: a.page_size,
     };
-    eprintln!("replay {}: starting", plan.replay_id);
     let mut last = Instant::now();
     let result = run_replay(store.as_ref(), &sink, &plan, |p| {
         // a progress line at most once a second, and at the end
