@@ -116,9 +116,9 @@ impl Pools<'_> {
     ) -> Result<u64, StoreError> {
         let d = self.dialect();
         let upsert = if d == Dialect::Pg {
-            numbered_placeholders(replay::mark_upsert(d))
+            numbered_placeholders(d.retention_mark_upsert())
         } else {
-            replay::mark_upsert(d).to_string()
+            d.retention_mark_upsert().to_string()
         };
         let now = now_micros();
         Ok(on_pool!(*self, delete, |pool, q| {

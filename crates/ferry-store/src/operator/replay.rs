@@ -1,35 +1,11 @@
 //! Replay's reads (`ferry replay`): what a filter matches per topic, pages of matching SENT
 //! events in `(aggregate_id, aggregate_version)` order, and the retention watermark purge raises
-//! ([`super::Pools::delete_marking`]). Nothing here writes an outbox row.
+//! ([`super::Pools::delete_marking`]) read back. Nothing here writes.
 use ferry_core::replay::{ReplayFilter, ReplayPage, ReplayPageRequest, RetentionMark, TopicScan};
 use ferry_core::{ClaimToken, ClaimedEvent, DispatchMode, StoreError, StoreErrorKind};
 
 use super::{count, Bind, Pools};
 use crate::dialect::Dialect;
-
-/// The statement that raises a topic's watermark (binds: topic, created_at µs, now µs); never
-/// lowers it, so concurrent purges leave the newest.
-pub(crate) fn mark_upsert(d: Dialect) -> &'static str {
-    match d {
-        Dialect::Pg => {
-            "INSERT INTO ferry_retention_mark (topic, purged_created_at, purged_at) VALUES (?, ?, ?) \
-             ON CONFLICT (topic) DO UPDATE SET \
-             purged_created_at = GREATEST(ferry_retention_mark.purged_created_at, EXCLUDED.purged_created_at), \
-             purged_at = EXCLUDED.purged_at"
-        }
-        Dialect::My => {
-            "INSERT INTO ferry_retention_mark (topic, purged_created_at, purged_at) VALUES (?, ?, ?) \
-             ON DUPLICATE KEY UPDATE purged_created_at = GREATEST(purged_created_at, VALUES(purged_created_at)), \
-             purged_at = VALUES(purged_at)"
-        }
-        Dialect::Lite => {
-            "INSERT INTO ferry_retention_mark (topic, purged_created_at, purged_at) VALUES (?, ?, ?) \
-             ON CONFLICT (topic) DO UPDATE SET \
-             purged_created_at = MAX(purged_created_at, excluded.purged_created_at), \
-             purged_at = excluded.purged_at"
-        }
-    }
-}
 
 /// The rows a replay reads from and the expression of their delivery state: the row's own state
 /// in row dispatch, the derived one (`ferry_outbox_cursor_view`) in cursor dispatch.
