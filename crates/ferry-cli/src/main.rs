@@ -84,6 +84,10 @@ enum Cmd {
     /// Classify every intent under a fixed watermark into mutually exclusive classes. Exits 4
     /// with unknown or quarantined intents, 5 with business rows that have no intent.
     Reconcile(cmd::reconcile::ReconcileArgs),
+    /// Re-publish retained SENT events of a topic, aggregate and created_at range through the
+    /// Kafka sink (to their topic or --to-topic), each aggregate in version order, marked with
+    /// the ferry-replay header. Refuses a range retention cut; --dry-run only counts.
+    Replay(cmd::replay::ReplayArgs),
     /// The reliability lab: run the outbox's failure cases (rollback, crash windows, stale claims,
     /// partial batches) on a fresh database (a temporary SQLite file by default or with a
     /// sqlite:// URL; with a PostgreSQL or MariaDB --database-url, a new schema/database there,
@@ -174,6 +178,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Cmd::Enqueue(args) => cmd::enqueue::run(args, db.open(true, false).await?).await,
         Cmd::Purge(args) => cmd::purge::run(args, db.open(false, false).await?).await,
         Cmd::Reconcile(args) => cmd::reconcile::run(args, db.open(false, false).await?).await,
+        Cmd::Replay(args) => cmd::replay::run(args, &file, db.open(false, false).await?).await,
         Cmd::Lab(_) => unreachable!("handled before the database URL is required"),
     }
 }

@@ -82,6 +82,7 @@ pub mod failpoint;
 mod future;
 mod outcome;
 mod payload;
+pub mod replay;
 mod shard;
 pub mod store;
 mod time;

@@ -469,6 +469,27 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         unsupported("reconcile")
     }
 
+    /// Capability: replay ([`crate::replay`]). For each topic of `filter`, whether it ever had
+    /// a row, how many retained SENT events (cursor dispatch: derived SENT) match and how many
+    /// matching ones are not SENT, and its retention watermark.
+    fn replay_scan<'a>(
+        &'a self,
+        filter: &'a crate::replay::ReplayFilter,
+    ) -> BoxFuture<'a, Result<Vec<crate::replay::TopicScan>, StoreError>> {
+        let _ = filter;
+        unsupported("replay")
+    }
+
+    /// Capability: replay. The next `req.limit` matching SENT events after `req.after`, in
+    /// `(aggregate_id, aggregate_version)` order (each aggregate in version order).
+    fn replay_page<'a>(
+        &'a self,
+        req: &'a crate::replay::ReplayPageRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::replay::ReplayPage, StoreError>> {
+        let _ = req;
+        unsupported("replay")
+    }
+
     /// Capability: a status shared between the relays of one database. Returns counts some
     /// relay computed at most `max_age` ago (the oldest age moved on by the time since), or
     /// computes and stores them when there are none that fresh and no other relay is computing

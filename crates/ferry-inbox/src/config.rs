@@ -35,6 +35,13 @@ pub struct InboxConfig {
     pub gap_policy: GapPolicy,
     /// Version baseline (default [`Baseline::FromOne`]).
     pub baseline: Baseline,
+    /// Process replayed messages (`ferry replay`, header `ferry-replay`) again (default
+    /// `false`: a replayed event is a [`Duplicate`](crate::Verdict::Duplicate) of its event id
+    /// when this consumer recorded it before). When `true`, a delivery carrying a replay id is
+    /// deduped by its event id within that replay ([`crate::Delivery::replay_key`]), without
+    /// version tracking (a replay re-sends versions the mark already covers): each replay is
+    /// applied once, and the aggregate's contiguous mark is left as it was.
+    pub accept_replays: bool,
 }
 
 impl InboxConfig {
@@ -43,7 +50,14 @@ impl InboxConfig {
         Self {
             gap_policy,
             baseline: Baseline::default(),
+            accept_replays: false,
         }
+    }
+
+    /// The same config, processing replayed messages again ([`Self::accept_replays`]).
+    pub fn with_accept_replays(mut self, accept: bool) -> Self {
+        self.accept_replays = accept;
+        self
     }
 
     /// The same config with `baseline`.

@@ -11,6 +11,8 @@ pub const HEADER_EVENT_ID: &str = "ferry-event-id";
 pub const HEADER_AGGREGATE_ID: &str = "ferry-aggregate-id";
 /// Message header carrying the aggregate version (decimal text).
 pub const HEADER_AGGREGATE_VERSION: &str = "ferry-aggregate-version";
+/// Message header marking a replayed message (`ferry replay`); its value is the replay id.
+pub const HEADER_REPLAY: &str = "ferry-replay";
 
 /// One delivery of an event to one consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +26,9 @@ pub struct Delivery {
     pub aggregate_id: String,
     /// The aggregate version (`ferry-aggregate-version`), from 1.
     pub aggregate_version: i64,
+    /// The replay that re-published it (`ferry-replay`), if any. Ignored unless the Inbox
+    /// accepts replays ([`InboxConfig::accept_replays`]).
+    pub replay_id: Option<String>,
 }
 
 impl Delivery {
@@ -39,7 +44,22 @@ impl Delivery {
             event_id: event_id.into(),
             aggregate_id: aggregate_id.into(),
             aggregate_version,
+            replay_id: None,
         }
+    }
+
+    /// The same delivery, re-published by replay `replay_id`.
+    pub fn replayed(mut self, replay_id: impl Into<String>) -> Self {
+        self.replay_id = Some(replay_id.into());
+        self
+    }
+
+    /// The identity a consumer that accepts replays dedupes a replayed delivery by: the event id
+    /// within the replay (`<event id>@replay:<replay id>`), so each replay is applied once.
+    pub fn replay_key(&self) -> Option<String> {
+        self.replay_id
+            .as_ref()
+            .map(|r| format!("{}@replay:{r}", self.event_id))
     }
 
     /// Reads the ferry headers of a received message (`(key, value)` pairs, e.g. from
@@ -50,11 +70,13 @@ impl Delivery {
     ) -> Result<Self, InboxError> {
         // per header: absent (None), present without value (Some(None)), or its bytes
         let (mut id, mut agg, mut ver): (Option<Option<&[u8]>>, _, _) = (None, None, None);
+        let mut replay: Option<&[u8]> = None;
         for (k, v) in headers {
             match k {
                 HEADER_EVENT_ID => id = Some(v),
                 HEADER_AGGREGATE_ID => agg = Some(v),
                 HEADER_AGGREGATE_VERSION => ver = Some(v),
+                HEADER_REPLAY => replay = v,
                 _ => {}
             }
         }
@@ -74,12 +96,9 @@ impl Delivery {
             header: HEADER_AGGREGATE_VERSION,
             value: v.clone(),
         })?;
-        Ok(Self::new(
-            consumer,
-            event_id,
-            aggregate_id,
-            aggregate_version,
-        ))
+        let mut d = Self::new(consumer, event_id, aggregate_id, aggregate_version);
+        d.replay_id = replay.map(|r| String::from_utf8_lossy(r).into_owned());
+        Ok(d)
     }
 
     /// Checks the fields against the columns (and versions from 1 when gaps are tracked).

@@ -149,6 +149,20 @@ pub(crate) async fn record<C: Ops>(
     d: &Delivery,
 ) -> Result<Verdict, InboxError> {
     d.validate(cfg)?;
+    if let Some(key) = d.replay_key().filter(|_| cfg.accept_replays) {
+        // a replay the consumer opted into: once per (event, replay), no version tracking
+        let replayed = Delivery {
+            event_id: key,
+            replay_id: None,
+            ..d.clone()
+        };
+        replayed.validate(&InboxConfig::new(GapPolicy::Off))?;
+        return Ok(if c.insert(&replayed).await? {
+            Verdict::New
+        } else {
+            Verdict::Duplicate
+        });
+    }
     if cfg.gap_policy == GapPolicy::Off {
         return Ok(if c.insert(d).await? {
             Verdict::New

@@ -97,7 +97,8 @@ mod verdict;
 
 pub use config::{Baseline, GapPolicy, InboxConfig};
 pub use delivery::{
-    Delivery, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_VERSION, HEADER_EVENT_ID, MAX_IDENT_LEN,
+    Delivery, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_VERSION, HEADER_EVENT_ID, HEADER_REPLAY,
+    MAX_IDENT_LEN,
 };
 pub use error::{BoxError, InboxError};
 pub use ferry_store::Backend;

@@ -915,6 +915,68 @@ async fn prune_deletes_only_what_the_mark_covers(db: TestDb) {
     assert_eq!(inbox.consumed_counts().await.unwrap().get("m"), None);
 }
 
+// ---------------------------------------------------------------- replays
+
+/// A replayed message (`ferry replay`: header `ferry-replay`) is a duplicate of its event id by
+/// default; a consumer that accepts replays applies it once per replay id, leaves the version
+/// mark alone, and applies another replay of the same event once more.
+async fn replays_are_duplicates_unless_accepted(db: TestDb) {
+    let plain = setup(&db, InboxConfig::default()).await;
+    let d = Delivery::new("billing", "e-7-1", "order-7", 1);
+    let d2 = Delivery::new("billing", "e-7-2", "order-7", 2);
+    assert_eq!(apply(&plain, &d).await, Verdict::New);
+    assert_eq!(apply(&plain, &d2).await, Verdict::New);
+    let r1 = d.clone().replayed("r-1");
+    assert_eq!(
+        apply(&plain, &r1).await,
+        Verdict::Duplicate,
+        "dedupes by event id"
+    );
+    assert_eq!(effects(&db, "e-7-1").await, 1);
+
+    let accepting = Inbox::connect(&db.url, InboxConfig::default().with_accept_replays(true))
+        .await
+        .unwrap();
+    // a message without the header is still deduped by its event id
+    assert_eq!(apply(&accepting, &d).await, Verdict::Duplicate);
+    assert_eq!(
+        apply(&accepting, &r1).await,
+        Verdict::New,
+        "the replay is applied"
+    );
+    assert_eq!(
+        apply(&accepting, &r1).await,
+        Verdict::Duplicate,
+        "once per replay"
+    );
+    assert_eq!(
+        apply(&accepting, &d2.clone().replayed("r-1")).await,
+        Verdict::New,
+        "v2 of the replay: no version check against the mark"
+    );
+    assert_eq!(effects(&db, "e-7-1").await, 2);
+    assert_eq!(
+        apply(&accepting, &d.clone().replayed("r-2")).await,
+        Verdict::New,
+        "another replay applies again"
+    );
+    assert_eq!(effects(&db, "e-7-1").await, 3);
+    // the contiguous mark is untouched, no gap opened
+    assert!(accepting.gaps("billing").await.unwrap().is_empty());
+    // headers: the replay id is read from ferry-replay
+    let h = Delivery::from_headers(
+        "billing",
+        [
+            ("ferry-event-id", Some(&b"e-7-1"[..])),
+            ("ferry-aggregate-id", Some(&b"order-7"[..])),
+            ("ferry-aggregate-version", Some(&b"1"[..])),
+            (ferry_inbox::HEADER_REPLAY, Some(&b"r-9"[..])),
+        ],
+    )
+    .unwrap();
+    assert_eq!(h, d.clone().replayed("r-9"));
+}
+
 ferry_testkit::backend_tests!(
     prune_deletes_only_what_the_mark_covers,
     duplicate_applies_effect_once,
@@ -930,4 +992,5 @@ ferry_testkit::backend_tests!(
     bad_input_writes_nothing,
     concurrent_migrations_apply_once,
     fresh_concurrent_migrations,
+    replays_are_duplicates_unless_accepted,
 );

@@ -72,6 +72,7 @@ pub mod metrics;
 mod order_watch;
 pub mod ownership;
 mod relay;
+pub mod replay;
 pub mod route;
 pub mod sink;
 

@@ -50,6 +50,29 @@ impl Dialect {
             Dialect::Lite => "?",
         }
     }
+    /// The statement that raises a topic's watermark (binds: topic, created_at µs, now µs); never
+    /// lowers it, so concurrent purges leave the newest.
+    pub(crate) fn retention_mark_upsert(self) -> &'static str {
+        match self {
+            Dialect::Pg => {
+                "INSERT INTO ferry_retention_mark (topic, purged_created_at, purged_at) VALUES (?, ?, ?) \
+                 ON CONFLICT (topic) DO UPDATE SET \
+                 purged_created_at = GREATEST(ferry_retention_mark.purged_created_at, EXCLUDED.purged_created_at), \
+                 purged_at = EXCLUDED.purged_at"
+            }
+            Dialect::My => {
+                "INSERT INTO ferry_retention_mark (topic, purged_created_at, purged_at) VALUES (?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE purged_created_at = GREATEST(purged_created_at, VALUES(purged_created_at)), \
+                 purged_at = VALUES(purged_at)"
+            }
+            Dialect::Lite => {
+                "INSERT INTO ferry_retention_mark (topic, purged_created_at, purged_at) VALUES (?, ?, ?) \
+                 ON CONFLICT (topic) DO UPDATE SET \
+                 purged_created_at = MAX(purged_created_at, excluded.purged_created_at), \
+                 purged_at = excluded.purged_at"
+            }
+        }
+    }
     pub(crate) fn concat_param_id(self, col: &str) -> String {
         match self {
             Dialect::Pg => format!("(?::text || CAST({col} AS TEXT))"),

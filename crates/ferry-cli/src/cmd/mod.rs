@@ -15,6 +15,7 @@ pub mod purge;
 pub mod quarantine;
 pub mod reconcile;
 pub mod relay;
+pub mod replay;
 pub mod status;
 
 /// `status` at a warning; `reconcile` with unknown or quarantined intents. Distinct from 2

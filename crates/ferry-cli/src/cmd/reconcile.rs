@@ -54,7 +54,7 @@ fn parse_watermark(s: &str) -> Result<ferry_core::Watermark, Failure> {
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.ffffff]Z` → µs since the epoch.
-pub(super) fn rfc3339_micros(s: &str) -> Option<i64> {
+pub(crate) fn rfc3339_micros(s: &str) -> Option<i64> {
     let s = s.strip_suffix('Z').or_else(|| s.strip_suffix("+00:00"))?;
     let (date, time) = s.split_once(['T', ' '])?;
     let mut d = date.split('-').map(|p| p.parse::<i64>().ok());

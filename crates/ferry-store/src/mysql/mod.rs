@@ -482,6 +482,26 @@ impl ferry_core::OutboxStore for MyStore {
         })
     }
 
+    fn replay_scan<'a>(
+        &'a self,
+        filter: &'a ferry_core::replay::ReplayFilter,
+    ) -> BoxFuture<'a, Result<Vec<ferry_core::replay::TopicScan>, StoreError>> {
+        Box::pin(async move {
+            let mode = self.stored_mode().await?;
+            operator::replay::scan(Pools::My(&self.pool), mode, filter).await
+        })
+    }
+
+    fn replay_page<'a>(
+        &'a self,
+        req: &'a ferry_core::replay::ReplayPageRequest<'a>,
+    ) -> BoxFuture<'a, Result<ferry_core::replay::ReplayPage, StoreError>> {
+        Box::pin(async move {
+            let mode = self.stored_mode().await?;
+            operator::replay::page(Pools::My(&self.pool), mode, req).await
+        })
+    }
+
     fn reconcile<'a>(
         &'a self,
         req: &'a ferry_core::ReconcileRequest,

@@ -14,6 +14,7 @@ use crate::error::db_err;
 pub(crate) mod bulk;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
+pub(crate) mod replay;
 
 /// A borrowed pool of one backend.
 #[derive(Clone, Copy)]
@@ -102,6 +103,56 @@ impl Pools<'_> {
                 .await
                 .map_err(|e| db_err(what, e))?
                 .rows_affected()
+        }))
+    }
+
+    /// Runs `delete` (a `DELETE … RETURNING topic, <created_at in µs>`) and raises each
+    /// deleted topic's retention watermark (`ferry_retention_mark`, never lowered) in the same
+    /// transaction: a row is never gone without its watermark covering it, whatever crashes.
+    /// Returns the rows deleted.
+    pub(crate) async fn delete_marking(
+        &self,
+        delete: &str,
+        binds: &[Bind],
+    ) -> Result<u64, StoreError> {
+        let d = self.dialect();
+        let upsert = if d == Dialect::Pg {
+            numbered_placeholders(d.retention_mark_upsert())
+        } else {
+            d.retention_mark_upsert().to_string()
+        };
+        let now = now_micros();
+        Ok(on_pool!(*self, delete, |pool, q| {
+            let mut tx = pool.begin().await.map_err(|e| db_err("purge: begin", e))?;
+            let rows = bound(q, binds)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| db_err("purge: delete", e))?;
+            let mut newest: std::collections::BTreeMap<String, i64> = Default::default();
+            for r in &rows {
+                // MariaDB returns a binary-collated column of RETURNING as VARBINARY
+                let topic: String = r
+                    .try_get::<String, _>(0)
+                    .or_else(|_| {
+                        r.try_get::<Vec<u8>, _>(0)
+                            .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    })
+                    .map_err(|e| db_err("purge: deleted row", e))?;
+                let created: i64 = r.try_get(1).map_err(|e| db_err("purge: deleted row", e))?;
+                let e = newest.entry(topic).or_insert(created);
+                *e = (*e).max(created);
+            }
+            for (topic, created) in newest {
+                bound(
+                    &upsert,
+                    &[Bind::Str(topic), Bind::I64(created), Bind::I64(now)],
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("purge: retention mark", e))?;
+            }
+            tx.commit().await.map_err(|e| db_err("purge: commit", e))?;
+            rows.len() as u64
         }))
     }
 

@@ -98,10 +98,10 @@ async fn purge_rows(
         format!(
             "DELETE FROM ferry_outbox WHERE seq IN (SELECT o.seq FROM {source} WHERE {filter} ORDER BY o.seq LIMIT {batch})"
         )
-    };
+    } + &returning(d);
     let mut total = 0u64;
     loop {
-        let n = pools.exec(&sql, &binds).await?;
+        let n = pools.delete_marking(&sql, &binds).await?;
         total += n;
         if (n as usize) < batch {
             return Ok(total);
@@ -183,13 +183,13 @@ async fn purge_cursor(
         format!("DELETE FROM ferry_outbox WHERE seq IN (SELECT seq FROM ({pick}) AS b)")
     } else {
         format!("DELETE FROM ferry_outbox WHERE seq IN ({pick})")
-    };
+    } + &returning(d);
     let step = i64::try_from(batch).unwrap_or(i64::MAX);
     let mut total = 0u64;
     let mut from = lowest;
     while from < hi {
         let to = from.saturating_add(step).min(hi);
-        let n = pools.exec(&sql, &range(from, to)).await?;
+        let n = pools.delete_marking(&sql, &range(from, to)).await?;
         total += n;
         from = if n > 0 {
             to
@@ -220,4 +220,13 @@ async fn purge_cursor(
         )
         .await?;
     Ok(total)
+}
+
+/// What a purge's DELETE returns for the retention watermark ([`Pools::delete_marking`]): each
+/// deleted row's topic and `created_at` in µs. The watermark is by `created_at` in both modes,
+/// also where the purge cuts by `sent_at` (row dispatch): a replay selects by `created_at`, and
+/// every purged row's `created_at` is at or below the newest one, so a range that starts after
+/// it contains no purged row.
+fn returning(d: Dialect) -> String {
+    format!(" RETURNING topic, {}", d.micros("created_at"))
 }

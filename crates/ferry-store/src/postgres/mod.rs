@@ -540,6 +540,28 @@ impl ferry_core::OutboxStore for PgStore {
         })
     }
 
+    fn replay_scan<'a>(
+        &'a self,
+        filter: &'a ferry_core::replay::ReplayFilter,
+    ) -> BoxFuture<'a, Result<Vec<ferry_core::replay::TopicScan>, StoreError>> {
+        Box::pin(async move {
+            let mode = self.stored_mode().await?;
+            self.check_xids(mode).await?;
+            operator::replay::scan(Pools::Pg(&self.pool), mode, filter).await
+        })
+    }
+
+    fn replay_page<'a>(
+        &'a self,
+        req: &'a ferry_core::replay::ReplayPageRequest<'a>,
+    ) -> BoxFuture<'a, Result<ferry_core::replay::ReplayPage, StoreError>> {
+        Box::pin(async move {
+            let mode = self.stored_mode().await?;
+            self.check_xids(mode).await?;
+            operator::replay::page(Pools::Pg(&self.pool), mode, req).await
+        })
+    }
+
     fn reconcile<'a>(
         &'a self,
         req: &'a ferry_core::ReconcileRequest,

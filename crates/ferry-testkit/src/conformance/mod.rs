@@ -77,6 +77,8 @@ macro_rules! store_conformance {
                 binary_migration_keeps_text_rows,
                 bulk_requeue_moves_exactly_the_matching_events,
                 bulk_skip_releases_successors_in_order,
+                replay_reads_exactly_the_sent_events_of_a_range,
+                purge_raises_the_retention_watermark,
             ],
         );
     };

@@ -11,7 +11,7 @@ use super::{fail, Database, Failure};
 use crate::config::FileConfig;
 
 mod args;
-mod settings;
+pub(crate) mod settings;
 
 pub use self::args::RelayArgs;
 

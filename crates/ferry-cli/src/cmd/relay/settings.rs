@@ -202,56 +202,82 @@ fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
     let sink = match kind {
         SinkKind::Stdout => SinkSpec::Stdout,
         SinkKind::Null => SinkSpec::Null,
-        SinkKind::Kafka => {
-            let dk = KafkaConfig::default();
-            let mut extra = f.sink.kafka_properties.clone();
-            for p in &a.kafka_property {
-                let (k, v) = p.split_once('=').ok_or_else(|| {
-                    ConfigError(format!("invalid --kafka-property {p:?}: use KEY=VALUE"))
-                })?;
-                extra.insert(k.trim().to_string(), v.trim().to_string());
-            }
-            let kc = KafkaConfig {
-                brokers: pick(&a.kafka_brokers, &f.sink.brokers).unwrap_or(dk.brokers),
-                message_timeout: duration(
-                    "sink.message_timeout (--kafka-message-timeout)",
-                    &a.kafka_message_timeout,
-                    &f.sink.message_timeout,
-                    dk.message_timeout,
-                )?,
-                linger: duration(
-                    "sink.linger (--kafka-linger)",
-                    &a.kafka_linger,
-                    &f.sink.linger,
-                    dk.linger,
-                )?,
-                extra,
-                // set by the relay command once the dispatch mode is known
-                ordered: false,
-            };
-            if kc.brokers.trim().is_empty() {
-                return Err(ConfigError(
-                    "invalid sink.brokers (--kafka-brokers): must not be empty".into(),
-                ));
-            }
-            // checked in both dispatch modes (cursor dispatch sends without a message timeout,
-            // but the same configuration must stay valid in row dispatch)
-            if kc.message_timeout >= config.claim_lease {
-                return Err(ConfigError(
-                    "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over".into(),
-                ));
-            }
-            // librdkafka's own range for linger.ms, named here rather than in its words
-            if kc.linger > ferry_relay::MAX_KAFKA_LINGER {
-                return Err(ConfigError(
-                    "invalid sink.linger (--kafka-linger): must be at most 15m (librdkafka's linger.ms range)".into(),
-                ));
-            }
-            SinkSpec::Kafka(kc)
-        }
+        SinkKind::Kafka => SinkSpec::Kafka(kafka_config(
+            &KafkaFlags {
+                brokers: &a.kafka_brokers,
+                properties: &a.kafka_property,
+                message_timeout: &a.kafka_message_timeout,
+                linger: &a.kafka_linger,
+            },
+            f,
+            config.claim_lease,
+        )?),
     };
     Ok((config, sink))
 }
+/// The Kafka flags of a command that sends through the relay's sink (`ferry relay`,
+/// `ferry replay`).
+pub(crate) struct KafkaFlags<'a> {
+    pub brokers: &'a Option<String>,
+    pub properties: &'a [String],
+    pub message_timeout: &'a Option<String>,
+    pub linger: &'a Option<String>,
+}
+
+/// The Kafka producer settings from `flags` over the file's `[sink]`, checked (brokers, the
+/// message timeout against `claim_lease`, the linger range); `ordered` is left false.
+pub(crate) fn kafka_config(
+    flags: &KafkaFlags<'_>,
+    f: &FileConfig,
+    claim_lease: std::time::Duration,
+) -> Result<KafkaConfig, ConfigError> {
+    let dk = KafkaConfig::default();
+    let mut extra = f.sink.kafka_properties.clone();
+    for p in flags.properties {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| ConfigError(format!("invalid --kafka-property {p:?}: use KEY=VALUE")))?;
+        extra.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    let kc = KafkaConfig {
+        brokers: pick(flags.brokers, &f.sink.brokers).unwrap_or(dk.brokers),
+        message_timeout: duration(
+            "sink.message_timeout (--kafka-message-timeout)",
+            flags.message_timeout,
+            &f.sink.message_timeout,
+            dk.message_timeout,
+        )?,
+        linger: duration(
+            "sink.linger (--kafka-linger)",
+            flags.linger,
+            &f.sink.linger,
+            dk.linger,
+        )?,
+        extra,
+        // set by the relay command once the dispatch mode is known
+        ordered: false,
+    };
+    if kc.brokers.trim().is_empty() {
+        return Err(ConfigError(
+            "invalid sink.brokers (--kafka-brokers): must not be empty".into(),
+        ));
+    }
+    // checked in both dispatch modes (cursor dispatch sends without a message timeout,
+    // but the same configuration must stay valid in row dispatch)
+    if kc.message_timeout >= claim_lease {
+        return Err(ConfigError(
+            "invalid sink.message_timeout: must be shorter than relay.claim_lease, so an unanswered send resolves before another relay may take the event over".into(),
+        ));
+    }
+    // librdkafka's own range for linger.ms, named here rather than in its words
+    if kc.linger > ferry_relay::MAX_KAFKA_LINGER {
+        return Err(ConfigError(
+            "invalid sink.linger (--kafka-linger): must be at most 15m (librdkafka's linger.ms range)".into(),
+        ));
+    }
+    Ok(kc)
+}
+
 fn metrics_listen(a: &RelayArgs, f: &FileConfig) -> Result<Option<SocketAddr>, ConfigError> {
     let s =
         pick(&a.metrics_listen, &f.metrics.listen).unwrap_or_else(|| DEFAULT_METRICS_LISTEN.into());

@@ -23,6 +23,7 @@ mod migrate;
 mod outcome;
 mod ownership;
 mod relay;
+mod replay;
 mod retention;
 
 pub use binary::{binary_migration_keeps_text_rows, binary_payloads_round_trip};
@@ -44,6 +45,9 @@ pub use outcome::{
     stale_claim_is_fenced,
 };
 pub use ownership::{one_instance_holds_an_owner_id, slot_leases_fence_claims};
+pub use replay::{
+    purge_raises_the_retention_watermark, replay_reads_exactly_the_sent_events_of_a_range,
+};
 pub use retention::{
     purge_deletes_only_old_sent_rows, reconcile_classifies_every_intent_once,
     shared_status_is_counted_once_per_max_age,
@@ -82,6 +86,8 @@ pub const CASES: &[Case<AnyDb>] = case_list!(
         binary_migration_keeps_text_rows,
         bulk_requeue_moves_exactly_the_matching_events,
         bulk_skip_releases_successors_in_order,
+        replay_reads_exactly_the_sent_events_of_a_range,
+        purge_raises_the_retention_watermark,
     ],
 );
 

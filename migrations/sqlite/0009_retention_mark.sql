@@ -1,0 +1,8 @@
+-- Retention watermark per topic (ferry replay): the newest created_at (µs since the epoch) of any
+-- row `ferry purge` deleted, written in the transaction of the delete itself, so that a replay
+-- whose range starts at or before it is refused (rows of the range may be gone).
+CREATE TABLE IF NOT EXISTS ferry_retention_mark (
+    topic             TEXT    PRIMARY KEY,
+    purged_created_at INTEGER NOT NULL,
+    purged_at         INTEGER NOT NULL
+);
