@@ -2,7 +2,7 @@
 //! events in `(aggregate_id, aggregate_version)` order, and the retention watermark purge raises
 //! ([`super::Pools::delete_marking`]) read back. Nothing here writes.
 use ferry_core::replay::{ReplayFilter, ReplayPage, ReplayPageRequest, RetentionMark, TopicScan};
-use ferry_core::{ClaimToken, ClaimedEvent, DispatchMode, StoreError, StoreErrorKind};
+use ferry_core::{ClaimToken, ClaimedEvent, DispatchMode, Payload, StoreError, StoreErrorKind};
 
 use super::{count, Bind, Pools};
 use crate::dialect::Dialect;
@@ -126,7 +126,7 @@ pub(crate) async fn page(
     }
     let sql = format!(
         "SELECT o.seq, o.event_id, o.aggregate_id, o.aggregate_version, {}, o.topic, \
-         o.msg_key, o.event_type, o.headers, o.payload, {} FROM {src} \
+         o.msg_key, o.event_type, o.headers, {}, {} FROM {src} \
          WHERE {cond} AND {state} = 'SENT' \
          ORDER BY o.aggregate_id, o.aggregate_version LIMIT {}",
         // PostgreSQL's slot is a smallint, which the text decoding of `Pools::rows` skips
@@ -134,6 +134,15 @@ pub(crate) async fn page(
             "o.shard_slot::int8"
         } else {
             "o.shard_slot"
+        },
+        // the payload as text, or its bytes in hex (the rows are decoded as text)
+        match d {
+            Dialect::Pg => "o.payload, encode(o.payload_bytes, 'hex')",
+            Dialect::My => "o.payload, HEX(o.payload_bytes)",
+            Dialect::Lite => {
+                "CASE WHEN typeof(o.payload) = 'blob' THEN NULL ELSE o.payload END, \
+                 CASE WHEN typeof(o.payload) = 'blob' THEN hex(o.payload) END"
+            }
         },
         d.micros("o.created_at"),
         req.limit
@@ -170,8 +179,23 @@ fn event(r: Vec<Option<String>>) -> Result<ClaimedEvent, StoreError> {
         key: text(6)?,
         event_type: text(7)?,
         headers: text(8)?,
-        payload: text(9)?,
+        payload: match (r[9].clone(), r[10].as_deref()) {
+            (Some(t), _) => Payload::Text(t),
+            (None, Some(h)) => Payload::Bytes(unhex(h).ok_or_else(bad)?),
+            (None, None) => return Err(bad()),
+        },
         attempts: 0,
-        created_at: int(10)?,
+        created_at: int(11)?,
     })
+}
+
+/// Hex text (either case) → bytes; `None` if it is not.
+fn unhex(h: &str) -> Option<Vec<u8>> {
+    if h.len() % 2 != 0 {
+        return None;
+    }
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+        .collect()
 }
