@@ -16,6 +16,9 @@ use ferry_testkit::{read_records, RelayTask, TestDb};
 const TOPIC: &str = "orders";
 const TO: &str = "orders-replay";
 
+/// Not UTF-8, with a NUL: only a byte-exact path carries it.
+const BYTES: &[u8] = &[0x08, 0x96, 0x01, 0x00, 0xff, 0xfe, 0x12, 0x03];
+
 fn ev(agg: &str, v: i64) -> NewEvent {
     ferry_testkit::intent(TOPIC, agg, v)
 }
@@ -66,7 +69,10 @@ async fn replay_of_a_range_to_a_new_topic(db: TestDb, mode: DispatchMode) {
     kafka.create_topic(TO, 3).unwrap();
     // three producer transactions: before, in and after the range
     db.store.enqueue(&[ev("a", 1), ev("b", 1)]).await.unwrap();
-    let mut middle = vec![ev("a", 2), ev("a", 3), ev("b", 2), ev("c", 1)];
+    // c v1 carries bytes (a Protobuf-like payload): the replay sends them unchanged
+    let mut c1 = ev("c", 1);
+    c1.payload = ferry_core::Payload::Bytes(BYTES.to_vec());
+    let mut middle = vec![ev("a", 2), ev("a", 3), ev("b", 2), c1];
     middle.extend((1..=40).map(|v| ev("hot", v)));
     db.store.enqueue(&middle).await.unwrap();
     db.store.enqueue(&[ev("a", 4), ev("c", 2)]).await.unwrap();
@@ -153,6 +159,13 @@ async fn replay_of_a_range_to_a_new_topic(db: TestDb, mode: DispatchMode) {
             .parse()
             .unwrap();
         assert_eq!(r.key.as_deref(), Some(agg.as_bytes()), "same message key");
+        if (agg.as_str(), v) == ("c", 1) {
+            assert_eq!(
+                r.payload.as_deref(),
+                Some(BYTES),
+                "bytes replayed unchanged"
+            );
+        }
         let prev = last.insert(agg.clone(), v);
         assert!(
             prev.is_none_or(|p| p + 1 == v),
