@@ -34,6 +34,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(8, "seq_order", "postgres/0008_seq_order"),
     migration!(9, "cursor_fillfactor", "postgres/0009_cursor_fillfactor"),
     migration!(10, "member_sink", "postgres/0010_member_sink"),
+    migration!(13, "pause", "postgres/0013_pause"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -46,6 +47,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(6, "member_instance", "mysql/0006_member_instance"),
     migration!(7, "gate_hold", "mysql/0007_gate_hold"),
     migration!(8, "member_sink", "mysql/0008_member_sink"),
+    migration!(11, "pause", "mysql/0011_pause"),
 ];
 
 /// SQLite migrations, in order.
@@ -55,6 +57,7 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(3, "plain_insert", "sqlite/0003_plain_insert"),
     migration!(4, "member_instance", "sqlite/0004_member_instance"),
     migration!(5, "member_sink", "sqlite/0005_member_sink"),
+    migration!(8, "pause", "sqlite/0008_pause"),
 ];
 
 // ---------------------------------------------------------------- the runner

@@ -11,6 +11,7 @@ use sqlx::{MySqlPool, PgPool, Row, SqlitePool};
 use crate::dialect::{numbered_placeholders, Dialect};
 use crate::error::db_err;
 
+pub(crate) mod pause;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
 

@@ -537,6 +537,10 @@ impl ferry_core::OutboxStore for PgStore {
         Some(self)
     }
 
+    fn pause_control(&self) -> Option<&dyn ferry_core::PauseControl> {
+        Some(self)
+    }
+
     fn server_warnings(
         &self,
     ) -> BoxFuture<'_, Result<Vec<ferry_core::SettingWarning>, StoreError>> {
@@ -553,3 +557,5 @@ pub async fn connect_one(url: &str) -> Result<PgConnection, StoreError> {
         .await
         .map_err(|e| db_err("connect", e))
 }
+
+crate::operator::pause::pause_control!(PgStore, Pg);
