@@ -15,15 +15,24 @@ use crate::operator::{Bind, Pools};
 const TOPIC_MAX: usize = 255;
 
 /// The claim filter for outbox rows aliased `a`: not of a paused topic, nothing paused at all.
+/// Both subqueries are uncorrelated, read once per statement (PostgreSQL: an InitPlan and a
+/// hashed SubPlan), so the claim keeps its plan: a filter on the candidates it walks, not a join
+/// (a correlated `NOT EXISTS` was planned as an anti join under the row locks).
 pub(crate) fn not_paused(a: &str) -> String {
-    format!("NOT EXISTS (SELECT 1 FROM ferry_pause z WHERE z.topic = '*' OR z.topic = {a}.topic)")
+    not_paused_topic(&format!("{a}.topic"))
 }
 
 /// The claim filter for exception rows aliased `a` (their topic is their intent's).
 pub(crate) fn not_paused_exception(a: &str) -> String {
+    not_paused_topic(&format!(
+        "(SELECT t.topic FROM ferry_outbox t WHERE t.seq = {a}.seq)"
+    ))
+}
+
+fn not_paused_topic(topic: &str) -> String {
     format!(
-        "NOT EXISTS (SELECT 1 FROM ferry_pause z JOIN ferry_outbox t ON t.seq = {a}.seq \
-         WHERE z.topic = '*' OR z.topic = t.topic)"
+        "NOT EXISTS (SELECT 1 FROM ferry_pause WHERE topic = '*') \
+         AND {topic} NOT IN (SELECT topic FROM ferry_pause)"
     )
 }
 
