@@ -66,16 +66,23 @@ enum Cmd {
     /// Run the relay until SIGINT/SIGTERM, then drain gracefully and exit 0 (130 when the drain
     /// outlasts --shutdown-timeout + 10 s, or at a second signal).
     Relay(cmd::relay::RelayArgs),
-    /// Show backlog, oldest intent age, unknown exposure, quarantine, slot owners and each
-    /// relay's sink. Exits 4 at a warning (past the warning age, blocked aggregates, a relay's
-    /// stalled sink, a harmful server setting), 5 at a critical alert (past the critical age);
-    /// 2 is bad usage, 1 an error.
+    /// Show backlog, oldest intent age, unknown exposure, quarantine, pauses, slot owners and
+    /// each relay's sink. Exits 4 at a warning (past the warning age, blocked aggregates, a
+    /// relay's stalled sink, a harmful server setting, a paused topic), 5 at a critical alert
+    /// (past the critical age); 2 is bad usage, 1 an error.
     Status(cmd::status::StatusArgs),
     /// Inspect and resolve quarantined events.
     Quarantine {
         #[command(subcommand)]
         cmd: cmd::quarantine::QuarantineCmd,
     },
+    /// Stop delivering the intents of chosen topics (--topic, repeatable) or of every topic
+    /// (--all), with a --reason; recorded in the database, obeyed by every relay within one idle
+    /// poll, kept across restarts. Later versions of their aggregates wait too.
+    Pause(cmd::pause::PauseArgs),
+    /// Lift pauses (--topic, repeatable, or --all): the held intents go out, each aggregate in
+    /// order. Exits 2, changing nothing, when a named topic is not paused.
+    Resume(cmd::pause::ResumeArgs),
     /// Enqueue events from JSON (an object, an array, or JSON lines) for demos and scripts.
     Enqueue(cmd::enqueue::EnqueueArgs),
     /// Delete SENT rows older than the retention window, in bounded batches. Never touches
@@ -175,6 +182,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Cmd::Relay(args) => cmd::relay::run(&args, &file, &db).await,
         Cmd::Status(args) => cmd::status::run(args, &file, db.open(false, false).await?).await,
         Cmd::Quarantine { cmd } => cmd::quarantine::run(cmd, db.open(false, false).await?).await,
+        Cmd::Pause(args) => cmd::pause::pause(args, db.open(false, false).await?).await,
+        Cmd::Resume(args) => cmd::pause::resume(args, db.open(false, false).await?).await,
         Cmd::Enqueue(args) => cmd::enqueue::run(args, db.open(true, false).await?).await,
         Cmd::Purge(args) => cmd::purge::run(args, db.open(false, false).await?).await,
         Cmd::Reconcile(args) => cmd::reconcile::run(args, db.open(false, false).await?).await,

@@ -628,3 +628,82 @@ fn enqueue_binary_payloads() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["outbox"]["pending"], 4, "e-s-1 to e-s-4");
 }
+
+/// `ferry pause` / `ferry resume`: each bad input is refused with one clear line (exit 2,
+/// nothing changed); a pause shows in `ferry status` (who, why; exit 4) until it is resumed.
+#[test]
+fn pause_and_resume_commands() {
+    let (_d, url) = sqlite_url();
+    let ev = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{}"}"#;
+    let o = ferry(&["enqueue", "--database-url", &url, "--event", ev]);
+    assert!(o.status.success(), "{}", err_of(&o));
+    let o = ferry(&["pause", "--reason", "x", "--database-url", &url]);
+    assert_one_clear_line(&o, 2, &["--topic", "--all"]);
+    let o = ferry(&["pause", "--topic", "orders", "--database-url", &url]);
+    assert_one_clear_line(&o, 2, &["--reason"]);
+    let o = ferry(&[
+        "pause",
+        "--topic",
+        "orders",
+        "--reason",
+        " ",
+        "--database-url",
+        &url,
+    ]);
+    assert_one_clear_line(&o, 2, &["--reason"]);
+    let o = ferry(&[
+        "pause",
+        "--topic",
+        "ordres",
+        "--reason",
+        "x",
+        "--database-url",
+        &url,
+    ]);
+    assert_one_clear_line(&o, 2, &["ordres", "--force"]);
+    let o = ferry(&["resume", "--topic", "orders", "--database-url", &url]);
+    assert_one_clear_line(&o, 2, &["orders", "not paused"]);
+    let o = ferry(&["resume", "--all", "--database-url", &url]);
+    assert_one_clear_line(&o, 2, &["nothing is paused"]);
+    let o = ferry(&["status", "--database-url", &url]);
+    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
+    let o = ferry(&[
+        "pause",
+        "--topic",
+        "orders",
+        "--reason",
+        "broker maintenance",
+        "--operator",
+        "alice",
+        "--database-url",
+        &url,
+    ]);
+    assert!(
+        o.status.success() && err_of(&o).contains("paused topic orders"),
+        "{}",
+        err_of(&o)
+    );
+    let o = ferry(&["status", "--database-url", &url]);
+    assert_eq!(o.status.code(), Some(4), "{}", err_of(&o));
+    let text = err_of(&o);
+    assert!(
+        text.contains("topic orders: since") && text.contains("by alice: broker maintenance"),
+        "{text}"
+    );
+    let o = ferry(&[
+        "resume",
+        "--topic",
+        "orders",
+        "--operator",
+        "bob",
+        "--database-url",
+        &url,
+    ]);
+    assert!(
+        o.status.success() && err_of(&o).contains("resumed topic orders"),
+        "{}",
+        err_of(&o)
+    );
+    let o = ferry(&["status", "--database-url", &url]);
+    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
+}

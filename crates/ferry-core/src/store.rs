@@ -543,6 +543,12 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         None
     }
 
+    /// Capability: pausing topics ([`PauseControl`](crate::pause::PauseControl)); `None`
+    /// where the store keeps no pauses (nothing is ever paused there).
+    fn pause_control(&self) -> Option<&dyn crate::pause::PauseControl> {
+        None
+    }
+
     /// Capability: commit wake-ups. Arranges for `wake` to be called after enqueues commit
     /// (possibly coalesced) and returns `true`, or returns `false` when the backend has no such
     /// mechanism and relays must poll.

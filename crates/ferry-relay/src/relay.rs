@@ -349,6 +349,14 @@ async fn status_poller(
             }
             Err(e) => tracing::debug!(error = %e, "status refresh failed"),
         }
+        if let Some(pc) = store.pause_control() {
+            match pc.paused().await {
+                Ok(p) => metrics
+                    .paused_topics
+                    .store(p.len() as i64, Ordering::Relaxed),
+                Err(e) => tracing::debug!(error = %e, "reading the paused topics failed"),
+            }
+        }
         if metrics.dispatch_cursor.load(Ordering::Relaxed) == 1 {
             if let Some(cs) = store.cursor() {
                 match cs.horizon().await {

@@ -37,6 +37,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(11, "binary_payload", "postgres/0011_binary_payload"),
     migration!(12, "operator_action", "postgres/0012_operator_action"),
     migration!(14, "retention_mark", "postgres/0014_retention_mark"),
+    migration!(13, "pause", "postgres/0013_pause"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -52,6 +53,7 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(9, "binary_payload", "mysql/0009_binary_payload"),
     migration!(10, "operator_action", "mysql/0010_operator_action"),
     migration!(12, "retention_mark", "mysql/0012_retention_mark"),
+    migration!(11, "pause", "mysql/0011_pause"),
 ];
 
 /// SQLite migrations, in order.
@@ -63,6 +65,7 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(5, "member_sink", "sqlite/0005_member_sink"),
     migration!(7, "operator_action", "sqlite/0007_operator_action"),
     migration!(9, "retention_mark", "sqlite/0009_retention_mark"),
+    migration!(8, "pause", "sqlite/0008_pause"),
 ];
 
 // ---------------------------------------------------------------- the runner

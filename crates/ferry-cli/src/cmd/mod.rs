@@ -11,6 +11,7 @@ use crate::config::ConfigError;
 pub mod enqueue;
 pub mod lab;
 pub mod migrate;
+pub mod pause;
 pub mod purge;
 pub mod quarantine;
 pub mod reconcile;

@@ -128,6 +128,20 @@ pub async fn run(
         level = level.max(2);
         reasons.push(w.message.clone());
     }
+    // A pause holds intents back on purpose (ferry pause): a warning, so that it is not
+    // forgotten; the paused intents' age still reaches the age thresholds.
+    let paused = match store.pause_control() {
+        Some(pc) => pc.paused().await?,
+        None => Vec::new(),
+    };
+    for p in &paused {
+        level = level.max(2);
+        reasons.push(format!(
+            "{} paused by {} (ferry resume)",
+            pause_label(&p.topic),
+            p.operator
+        ));
+    }
     let label = match level {
         0 => "OK",
         2 => "WARNING",
@@ -150,6 +164,7 @@ pub async fn run(
             "quarantined": quarantined,
             "operator_actions": actions.as_ref().ok(),
             "operator_actions_error": actions.as_ref().err().map(|e| e.to_string()),
+            "paused": paused,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
@@ -185,6 +200,19 @@ pub async fn run(
             "oldest unsent age:   {}",
             fmt_age(st.oldest_unfinished_age_us)
         );
+        println!(
+            "paused:              {}",
+            if paused.is_empty() { "nothing" } else { "" }
+        );
+        for p in &paused {
+            println!(
+                "  {}: since {} ago, by {}: {}",
+                pause_label(&p.topic),
+                fmt_age(Some(ferry_core::now_micros() - p.paused_at)),
+                p.operator,
+                p.reason
+            );
+        }
         println!(
             "slot owners:         {}",
             if owners.is_empty() {
@@ -226,4 +254,13 @@ pub async fn run(
         2 => super::EXIT_WARNING,
         _ => super::EXIT_CRITICAL,
     })
+}
+
+/// "every topic" for the pause of every topic, else "topic T".
+fn pause_label(topic: &str) -> String {
+    if topic == ferry_core::ALL_TOPICS {
+        "every topic".into()
+    } else {
+        format!("topic {topic}")
+    }
 }

@@ -201,6 +201,12 @@ impl Collector for Exposition {
             "Aggregates with at least one QUARANTINED event.",
             g(&m.blocked_aggregates),
         )?;
+        gauge(
+            e,
+            "ferry_paused_topics",
+            "Topics paused by ferry pause (a pause of every topic counts one); 0: nothing paused.",
+            g(&m.paused_topics),
+        )?;
         // the ages are kept in µs with -1 for none; exposed in seconds, 0 for none
         let secs = |us: i64| if us < 0 { 0.0 } else { us as f64 / 1e6 };
         gauge(

@@ -133,6 +133,9 @@ pub struct Metrics {
     pub quarantined_rows: AtomicI64,
     /// Aggregates with at least one QUARANTINED event (its successors wait behind it).
     pub blocked_aggregates: AtomicI64,
+    /// Pauses recorded by `ferry pause` (a pause of every topic counts one), from the status
+    /// poller.
+    pub paused_topics: AtomicI64,
     /// Age of the oldest unfinished intent (µs), -1 when none.
     pub oldest_unfinished_age_us: AtomicI64,
     /// Cursor mode: items the sink reported acked after an earlier version of their aggregate
@@ -284,7 +287,10 @@ impl Metrics {
             _ => 0,
         };
         let stalled = u8::from(self.sink_unacked(ferry_core::now_micros()) >= a.sink_stall);
-        level.max(horizon).max(stalled)
+        // a paused topic holds back its intents on purpose: visible as a warning, never
+        // critical by itself (its age still reaches the age thresholds)
+        let paused = u8::from(self.paused_topics.load(Ordering::Relaxed) > 0);
+        level.max(horizon).max(stalled).max(paused)
     }
 
     /// [`sink_unacked`](Self::sink_unacked) when it has reached the stall threshold

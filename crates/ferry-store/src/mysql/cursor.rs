@@ -409,13 +409,15 @@ impl CursorStore for MyStore {
                 "SELECT x.seq FROM ferry_outbox_exception x WHERE x.shard_slot IN (",
             );
             push_list(&mut qb, slots.iter().copied());
-            qb.push(
+            qb.push(format!(
                 ") AND ((x.state = 'PENDING' AND x.available_at <= UTC_TIMESTAMP(6)) \
                    OR (x.state = 'CLAIMED' AND x.lease_until <= UTC_TIMESTAMP(6))) \
                  AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception p WHERE p.aggregate_id = x.aggregate_id \
                    AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < x.aggregate_version) \
+                 AND {} \
                  ORDER BY x.seq LIMIT ",
-            )
+                crate::operator::pause::not_paused_exception("x")
+            ))
             .push_bind(req.limit as i64);
             let candidates: Vec<i64> = qb
                 .build_query_scalar()

@@ -516,6 +516,10 @@ impl ferry_core::OutboxStore for MyStore {
         Some(self)
     }
 
+    fn pause_control(&self) -> Option<&dyn ferry_core::PauseControl> {
+        Some(self)
+    }
+
     fn server_warnings(
         &self,
     ) -> BoxFuture<'_, Result<Vec<ferry_core::SettingWarning>, StoreError>> {
@@ -525,3 +529,5 @@ impl ferry_core::OutboxStore for MyStore {
         })
     }
 }
+
+crate::operator::pause::pause_control!(MyStore, My);

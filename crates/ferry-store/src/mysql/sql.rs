@@ -190,7 +190,9 @@ pub(crate) fn candidate_query<'a>(
         ") AND {due_column} <= UTC_TIMESTAMP(6) \
          AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
            AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
-         ORDER BY o.seq LIMIT "
+         AND {} \
+         ORDER BY o.seq LIMIT ",
+        crate::operator::pause::not_paused("o")
     ));
     qb.push_bind(limit as i64);
     qb

@@ -12,6 +12,7 @@ use crate::dialect::{numbered_placeholders, Dialect};
 use crate::error::db_err;
 
 pub(crate) mod bulk;
+pub(crate) mod pause;
 pub(crate) mod purge;
 pub(crate) mod reconcile;
 pub(crate) mod replay;

@@ -577,6 +577,10 @@ impl ferry_core::OutboxStore for PgStore {
         Some(self)
     }
 
+    fn pause_control(&self) -> Option<&dyn ferry_core::PauseControl> {
+        Some(self)
+    }
+
     fn server_warnings(
         &self,
     ) -> BoxFuture<'_, Result<Vec<ferry_core::SettingWarning>, StoreError>> {
@@ -593,3 +597,5 @@ pub async fn connect_one(url: &str) -> Result<PgConnection, StoreError> {
         .await
         .map_err(|e| db_err("connect", e))
 }
+
+crate::operator::pause::pause_control!(PgStore, Pg);

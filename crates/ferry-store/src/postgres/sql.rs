@@ -422,7 +422,9 @@ pub(crate) fn claim(req: &ClaimRequest, measure: bool) -> String {
          AND ((o.state = 'PENDING' AND o.available_at <= now()) \
            OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
          AND o.aggregate_version = (SELECT min(p.aggregate_version) FROM ferry_outbox p \
-           WHERE p.aggregate_id = o.aggregate_id AND p.phase < 2)"
+           WHERE p.aggregate_id = o.aggregate_id AND p.phase < 2) \
+         AND {}",
+        crate::operator::pause::not_paused("o")
     );
     // With `measure`, `passed` counts contention: when the claim comes back short of its
     // limit, the same window read without locks (this statement's snapshot, where the
@@ -540,6 +542,7 @@ pub(crate) fn status_cursor() -> String {
 pub(crate) fn claim_exceptions(req: &ClaimRequest) -> String {
     // As the row-mode claim: with a fence, only slots whose lease the owner holds now.
     let slot_filter = claim_slot_filter("x", req);
+    let not_paused = crate::operator::pause::not_paused_exception("x");
     // The predecessor rule among open exceptions, as "x is its aggregate's lowest open
     // version" (an index probe per candidate on ferry_outbox_exception_open).
     format!(
@@ -549,6 +552,7 @@ pub(crate) fn claim_exceptions(req: &ClaimRequest) -> String {
                OR (x.state = 'CLAIMED' AND x.lease_until <= now())) \
              AND x.aggregate_version = (SELECT min(p.aggregate_version) FROM ferry_outbox_exception p \
                WHERE p.aggregate_id = x.aggregate_id AND p.state IN {OPEN}) \
+             AND {not_paused} \
            ORDER BY x.seq LIMIT $2 \
            FOR UPDATE OF x SKIP LOCKED), \
          claimed AS ( \

@@ -561,4 +561,10 @@ impl ferry_core::OutboxStore for SqliteStore {
     fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
         Some(self)
     }
+
+    fn pause_control(&self) -> Option<&dyn ferry_core::PauseControl> {
+        Some(self)
+    }
 }
+
+crate::operator::pause::pause_control!(SqliteStore, Lite);

@@ -126,6 +126,12 @@ pub(crate) fn claim((table, a): (&str, &str), returning: &str, fenced: bool) -> 
     } else {
         String::new()
     };
+    // a paused topic's rows stay where they are (their successors wait behind them)
+    let not_paused = if table == "ferry_outbox" {
+        crate::operator::pause::not_paused(a)
+    } else {
+        crate::operator::pause::not_paused_exception(a)
+    };
     format!(
         "UPDATE {table} SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
            lease_until = ?2 + ?4 \
@@ -136,6 +142,7 @@ pub(crate) fn claim((table, a): (&str, &str), returning: &str, fenced: bool) -> 
              AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.aggregate_id = {a}.aggregate_id \
                AND p.aggregate_version < {a}.aggregate_version \
                AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+             AND {not_paused} \
            ORDER BY {a}.seq LIMIT ?6) \
          RETURNING {returning}"
     )

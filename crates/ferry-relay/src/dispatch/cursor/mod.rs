@@ -14,7 +14,9 @@
 //! * within a batch, the hold rule ([`crate::route`]) stops an aggregate at its first item that
 //!   was not acked; the rest become held exceptions, resent after it;
 //! * events whose aggregate has an open exception are not sent by the cursor path at all: they
-//!   become held exceptions, sent by the exception path ([`exceptions`]) in version order.
+//!   become held exceptions, sent by the exception path ([`exceptions`]) in version order;
+//! * events of a paused topic ([`paused`]) are not sent either: they become held exceptions
+//!   that the exception path leaves alone until the topic is resumed.
 //!
 //! A fenced or failed advance resets the worker: it waits for its other sends, forgets its
 //! in-memory positions and reloads the durable cursors. Everything after them is read and sent
@@ -23,6 +25,7 @@
 //! [`state`] is what a worker keeps in memory between its steps.
 mod advance;
 mod exceptions;
+mod paused;
 mod read;
 mod send;
 mod state;

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::Ctx;
 use crate::dispatch::cursor::advance::{complete_front, finish_advance};
 use crate::dispatch::cursor::exceptions::run_exceptions;
+use crate::dispatch::cursor::paused::Paused;
 use crate::dispatch::cursor::read::{
     cut_at_busy_aggregates, move_read_positions, next_read, LINGER_MIN_EVENTS,
 };
@@ -49,6 +50,7 @@ pub(crate) async fn worker(
         next_exceptions: Instant::now(),
         store_backoff: Duration::from_millis(50),
         must_load: true,
+        paused: Paused::default(),
     };
     loop {
         wk.release_acked();
@@ -103,6 +105,8 @@ struct Worker<'a> {
     store_backoff: Duration,
     /// The durable cursors must be (re)loaded before the next read.
     must_load: bool,
+    /// The paused topics, read again every `poll_idle`.
+    paused: Paused,
 }
 
 /// A read, with what the steps after it need.
@@ -280,6 +284,9 @@ impl Worker<'_> {
             return None;
         }
         let slots: HashSet<SlotId> = from.iter().map(|(s, _)| *s).collect();
+        self.paused
+            .refresh(self.ctx.store.as_ref(), self.ctx.config.poll_idle)
+            .await;
         let commits_seen = self.ctx.commits.load(Ordering::Acquire);
         let started = Instant::now();
         let batch = match self
@@ -290,8 +297,9 @@ impl Worker<'_> {
             })
             .await
         {
-            Ok(b) => {
+            Ok(mut b) => {
                 self.store_backoff = Duration::from_millis(50);
+                self.paused.hold(&mut b.events);
                 b
             }
             Err(e) => {
