@@ -57,14 +57,31 @@ async fn replay_command_sends_to_a_broker(db: TestDb, mode: DispatchMode) {
     task.stop().await;
     let brokers = kafka.bootstrap_servers();
 
-    let o = replay(&db.url, brokers, &["--topic", TOPIC, "--to-topic", TO, "--dry-run"]);
+    let o = replay(
+        &db.url,
+        brokers,
+        &["--topic", TOPIC, "--to-topic", TO, "--dry-run"],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    assert!(text(&o.stdout).contains('9'), "the count: {}", text(&o.stdout));
+    assert!(
+        text(&o.stdout).contains('9'),
+        "the count: {}",
+        text(&o.stdout)
+    );
 
     let o = replay(
         &db.url,
         brokers,
-        &["--topic", TOPIC, "--to-topic", TO, "--replay-id", "r-7", "--page-size", "4"],
+        &[
+            "--topic",
+            TOPIC,
+            "--to-topic",
+            TO,
+            "--replay-id",
+            "r-7",
+            "--page-size",
+            "4",
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let records = read_records(
@@ -89,14 +106,20 @@ async fn replay_command_sends_to_a_broker(db: TestDb, mode: DispatchMode) {
     for r in &records {
         assert_eq!(header(r, "ferry-replay").as_deref(), Some("r-7"));
         let agg = header(r, "ferry-aggregate-id").unwrap();
-        let v: i64 = header(r, "ferry-aggregate-version").unwrap().parse().unwrap();
+        let v: i64 = header(r, "ferry-aggregate-version")
+            .unwrap()
+            .parse()
+            .unwrap();
         assert_eq!(
             header(r, "ferry-event-id"),
             Some(format!("e-{agg}-{v}")),
             "the original event id"
         );
         let prev = last.insert(agg.clone(), v);
-        assert!(prev.is_none_or(|p| p + 1 == v), "{agg}: v{v} after {prev:?}");
+        assert!(
+            prev.is_none_or(|p| p + 1 == v),
+            "{agg}: v{v} after {prev:?}"
+        );
     }
     assert_eq!(last.get("hot"), Some(&6));
 

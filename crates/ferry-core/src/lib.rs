@@ -81,9 +81,9 @@ mod event;
 pub mod failpoint;
 mod future;
 mod outcome;
+pub mod pause;
 mod payload;
 pub mod replay;
-pub mod pause;
 mod shard;
 pub mod store;
 mod time;
@@ -108,8 +108,8 @@ pub use event::{
 };
 pub use future::BoxFuture;
 pub use outcome::{ItemOutcome, Outcome, OutcomeCounts};
-pub use payload::Payload;
 pub use pause::{is_paused, PauseControl, PauseRequest, PausedTopic, ALL_TOPICS};
+pub use payload::Payload;
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
     BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, MemberInfo, OperatorAction,

@@ -191,7 +191,7 @@ fn event(r: Vec<Option<String>>) -> Result<ClaimedEvent, StoreError> {
 
 /// Hex text (either case) → bytes; `None` if it is not.
 fn unhex(h: &str) -> Option<Vec<u8>> {
-    if h.len() % 2 != 0 {
+    if !h.len().is_multiple_of(2) {
         return None;
     }
     (0..h.len())
