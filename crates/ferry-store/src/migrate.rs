@@ -36,8 +36,8 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(10, "member_sink", "postgres/0010_member_sink"),
     migration!(11, "binary_payload", "postgres/0011_binary_payload"),
     migration!(12, "operator_action", "postgres/0012_operator_action"),
-    migration!(14, "retention_mark", "postgres/0014_retention_mark"),
     migration!(13, "pause", "postgres/0013_pause"),
+    migration!(14, "retention_mark", "postgres/0014_retention_mark"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -52,8 +52,8 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(8, "member_sink", "mysql/0008_member_sink"),
     migration!(9, "binary_payload", "mysql/0009_binary_payload"),
     migration!(10, "operator_action", "mysql/0010_operator_action"),
-    migration!(12, "retention_mark", "mysql/0012_retention_mark"),
     migration!(11, "pause", "mysql/0011_pause"),
+    migration!(12, "retention_mark", "mysql/0012_retention_mark"),
 ];
 
 /// SQLite migrations, in order.
@@ -64,8 +64,8 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(4, "member_instance", "sqlite/0004_member_instance"),
     migration!(5, "member_sink", "sqlite/0005_member_sink"),
     migration!(7, "operator_action", "sqlite/0007_operator_action"),
-    migration!(9, "retention_mark", "sqlite/0009_retention_mark"),
     migration!(8, "pause", "sqlite/0008_pause"),
+    migration!(9, "retention_mark", "sqlite/0009_retention_mark"),
 ];
 
 // ---------------------------------------------------------------- the runner
