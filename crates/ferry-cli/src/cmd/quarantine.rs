@@ -242,26 +242,9 @@ async fn bulk(
     Ok(0)
 }
 
-/// `us` since the epoch as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC).
-pub fn utc(us: i64) -> String {
-    let (secs, micros) = (us.div_euclid(1_000_000), us.rem_euclid(1_000_000));
-    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // civil from days (Howard Hinnant), the inverse of reconcile's rfc3339_micros
-    let z = days + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        sod / 3600,
-        sod / 60 % 60,
-        sod % 60
-    )
+/// `us` since the epoch as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC): replay's formatter.
+fn utc(us: i64) -> String {
+    ferry_core::replay::rfc3339(us)
 }
 
 /// One line per recorded operator action (`ferry status`).
