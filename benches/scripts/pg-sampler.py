@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Samples where a long PostgreSQL run spends its time, once per interval, as JSON lines.
+
+Usage: benches/scripts/pg-sampler.py DATABASE_URL OUT.jsonl [--every SECONDS] [--pid PID]
+
+Each line holds, at one instant:
+- `cpu`: CPU seconds so far of the watched process's threads, summed by thread name (`--pid`,
+  e.g. loadgen's), and of every PostgreSQL process summed by `application_name` (client
+  backends) or `backend_type` (checkpointer, walwriter, ...), read from /proc;
+- `statements`: pg_stat_statements' counters per statement (calls, total_exec_time, rows,
+  shared blocks hit and read), when the extension is installed in the database;
+- `tables`: per table of every non-system schema its heap and index bytes, live and dead
+  tuples, sequential scans and the tuples they read, index scans;
+- `db`: pg_stat_database's block and transaction counters, pg_stat_bgwriter's;
+- `load`: /proc/loadavg.
+
+Differences between two lines are the cost of the interval between them: `pg-sampler-diff.py`
+prints them per event. It reads with `psql`, so the URL's credentials never appear in its output.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def psql(url, sql):
+    out = subprocess.run(
+        ["psql", url, "-XAt", "-F", "\t", "-c", sql],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return [line.split("\t") for line in out.splitlines() if line]
+
+
+def cpu_of(path):
+    try:
+        with open(path) as f:
+            s = f.read()
+    except OSError:
+        return None
+    rest = s[s.rindex(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / TICK
+
+
+def comm_of(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def thread_group(name):
+    # tokio-runtime-worker, rdk:broker1, ... : drop the digits so one group a kind
+    return "".join(c for c in name if not c.isdigit())
+
+
+def sample(url, pid):
+    cpu = {}
+    if pid:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            c = cpu_of(f"/proc/{pid}/task/{tid}/stat")
+            if c is not None:
+                g = "loadgen:" + thread_group(comm_of(f"/proc/{pid}/task/{tid}/comm"))
+                cpu[g] = cpu.get(g, 0.0) + c
+    for p, app, btype in psql(
+        url, "SELECT pid, coalesce(application_name, ''), backend_type FROM pg_stat_activity"
+    ):
+        c = cpu_of(f"/proc/{p}/stat")
+        if c is None:
+            continue
+        g = "pg:" + (app if btype == "client backend" and app else btype)
+        cpu[g] = cpu.get(g, 0.0) + c
+    statements = []
+    has_pss = psql(url, "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'")
+    if has_pss and has_pss[0][0] != "0":
+        for row in psql(
+            url,
+            "SELECT queryid, calls, total_exec_time, rows, shared_blks_hit, shared_blks_read, "
+            "left(regexp_replace(query, '\\s+', ' ', 'g'), 160) FROM pg_stat_statements",
+        ):
+            statements.append(
+                {
+                    "id": row[0], "calls": int(row[1]), "ms": float(row[2]), "rows": int(row[3]),
+                    "hit": int(row[4]), "read": int(row[5]), "query": row[6],
+                }
+            )
+    tables = {}
+    for row in psql(
+        url,
+        "SELECT schemaname || '.' || relname, pg_relation_size(relid), pg_indexes_size(relid), "
+        "n_live_tup, n_dead_tup, seq_scan, coalesce(seq_tup_read, 0), coalesce(idx_scan, 0) "
+        "FROM pg_stat_user_tables",
+    ):
+        tables[row[0]] = {
+            "heap": int(row[1]), "index": int(row[2]), "live": int(row[3]), "dead": int(row[4]),
+            "seq_scan": int(row[5]), "seq_read": int(row[6]), "idx_scan": int(row[7]),
+        }
+    d = psql(
+        url,
+        "SELECT xact_commit, xact_rollback, blks_read, blks_hit, tup_inserted, tup_updated, "
+        "tup_deleted, temp_bytes FROM pg_stat_database WHERE datname = current_database()",
+    )[0]
+    b = psql(
+        url,
+        "SELECT checkpoints_timed, checkpoints_req, buffers_checkpoint, buffers_clean, "
+        "buffers_backend, buffers_backend_fsync, buffers_alloc FROM pg_stat_bgwriter",
+    )[0]
+    db = dict(zip(
+        ["xact_commit", "xact_rollback", "blks_read", "blks_hit", "tup_inserted", "tup_updated",
+         "tup_deleted", "temp_bytes"], map(int, d),
+    ))
+    db.update(zip(
+        ["checkpoints_timed", "checkpoints_req", "buffers_checkpoint", "buffers_clean",
+         "buffers_backend", "buffers_backend_fsync", "buffers_alloc"], map(int, b),
+    ))
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    return {"t": time.time(), "cpu": cpu, "statements": statements, "tables": tables, "db": db,
+            "load": float(load)}
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) < 2:
+        sys.exit(__doc__)
+    url, out = args[0], args[1]
+    every, pid = 60.0, None
+    if "--every" in args:
+        every = float(args[args.index("--every") + 1])
+    if "--pid" in args:
+        pid = args[args.index("--pid") + 1]
+    with open(out, "a") as f:
+        while True:
+            t0 = time.time()
+            try:
+                f.write(json.dumps(sample(url, pid)) + "\n")
+                f.flush()
+            except (subprocess.CalledProcessError, OSError, IndexError) as e:
+                print(f"pg-sampler: sample failed: {e}", file=sys.stderr)
+            if pid and not os.path.exists(f"/proc/{pid}"):
+                return
+            time.sleep(max(0.0, every - (time.time() - t0)))
+
+
+if __name__ == "__main__":
+    main()
