@@ -78,7 +78,6 @@ impl Database {
     /// business table; `keep`: leave them in place afterwards.
     pub async fn create(spec: &RunSpec, keep: bool, run: &str, pool_size: u32) -> Result<Self> {
         let aggregates = spec.work.aggregate_rows();
-        let fold = spec.retention.as_ref().is_some_and(|r| r.fold_orders);
         let spec = &spec.db;
         let sqlite_sync = spec.sqlite_sync;
         let (mut dir, mut namespace) = (None, None);
@@ -136,7 +135,7 @@ impl Database {
             dir,
             keep,
         };
-        if let Err(e) = db.prepare(spec.url.is_some(), run, aggregates, fold, opts).await {
+        if let Err(e) = db.prepare(spec.url.is_some(), run, aggregates, opts).await {
             drop_namespace(db.namespace.take()).await;
             return Err(e);
         }
@@ -145,13 +144,12 @@ impl Database {
 
     /// Creates the business tables (emptying an explicit SQLite file that loadgen created) with
     /// the rows of `aggregates` aggregates and puts the outbox in the run's dispatch mode; on
-    /// PostgreSQL then reconnects. `fold`: `--fold-orders` (the index its fold reads by).
+    /// PostgreSQL then reconnects.
     async fn prepare(
         &mut self,
         explicit_sqlite: bool,
         run: &str,
         aggregates: u64,
-        fold: bool,
         opts: ConnectOptions,
     ) -> Result<()> {
         if let (Pool::Sqlite(p), true) = (&self.pool, explicit_sqlite) {
@@ -178,7 +176,7 @@ impl Database {
             .await
             .map_err(Error::sql("empty the SQLite file"))?;
         }
-        orders::create_tables(&self.pool, self.kind, run, aggregates, fold).await?;
+        orders::create_tables(&self.pool, self.kind, run, aggregates).await?;
         self.set_dispatch(run).await?;
         if self.kind == Backend::Postgres {
             // A backend reports its table statistics at most once a second and, when idle,

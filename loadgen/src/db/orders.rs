@@ -108,10 +108,6 @@ const AGGREGATES_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
 const FOLDED_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
     (aggregate_id VARCHAR(255) PRIMARY KEY, n BIGINT NOT NULL, lo BIGINT NOT NULL, \
      hi BIGINT NOT NULL, vsum NUMERIC NOT NULL, vsq NUMERIC NOT NULL)";
-/// PostgreSQL `--fold-orders`: the fold finds the old orders through this index instead of
-/// reading the whole table each run (`created_at_us` only grows, so inserts append to it).
-const FOLD_INDEX_PG: &str =
-    "CREATE INDEX IF NOT EXISTS loadgen_orders_created ON loadgen_orders (created_at_us)";
 /// Business rows created per statement (a million: about 4 s on PostgreSQL, 2.5 s on MariaDB).
 const AGGREGATE_ROWS_PER_STATEMENT: u64 = 1_000_000;
 /// PostgreSQL: one statement takes every version of a transaction, aggregate after aggregate in
@@ -255,14 +251,12 @@ pub(super) async fn exists(pool: &Pool, order_id: i64) -> Result<bool> {
 
 /// Creates `loadgen_orders`, `loadgen_aggregates` (PostgreSQL: and `loadgen_orders_folded`,
 /// `loadgen_take_versions`)
-/// and the business rows of aggregates `0..aggregates` of run `run`; with `fold` (PostgreSQL
-/// `--fold-orders`) the index the fold reads old orders by.
+/// and the business rows of aggregates `0..aggregates` of run `run`.
 pub(super) async fn create_tables(
     pool: &Pool,
     kind: Backend,
     run: &str,
     aggregates: u64,
-    fold: bool,
 ) -> Result<()> {
     let ddl = match kind {
         Backend::Sqlite => vec![
@@ -280,8 +274,6 @@ pub(super) async fn create_tables(
             TAKE_VERSIONS_PG.to_string(),
         ],
     };
-    let fold_index = (fold && kind == Backend::Postgres).then(|| FOLD_INDEX_PG.to_string());
-    let ddl = ddl.into_iter().chain(fold_index);
     for stmt in ddl {
         on_inbox!(InboxPool, pool, p => p.execute(stmt.as_str()).await.map(drop))
             .map_err(Error::sql("create loadgen_orders and loadgen_aggregates"))?;
