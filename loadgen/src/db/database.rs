@@ -116,7 +116,7 @@ impl Database {
             acquire_timeout: Duration::from_secs(30),
             ..ConnectOptions::default()
         };
-        let (store, pool) = match open(spec.store, &url, sqlite_sync, &opts).await {
+        let (store, pool) = match open(spec.store, &url, PRODUCERS, sqlite_sync, &opts).await {
             Ok(v) => v,
             Err(e) => {
                 drop_namespace(namespace).await;
@@ -188,7 +188,8 @@ impl Database {
                 migrate: false,
                 ..opts
             };
-            (self.store, self.pool) = open(self.kind, &self.url, self.sqlite_sync, &opts).await?;
+            (self.store, self.pool) =
+                open(self.kind, &self.url, PRODUCERS, self.sqlite_sync, &opts).await?;
         }
         Ok(())
     }
@@ -253,11 +254,13 @@ impl Database {
     }
 
     /// Opens another store on the same namespace with its own pool (one per in-process relay,
-    /// as separate relay processes would have), and a handle that closes that pool.
+    /// as separate relay processes would have), and a handle that closes that pool. `role`
+    /// names its PostgreSQL connections (`application_name`).
     pub async fn open_store(
         &self,
         max_connections: u32,
         measure_contention: bool,
+        role: &str,
     ) -> Result<(Arc<dyn OutboxStore>, PoolHandle)> {
         let opts = ConnectOptions {
             max_connections,
@@ -266,7 +269,7 @@ impl Database {
             limits: Limits::default(),
             measure_contention,
         };
-        let (store, pool) = open(self.kind, &self.url, self.sqlite_sync, &opts).await?;
+        let (store, pool) = open(self.kind, &self.url, role, self.sqlite_sync, &opts).await?;
         Ok((store, PoolHandle(pool)))
     }
 
@@ -347,15 +350,33 @@ pub fn new_histogram() -> Histogram<u64> {
     ferry_relay::metrics::Latency::default().snapshot()
 }
 
+/// The `application_name` of the producers' pool (which also runs the checks and the fold).
+const PRODUCERS: &str = "loadgen-producers";
+/// The `application_name` of the in-process relays' pools.
+pub const RELAY: &str = "loadgen-relay";
+/// The `application_name` of the retention purger's pool.
+pub const PURGE: &str = "loadgen-purge";
+
+/// PostgreSQL: `url` with `application_name=role` added unless it names one, so that
+/// `pg_stat_activity` (and `benches/scripts/pg-sampler.py`) tells loadgen's roles apart.
+fn named(url: &str, role: &str) -> String {
+    if url.contains("application_name=") {
+        return url.to_string();
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}application_name={role}")
+}
+
 async fn open(
     kind: Backend,
     url: &str,
+    role: &str,
     sync: SqliteSync,
     opts: &ConnectOptions,
 ) -> Result<(Arc<dyn OutboxStore>, Pool)> {
     Ok(match kind {
         Backend::Postgres => {
-            let s = PgStore::connect(url, opts).await?;
+            let s = PgStore::connect(&named(url, role), opts).await?;
             let pool = Pool::Postgres(s.pool().clone());
             (Arc::new(s), pool)
         }

@@ -20,5 +20,5 @@ mod orders;
 
 pub use checks::VersionCheck;
 pub use costs::{PgCosts, SqliteWrites, TableStats};
-pub use database::{new_histogram, Database, PoolHandle};
+pub use database::{new_histogram, Database, PoolHandle, PURGE, RELAY};
 pub use orders::{dialect, Rollback, TxError};

@@ -181,7 +181,7 @@ impl<'a> Run<'a> {
         let Some(retention) = self.spec.retention else {
             return Ok(None);
         };
-        let (store, pool) = self.db.open_store(2, false).await?;
+        let (store, pool) = self.db.open_store(2, false, crate::db::PURGE).await?;
         // What an operator of this server has to do: with autovacuum off nothing reclaims the
         // purged rows, and every later purge and read walks them (`ferry purge --vacuum`).
         let vacuum = store
