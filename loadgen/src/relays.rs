@@ -193,7 +193,8 @@ impl Relays {
                     _ => want,
                 };
                 for k in 0..spec.relays {
-                    let (store, pool_handle) = db.open_store(pool, spec.measure_contention, crate::db::RELAY)
+                    let (store, pool_handle) = db
+                        .open_store(pool, spec.measure_contention, crate::db::RELAY)
                         .await?;
                     let sink = Arc::new(ObservedSink {
                         inner: make_sink(spec.sink, kafka_brokers, dispatch, spec.kafka_linger)?,
