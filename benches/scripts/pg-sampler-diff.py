@@ -37,11 +37,17 @@ def main():
     minutes = float(args[args.index("--window") + 1]) if "--window" in args else 5.0
     top = int(args[args.index("--top") + 1]) if "--top" in args else 12
     samples = load(args[0])
+    if len(samples) < 2:
+        sys.exit("pg-sampler-diff: fewer than two samples")
     t0 = samples[0]["t"]
     for a, b in windows(samples, minutes):
         dt = b["t"] - a["t"]
         print(f"== {(a['t'] - t0) / 60:.1f}-{(b['t'] - t0) / 60:.1f} min (load {b['load']})")
-        cpu = {g: (b["cpu"][g] - a["cpu"].get(g, 0.0)) / dt for g in b["cpu"]}
+        # per process: what it used since the earlier sample (all of it if it is new)
+        cpu = {
+            g: sum(c - a["cpu"].get(g, {}).get(p, 0.0) for p, c in procs.items()) / dt
+            for g, procs in b["cpu"].items()
+        }
         total = sum(cpu.values())
         print(f"  cpu s/s total {total:.3f}: " + ", ".join(
             f"{g} {v:.3f}" for g, v in sorted(cpu.items(), key=lambda x: -x[1]) if v >= 0.005))

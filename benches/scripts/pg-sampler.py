@@ -4,8 +4,8 @@
 Usage: benches/scripts/pg-sampler.py DATABASE_URL OUT.jsonl [--every SECONDS] [--pid PID]
 
 Each line holds, at one instant:
-- `cpu`: CPU seconds so far of the watched process's threads, summed by thread name (`--pid`,
-  e.g. loadgen's), and of every PostgreSQL process summed by `application_name` (client
+- `cpu`: CPU seconds so far of each thread of the watched process (`--pid`, e.g. loadgen's),
+  grouped by thread name, and of each PostgreSQL process, grouped by `application_name` (client
   backends) or `backend_type` (checkpointer, walwriter, ...), read from /proc;
 - `statements`: pg_stat_statements' counters per statement (calls, total_exec_time, rows,
   shared blocks hit and read), when the extension is installed in the database;
@@ -58,13 +58,15 @@ def thread_group(name):
 
 
 def sample(url, pid):
+    # per group, per process (thread): CPU seconds so far; a difference is taken per process,
+    # so connections that close and reopen between two samples do not count backwards
     cpu = {}
-    if pid:
+    if pid and os.path.isdir(f"/proc/{pid}/task"):
         for tid in os.listdir(f"/proc/{pid}/task"):
             c = cpu_of(f"/proc/{pid}/task/{tid}/stat")
             if c is not None:
                 g = "loadgen:" + thread_group(comm_of(f"/proc/{pid}/task/{tid}/comm"))
-                cpu[g] = cpu.get(g, 0.0) + c
+                cpu.setdefault(g, {})[tid] = c
     for p, app, btype in psql(
         url, "SELECT pid, coalesce(application_name, ''), backend_type FROM pg_stat_activity"
     ):
@@ -72,15 +74,18 @@ def sample(url, pid):
         if c is None:
             continue
         g = "pg:" + (app if btype == "client backend" and app else btype)
-        cpu[g] = cpu.get(g, 0.0) + c
+        cpu.setdefault(g, {})[p] = c
     statements = []
-    has_pss = psql(url, "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'")
-    if has_pss and has_pss[0][0] != "0":
-        for row in psql(
+    try:
+        rows = psql(
             url,
             "SELECT queryid, calls, total_exec_time, rows, shared_blks_hit, shared_blks_read, "
             "left(regexp_replace(query, '\\s+', ' ', 'g'), 160) FROM pg_stat_statements",
-        ):
+        )
+    except subprocess.CalledProcessError:
+        rows = []  # the extension is not installed, or its library not loaded
+    if rows:
+        for row in rows:
             statements.append(
                 {
                     "id": row[0], "calls": int(row[1]), "ms": float(row[2]), "rows": int(row[3]),
@@ -140,9 +145,10 @@ def main():
                 f.flush()
             except (subprocess.CalledProcessError, OSError, IndexError) as e:
                 print(f"pg-sampler: sample failed: {e}", file=sys.stderr)
-            if pid and not os.path.exists(f"/proc/{pid}"):
-                return
-            time.sleep(max(0.0, every - (time.time() - t0)))
+            while time.time() - t0 < every:
+                if pid and not os.path.exists(f"/proc/{pid}"):
+                    return
+                time.sleep(min(1.0, max(0.0, every - (time.time() - t0))))
 
 
 if __name__ == "__main__":
