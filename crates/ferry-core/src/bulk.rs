@@ -136,10 +136,10 @@ impl BulkRequest<'_> {
     /// reason of at most [`MAX_REASON_LEN`] bytes.
     pub fn validate(&self) -> Result<(), StoreError> {
         self.filter.validate()?;
-        if self.operator.is_empty() || self.operator.len() > crate::MAX_IDENT_LEN {
+        if self.operator.is_empty() || self.operator.len() > crate::event::MAX_IDENT_LEN {
             return Err(invalid(format!(
                 "the operator name must be 1 to {} bytes",
-                crate::MAX_IDENT_LEN
+                crate::event::MAX_IDENT_LEN
             )));
         }
         if !self.dry_run && self.reason.trim().is_empty() {

@@ -75,7 +75,7 @@ pub struct ClaimedEvent {
     /// Stored headers (JSON object of strings).
     pub headers: String,
     /// The immutable payload: text or bytes, sent unchanged.
-    pub payload: crate::Payload,
+    pub payload: crate::payload::Payload,
     /// Failed attempts so far.
     pub attempts: i32,
     /// When the intent was committed (row creation), µs since the epoch.

@@ -74,7 +74,7 @@ pub struct EventRecord {
     /// Who resolved a quarantine (requeue/skip), if anyone.
     pub resolved_by: Option<String>,
     /// Payload (text or bytes).
-    pub payload: crate::Payload,
+    pub payload: crate::payload::Payload,
 }
 
 /// Lease of one shard slot by a relay process.
@@ -521,8 +521,8 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
     /// `InvalidInput`, before touching the database.
     fn bulk_quarantine<'a>(
         &'a self,
-        req: &'a crate::BulkRequest<'a>,
-    ) -> BoxFuture<'a, Result<crate::BulkOutcome, StoreError>> {
+        req: &'a crate::bulk::BulkRequest<'a>,
+    ) -> BoxFuture<'a, Result<crate::bulk::BulkOutcome, StoreError>> {
         let _ = req;
         unsupported("bulk quarantine actions")
     }
@@ -532,7 +532,7 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
     fn operator_actions(
         &self,
         limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<crate::OperatorRecord>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<crate::bulk::OperatorRecord>, StoreError>> {
         let _ = limit;
         Box::pin(async { Ok(Vec::new()) })
     }
