@@ -85,7 +85,7 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
     /// `--preload` before `burn-down`: refused with the new spelling.
-    #[arg(long = "preload", hide = true)]
+    #[arg(long = "preload", hide = true, value_parser = preload_moved)]
     pub preload_moved: Option<String>,
     #[command(flatten)]
     pub run: RunFlags,
@@ -171,12 +171,8 @@ pub struct DbFlags {
     /// Database URL (postgres://, mysql://, sqlite://). PostgreSQL gets a fresh schema and
     /// MariaDB a fresh database per run, dropped afterwards; an explicit SQLite file is emptied
     /// first, but only if it holds loadgen's own table or no outbox rows.
-    #[arg(
-        long,
-        global = true,
-        env = "LOADGEN_DATABASE_URL",
-        hide_env_values = true
-    )]
+    #[arg(long, global = true, env = "LOADGEN_DATABASE_URL", hide_env_values = true,
+        required_if_eq_any = [("store", "postgres"), ("store", "mysql"), ("store", "mariadb")])]
     pub database_url: Option<String>,
 
     /// Keep the run's schema/database/file afterwards (its URL is printed).
@@ -285,7 +281,8 @@ pub struct KafkaFlags {
     /// relays' Kafka message timeout (30s by default) makes sends time out, which the relays must
     /// resend in order. Needs the embedded cluster (no --kafka-brokers) and a load phase (not
     /// burn-down).
-    #[arg(long, global = true, value_parser = parse_duration_positive)]
+    #[arg(long, global = true, value_parser = parse_duration_positive,
+        conflicts_with_all = ["kafka_brokers", "sweep_batch", "sweep_relays"])]
     pub broker_stall: Option<Duration>,
 }
 
@@ -440,18 +437,18 @@ pub struct InboxFlags {
 
 /// Sweeps: one run per value.
 #[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "Sweeps")]
+#[command(next_help_heading = "Sweeps", group = clap::ArgGroup::new("sweep").multiple(false))]
 pub struct SweepFlags {
     /// Run once per batch size (e.g. 1,10,100,500,1000), print a table, write a chart.
-    #[arg(long, global = true, value_parser = parse_batch_list, conflicts_with = "sweep_relays")]
+    #[arg(long, global = true, value_parser = parse_batch_list, group = "sweep")]
     pub sweep_batch: Option<SweepValues>,
 
     /// Run once per number of competing relays (e.g. 1,2,4,8): claim contention.
-    #[arg(long, global = true, value_parser = parse_relay_list)]
+    #[arg(long, global = true, value_parser = parse_relay_list, group = "sweep")]
     pub sweep_relays: Option<SweepValues>,
 
     /// SVG chart of a sweep [default: loadgen-sweep-<batch|relays>.svg].
-    #[arg(long, global = true)]
+    #[arg(long, global = true, requires = "sweep")]
     pub chart: Option<PathBuf>,
 }
 

@@ -14,6 +14,11 @@ pub(super) fn fmt_secs(d: Duration) -> String {
     format!("{}s", d.as_secs_f64())
 }
 
+/// `--preload` before the subcommand: refused with the new spelling.
+pub(super) fn preload_moved(n: &str) -> Result<String, String> {
+    Err(format!("the burn-down is a subcommand now: 'loadgen burn-down --preload {n}' (the other flags as before)"))
+}
+
 /// `--retention`: a positive age.
 pub(super) fn parse_retention(s: &str) -> Result<Duration, String> {
     if s.trim_start().starts_with('-') {
