@@ -117,7 +117,7 @@ impl CommitClock {
         if samples.peek().is_none() {
             return;
         }
-        let mut a = self.acked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut a = self.samples();
         for us in samples {
             let us = us.clamp(1, 3_600_000_000);
             let _ = a.all.record(us);
@@ -127,30 +127,23 @@ impl CommitClock {
         }
     }
 
+    fn samples(&self) -> std::sync::MutexGuard<'_, Acked> {
+        self.acked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// From now on, also counts each sample in interval `floor((ack - start) / len)`.
     pub fn start_intervals(&self, start: Instant, len: Duration) {
-        self.acked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .intervals = Some(Buckets::new(start, len));
+        self.samples().intervals = Some(Buckets::new(start, len));
     }
 
     /// COMMIT → broker ack so far, µs.
     pub fn histogram(&self) -> Histogram<u64> {
-        self.acked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .all
-            .clone()
+        self.samples().all.clone()
     }
 
     /// The samples per interval of their ack (`None`: intervals were not started).
     pub fn intervals(&self) -> Option<Buckets> {
-        self.acked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .intervals
-            .clone()
+        self.samples().intervals.clone()
     }
 }
 

@@ -25,8 +25,8 @@
 //!
 //! # Settling and the verdict
 //!
-//! After the relays stopped, loadgen reads each partition's high watermark and waits until the
-//! runner has caught up with it ([`ConsumerRunner::caught_up`]): every message (duplicates
+//! After the relays stopped, the runner reads each partition's high watermark and loadgen waits
+//! until it has caught up with them ([`ConsumerRunner::settle`]): every message (duplicates
 //! included) was applied or rejected, none is in flight. Then the effect
 //! rows of the run are read back and matched against what the producers committed (event
 //! numbers `0..committed` per producer). `effects_exactly_once` holds when the rows are exactly
@@ -38,15 +38,15 @@
 //! By default a fresh SQLite file `inbox.db` in a temporary directory of its own (independent
 //! of the outbox store), removed after the run unless `--keep-db`; or `--inbox-url` (the
 //! consumer name `loadgen-<run>` and the `run_id` column keep runs apart, and this run's rows
-//! are deleted afterwards unless `--keep-db`). SQLite has one writer: the pool has a single
-//! connection (more would only sleep in SQLite's busy handler) and the workers queue on it.
+//! are deleted afterwards unless `--keep-db`). The pool is [`InboxPool::for_workers`]: on SQLite
+//! a single connection the workers queue on.
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::BoxFuture;
 use ferry_inbox::{
-    Backend, BoxError, Conn, ConsumerRunner, Delivery, Inbox, InboxConfig, InboxPool, PoolOptions,
+    Backend, BoxError, Conn, ConsumerRunner, Delivery, Inbox, InboxConfig, InboxError, InboxPool,
     RunnerConfig, RunnerStats,
 };
 use ferry_store::redact_url;
@@ -54,7 +54,6 @@ use ferry_testkit::{on_inbox, TempDir};
 use sqlx::Executor;
 use tokio::time::Instant;
 
-use crate::cli::SqliteSync;
 use crate::db::dialect;
 use crate::error::{Error, Result};
 use crate::producer::ProducerResult;
@@ -77,7 +76,6 @@ pub struct InboxConsumer {
     consumer: String,
     url: String,
     workers: usize,
-    connections: u32,
     /// Temporary directory of the default SQLite file.
     dir: Option<TempDir>,
     keep: bool,
@@ -109,48 +107,29 @@ impl InboxConsumer {
             }
         };
         let workers = inbox.workers.max(1);
-        let setup = async {
-            let backend = Backend::from_url(&url).map_err(|e| {
-                Error::Setup(format!(
-                    "--inbox-url {}: {e} (use postgres://, mysql:// or sqlite://)",
-                    redact_url(&url)
-                ))
-            })?;
-            let (pool, connections) = match backend {
-                Backend::Sqlite => (sqlite_pool(&url, spec.db.sqlite_sync).await?, 1),
-                Backend::Postgres | Backend::Mysql => {
-                    let n = workers as u32;
-                    let pool = InboxPool::connect(&url, n).await.map_err(|e| {
-                        Error::Setup(format!(
-                            "cannot open the Inbox database {}: {e}",
-                            redact_url(&url)
-                        ))
-                    })?;
-                    (pool, n)
-                }
-            };
-            let inbox = Inbox::new(pool, InboxConfig::default());
-            inbox.migrate().await.map_err(|e| {
-                Error::Setup(format!(
-                    "cannot migrate the Inbox database {}: {e}",
-                    redact_url(&url)
-                ))
-            })?;
-            create_effect_tables(inbox.pool()).await?;
-            Ok::<_, Error>((inbox, connections))
+        let setup = |what: &'static str| {
+            let url = redact_url(&url);
+            move |e: InboxError| {
+                Error::Setup(format!("cannot {what} the Inbox database {url}: {e}"))
+            }
         };
-        let (inbox, connections) = setup.await?;
+        let pool = InboxPool::for_workers(&url, workers, spec.db.sqlite_sync.into())
+            .await
+            .map_err(setup("open"))?;
+        let inbox = Inbox::new(pool, InboxConfig::default());
+        inbox.migrate().await.map_err(setup("migrate"))?;
+        create_effect_tables(inbox.pool()).await?;
 
         let run: Arc<str> = Arc::from(run);
         let consumer = format!("loadgen-{run}");
         let mut config = RunnerConfig::new(brokers, topic, partitions, &consumer);
         config.workers = workers;
         let prefix = format!("lg-{run}-");
-        let effect_run = run.clone();
+        let effects = Arc::new(Effects::new(inbox.pool().backend(), run.clone()));
         let runner = ConsumerRunner::start(
             inbox.clone(),
             config,
-            ferry_inbox::runner::effect(move |c, d| effect(c, d, effect_run.clone())),
+            ferry_inbox::runner::effect(move |c, d| effect(c, d, effects.clone())),
             // another run's event on a reused topic is foreign
             Some(Box::new(move |d: &Delivery| {
                 d.event_id.starts_with(&prefix)
@@ -163,7 +142,6 @@ impl InboxConsumer {
             consumer,
             url,
             workers,
-            connections,
             dir,
             keep: spec.db.keep,
             runner: Some(runner),
@@ -175,67 +153,53 @@ impl InboxConsumer {
         self.runner.as_ref().map_or(0, ConsumerRunner::processed)
     }
 
-    /// Waits until every message up to the topic's high watermarks (`high`, read after the
-    /// relays stopped) has been applied, giving up when no message was applied for `stall`,
-    /// stops consuming, then reads the effects back and checks them against what the producers
+    /// Waits until every message up to the topic's high watermarks (read now, after the relays
+    /// stopped) has been applied, giving up when no message was applied for `stall`, stops
+    /// consuming, then reads the effects back and checks them against what the producers
     /// committed.
     pub async fn finish(
         mut self,
-        high: Option<Vec<i64>>,
         stall: Duration,
         ids: &Ids,
         results: &[ProducerResult],
         progress: bool,
     ) -> Result<InboxReport> {
         let start = Instant::now();
-        let mut settled = false;
-        let mut next_line = start + Duration::from_secs(1);
-        let (mut last, mut last_at) = (self.processed(), start);
-        if let Some(high) = &high {
-            let total: i64 = high.iter().map(|h| (*h).max(0)).sum();
-            loop {
-                if self.runner.as_ref().is_some_and(|r| r.caught_up(high)) {
-                    settled = true;
-                    break;
-                }
-                let now = Instant::now();
-                let n = self.processed();
-                if n != last {
-                    (last, last_at) = (n, now);
-                } else if now.duration_since(last_at) >= stall {
-                    break;
-                }
-                if progress && now >= next_line {
-                    next_line += Duration::from_secs(1);
-                    eprintln!(
-                        "loadgen [{:>5.0}s inbox] applied {n} of {total} messages after the relays stopped",
-                        now.duration_since(start).as_secs_f64()
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+        let runner = self.runner.take();
+        let settle = match &runner {
+            Some(r) => r
+                .settle(stall, |n, total| {
+                    if progress {
+                        eprintln!(
+                            "loadgen [{:>5.0}s inbox] applied {n} of {total} messages after the relays stopped",
+                            start.elapsed().as_secs_f64()
+                        );
+                    }
+                })
+                .await
+                .map_err(|e| e.to_string()),
+            None => Ok(false),
+        };
         let settle_secs = round3(start.elapsed().as_secs_f64());
-        let stats = match self.runner.take() {
+        let stats = match runner {
             Some(r) => r.stop().await,
             None => RunnerStats::default(),
         };
-
         let mut r = InboxReport {
-            backend: format!("{:?}", self.inbox.pool().backend()).to_lowercase(),
+            backend: self.inbox.pool().backend().as_str().to_string(),
             url: redact_url(&self.url),
             consumer: self.consumer.clone(),
             workers: self.workers,
-            connections: self.connections,
-            settled,
+            connections: self.inbox.pool().max_connections(),
+            settled: settle == Ok(true),
             settle_secs,
             stats,
             ..InboxReport::default()
         };
-        if high.is_none() {
-            r.stats
-                .examples
-                .push("the topic's high watermarks could not be read: not settled".to_string());
+        if let Err(e) = settle {
+            r.stats.examples.push(format!(
+                "the topic's high watermarks could not be read ({e}): not settled"
+            ));
         }
 
         // ---- read the effects back
@@ -246,7 +210,7 @@ impl InboxConsumer {
         let total_committed: u64 = committed.values().sum();
         let mut matched = 0u64;
         for id in &effect_ids {
-            match parse_event(ids, id) {
+            match ids.parse(id) {
                 Some((p, n)) if n < committed.get(&p).copied().unwrap_or(0) => matched += 1,
                 _ => {
                     r.effects_unexpected += 1;
@@ -259,25 +223,17 @@ impl InboxConsumer {
             }
         }
         r.effects_missing = total_committed.saturating_sub(matched);
-        let (aggregates, mismatches) = self.projection().await?;
-        r.projection_aggregates = aggregates;
-        r.projection_mismatches = mismatches;
-        r.inbox_rows = self
-            .inbox
-            .consumed_counts()
-            .await
-            .map_err(|e| Error::Setup(format!("Inbox consumed_counts: {e}")))?
+        (r.projection_aggregates, r.projection_mismatches) = self.projection().await?;
+        let inbox_err =
+            |what: &'static str| move |e: InboxError| Error::Setup(format!("Inbox {what}: {e}"));
+        r.inbox_rows = (self.inbox.consumed_counts().await)
+            .map_err(inbox_err("consumed_counts"))?
             .get(&self.consumer)
-            .copied()
-            .unwrap_or(0)
-            .max(0) as u64;
-        r.open_gaps = self
-            .inbox
-            .gaps(&self.consumer)
-            .await
-            .map_err(|e| Error::Setup(format!("Inbox gaps: {e}")))?
+            .map_or(0, |n| (*n).max(0) as u64);
+        r.open_gaps = (self.inbox.gaps(&self.consumer).await)
+            .map_err(inbox_err("gaps"))?
             .len() as u64;
-        r.effects_exactly_once = settled
+        r.effects_exactly_once = r.settled
             && r.stats.effect_failures == 0
             && r.stats.errors == 0
             && r.effects_unexpected == 0
@@ -363,43 +319,22 @@ impl Drop for InboxConsumer {
     }
 }
 
-/// A SQLite Inbox pool of one connection (one writer: more connections would only sleep in
-/// the busy handler), WAL, `synchronous` as asked.
-async fn sqlite_pool(url: &str, sync: SqliteSync) -> Result<InboxPool> {
-    // one connection: SQLite has one writer, and the workers queue on it (hence the long wait)
-    let options = PoolOptions {
-        max_connections: 1,
-        acquire_timeout: Duration::from_secs(30),
-        sqlite_synchronous: sync.into(),
-    };
-    InboxPool::connect_with(url, &options)
-        .await
-        .map_err(|e| Error::Setup(format!("open the Inbox database {}: {e}", redact_url(url))))
-}
-
-/// `loadgen_effects` and `loadgen_projection` on a server (MySQL adds its engine).
-const EFFECTS: [&str; 2] = [
+/// `loadgen_effects` and `loadgen_projection` (SQLite: `WITHOUT ROWID`, MySQL: InnoDB).
+const EFFECT_TABLES: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS loadgen_effects (event_id VARCHAR(255) PRIMARY KEY, \
      run_id VARCHAR(32) NOT NULL, aggregate_id VARCHAR(255) NOT NULL, \
      aggregate_version BIGINT NOT NULL, applied INT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS loadgen_projection (aggregate_id VARCHAR(255) PRIMARY KEY, \
      run_id VARCHAR(32) NOT NULL, version BIGINT NOT NULL, applied BIGINT NOT NULL)",
 ];
-const EFFECTS_SQLITE: [&str; 2] = [
-    "CREATE TABLE IF NOT EXISTS loadgen_effects (event_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, \
-     aggregate_id TEXT NOT NULL, aggregate_version INTEGER NOT NULL, applied INTEGER NOT NULL) \
-     WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS loadgen_projection (aggregate_id TEXT PRIMARY KEY, \
-     run_id TEXT NOT NULL, version INTEGER NOT NULL, applied INTEGER NOT NULL) WITHOUT ROWID",
-];
 
 async fn create_effect_tables(pool: &InboxPool) -> Result<()> {
-    let (ddl, suffix) = match pool {
-        InboxPool::Sqlite(_) => (EFFECTS_SQLITE, ""),
-        InboxPool::Postgres(_) => (EFFECTS, ""),
-        InboxPool::Mysql(_) => (EFFECTS, " ENGINE = InnoDB"),
+    let suffix = match pool.backend() {
+        Backend::Sqlite => " WITHOUT ROWID",
+        Backend::Postgres => "",
+        Backend::Mysql => " ENGINE = InnoDB",
     };
-    for stmt in ddl {
+    for stmt in EFFECT_TABLES {
         let stmt = format!("{stmt}{suffix}");
         on_inbox!(InboxPool, pool, p => p.execute(stmt.as_str()).await.map(drop)).map_err(
             Error::sql("create the effect tables loadgen_effects and loadgen_projection"),
@@ -408,80 +343,65 @@ async fn create_effect_tables(pool: &InboxPool) -> Result<()> {
     Ok(())
 }
 
+/// The business effect's statements in the Inbox database's dialect, and the run they record.
+struct Effects {
+    run: Arc<str>,
+    /// The event's row, then the aggregate's projection upsert.
+    sql: [String; 2],
+}
+
+impl Effects {
+    fn new(backend: Backend, run: Arc<str>) -> Self {
+        let projection = match backend {
+            Backend::Mysql => {
+                "INSERT INTO loadgen_projection (aggregate_id, run_id, version, \
+                applied) VALUES (?, ?, ?, 1) ON DUPLICATE KEY UPDATE \
+                version = VALUES(version), applied = applied + 1"
+            }
+            Backend::Postgres | Backend::Sqlite => {
+                "INSERT INTO loadgen_projection (aggregate_id, \
+                run_id, version, applied) VALUES (?, ?, ?, 1) ON CONFLICT (aggregate_id) DO \
+                UPDATE SET version = excluded.version, applied = loadgen_projection.applied + 1"
+            }
+        };
+        let effect = "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
+            aggregate_version, applied) VALUES (?, ?, ?, ?, 1)";
+        let pg = backend == Backend::Postgres;
+        let sql = [effect, projection].map(|s| ferry_testkit::placeholder(s, pg).into_owned());
+        Self { run, sql }
+    }
+}
+
 /// The business effect, on the Inbox's transaction: the event's effect row (a second
 /// application fails on the primary key) and the aggregate's projection.
 fn effect<'c>(
     conn: Conn<'c>,
     d: &'c Delivery,
-    run: Arc<str>,
+    e: Arc<Effects>,
 ) -> BoxFuture<'c, Result<(), BoxError>> {
     Box::pin(async move {
-        let (id, agg, v) = (&d.event_id, &d.aggregate_id, d.aggregate_version);
-        let run: &str = &run;
-        let twice = |e: sqlx::Error| -> BoxError {
-            match &e {
+        let (id, agg, v, run) = (&d.event_id, &d.aggregate_id, d.aggregate_version, &*e.run);
+        let twice = |err: sqlx::Error| -> BoxError {
+            match &err {
                 sqlx::Error::Database(db) if db.is_unique_violation() => {
                     Box::new(AppliedTwice(id.clone()))
                 }
-                _ => Box::new(e),
+                _ => Box::new(err),
             }
         };
-        // the effect row (unique per event: a second apply fails loudly) and the projection
-        macro_rules! apply {
-            ($c:expr, $effect:expr, $projection:expr) => {{
-                sqlx::query($effect)
-                    .bind(id)
-                    .bind(run)
-                    .bind(agg)
-                    .bind(v)
-                    .execute(&mut *$c)
-                    .await
-                    .map_err(twice)?;
-                sqlx::query($projection)
-                    .bind(agg)
-                    .bind(run)
-                    .bind(v)
-                    .execute(&mut *$c)
-                    .await?;
-            }};
-        }
-        const EFFECT: &str = "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
-            aggregate_version, applied) VALUES (?, ?, ?, ?, 1)";
-        const PROJECTION: &str = "INSERT INTO loadgen_projection (aggregate_id, run_id, version, \
-            applied) VALUES (?, ?, ?, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
-            version = excluded.version, applied = loadgen_projection.applied + 1";
-        match conn {
-            Conn::Sqlite(c) => apply!(c, EFFECT, PROJECTION),
-            Conn::Postgres(c) => apply!(
-                c,
-                "INSERT INTO loadgen_effects (event_id, run_id, aggregate_id, \
-                 aggregate_version, applied) VALUES ($1, $2, $3, $4, 1)",
-                "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
-                 VALUES ($1, $2, $3, 1) ON CONFLICT (aggregate_id) DO UPDATE SET \
-                 version = excluded.version, applied = loadgen_projection.applied + 1"
-            ),
-            Conn::Mysql(c) => apply!(
-                c,
-                EFFECT,
-                "INSERT INTO loadgen_projection (aggregate_id, run_id, version, applied) \
-                 VALUES (?, ?, ?, 1) ON DUPLICATE KEY UPDATE \
-                 version = VALUES(version), applied = applied + 1"
-            ),
-        }
+        on_inbox!(Conn, conn, c => {
+            let q = sqlx::query(&e.sql[0]).bind(id).bind(run).bind(agg).bind(v);
+            q.execute(&mut *c).await.map_err(twice)?;
+            let q = sqlx::query(&e.sql[1]).bind(agg).bind(run).bind(v);
+            q.execute(&mut *c).await?;
+        });
         Ok(())
     })
 }
 
-/// `(producer, n)` of a loadgen event id of this run (`lg-<run>-p<producer>-<n>`).
-fn parse_event(ids: &Ids, id: &str) -> Option<(usize, u64)> {
-    let rest = id.strip_prefix("lg-")?.strip_prefix(ids.run.as_str())?;
-    let (p, n) = rest.strip_prefix("-p")?.split_once('-')?;
-    Some((p.parse().ok()?, n.parse().ok()?))
-}
-
 #[cfg(test)]
 mod tests {
-    use ferry_inbox::{InboxError, Verdict};
+    use ferry_inbox::{SqliteSynchronous, Verdict};
 
     use super::*;
 
@@ -490,28 +410,26 @@ mod tests {
         let ids = Ids {
             run: "abc123".into(),
         };
-        assert_eq!(parse_event(&ids, &ids.event(7, 42)), Some((7, 42)));
+        assert_eq!(ids.parse(&ids.event(7, 42)), Some((7, 42)));
         let other = Ids {
             run: "ffffff".into(),
         };
-        assert_eq!(parse_event(&ids, &other.event(7, 42)), None);
-        assert_eq!(parse_event(&ids, "e-7-1"), None);
+        assert_eq!(ids.parse(&other.event(7, 42)), None);
+        assert_eq!(ids.parse("e-7-1"), None);
     }
 
     #[tokio::test]
     async fn duplicates_are_skipped_and_a_second_application_fails_loudly() {
         let dir = TempDir::new("loadgen-inbox-test").unwrap();
         let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
-        let inbox = Inbox::new(
-            sqlite_pool(&url, SqliteSync::Normal).await.unwrap(),
-            InboxConfig::default(),
-        );
+        let pool = InboxPool::for_workers(&url, 4, SqliteSynchronous::Normal);
+        let inbox = Inbox::new(pool.await.unwrap(), InboxConfig::default());
         inbox.migrate().await.unwrap();
         create_effect_tables(inbox.pool()).await.unwrap();
-        let run: Arc<str> = Arc::from("abc123");
+        let effects = Arc::new(Effects::new(Backend::Sqlite, Arc::from("abc123")));
         let apply = |d: Delivery| {
-            let (inbox, run) = (inbox.clone(), run.clone());
-            async move { inbox.apply_once(&d, |c, d| effect(c, d, run)).await }
+            let (inbox, e) = (inbox.clone(), effects.clone());
+            async move { inbox.apply_once(&d, |c, d| effect(c, d, e)).await }
         };
         let d = |n: u64, v: i64| {
             Delivery::new(

@@ -129,9 +129,3 @@ pub fn truncated_partitions(brokers: &str, topic: &str, partitions: i32) -> Opti
     let w = kafka::watermarks(brokers, topic, partitions)?;
     Some(w.iter().filter(|(low, _)| *low > 0).count() as u32)
 }
-
-/// The high watermark (next offset) of every partition of `topic`. Blocking.
-pub fn high_watermarks(brokers: &str, topic: &str, partitions: i32) -> Option<Vec<i64>> {
-    let w = kafka::watermarks(brokers, topic, partitions)?;
-    Some(w.into_iter().map(|(_, high)| high).collect())
-}

@@ -121,29 +121,20 @@ impl Sampler {
     }
 
     /// Closes the intervals that have ended, with the backlog and the consumer's latency read
-    /// now.
-    pub async fn close_intervals(&mut self, live: &Live<'_>) {
+    /// now; with `last` (the end of the drain) also the last, partial one.
+    pub async fn close_intervals(&mut self, live: &Live<'_>, last: bool) {
         let now = std::time::Instant::now();
-        if !self.intervals.as_ref().is_some_and(|l| l.due(now)) {
+        if !self.intervals.as_ref().is_some_and(|l| last || l.due(now)) {
             return;
         }
         let backlog = live.totals().await.backlog;
         let consumed = live.verifier.map(Verifier::latency);
         if let Some(l) = self.intervals.as_mut() {
-            l.close_due(now, backlog, consumed.as_ref());
-        }
-    }
-
-    /// Closes the last interval now (the end of the drain).
-    pub async fn finish_intervals(&mut self, live: &Live<'_>) {
-        if self.intervals.is_none() {
-            return;
-        }
-        let now = std::time::Instant::now();
-        let backlog = live.totals().await.backlog;
-        let consumed = live.verifier.map(Verifier::latency);
-        if let Some(l) = self.intervals.as_mut() {
-            l.finish(now, backlog, consumed.as_ref());
+            if last {
+                l.finish(now, backlog, consumed.as_ref());
+            } else {
+                l.close_due(now, backlog, consumed.as_ref());
+            }
         }
     }
 

@@ -105,6 +105,13 @@ impl Ids {
         format!("lg-{}-p{p:03}-{n:012}", self.run)
     }
 
+    /// `(producer, n)` of an event id of this run ([`Ids::event`]'s inverse).
+    pub fn parse(&self, id: &str) -> Option<(usize, u64)> {
+        let rest = id.strip_prefix("lg-")?.strip_prefix(self.run.as_str())?;
+        let (p, n) = rest.strip_prefix("-p")?.split_once('-')?;
+        Some((p.parse().ok()?, n.parse().ok()?))
+    }
+
     /// The business order id of producer `p`'s `n`-th order.
     pub fn order(p: usize, n: u64) -> i64 {
         ((p as i64) << 40) | (n as i64 & ((1 << 40) - 1))

@@ -130,6 +130,38 @@ impl InboxPool {
         })
     }
 
+    /// A pool for `workers` concurrent apply tasks (a
+    /// [`ConsumerRunner`](crate::ConsumerRunner)'s): one connection per task on a server; on
+    /// SQLite a single one (one writer: more connections would only sleep in its busy handler)
+    /// that the tasks queue on, hence a 30 s acquire timeout.
+    pub async fn for_workers(
+        url: &str,
+        workers: usize,
+        sqlite_synchronous: SqliteSynchronous,
+    ) -> Result<Self, InboxError> {
+        let options = match Backend::from_url(url)? {
+            Backend::Sqlite => PoolOptions {
+                max_connections: 1,
+                acquire_timeout: Duration::from_secs(30),
+                sqlite_synchronous,
+            },
+            Backend::Postgres | Backend::Mysql => PoolOptions {
+                max_connections: u32::try_from(workers).unwrap_or(u32::MAX),
+                ..PoolOptions::default()
+            },
+        };
+        Self::connect_with(url, &options).await
+    }
+
+    /// Connections the pool opens at most.
+    pub fn max_connections(&self) -> u32 {
+        match self {
+            Self::Postgres(p) => p.options().get_max_connections(),
+            Self::Mysql(p) => p.options().get_max_connections(),
+            Self::Sqlite(p) => p.options().get_max_connections(),
+        }
+    }
+
     /// Which database the pool is connected to.
     pub fn backend(&self) -> Backend {
         match self {

@@ -27,12 +27,15 @@
 //! [`ConsumerRunner::caught_up`] takes each partition's high watermark (read after the
 //! producers stopped) and holds once every message below it was polled and has gone through
 //! `apply_once` (applied, skipped or failed for good): nothing is in flight.
+//! [`ConsumerRunner::settle`] is the wait around it once the producers have stopped: it reads
+//! the watermarks itself ([`ConsumerRunner::high_watermarks`]) and waits until the runner has
+//! caught up with them, or gives up when no message was processed for a while.
 //! [`ConsumerRunner::stop`] ends polling and the tasks (one still retrying gives up) and
 //! returns the final counters.
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_core::{Backoff, BoxFuture};
 use rdkafka::config::ClientConfig;
@@ -176,6 +179,7 @@ pub struct ConsumerRunner {
     stop: Arc<AtomicBool>,
     thread: Option<thread::JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    config: Arc<RunnerConfig>,
 }
 
 impl ConsumerRunner {
@@ -188,13 +192,7 @@ impl ConsumerRunner {
         effect: Effect,
         accept: Option<Accept>,
     ) -> Result<Self, InboxError> {
-        let kafka = |e: rdkafka::error::KafkaError| InboxError::Consumer(e.to_string());
-        let mut client = ClientConfig::new();
-        for (k, v) in &config.properties {
-            client.set(k, v);
-        }
-        let reader: BaseConsumer = client
-            .set("bootstrap.servers", &config.brokers)
+        let reader: BaseConsumer = client(&config)
             // required by librdkafka; assign() joins no group and nothing is committed
             .set("group.id", format!("ferry-inbox-{}", config.consumer))
             .set("enable.auto.commit", "false")
@@ -256,7 +254,59 @@ impl ConsumerRunner {
             stop,
             thread: Some(thread),
             tasks,
+            config,
         })
+    }
+
+    /// Each partition's high watermark (the next offset to be written), read now on a client
+    /// of its own (on a blocking thread: each read is a broker round trip, 5 s at most).
+    pub async fn high_watermarks(&self) -> Result<Vec<i64>, InboxError> {
+        let config = self.config.clone();
+        let read = move || -> Result<Vec<i64>, InboxError> {
+            let client: BaseConsumer = client(&config).create().map_err(kafka)?;
+            (0..config.partitions)
+                .map(|p| {
+                    client
+                        .fetch_watermarks(&config.topic, p, Duration::from_secs(5))
+                        .map(|(_, high)| high)
+                        .map_err(kafka)
+                })
+                .collect()
+        };
+        tokio::task::spawn_blocking(read)
+            .await
+            .map_err(|e| InboxError::Consumer(format!("watermark task: {e}")))?
+    }
+
+    /// Once the producers have stopped: reads the topic's high watermarks and waits until the
+    /// runner [caught up](Self::caught_up) with them (`Ok(true)`), or until no message was
+    /// processed for `stall` (`Ok(false)`). `progress(processed, total)` is called once a
+    /// second meanwhile (`total`: the messages below the watermarks). Fails when the
+    /// watermarks cannot be read.
+    pub async fn settle(
+        &self,
+        stall: Duration,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<bool, InboxError> {
+        let high = self.high_watermarks().await?;
+        let total: u64 = high.iter().map(|h| (*h).max(0) as u64).sum();
+        let start = Instant::now();
+        let mut next_line = start + Duration::from_secs(1);
+        let (mut last, mut last_at) = (self.processed(), start);
+        while !self.caught_up(&high) {
+            let (now, n) = (Instant::now(), self.processed());
+            if n != last {
+                (last, last_at) = (n, now);
+            } else if now.duration_since(last_at) >= stall {
+                return Ok(false);
+            }
+            if now >= next_line {
+                next_line += Duration::from_secs(1);
+                progress(n, total);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(true)
     }
 
     /// Messages done with so far: through `apply_once` for good, or skipped as foreign.
@@ -348,6 +398,20 @@ impl Dispatch {
             o.fetch_max(m.offset() + 1, Ordering::AcqRel);
         }
     }
+}
+
+/// A Kafka client of `config`'s brokers and extra properties.
+fn client(config: &RunnerConfig) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    for (k, v) in &config.properties {
+        client.set(k, v);
+    }
+    client.set("bootstrap.servers", &config.brokers);
+    client
+}
+
+fn kafka(e: rdkafka::error::KafkaError) -> InboxError {
+    InboxError::Consumer(e.to_string())
 }
 
 /// The task of an aggregate: by its slot, so the choice is stable across Rust versions and

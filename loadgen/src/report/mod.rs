@@ -552,20 +552,11 @@ pub struct Stats {
 
 impl Stats {
     pub fn of(h: Option<&Histogram<u64>>) -> Self {
-        match h.filter(|h| !h.is_empty()) {
-            None => Self {
-                count: 0,
-                p50_ms: None,
-                p99_ms: None,
-            },
-            Some(h) => {
-                let ms = |q: f64| Some(round3(h.value_at_quantile(q) as f64 / 1000.0));
-                Self {
-                    count: h.len(),
-                    p50_ms: ms(0.5),
-                    p99_ms: ms(0.99),
-                }
-            }
+        let q = h.and_then(Quantiles::from_us);
+        Self {
+            count: q.map_or(0, |q| q.count),
+            p50_ms: q.map(|q| q.p50),
+            p99_ms: q.map(|q| q.p99),
         }
     }
 }

@@ -136,25 +136,14 @@ impl RunReport {
     fn render_throughput(&self, o: &mut String) {
         let r = |v: f64| format!("{}/s", rate(v));
         let _ = writeln!(o, "\n  throughput            total        per second");
-        let _ = writeln!(
-            o,
-            "    enqueued     {:>14} {:>14}",
-            self.enqueued,
-            r(self.enqueued_per_sec)
-        );
-        let _ = writeln!(
-            o,
-            "    sent         {:>14} {:>14}   (overall incl. drain {})",
-            self.sent,
-            r(self.sent_per_sec),
-            r(self.sent_per_sec_overall)
-        );
-        let _ = writeln!(
-            o,
-            "    consumed     {:>14} {:>14}",
-            self.consumed,
-            r(self.consumed_per_sec)
-        );
+        let overall = format!("   (overall incl. drain {})", r(self.sent_per_sec_overall));
+        for (name, total, per_sec, extra) in [
+            ("enqueued", self.enqueued, self.enqueued_per_sec, ""),
+            ("sent", self.sent, self.sent_per_sec, overall.as_str()),
+            ("consumed", self.consumed, self.consumed_per_sec, ""),
+        ] {
+            let _ = writeln!(o, "    {name:<12} {total:>14} {:>14}{extra}", r(per_sec));
+        }
         let _ = writeln!(
             o,
             "    backlog at end of load {}, drained in {:.1}s{}",

@@ -293,7 +293,7 @@ impl<'a> Run<'a> {
                     break;
                 }
             }
-            sampler.close_intervals(live).await;
+            sampler.close_intervals(live, false).await;
             if Instant::now() < next {
                 continue;
             }
@@ -410,7 +410,7 @@ impl<'a> Run<'a> {
         let mut next_tick = start + Duration::from_secs(1);
         let mut last_store_check = start;
         let drained = loop {
-            sampler.close_intervals(live).await;
+            sampler.close_intervals(live, false).await;
             if Instant::now() >= next_tick {
                 sampler.tick(live, "drain").await;
                 next_tick += Duration::from_secs(1);

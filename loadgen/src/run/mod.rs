@@ -186,7 +186,7 @@ impl<'a> Run<'a> {
         let timeout = spec.drain_timeout.saturating_sub(drain_start.elapsed());
         let (drained, missing) = self.drain(&live, &mut sampler, &results, timeout).await;
         let drain_secs = drain_start.elapsed().as_secs_f64();
-        sampler.finish_intervals(&live).await;
+        sampler.close_intervals(&live, true).await;
         let purge = match purger {
             Some((p, pool)) => {
                 let tally = p.stop().await;
@@ -218,15 +218,12 @@ impl<'a> Run<'a> {
         if let Err(e) = relays.stop().await {
             self.error(e.to_string());
         }
-        let inbox = match (inbox, &kafka) {
-            (Some(ib), Some(k)) => {
+        let inbox = match inbox {
+            Some(ib) => {
                 let applied = at_load_end.inbox as f64 / load_secs;
-                Some(
-                    self.finish_inbox(ib, k, applied, &sampler, &results)
-                        .await?,
-                )
+                Some(self.finish_inbox(ib, applied, &sampler, &results).await?)
             }
-            _ => None,
+            None => None,
         };
         let verified = self
             .check(

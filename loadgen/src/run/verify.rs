@@ -41,18 +41,6 @@ pub(super) fn missing_ids(
     out
 }
 
-/// Runs a blocking Kafka metadata call off the runtime's workers.
-pub(super) async fn kafka_blocking<T: Send + 'static>(
-    k: &KafkaTarget,
-    f: fn(&str, &str, i32) -> Option<T>,
-) -> Option<T> {
-    let (brokers, topic, partitions) = (k.brokers.clone(), k.topic.clone(), k.partitions);
-    tokio::task::spawn_blocking(move || f(&brokers, &topic, partitions))
-        .await
-        .ok()
-        .flatten()
-}
-
 /// What the verification found.
 pub(super) struct Verified {
     pub(super) delivered: u64,
@@ -71,15 +59,13 @@ impl<'a> Run<'a> {
     pub(super) async fn finish_inbox(
         &self,
         ib: InboxConsumer,
-        k: &KafkaTarget,
         applied_per_sec: f64,
         sampler: &Sampler,
         results: &[ProducerResult],
     ) -> Result<InboxReport> {
         let spec = self.spec;
-        let high = kafka_blocking(k, crate::kafka::high_watermarks).await;
         let mut r = ib
-            .finish(high, spec.drain_timeout, &self.ids, results, spec.progress)
+            .finish(spec.drain_timeout, &self.ids, results, spec.progress)
             .await?;
         r.applied_per_sec = round3(applied_per_sec);
         r.lag_peak = sampler
@@ -252,7 +238,12 @@ impl<'a> Run<'a> {
             ));
         }
         if let Some(k) = kafka.filter(|k| k.embedded && verified.lost > 0) {
-            let truncated = kafka_blocking(k, crate::kafka::truncated_partitions).await;
+            let (brokers, topic, partitions) = (k.brokers.clone(), k.topic.clone(), k.partitions);
+            // a blocking metadata call, off the runtime's workers
+            let truncated = tokio::task::spawn_blocking(move || {
+                crate::kafka::truncated_partitions(&brokers, &topic, partitions)
+            });
+            let truncated = truncated.await.ok().flatten();
             verified.verification.retention_truncated_partitions = truncated;
             if truncated.unwrap_or(0) > 0 {
                 self.note(format!(
