@@ -26,6 +26,31 @@ pub(crate) enum Dialect {
 }
 
 impl Dialect {
+    /// The backend's name ([`ferry_core::OutboxStore::backend`]).
+    pub(crate) fn name(self) -> &'static str {
+        ["postgres", "mysql", "sqlite"][self as usize]
+    }
+
+    /// "now" in a timestamp column, and the value to bind for it where the backend binds the
+    /// process clock (SQLite stores µs).
+    pub(crate) fn now_at(self) -> (&'static str, Option<i64>) {
+        match self {
+            Dialect::Pg => ("now()", None),
+            Dialect::My => ("UTC_TIMESTAMP(6)", None),
+            Dialect::Lite => ("?", Some(ferry_core::now_micros())),
+        }
+    }
+
+    /// The locking clause of a read whose row a concurrent writer must wait for (SQLite: the
+    /// transaction's write lock does).
+    pub(crate) fn for_update(self) -> &'static str {
+        if self == Dialect::Lite {
+            ""
+        } else {
+            " FOR UPDATE"
+        }
+    }
+
     /// An expression for "now minus `?` µs" in the column's own representation.
     pub(crate) fn now_minus_param(self) -> &'static str {
         match self {

@@ -64,6 +64,7 @@ mod options;
 mod outcome;
 mod pool;
 pub mod postgres;
+mod protocol;
 mod request;
 mod rows;
 mod seq_read;

@@ -1,9 +1,9 @@
 //! The reads every backend runs alike, their statements differing only in placeholders: a claim's
 //! rows, an event's record, the stored dispatch mode, whether an advance was applied.
-use ferry_core::{DispatchMode, EventRecord, StoreError, StoreErrorKind};
+use ferry_core::{DispatchMode, EventRecord, StoreError};
 
 use crate::error::db_err;
-use crate::rows::{lease_from, quarantined_from, record_from, QuarantinedRow, RecordRow};
+use crate::rows::{record_from, RecordRow};
 
 /// A claim's rows (`sql`, whose one parameter is the claim id) as events read by `from_row`.
 pub(crate) async fn lookup_claim<DB>(
@@ -62,25 +62,6 @@ where
     r.map(record_from).transpose()
 }
 
-/// The stored dispatch mode (`ferry_dispatch`), on any backend's pool. `T` is what the driver
-/// decodes the text column as (MariaDB reports its binary collation as bytes).
-pub(crate) async fn stored_mode<DB, T>(pool: &sqlx::Pool<DB>) -> Result<DispatchMode, StoreError>
-where
-    DB: sqlx::Database,
-    T: AsRef<[u8]> + Send + Unpin + for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
-    let m: T = sqlx::query_scalar("SELECT mode FROM ferry_dispatch WHERE id = 1")
-        .fetch_one(pool)
-        .await
-        .map_err(|e| db_err("dispatch mode", e))?;
-    String::from_utf8_lossy(m.as_ref())
-        .parse()
-        .map_err(|e: String| StoreError::new(StoreErrorKind::Other, e))
-}
-
 /// Whether an advance with `claim_id` was applied (its claim id is still some slot's
 /// `cursor_claim_id`), on a backend with `?` placeholders (SQLite, MariaDB).
 pub(crate) async fn advance_applied<DB>(
@@ -111,48 +92,4 @@ pub(crate) fn state_table(mode: DispatchMode) -> &'static str {
         DispatchMode::Row => "ferry_outbox",
         DispatchMode::Cursor => "ferry_outbox_cursor_view",
     }
-}
-
-/// [`ferry_core::OperatorActions::list_quarantined`] on a backend whose driver decodes a
-/// [`QuarantinedRow`] (not MariaDB's binary text): `sql` is the backend's statement for the
-/// stored dispatch mode, its one parameter the limit.
-pub(crate) async fn quarantined<DB>(
-    pool: &sqlx::Pool<DB>,
-    sql: &str,
-    limit: usize,
-) -> Result<Vec<ferry_core::QuarantinedEvent>, StoreError>
-where
-    DB: sqlx::Database,
-    QuarantinedRow: for<'r> sqlx::FromRow<'r, DB::Row>,
-    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-{
-    let rows: Vec<QuarantinedRow> = sqlx::query_as(sql)
-        .bind(limit as i64)
-        .fetch_all(pool)
-        .await
-        .map_err(|e| db_err("list quarantined", e))?;
-    Ok(rows.into_iter().map(quarantined_from).collect())
-}
-
-/// [`ferry_core::SlotOwnership::slot_leases`] on a backend whose driver decodes the lease row
-/// `slot, owner, epoch, lease_until` (µs) with the slot as `S` (PostgreSQL `int2`, SQLite
-/// `INTEGER`).
-pub(crate) async fn slot_leases<DB, S>(
-    pool: &sqlx::Pool<DB>,
-    sql: &str,
-) -> Result<Vec<ferry_core::SlotLease>, StoreError>
-where
-    DB: sqlx::Database,
-    S: Into<i64> + Send + Unpin,
-    (S, String, i64, i64): for<'r> sqlx::FromRow<'r, DB::Row>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-{
-    let rows: Vec<(S, String, i64, i64)> = sqlx::query_as(sql)
-        .fetch_all(pool)
-        .await
-        .map_err(|e| db_err("slot leases", e))?;
-    Ok(rows.into_iter().map(lease_from).collect())
 }

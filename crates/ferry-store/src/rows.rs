@@ -3,8 +3,7 @@
 use std::str::FromStr;
 
 use ferry_core::{
-    EventRecord, EventState, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease,
-    StoreError, StoreErrorKind,
+    EventRecord, EventState, OutboxStatus, Payload, SlotId, SlotLease, StoreError, StoreErrorKind,
 };
 
 /// A `ferry_slot_lease` row: `slot, owner, epoch, lease_until` (µs). The slot column is `int2`
@@ -17,6 +16,20 @@ pub(crate) fn lease_from<S: Into<i64>>(
         owner,
         epoch,
         lease_until,
+    }
+}
+
+/// A slot's cursor from its `ferry_slot_lease` row: the slot (in the backend's column type),
+/// its epoch and cursor version, and its position.
+pub(crate) fn cursor_from<S: Into<i64>>(
+    (slot, epoch, version): (S, i64, i64),
+    pos: ferry_core::CursorPos,
+) -> ferry_core::SlotCursor {
+    ferry_core::SlotCursor {
+        slot: slot.into() as SlotId,
+        epoch,
+        version,
+        pos,
     }
 }
 
@@ -63,22 +76,6 @@ pub(crate) fn record_from(row: RecordRow) -> Result<EventRecord, StoreError> {
         resolved_by,
         payload: Payload::from_columns(text, bytes),
     })
-}
-
-/// A quarantined event's row: `event_id, aggregate_id, aggregate_version, last_error,
-/// attempts, blocked_successors`.
-pub(crate) type QuarantinedRow = (String, String, i64, Option<String>, i32, i64);
-
-pub(crate) fn quarantined_from(row: QuarantinedRow) -> QuarantinedEvent {
-    let (event_id, aggregate_id, aggregate_version, last_error, attempts, blocked_successors) = row;
-    QuarantinedEvent {
-        event_id,
-        aggregate_id,
-        aggregate_version,
-        last_error,
-        attempts,
-        blocked_successors,
-    }
 }
 
 /// [`ferry_core::SlotOwnership::members`] from `(owner, sink_stalled_us)` rows.

@@ -7,14 +7,14 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{MySql, QueryBuilder};
 
 use super::rows::claimed_from_row;
-use super::sql::{self, candidate_query, due_window, push_list, COLUMNS};
+use super::sql::{self, candidate_query, due_window, fetch_rows, push_list, COLUMNS};
 use super::MyStore;
 use crate::error::{db_err, Ctx};
 
 impl MyStore {
     /// [`ferry_core::RowDispatch::claim`] of a request that names slots and rows (the module
     /// docs of [`super`] give its five steps).
-    pub(super) async fn claim_rows(
+    pub(super) async fn claim_locked(
         &self,
         req: &ClaimRequest,
     ) -> Result<Vec<ClaimedEvent>, StoreError> {
@@ -54,11 +54,7 @@ impl MyStore {
         }
         let mut qb = due_window(&format!("SELECT {COLUMNS}"), &candidates, req.limit);
         qb.push(" FOR UPDATE SKIP LOCKED");
-        let rows = qb
-            .build()
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("claim: lock", e))?;
+        let rows = fetch_rows(&mut qb, &mut *tx, "claim: lock").await?;
         if rows.len() < req.limit.min(candidates.len()) {
             // Short of both the limit and the candidates: some candidates were locked by a
             // concurrent transaction (SKIP LOCKED passed over them) or taken since they were

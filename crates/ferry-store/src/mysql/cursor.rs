@@ -5,34 +5,33 @@
 //! instead: the commit gate and its ticker ([`crate::mysql::ticker`]). Reads return committed
 //! rows with `cursor < seq <= horizon` in `seq` order, as on SQLite, where the horizon is per
 //! slot while a long producer transaction holds a gate row (it holds back only the slots it
-//! wrote); [`CursorStore::horizon`] reports the oldest open transaction and how many slots wait
+//! wrote); [`ferry_core::CursorStore::horizon`] reports the oldest open transaction and how many slots wait
 //! for it.
 //!
 //! MariaDB has no partial indexes, so the row-dispatch indexes of `ferry_outbox` would take an
 //! entry for every intent in cursor dispatch too, which reads none of them: they exist only while
 //! the outbox is in row dispatch ([`ROW_INDEXES`]).
 use std::collections::BTreeMap;
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferry_core::{
-    AdvanceResult, BoxFuture, CasReport, ClaimRequest, ClaimedEvent, CursorAdvance, CursorBatch,
-    CursorPos, CursorRead, CursorStore, DispatchMode, ExceptionOutcomes, HorizonInfo, SlotCursor,
-    SlotId, StoreError,
+    CasReport, ClaimRequest, ClaimedEvent, CursorAdvance, CursorBatch, CursorPos, CursorRead,
+    DispatchMode, ExceptionOutcomes, HorizonInfo, SlotCursor, SlotId, StoreError,
 };
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Executor, MySql, QueryBuilder, Row};
 
 use super::rows::claimed_from_row;
 use super::sql;
-use super::sql::{push_list, COLUMNS, COLUMNS_O, ROW_INDEXES};
+use super::sql::{fetch_rows, owned_slots, push_list, COLUMNS, COLUMNS_O, ROW_INDEXES};
 use super::MyStore;
-use crate::error::{db_err, mode_in_use, Ctx};
+use crate::error::{db_err, Ctx};
 use crate::exceptions::{claimed_exceptions, exception_row};
 use crate::lookup::advance_applied;
 use crate::outcome::Outcome;
-use crate::request::{claiming, slotless_advance};
+use crate::protocol::{Cursor, Switch};
+use crate::rows::cursor_from;
 use crate::seq_read::{SeqRange, SeqRanges, SeqRead};
 
 /// How long that DDL waits for the table's metadata lock (transactions open on the outbox; new
@@ -40,49 +39,6 @@ use crate::seq_read::{SeqRange, SeqRanges, SeqRead};
 const INDEX_DDL_WAIT_S: u32 = 10;
 
 impl MyStore {
-    pub(crate) async fn stored_mode(&self) -> Result<DispatchMode, StoreError> {
-        crate::lookup::stored_mode::<_, Vec<u8>>(self.pool()).await
-    }
-
-    /// The mode switch's transaction (docs/schema.md, "Switching modes"): `false` when the
-    /// outbox is in `mode` already.
-    async fn convert_mode(&self, mode: DispatchMode, owner: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
-        let current: Vec<u8> = sqlx::query_scalar(sql::DISPATCH_MODE_FOR_UPDATE)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode", e))?;
-        let current = String::from_utf8_lossy(&current).into_owned();
-        if current == mode.as_str() {
-            return Ok(false);
-        }
-        let others: i64 = sqlx::query_scalar(sql::DISPATCH_MODE_MEMBERS)
-            .bind(owner)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode: members", e))?;
-        if others > 0 {
-            return Err(mode_in_use(&current, others, mode));
-        }
-        let stmts: &[&str] = match mode {
-            DispatchMode::Cursor => &sql::TO_CURSOR,
-            DispatchMode::Row => &sql::TO_ROW,
-        };
-        for s in stmts {
-            sqlx::query(s)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("dispatch mode: convert", e))?;
-        }
-        sqlx::query(sql::DISPATCH_MODE_SET)
-            .bind(mode.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode: set", e))?;
-        tx.commit().await.ctx("dispatch mode: commit")?;
-        Ok(true)
-    }
-
     /// Makes the row-dispatch indexes ([`ROW_INDEXES`]) match `mode`: present in row dispatch,
     /// absent in cursor dispatch. Idempotent, and a no-op (one catalogue read) when they match.
     /// MariaDB commits DDL on its own, so this runs after the mode switch's transaction; a crash
@@ -135,7 +91,7 @@ impl MyStore {
     }
 }
 
-/// The range reads of one [`CursorStore::read_batch`]: on the pool, and with the per-row hold
+/// The range reads of one [`ferry_core::CursorStore::read_batch`]: on the pool, and with the per-row hold
 /// check only when the read found an open exception row (`held_possible`).
 struct Ranges<'a> {
     conn: &'a mut MySqlConnection,
@@ -165,11 +121,7 @@ impl SeqRanges for Ranges<'_> {
         push_list(&mut qb, r.slots.iter().map(|s| *s as i16));
         qb.push(") AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ")
             .push_bind(r.limit as i64);
-        let rows = qb
-            .build()
-            .fetch_all(&mut *self.conn)
-            .await
-            .map_err(|e| db_err("cursor read", e))?;
+        let rows = fetch_rows(&mut qb, &mut *self.conn, "cursor read").await?;
         Ok(rows
             .iter()
             .map(|r| (claimed_from_row(r), r.get::<i64, _>(15) != 0))
@@ -177,341 +129,292 @@ impl SeqRanges for Ranges<'_> {
     }
 }
 
-impl CursorStore for MyStore {
-    fn dispatch_mode(&self) -> BoxFuture<'_, Result<DispatchMode, StoreError>> {
-        Box::pin(self.stored_mode())
+impl Switch for MyStore {
+    const TO_CURSOR: &'static [&'static str] = &sql::TO_CURSOR;
+    const TO_ROW: &'static [&'static str] = &sql::TO_ROW;
+
+    /// The row-dispatch indexes, fitted also when the mode is unchanged (a crash between the
+    /// switch's commit and its DDL); in cursor dispatch a failure only costs producers time.
+    async fn after_switch(&self, mode: DispatchMode, _: bool) -> Result<(), StoreError> {
+        match mode {
+            DispatchMode::Row => self.fit_row_indexes(mode).await?,
+            DispatchMode::Cursor => {
+                if let Err(e) = self.fit_row_indexes(mode).await {
+                    tracing::warn!(error = %e, "cursor dispatch: the row-dispatch indexes stay (producers pay for them; the next relay start tries again)");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Cursor for MyStore {
+    async fn load_cursors(
+        &self,
+        owner: &str,
+        slots: &[SlotId],
+    ) -> Result<Vec<SlotCursor>, StoreError> {
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.nudge_ticker();
+        let cursor = " AND cursor_seq IS NOT NULL";
+        let mut qb = owned_slots(
+            "slot, epoch, cursor_version, cursor_seq",
+            owner,
+            cursor,
+            slots,
+        );
+        let rows: Vec<(i16, i64, i64, i64)> = qb
+            .build_query_as()
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| db_err("load cursors", e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(s, e, v, q)| cursor_from((s, e, v), CursorPos::new(0, q)))
+            .collect())
     }
 
-    fn set_dispatch_mode<'a>(
-        &'a self,
-        mode: DispatchMode,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let changed = self.convert_mode(mode, owner).await?;
-            match mode {
-                DispatchMode::Row => self.fit_row_indexes(mode).await?,
-                DispatchMode::Cursor => {
-                    if let Err(e) = self.fit_row_indexes(mode).await {
-                        tracing::warn!(error = %e, "cursor dispatch: the row-dispatch indexes stay (producers pay for them; the next relay start tries again)");
+    async fn read_batch(&self, req: &CursorRead) -> Result<CursorBatch, StoreError> {
+        let Some(plan) = SeqRead::new(req) else {
+            return Ok(CursorBatch::default());
+        };
+        // Every seq at or below the horizon is final (committed or rolled back), so any
+        // later read sees all of them: no shared snapshot is needed.
+        //
+        // Whether any exception row is open, read in the same statement, before the range
+        // reads: an exception row that opens later comes from an advance of this reader
+        // (the slot's owner) that committed after this read began, and the worker keeps
+        // that aggregate busy (its later versions cut from reads) until a read that began
+        // after the commit (docs/architecture.md, "Why several versions per batch cannot
+        // reorder"). Operator actions and the exception path only move open rows between
+        // open states or close them.
+        let mut conn = self.pool().acquire().await.ctx("cursor read: connect")?;
+        let (horizon, open) = crate::mysql::ticker::read_horizon(&mut conn).await?;
+        let mut ranges = Ranges {
+            conn: &mut conn,
+            held_possible: open,
+        };
+        let batch = if horizon.partial.is_none() {
+            let (batch, caught_up) = plan.run(&mut ranges, horizon.horizon).await?;
+            if caught_up {
+                // caught up with the horizon: ask the ticker for a newer one
+                self.nudge_ticker();
+            }
+            batch
+        } else {
+            // A long transaction holds some slots: each group of slots reads to its own
+            // horizon, the largest group's (the slots it did not write) first.
+            drop(plan);
+            let mut groups: BTreeMap<i64, Vec<(SlotId, CursorPos)>> = BTreeMap::new();
+            for (s, p) in &req.from {
+                groups.entry(horizon.of(*s)).or_default().push((*s, *p));
+            }
+            let mut groups: Vec<(i64, Vec<(SlotId, CursorPos)>)> = groups.into_iter().collect();
+            groups.sort_by_key(|(_, slots)| std::cmp::Reverse(slots.len()));
+            let mut out = CursorBatch::default();
+            for (n, (h, from)) in groups.into_iter().enumerate() {
+                let limit = req.limit.saturating_sub(out.events.len());
+                if n > 0 && limit == 0 {
+                    // the limit is reached: these slots stay where they are, for now
+                    out.slot_upto.extend(from.iter().copied());
+                    out.more = true;
+                    continue;
+                }
+                let sub = CursorRead { from, limit };
+                let Some(plan) = SeqRead::new(&sub) else {
+                    continue;
+                };
+                let (b, caught_up) = plan.run(&mut ranges, h).await?;
+                if n == 0 {
+                    if caught_up {
+                        self.nudge_ticker();
                     }
+                    out.upto = b.upto;
+                    out.slot_upto.extend(b.slot_upto.iter().copied());
+                } else {
+                    out.slot_upto
+                        .extend(sub.from.iter().map(|(s, _)| (*s, b.upto_of(*s))));
                 }
+                out.more |= b.more;
+                out.events.extend(b.events);
             }
-            Ok(changed)
-        })
+            out.events.sort_by_key(|e| e.pos);
+            out
+        };
+        Ok(batch)
     }
 
-    fn load_cursors<'a>(
-        &'a self,
-        owner: &'a str,
-        slots: &'a [SlotId],
-    ) -> BoxFuture<'a, Result<Vec<SlotCursor>, StoreError>> {
-        Box::pin(async move {
-            if slots.is_empty() {
-                return Ok(Vec::new());
+    async fn advance_cursors(
+        c: &mut MySqlConnection,
+        req: &CursorAdvance,
+    ) -> Result<usize, sqlx::Error> {
+        let mut qb =
+            QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET cursor_seq = CASE slot");
+        for s in &req.slots {
+            qb.push(" WHEN ")
+                .push_bind(s.slot as i16)
+                .push(" THEN ")
+                .push_bind(s.to.seq);
+        }
+        qb.push(" END, cursor_version = cursor_version + 1, cursor_claim_id = ")
+            .push_bind(&req.claim_id)
+            .push(" WHERE owner = ")
+            .push_bind(&req.owner)
+            .push(" AND lease_until > UTC_TIMESTAMP(6) AND cursor_seq IS NOT NULL AND (slot, epoch, cursor_version) IN (");
+        let mut sep = false;
+        for s in &req.slots {
+            if sep {
+                qb.push(", ");
             }
-            self.nudge_ticker();
+            sep = true;
+            qb.push("(")
+                .push_bind(s.slot as i16)
+                .push(", ")
+                .push_bind(s.epoch)
+                .push(", ")
+                .push_bind(s.version)
+                .push(")");
+        }
+        qb.push(")");
+        let moved = qb.build().execute(&mut *c).await?.rows_affected();
+        Ok(moved as usize)
+    }
+
+    async fn insert_exceptions(
+        c: &mut MySqlConnection,
+        req: &CursorAdvance,
+    ) -> Result<(), sqlx::Error> {
+        for chunk in req.exceptions.chunks(500) {
             let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT slot, epoch, cursor_version, cursor_seq FROM ferry_slot_lease WHERE owner = ",
+                "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
+                   available_at, attempts, last_error) ",
             );
-            qb.push_bind(owner).push(
-                " AND lease_until > UTC_TIMESTAMP(6) AND cursor_seq IS NOT NULL AND slot IN (",
-            );
-            push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(") ORDER BY slot");
-            let rows = qb
-                .build()
-                .fetch_all(self.pool())
-                .await
-                .map_err(|e| db_err("load cursors", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| SlotCursor {
-                    slot: r.get::<i16, _>(0) as SlotId,
-                    epoch: r.get(1),
-                    version: r.get(2),
-                    pos: CursorPos::new(0, r.get(3)),
-                })
-                .collect())
-        })
+            qb.push_values(chunk, |mut b, x| {
+                let (state, delay, err) = exception_row(&x.kind);
+                b.push_bind(x.seq)
+                    .push_bind(x.slot as i16)
+                    .push_bind(&x.aggregate_id)
+                    .push_bind(x.aggregate_version)
+                    .push_bind(state)
+                    .push("UTC_TIMESTAMP(6) + INTERVAL ")
+                    .push_bind_unseparated(delay)
+                    .push_unseparated(" MICROSECOND")
+                    .push_bind(x.attempts)
+                    .push_bind(err.map(str::to_string));
+            });
+            // an exception row already there (a resend) keeps its state
+            qb.push(" ON DUPLICATE KEY UPDATE seq = seq");
+            qb.build().execute(&mut *c).await?;
+        }
+        Ok(())
     }
 
-    fn read_batch<'a>(
-        &'a self,
-        req: &'a CursorRead,
-    ) -> BoxFuture<'a, Result<CursorBatch, StoreError>> {
-        Box::pin(async move {
-            let Some(plan) = SeqRead::new(req) else {
-                return Ok(CursorBatch::default());
-            };
-            // Every seq at or below the horizon is final (committed or rolled back), so any
-            // later read sees all of them: no shared snapshot is needed.
-            //
-            // Whether any exception row is open, read in the same statement, before the range
-            // reads: an exception row that opens later comes from an advance of this reader
-            // (the slot's owner) that committed after this read began, and the worker keeps
-            // that aggregate busy (its later versions cut from reads) until a read that began
-            // after the commit (docs/architecture.md, "Why several versions per batch cannot
-            // reorder"). Operator actions and the exception path only move open rows between
-            // open states or close them.
-            let mut conn = self.pool().acquire().await.ctx("cursor read: connect")?;
-            let (horizon, open) = crate::mysql::ticker::read_horizon(&mut conn).await?;
-            let mut ranges = Ranges {
-                conn: &mut conn,
-                held_possible: open,
-            };
-            let batch = if horizon.partial.is_none() {
-                let (batch, caught_up) = plan.run(&mut ranges, horizon.horizon).await?;
-                if caught_up {
-                    // caught up with the horizon: ask the ticker for a newer one
-                    self.nudge_ticker();
-                }
-                batch
-            } else {
-                // A long transaction holds some slots: each group of slots reads to its own
-                // horizon, the largest group's (the slots it did not write) first.
-                drop(plan);
-                let mut groups: BTreeMap<i64, Vec<(SlotId, CursorPos)>> = BTreeMap::new();
-                for (s, p) in &req.from {
-                    groups.entry(horizon.of(*s)).or_default().push((*s, *p));
-                }
-                let mut groups: Vec<(i64, Vec<(SlotId, CursorPos)>)> = groups.into_iter().collect();
-                groups.sort_by_key(|(_, slots)| std::cmp::Reverse(slots.len()));
-                let mut out = CursorBatch::default();
-                for (n, (h, from)) in groups.into_iter().enumerate() {
-                    let limit = req.limit.saturating_sub(out.events.len());
-                    if n > 0 && limit == 0 {
-                        // the limit is reached: these slots stay where they are, for now
-                        out.slot_upto.extend(from.iter().copied());
-                        out.more = true;
-                        continue;
-                    }
-                    let sub = CursorRead { from, limit };
-                    let Some(plan) = SeqRead::new(&sub) else {
-                        continue;
-                    };
-                    let (b, caught_up) = plan.run(&mut ranges, h).await?;
-                    if n == 0 {
-                        if caught_up {
-                            self.nudge_ticker();
-                        }
-                        out.upto = b.upto;
-                        out.slot_upto.extend(b.slot_upto.iter().copied());
-                    } else {
-                        out.slot_upto
-                            .extend(sub.from.iter().map(|(s, _)| (*s, b.upto_of(*s))));
-                    }
-                    out.more |= b.more;
-                    out.events.extend(b.events);
-                }
-                out.events.sort_by_key(|e| e.pos);
-                out
-            };
-            Ok(batch)
-        })
+    async fn lookup_advance(&self, claim_id: &str) -> Result<bool, StoreError> {
+        advance_applied(self.pool(), claim_id).await
     }
 
-    fn advance<'a>(
-        &'a self,
-        req: &'a CursorAdvance,
-    ) -> BoxFuture<'a, Result<AdvanceResult, StoreError>> {
-        Box::pin(async move {
-            if let Some(done) = slotless_advance(req) {
-                return done;
-            }
-            let distinct: HashSet<SlotId> = req.slots.iter().map(|s| s.slot).collect();
-            let mut tx = self.pool().begin().await.ctx("advance: begin")?;
-            let mut qb =
-                QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET cursor_seq = CASE slot");
-            for s in &req.slots {
-                qb.push(" WHEN ")
-                    .push_bind(s.slot as i16)
-                    .push(" THEN ")
-                    .push_bind(s.to.seq);
-            }
-            qb.push(" END, cursor_version = cursor_version + 1, cursor_claim_id = ")
-                .push_bind(&req.claim_id)
-                .push(" WHERE owner = ")
-                .push_bind(&req.owner)
-                .push(" AND lease_until > UTC_TIMESTAMP(6) AND cursor_seq IS NOT NULL AND (slot, epoch, cursor_version) IN (");
-            let mut sep = false;
-            for s in &req.slots {
-                if sep {
-                    qb.push(", ");
-                }
-                sep = true;
-                qb.push("(")
-                    .push_bind(s.slot as i16)
-                    .push(", ")
-                    .push_bind(s.epoch)
-                    .push(", ")
-                    .push_bind(s.version)
-                    .push(")");
-            }
-            qb.push(")");
-            let moved = qb
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("advance", e))?
-                .rows_affected();
-            if moved as usize != distinct.len() {
-                // dropping the transaction rolls it back: nothing of this advance is written
-                return Ok(AdvanceResult::Fenced);
-            }
-            for chunk in req.exceptions.chunks(500) {
-                let mut qb = QueryBuilder::<MySql>::new(
-                    "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
-                       available_at, attempts, last_error) ",
-                );
-                qb.push_values(chunk, |mut b, x| {
-                    let (state, delay, err) = exception_row(&x.kind);
-                    b.push_bind(x.seq)
-                        .push_bind(x.slot as i16)
-                        .push_bind(&x.aggregate_id)
-                        .push_bind(x.aggregate_version)
-                        .push_bind(state)
-                        .push("UTC_TIMESTAMP(6) + INTERVAL ")
-                        .push_bind_unseparated(delay)
-                        .push_unseparated(" MICROSECOND")
-                        .push_bind(x.attempts)
-                        .push_bind(err.map(str::to_string));
-                });
-                // an exception row already there (a resend) keeps its state
-                qb.push(" ON DUPLICATE KEY UPDATE seq = seq");
-                qb.build()
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("advance: exceptions", e))?;
-            }
-            tx.commit().await.ctx("advance: commit")?;
-            Ok(AdvanceResult::Applied)
-        })
+    async fn claim_exceptions(&self, req: &ClaimRequest) -> Result<Vec<ClaimedEvent>, StoreError> {
+        let mut tx = self.pool().begin().await.ctx("claim exceptions: begin")?;
+        let slots = super::claim::fenced_slots(&mut tx, req).await?;
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Due exception rows with no open lower version of their aggregate, locked; a plain
+        // read first (as the row claim does) so the predecessor probe locks nothing.
+        let mut qb = QueryBuilder::<MySql>::new(
+            "SELECT x.seq FROM ferry_outbox_exception x WHERE x.shard_slot IN (",
+        );
+        push_list(&mut qb, slots.iter().copied());
+        qb.push(format!(
+            ") AND ((x.state = 'PENDING' AND x.available_at <= UTC_TIMESTAMP(6)) \
+               OR (x.state = 'CLAIMED' AND x.lease_until <= UTC_TIMESTAMP(6))) \
+             AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception p WHERE p.aggregate_id = x.aggregate_id \
+               AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < x.aggregate_version) \
+             AND {} \
+             ORDER BY x.seq LIMIT ",
+            crate::operator::pause::not_paused_exception("x")
+        ))
+        .push_bind(req.limit as i64);
+        let candidates: Vec<i64> = qb
+            .build_query_scalar()
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim exceptions: candidates", e))?;
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut qb = QueryBuilder::<MySql>::new(
+            "SELECT seq, claim_version, attempts FROM ferry_outbox_exception WHERE seq IN (",
+        );
+        push_list(&mut qb, candidates.iter().copied());
+        qb.push(
+            ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) \
+               OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
+             ORDER BY seq FOR UPDATE SKIP LOCKED",
+        );
+        let locked: Vec<(i64, i64, i32)> = fetch_rows(&mut qb, &mut *tx, "claim exceptions: lock")
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        if locked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut qb = sql::claim_update("ferry_outbox_exception", req, locked.iter().map(|l| l.0));
+        qb.build()
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim exceptions: update", e))?;
+        let mut qb = QueryBuilder::<MySql>::new(format!(
+            "SELECT {COLUMNS} FROM ferry_outbox WHERE seq IN ("
+        ));
+        push_list(&mut qb, locked.iter().map(|l| l.0));
+        qb.push(") ORDER BY seq");
+        let rows = fetch_rows(&mut qb, &mut *tx, "claim exceptions: read").await?;
+        tx.commit().await.ctx("claim exceptions: commit")?;
+        // the update gave each locked row claim version + 1
+        Ok(claimed_exceptions(
+            rows.iter().map(claimed_from_row),
+            locked.iter().map(|(s, cv, a)| (*s, *cv + 1, *a)),
+            &req.claim_id,
+        ))
     }
 
-    fn lookup_advance<'a>(&'a self, claim_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(advance_applied(self.pool(), claim_id))
+    async fn settle_exceptions(&self, out: &ExceptionOutcomes) -> Result<CasReport, StoreError> {
+        // each category in a transaction of its own (as the row-dispatch outcomes)
+        let mut report = CasReport::default();
+        for o in Outcome::settling(out) {
+            report
+                .items
+                .extend(self.cas_on("ferry_outbox_exception", &o).await?.items);
+        }
+        Ok(report)
     }
 
-    fn claim_exceptions<'a>(
-        &'a self,
-        req: &'a ClaimRequest,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(claiming(req, async move {
-            let mut tx = self.pool().begin().await.ctx("claim exceptions: begin")?;
-            let slots = super::claim::fenced_slots(&mut tx, req).await?;
-            if slots.is_empty() {
-                return Ok(Vec::new());
+    async fn horizon(&self) -> Result<HorizonInfo, StoreError> {
+        // The oldest open write transaction other than the ticker's: the one the next
+        // horizon waits for if it inserted an intent (its "pid" is the connection id, for
+        // KILL). INNODB_TRX needs the PROCESS privilege; without it nothing is reported.
+        // While the ticker reads past transactions that hold a gate row for long, the slots
+        // they wrote are the ones that wait.
+        let row = sqlx::query(sql::HORIZON_OLDEST_TRANSACTION)
+            .fetch_optional(self.pool())
+            .await;
+        Ok(match row {
+            Ok(Some(r)) => HorizonInfo {
+                oldest_xact_age_us: r.get::<Option<i64>, _>(0).map(|a| a.max(0)),
+                oldest_xact_pid: r.get(1),
+                held_slots: r
+                    .get::<Option<i64>, _>(2)
+                    .and_then(|n| u32::try_from(n).ok()),
+            },
+            Ok(None) => HorizonInfo::default(),
+            Err(e) => {
+                tracing::debug!(error = %e, "horizon: INNODB_TRX not readable");
+                HorizonInfo::default()
             }
-            // Due exception rows with no open lower version of their aggregate, locked; a plain
-            // read first (as the row claim does) so the predecessor probe locks nothing.
-            let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT x.seq FROM ferry_outbox_exception x WHERE x.shard_slot IN (",
-            );
-            push_list(&mut qb, slots.iter().copied());
-            qb.push(format!(
-                ") AND ((x.state = 'PENDING' AND x.available_at <= UTC_TIMESTAMP(6)) \
-                   OR (x.state = 'CLAIMED' AND x.lease_until <= UTC_TIMESTAMP(6))) \
-                 AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception p WHERE p.aggregate_id = x.aggregate_id \
-                   AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < x.aggregate_version) \
-                 AND {} \
-                 ORDER BY x.seq LIMIT ",
-                crate::operator::pause::not_paused_exception("x")
-            ))
-            .push_bind(req.limit as i64);
-            let candidates: Vec<i64> = qb
-                .build_query_scalar()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim exceptions: candidates", e))?;
-            if candidates.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT seq, claim_version, attempts FROM ferry_outbox_exception WHERE seq IN (",
-            );
-            push_list(&mut qb, candidates.iter().copied());
-            qb.push(
-                ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) \
-                   OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
-                 ORDER BY seq FOR UPDATE SKIP LOCKED",
-            );
-            let locked: Vec<(i64, i64, i32)> = qb
-                .build()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim exceptions: lock", e))?
-                .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect();
-            if locked.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut qb =
-                sql::claim_update("ferry_outbox_exception", req, locked.iter().map(|l| l.0));
-            qb.build()
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim exceptions: update", e))?;
-            let mut qb = QueryBuilder::<MySql>::new(format!(
-                "SELECT {COLUMNS} FROM ferry_outbox WHERE seq IN ("
-            ));
-            push_list(&mut qb, locked.iter().map(|l| l.0));
-            qb.push(") ORDER BY seq");
-            let rows = qb
-                .build()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim exceptions: read", e))?;
-            tx.commit().await.ctx("claim exceptions: commit")?;
-            // the update gave each locked row claim version + 1
-            Ok(claimed_exceptions(
-                rows.iter().map(claimed_from_row),
-                locked.iter().map(|(s, cv, a)| (*s, *cv + 1, *a)),
-                &req.claim_id,
-            ))
-        }))
-    }
-
-    fn settle_exceptions<'a>(
-        &'a self,
-        out: &'a ExceptionOutcomes,
-    ) -> BoxFuture<'a, Result<CasReport, StoreError>> {
-        Box::pin(async move {
-            // each category in a transaction of its own (as the row-dispatch outcomes)
-            let mut report = CasReport::default();
-            for o in Outcome::settling(out) {
-                let done = self.cas_on("ferry_outbox_exception", &o).await?;
-                report.items.extend(done.items);
-            }
-            Ok(report)
-        })
-    }
-
-    fn horizon(&self) -> BoxFuture<'_, Result<HorizonInfo, StoreError>> {
-        Box::pin(async move {
-            // The oldest open write transaction other than the ticker's: the one the next
-            // horizon waits for if it inserted an intent (its "pid" is the connection id, for
-            // KILL). INNODB_TRX needs the PROCESS privilege; without it nothing is reported.
-            // While the ticker reads past transactions that hold a gate row for long, the slots
-            // they wrote are the ones that wait.
-            let row = sqlx::query(sql::HORIZON_OLDEST_TRANSACTION)
-                .fetch_optional(self.pool())
-                .await;
-            Ok(match row {
-                Ok(Some(r)) => HorizonInfo {
-                    oldest_xact_age_us: r.get::<Option<i64>, _>(0).map(|a| a.max(0)),
-                    oldest_xact_pid: r.get(1),
-                    held_slots: r
-                        .get::<Option<i64>, _>(2)
-                        .and_then(|n| u32::try_from(n).ok()),
-                },
-                Ok(None) => HorizonInfo::default(),
-                Err(e) => {
-                    tracing::debug!(error = %e, "horizon: INNODB_TRX not readable");
-                    HorizonInfo::default()
-                }
-            })
         })
     }
 }

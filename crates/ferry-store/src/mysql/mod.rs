@@ -28,25 +28,23 @@ mod ticker;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ferry_core::store::prelude::*;
 use ferry_core::{
-    BoxFuture, ClaimRequest, ClaimedEvent, EnqueueError, EventRecord, Limits, OutboxStatus,
-    QuarantinedEvent, SlotLease, StoreError, ValidatedEvent,
+    ClaimRequest, ClaimedEvent, DispatchMode, EnqueueError, EventRecord, Limits, MemberHeartbeat,
+    OutboxStatus, SlotLease, SlotRelease, SlotRequest, StoreError, ValidatedEvent,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
-use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row, Transaction};
+use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 
 use crate::enqueue::{push_intent, InsertIntents};
 use crate::error::{db_err, enqueue_err, url_options, Ctx};
 use crate::lookup::record_sql;
 use crate::migrate::MIGRATIONS_MYSQL;
-use crate::operator::{self, operator_outcome, Pools};
 use crate::options::ConnectOptions;
-use crate::request::claiming;
+use crate::protocol::Ops;
 use crate::rows::{record_from, status_from, StatusRow};
 use crate::time::micros;
 use rows::{claimed_from_row, lease_from_row, otxt, txt};
-use sql::{push_list, CHUNK, STATUS_CACHE};
+use sql::{fetch_rows, owned_slots, push_list, CHUNK, STATUS_CACHE};
 
 crate::enqueue::enqueue_fns!(MySqlConnection);
 
@@ -79,9 +77,9 @@ pub(crate) struct Ticker {
 /// The MySQL/MariaDB outbox store.
 #[derive(Debug, Clone)]
 pub struct MyStore {
-    pool: MySqlPool,
-    limits: Limits,
-    /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
+    pub(crate) pool: MySqlPool,
+    pub(crate) limits: Limits,
+    /// Rows claims passed over under contention ([`ferry_core::RowDispatch::rows_skipped_locked`]).
     skipped: Arc<AtomicU64>,
     /// Cursor dispatch's horizon ticker (started by the first cursor read).
     ticker: Arc<Ticker>,
@@ -182,352 +180,142 @@ impl MyStore {
             blocked,
         )))
     }
-
-    async fn operator_update(
-        &self,
-        event_id: &str,
-        operator: &str,
-        target: &str,
-    ) -> Result<(), StoreError> {
-        let mode = self.stored_mode().await?;
-        let pools = Pools::My(&self.pool);
-        let n = operator::operator_update(pools, mode, target, &sql::OPERATOR, event_id, operator)
-            .await?;
-        operator_outcome(n, event_id, self.record(event_id)).await
-    }
 }
 
-impl ferry_core::RowDispatch for MyStore {
-    fn claim<'a>(
-        &'a self,
-        req: &'a ClaimRequest,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(claiming(req, async move { self.claim_rows(req).await }))
+crate::protocol::store_traits!(MyStore, sql);
+
+impl Ops for MyStore {
+    async fn claim_rows(&self, req: &ClaimRequest) -> Result<Vec<ClaimedEvent>, StoreError> {
+        self.claim_locked(req).await
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
         Some(self.skipped.load(Ordering::Relaxed))
     }
 
-    fn lookup_claim<'a>(
-        &'a self,
-        claim_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            let sql = sql::lookup_claim();
-            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
-        })
-    }
-
-    crate::outcome::row_outcomes!();
-}
-
-impl ferry_core::SlotOwnership for MyStore {
-    fn acquire_slots<'a>(
-        &'a self,
-        req: &'a ferry_core::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
-        let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
-        Box::pin(async move {
-            if slots.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut tx = self.pool.begin().await.ctx("acquire slots: begin")?;
-            // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
-            let mut qb =
-                QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
-            qb.push_bind(owner)
-                .push(", epoch, epoch + 1), owner = ")
-                .push_bind(owner)
-                .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-                .push_bind(micros(ttl))
-                .push(" MICROSECOND WHERE slot IN (");
-            push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(") AND (owner IS NULL OR owner = ")
-                .push_bind(owner)
-                .push(" OR lease_until <= UTC_TIMESTAMP(6))");
-            qb.build()
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("acquire slots", e))?;
-            let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease WHERE owner = ",
-            );
-            qb.push_bind(owner)
-                .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
-            push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(") ORDER BY slot");
-            let rows = qb
-                .build()
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("acquire slots: read", e))?;
-            tx.commit().await.ctx("acquire slots: commit")?;
-            Ok(rows.iter().map(lease_from_row).collect())
-        })
-    }
-
-    fn release_slots<'a>(
-        &'a self,
-        req: &'a ferry_core::SlotRelease<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (owner, slots) = (req.owner, req.slots);
-        Box::pin(async move {
-            if slots.is_empty() {
-                return Ok(());
-            }
-            let mut qb = QueryBuilder::<MySql>::new(
-                "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ",
-            );
-            qb.push_bind(owner).push(" AND slot IN (");
-            push_list(&mut qb, slots.iter().map(|s| *s as i16));
-            qb.push(")");
-            qb.build()
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("release slots", e))?;
-            Ok(())
-        })
-    }
-
-    fn heartbeat_member<'a>(
-        &'a self,
-        req: &'a ferry_core::MemberHeartbeat<'a>,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        let (owner, ttl) = (req.owner, req.ttl);
-        Box::pin(async move {
-            // the row is locked by the upsert; assignments run left to right, so `instance` is
-            // ours afterwards exactly when the row was ours or expired, and only then is the
-            // lease renewed
-            sqlx::query(sql::MEMBER_HEARTBEAT)
-                .bind(owner)
-                .bind(req.instance)
-                .bind(micros(ttl))
-                .bind(req.sink_stalled_us())
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("member heartbeat", e))?;
-            let holder: Option<Vec<u8>> = sqlx::query_scalar(sql::MEMBER_INSTANCE)
-                .bind(owner)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| db_err("member heartbeat", e))?;
-            if holder.as_deref() != Some(req.instance.as_bytes()) {
-                return Err(crate::error::owner_in_use(owner));
-            }
-            let owners: Vec<Vec<u8>> = sqlx::query_scalar(sql::LIVE_MEMBERS)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))?;
-            Ok(owners
-                .into_iter()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .collect())
-        })
-    }
-
-    fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(Vec<u8>, Option<i64>)> = sqlx::query_as(sql::MEMBERS_WITH_STALLS)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))?;
-            Ok(crate::rows::members_from(rows.into_iter().map(
-                |(owner, stalled)| (String::from_utf8_lossy(&owner).into_owned(), stalled),
-            )))
-        })
-    }
-
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            sqlx::query(sql::LEAVE_MEMBER)
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("leave", e))?;
-            Ok(())
-        })
-    }
-
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(async move {
-            let rows = sqlx::query(sql::SLOT_LEASES)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("slot leases", e))?;
-            Ok(rows.iter().map(lease_from_row).collect())
-        })
-    }
-}
-
-impl ferry_core::OperatorActions for MyStore {
-    crate::operator::operator_writes!(pool.begin, Transaction::commit);
-
-    fn list_quarantined(
-        &self,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
-        Box::pin(async move {
-            let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sql::QUARANTINED_ROWS,
-                // successors are held exceptions, or not yet read past the cursor
-                ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
-            };
-            let rows = sqlx::query(sql)
-                .bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("list quarantined", e))?;
-            Ok(rows
-                .iter()
-                .map(|r| QuarantinedEvent {
-                    event_id: txt(r, 0),
-                    aggregate_id: txt(r, 1),
-                    aggregate_version: r.get(2),
-                    last_error: otxt(r, 3),
-                    attempts: r.get(4),
-                    blocked_successors: r.get(5),
-                })
-                .collect())
-        })
-    }
-
-    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
-        Box::pin(async move {
-            if self.stored_mode().await? == ferry_core::DispatchMode::Cursor {
-                return self.cursor_status().await;
-            }
-            let r = sqlx::query(
-                // Counts read the state prefix of ferry_outbox_due (no row lookups); the oldest
-                // unfinished intent is the lowest seq of each unfinished state (one index probe
-                // each). A single aggregate over all unfinished rows took over a second with a
-                // 60k backlog.
-                sql::STATUS_ROWS,
-            )
-            .fetch_one(&self.pool)
+    async fn lookup_claim(&self, claim_id: &str) -> Result<Vec<ClaimedEvent>, StoreError> {
+        crate::lookup::lookup_claim(&self.pool, &sql::lookup_claim(), claim_id, claimed_from_row)
             .await
-            .map_err(|e| db_err("status", e))?;
-            Ok(OutboxStatus {
-                pending: r.get(0),
-                claimed: r.get(1),
-                quarantined: r.get(2),
-                oldest_unfinished_age_us: [3, 4, 5]
-                    .into_iter()
-                    .filter_map(|i| r.get::<Option<i64>, _>(i))
-                    .max(),
-                blocked_aggregates: r.get(6),
-            })
+    }
+
+    async fn acquire_slots(&self, req: &SlotRequest<'_>) -> Result<Vec<SlotLease>, StoreError> {
+        let (owner, slots) = (req.owner, req.slots);
+        let mut tx = self.pool.begin().await.ctx("acquire slots: begin")?;
+        // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
+        let mut qb =
+            QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
+        qb.push_bind(owner)
+            .push(", epoch, epoch + 1), owner = ")
+            .push_bind(owner)
+            .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
+            .push_bind(micros(req.ttl))
+            .push(" MICROSECOND WHERE slot IN (");
+        push_list(&mut qb, slots.iter().map(|s| *s as i16));
+        qb.push(") AND (owner IS NULL OR owner = ")
+            .push_bind(owner)
+            .push(" OR lease_until <= UTC_TIMESTAMP(6))");
+        qb.build()
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("acquire slots", e))?;
+        let lease = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until)";
+        let mut qb = owned_slots(&format!("slot, owner, epoch, {lease}"), owner, "", slots);
+        let rows = fetch_rows(&mut qb, &mut *tx, "acquire slots: read").await?;
+        tx.commit().await.ctx("acquire slots: commit")?;
+        Ok(rows.iter().map(lease_from_row).collect())
+    }
+
+    async fn release_slots(&self, req: &SlotRelease<'_>) -> Result<(), sqlx::Error> {
+        let mut qb = QueryBuilder::<MySql>::new(
+            "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ",
+        );
+        qb.push_bind(req.owner).push(" AND slot IN (");
+        push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
+        qb.push(")");
+        qb.build().execute(&self.pool).await.map(drop)
+    }
+
+    /// MariaDB's upsert changes the row whether or not it was ours: the row says who holds it.
+    /// Its assignments run left to right, so `instance` is ours afterwards exactly when the row
+    /// was ours or expired, and only then was the lease renewed.
+    async fn member_held(&self, req: &MemberHeartbeat<'_>, _: u64) -> Result<bool, StoreError> {
+        let holder: Option<Vec<u8>> = sqlx::query_scalar(sql::MEMBER_INSTANCE)
+            .bind(req.owner)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| db_err("member heartbeat", e))?;
+        Ok(holder.as_deref() == Some(req.instance.as_bytes()))
+    }
+
+    async fn status_rows(&self) -> Result<OutboxStatus, StoreError> {
+        let r = sqlx::query(
+            // Counts read the state prefix of ferry_outbox_due (no row lookups); the oldest
+            // unfinished intent is the lowest seq of each unfinished state (one index probe
+            // each). A single aggregate over all unfinished rows took over a second with a
+            // 60k backlog.
+            sql::STATUS_ROWS,
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| db_err("status", e))?;
+        Ok(OutboxStatus {
+            pending: r.get(0),
+            claimed: r.get(1),
+            quarantined: r.get(2),
+            oldest_unfinished_age_us: [3, 4, 5]
+                .into_iter()
+                .filter_map(|i| r.get::<Option<i64>, _>(i))
+                .max(),
+            blocked_aggregates: r.get(6),
         })
     }
 
-    fn record<'a>(
-        &'a self,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
-        Box::pin(async move {
-            let r = sqlx::query(&record_sql(
-                self.stored_mode().await?,
-                "?",
-                sql::RECORD_PAYLOAD,
-            ))
-            .bind(event_id)
+    async fn status_cursor(&self) -> Result<OutboxStatus, StoreError> {
+        self.cursor_status().await
+    }
+
+    async fn record(
+        &self,
+        mode: DispatchMode,
+        id: &str,
+    ) -> Result<Option<EventRecord>, StoreError> {
+        let r = sqlx::query(&record_sql(mode, "?", sql::RECORD_PAYLOAD))
+            .bind(id)
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| db_err("record", e))?;
-            r.map(|r| {
-                record_from((
-                    txt(&r, 0),
-                    txt(&r, 1),
-                    r.get(2),
-                    otxt(&r, 3),
-                    r.get(4),
-                    otxt(&r, 5),
-                    otxt(&r, 6),
-                    otxt(&r, 7),
-                    r.get(8),
-                ))
-            })
-            .transpose()
+        r.map(|r| {
+            record_from((
+                txt(&r, 0),
+                txt(&r, 1),
+                r.get(2),
+                otxt(&r, 3),
+                r.get(4),
+                otxt(&r, 5),
+                otxt(&r, 6),
+                otxt(&r, 7),
+                r.get(8),
+            ))
         })
-    }
-}
-
-impl ferry_core::OutboxStore for MyStore {
-    crate::operator::bulk::bulk_actions!(My, My, pool.begin, Transaction::commit);
-
-    fn backend(&self) -> &'static str {
-        "mysql"
+        .transpose()
     }
 
-    fn shared_status(
+    async fn shared_status(
         &self,
         max_age: std::time::Duration,
-    ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
-        use ferry_core::OperatorActions;
-        Box::pin(crate::status_cache::shared_status(
+    ) -> Result<OutboxStatus, StoreError> {
+        crate::status_cache::shared_status(
             &self.pool,
             &STATUS_CACHE,
             sqlx::mysql::MySqlQueryResult::rows_affected,
             max_age,
-            self.status(),
-        ))
+            crate::protocol::status(self),
+        )
+        .await
     }
 
-    fn purge_sent<'a>(
-        &'a self,
-        req: &'a ferry_core::PurgeRequest<'a>,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            operator::purge::purge_sent(Pools::My(&self.pool), self.stored_mode().await?, req).await
-        })
-    }
-
-    fn replay_scan<'a>(
-        &'a self,
-        filter: &'a ferry_core::replay::ReplayFilter,
-    ) -> BoxFuture<'a, Result<Vec<ferry_core::replay::TopicScan>, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            operator::replay::scan(Pools::My(&self.pool), mode, filter).await
-        })
-    }
-
-    fn replay_page<'a>(
-        &'a self,
-        req: &'a ferry_core::replay::ReplayPageRequest<'a>,
-    ) -> BoxFuture<'a, Result<ferry_core::replay::ReplayPage, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            operator::replay::page(Pools::My(&self.pool), mode, req).await
-        })
-    }
-
-    fn reconcile<'a>(
-        &'a self,
-        req: &'a ferry_core::ReconcileRequest,
-    ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
-        Box::pin(async move {
-            operator::reconcile::reconcile(Pools::My(&self.pool), self.stored_mode().await?, req)
-                .await
-        })
-    }
-
-    fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
-        Some(self)
-    }
-
-    fn pause_control(&self) -> Option<&dyn ferry_core::PauseControl> {
-        Some(self)
-    }
-
-    fn server_warnings(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<ferry_core::SettingWarning>, StoreError>> {
-        Box::pin(async move {
-            let s = crate::server_settings::read_mysql(&self.pool).await?;
-            Ok(crate::server_settings::mysql_warnings(&s))
-        })
+    async fn server_warnings(&self) -> Result<Vec<ferry_core::SettingWarning>, StoreError> {
+        let s = crate::server_settings::read_mysql(&self.pool).await?;
+        Ok(crate::server_settings::mysql_warnings(&s))
     }
 }
-
-crate::operator::pause::pause_control!(MyStore, My);

@@ -6,7 +6,7 @@ use ferry_core::{CasReport, StoreError};
 use sqlx::{MySql, QueryBuilder, Row};
 
 use super::rows::txt;
-use super::sql::{outcome_set, push_list, push_tokens, CHUNK};
+use super::sql::{fetch_rows, outcome_set, push_list, push_tokens, CHUNK};
 use super::MyStore;
 use crate::error::{db_err, Ctx};
 use crate::outcome::{Outcome, Transition};
@@ -86,14 +86,12 @@ impl MyStore {
                     ));
                     push_tokens(&mut qb, chunk);
                     qb.push(" FOR UPDATE");
-                    let matching: Vec<(i64, i64, String)> = qb
-                        .build()
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(|e| db_err("outcome lock", e))?
-                        .iter()
-                        .map(|r| (r.get(0), r.get(1), txt(r, 2)))
-                        .collect();
+                    let matching: Vec<(i64, i64, String)> =
+                        fetch_rows(&mut qb, &mut *tx, "outcome lock")
+                            .await?
+                            .iter()
+                            .map(|r| (r.get(0), r.get(1), txt(r, 2)))
+                            .collect();
                     if matching.is_empty() {
                         continue;
                     }

@@ -8,6 +8,37 @@ use sqlx::{MySql, QueryBuilder};
 
 use crate::outcome::Transition;
 
+/// `SELECT <columns> FROM ferry_slot_lease` of the slots in `slots` whose live lease `owner`
+/// holds (and `extra`, a further condition), in slot order.
+pub(crate) fn owned_slots<'a>(
+    columns: &str,
+    owner: &'a str,
+    extra: &str,
+    slots: &[ferry_core::SlotId],
+) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::new(format!(
+        "SELECT {columns} FROM ferry_slot_lease WHERE owner = "
+    ));
+    qb.push_bind(owner).push(format!(
+        " AND lease_until > UTC_TIMESTAMP(6){extra} AND slot IN ("
+    ));
+    push_list(&mut qb, slots.iter().map(|s| *s as i16));
+    qb.push(") ORDER BY slot");
+    qb
+}
+
+/// The rows of the statement `qb` built, on `ex`; its errors in the context `what`.
+pub(crate) async fn fetch_rows<'c>(
+    qb: &mut QueryBuilder<'_, MySql>,
+    ex: impl sqlx::Executor<'c, Database = MySql>,
+    what: &str,
+) -> Result<Vec<sqlx::mysql::MySqlRow>, ferry_core::StoreError> {
+    qb.build()
+        .fetch_all(ex)
+        .await
+        .map_err(|e| crate::error::db_err(what, e))
+}
+
 /// The lowest cursor.
 pub(crate) const STATUS_CURSORS: &str = "SELECT min(cursor_seq) FROM ferry_slot_lease";
 
@@ -38,33 +69,9 @@ pub(crate) const MEMBER_HEARTBEAT: &str = "INSERT INTO ferry_relay_member (owner
 /// The instance holding owner `?`'s membership row.
 pub(crate) const MEMBER_INSTANCE: &str = "SELECT instance FROM ferry_relay_member WHERE owner = ?";
 
-/// The live members' owners, in order.
-pub(crate) const LIVE_MEMBERS: &str =
-    "SELECT owner FROM ferry_relay_member WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner";
-
-/// The live members with their sink stall, in order.
-pub(crate) const MEMBERS_WITH_STALLS: &str =
-    "SELECT owner, sink_stalled_us FROM ferry_relay_member \
-                 WHERE lease_until > UTC_TIMESTAMP(6) ORDER BY owner";
-
-/// Owner `?` leaves the membership.
-pub(crate) const LEAVE_MEMBER: &str = "DELETE FROM ferry_relay_member WHERE owner = ?";
-
 /// Every owned slot lease, in slot order.
 pub(crate) const SLOT_LEASES: &str = "SELECT slot, owner, epoch, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', lease_until) FROM ferry_slot_lease \
                  WHERE owner IS NOT NULL ORDER BY slot";
-
-/// The stored dispatch mode, locked: serialises mode switches.
-pub(crate) const DISPATCH_MODE_FOR_UPDATE: &str =
-    "SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE";
-
-/// How many live relays other than `?` there are.
-pub(crate) const DISPATCH_MODE_MEMBERS: &str =
-    "SELECT count(*) FROM ferry_relay_member WHERE owner <> ? AND lease_until > UTC_TIMESTAMP(6)";
-
-/// Stores dispatch mode `?`.
-pub(crate) const DISPATCH_MODE_SET: &str =
-    "UPDATE ferry_dispatch SET mode = ?, changed_at = UTC_TIMESTAMP(6) WHERE id = 1";
 
 /// Which of the row-dispatch indexes exist.
 pub(crate) const DISPATCH_MODE_INDEXES: &str =
@@ -319,18 +326,6 @@ pub(crate) const SESSION_READ_COMMITTED: &str =
 /// The multi-row insert of intents, its VALUES pushed per chunk.
 pub(crate) const INSERT_HEAD: &str = "INSERT INTO ferry_outbox (event_id, aggregate_id, aggregate_version, shard_slot, topic, msg_key, \
                  event_type, headers, payload, payload_bytes) ";
-
-/// MariaDB's operator update, positional: the operator's placeholder (SET) comes before the event
-/// id's (WHERE); the server's clock.
-pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::OperatorSql {
-    event_id: "?",
-    operator: "?",
-    now: "UTC_TIMESTAMP(6)",
-    binds: &[
-        crate::operator::OperatorParam::Operator,
-        crate::operator::OperatorParam::EventId,
-    ],
-};
 
 /// A switch to cursor dispatch, in its transaction.
 pub(crate) const TO_CURSOR: [&str; 2] = [

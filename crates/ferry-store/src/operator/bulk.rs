@@ -1,7 +1,8 @@
 //! Bulk operator actions on quarantined events (`ferry quarantine requeue|skip` with a filter)
 //! and their record (`ferry_operator_action`), written once for every backend.
 //!
-//! An action is one transaction of the backend's own ([`bulk_actions!`]), in which [`act`]:
+//! An action is one transaction of the backend's own ([`crate::protocol::bulk_quarantine`]), in
+//! which [`act`]:
 //! 1. reads the dispatch mode under a shared lock of its row (`ferry_dispatch`; SQLite: the
 //!    transaction's write lock), so a mode switch, which takes that row for update, cannot move
 //!    the quarantined events to the other mode's table in the middle of the action;
@@ -22,8 +23,8 @@ use ferry_core::{
 };
 use sqlx::{MySqlConnection, PgConnection, Row, SqliteConnection};
 
-use super::{count, Bind, Pools};
-use crate::dialect::{numbered_placeholders, Dialect};
+use super::{count, on_backend, text_at, Bind, Pools};
+use crate::dialect::Dialect;
 use crate::error::db_err;
 
 /// A connection inside a transaction the caller opened (and commits).
@@ -35,7 +36,7 @@ pub(crate) enum Conn<'a> {
 
 /// A bind value that may be NULL (the record's filter columns).
 #[derive(Debug, Clone)]
-enum Val {
+pub(crate) enum Val {
     I64(Option<i64>),
     Str(Option<String>),
 }
@@ -45,33 +46,28 @@ impl From<Bind> for Val {
         match b {
             Bind::I64(v) => Val::I64(Some(v)),
             Bind::Str(s) => Val::Str(Some(s)),
+            Bind::Nullable(v) => Val::I64(v),
         }
     }
 }
 
-/// `$body` with `$c` bound to the connection and `$q` to `$sql` in its placeholders (see
-/// `on_pool!` in the parent module).
-macro_rules! on_conn {
-    ($conn:expr, $sql:expr, |$c:ident, $q:ident| $body:expr) => {
-        match $conn {
-            Conn::Pg($c) => {
-                let $q = &numbered_placeholders($sql);
-                $body
-            }
-            Conn::My($c) => {
-                let $q = $sql;
-                $body
-            }
-            Conn::Lite($c) => {
-                let $q = $sql;
-                $body
-            }
-        }
-    };
+/// `sql` with `vals` bound in order.
+fn with_vals<'q, DB: sqlx::Database>(
+    sql: &'q str,
+    vals: &[Val],
+) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>>
+where
+    Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<String>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    vals.iter().fold(sqlx::query(sql), |q, v| match v {
+        Val::I64(v) => q.bind(*v),
+        Val::Str(s) => q.bind(s.clone()),
+    })
 }
 
 impl Conn<'_> {
-    fn dialect(&self) -> Dialect {
+    pub(crate) fn dialect(&self) -> Dialect {
         match self {
             Conn::Pg(_) => Dialect::Pg,
             Conn::My(_) => Dialect::My,
@@ -80,17 +76,34 @@ impl Conn<'_> {
     }
 
     /// The rows `sql` changed.
-    async fn exec(&mut self, sql: &str, vals: &[Val], what: &str) -> Result<u64, StoreError> {
-        Ok(on_conn!(self, sql, |c, q| {
-            vals.iter()
-                .fold(sqlx::query(q), |q, v| match v {
-                    Val::I64(v) => q.bind(*v),
-                    Val::Str(s) => q.bind(s.clone()),
-                })
+    pub(crate) async fn exec(
+        &mut self,
+        sql: &str,
+        vals: &[Val],
+        what: &str,
+    ) -> Result<u64, StoreError> {
+        Ok(on_backend!(Conn, self, sql, |c, q| {
+            with_vals(q, vals)
                 .execute(&mut **c)
                 .await
                 .map_err(|e| db_err(what, e))?
                 .rows_affected()
+        }))
+    }
+
+    /// The first column of the first row `sql` returns, as text (`None`: no row, or NULL).
+    pub(crate) async fn first_text(
+        &mut self,
+        sql: &str,
+        vals: &[Val],
+        what: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(on_backend!(Conn, self, sql, |c, q| {
+            with_vals(q, vals)
+                .fetch_optional(&mut **c)
+                .await
+                .map_err(|e| db_err(what, e))?
+                .and_then(|r| text_at(&r, 0))
         }))
     }
 
@@ -226,15 +239,10 @@ fn at_micros(d: Dialect) -> &'static str {
 }
 
 /// "now" in a timestamp column, and its bind where the backend binds the process clock.
-fn now(d: Dialect, vals: &mut Vec<Val>) -> &'static str {
-    match d {
-        Dialect::Pg => "now()",
-        Dialect::My => "UTC_TIMESTAMP(6)",
-        Dialect::Lite => {
-            vals.push(Val::I64(Some(ferry_core::now_micros())));
-            "?"
-        }
-    }
+pub(crate) fn now(d: Dialect, vals: &mut Vec<Val>) -> &'static str {
+    let (sql, clock) = d.now_at();
+    vals.extend(clock.map(|t| Val::I64(Some(t))));
+    sql
 }
 
 /// A dry run: how many quarantined events `req.filter` selects now in `mode`, and the ids of
@@ -361,53 +369,3 @@ fn record_from(r: Vec<Option<String>>) -> OperatorRecord {
         },
     }
 }
-
-/// `bulk_quarantine` and `operator_actions` of [`ferry_core::OutboxStore`] for a backend's
-/// `impl OutboxStore` block: a store with a `pool` field and an inherent `stored_mode()`, its
-/// [`Pools`] variant `$pools`, its [`Conn`] variant `$conn`, and its write transaction
-/// (`self.$begin()`, committed by `$commit`). A macro for the reason
-/// [`operator_writes!`](super::operator_writes) is one.
-macro_rules! bulk_actions {
-    ($pools:ident, $conn:ident, $($begin:ident).+, $commit:path) => {
-        fn bulk_quarantine<'a>(
-            &'a self,
-            req: &'a ferry_core::BulkRequest<'a>,
-        ) -> ferry_core::BoxFuture<'a, Result<ferry_core::BulkOutcome, ferry_core::StoreError>>
-        {
-            Box::pin(async move {
-                req.validate()?;
-                let pools = $crate::operator::Pools::$pools(&self.pool);
-                if req.dry_run {
-                    let mode = self.stored_mode().await?;
-                    return $crate::operator::bulk::preview(pools, mode, req).await;
-                }
-                let mut tx = self
-                    .$($begin).+()
-                    .await
-                    .map_err(|e| $crate::error::db_err("bulk action: begin", e))?;
-                let count =
-                    $crate::operator::bulk::act($crate::operator::bulk::Conn::$conn(&mut *tx), req)
-                        .await?;
-                $commit(tx)
-                    .await
-                    .map_err(|e| $crate::error::db_err("bulk action: commit", e))?;
-                Ok(ferry_core::BulkOutcome {
-                    count,
-                    sample: Vec::new(),
-                })
-            })
-        }
-
-        fn operator_actions(
-            &self,
-            limit: usize,
-        ) -> ferry_core::BoxFuture<'_, Result<Vec<ferry_core::OperatorRecord>, ferry_core::StoreError>>
-        {
-            Box::pin($crate::operator::bulk::recent(
-                $crate::operator::Pools::$pools(&self.pool),
-                limit,
-            ))
-        }
-    };
-}
-pub(crate) use bulk_actions;

@@ -30,29 +30,33 @@ pub(crate) enum Pools<'a> {
 pub(crate) enum Bind {
     I64(i64),
     Str(String),
+    /// A number or NULL.
+    Nullable(Option<i64>),
 }
 
-/// Evaluates `$body` once per backend, with `$pool` bound to that backend's pool and `$q` to
-/// `$sql` in its placeholders (`?` in bind order; PostgreSQL gets `$n`). A macro: the arms'
-/// pool, row and query types differ by driver.
-macro_rules! on_pool {
-    ($pools:expr, $sql:expr, |$pool:ident, $q:ident| $body:expr) => {
-        match $pools {
-            Pools::Pg($pool) => {
-                let $q = &numbered_placeholders($sql);
+/// Evaluates `$body` once per backend of `$value` (a [`Pools`] or a [`bulk::Conn`], named by
+/// `$enum`), with `$x` bound to that backend's pool or connection and `$q` to `$sql` in its
+/// placeholders (`?` in bind order; PostgreSQL gets `$n`). A macro: the arms' pool, connection,
+/// row and query types differ by driver.
+macro_rules! on_backend {
+    ($enum:ident, $value:expr, $sql:expr, |$x:ident, $q:ident| $body:expr) => {
+        match $value {
+            $enum::Pg($x) => {
+                let $q = &$crate::dialect::numbered_placeholders($sql);
                 $body
             }
-            Pools::My($pool) => {
+            $enum::My($x) => {
                 let $q = $sql;
                 $body
             }
-            Pools::Lite($pool) => {
+            $enum::Lite($x) => {
                 let $q = $sql;
                 $body
             }
         }
     };
 }
+pub(crate) use on_backend;
 
 impl Pools<'_> {
     /// The rows of `sql`, every column as text (`None` for NULL).
@@ -61,27 +65,23 @@ impl Pools<'_> {
         sql: &str,
         binds: &[Bind],
     ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
-        Ok(on_pool!(*self, sql, |pool, q| {
+        self.rows_as(sql, binds, "operator query").await
+    }
+
+    /// [`Self::rows`], its errors in the context `what`.
+    pub(crate) async fn rows_as(
+        &self,
+        sql: &str,
+        binds: &[Bind],
+        what: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, StoreError> {
+        Ok(on_backend!(Pools, *self, sql, |pool, q| {
             let rows = bound(q, binds)
                 .fetch_all(pool)
                 .await
-                .map_err(|e| db_err("operator query", e))?;
+                .map_err(|e| db_err(what, e))?;
             rows.iter()
-                .map(|r| {
-                    (0..r.len())
-                        .map(|i| {
-                            r.try_get::<Option<i64>, _>(i)
-                                .map(|v| v.map(|v| v.to_string()))
-                                .or_else(|_| r.try_get::<Option<String>, _>(i))
-                                .or_else(|_| {
-                                    r.try_get::<Option<Vec<u8>>, _>(i).map(|v| {
-                                        v.map(|b| String::from_utf8_lossy(&b).into_owned())
-                                    })
-                                })
-                                .unwrap_or(None)
-                        })
-                        .collect()
-                })
+                .map(|r| (0..r.len()).map(|i| text_at(r, i)).collect())
                 .collect()
         }))
     }
@@ -98,7 +98,7 @@ impl Pools<'_> {
         binds: &[Bind],
         what: &str,
     ) -> Result<u64, StoreError> {
-        Ok(on_pool!(*self, sql, |pool, q| {
+        Ok(on_backend!(Pools, *self, sql, |pool, q| {
             bound(q, binds)
                 .execute(pool)
                 .await
@@ -123,7 +123,7 @@ impl Pools<'_> {
             d.retention_mark_upsert().to_string()
         };
         let now = now_micros();
-        Ok(on_pool!(*self, delete, |pool, q| {
+        Ok(on_backend!(Pools, *self, delete, |pool, q| {
             let mut tx = pool.begin().await.map_err(|e| db_err("purge: begin", e))?;
             let rows = bound(q, binds)
                 .fetch_all(&mut *tx)
@@ -166,6 +166,29 @@ impl Pools<'_> {
     }
 }
 
+/// Column `i` of `r` as text (`None` for NULL): a number, a text, or bytes (MariaDB's binary
+/// collation) read as UTF-8.
+pub(crate) fn text_at<R: Row>(r: &R, i: usize) -> Option<String>
+where
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    r.try_get::<Option<i64>, _>(i)
+        .or_else(|_| r.try_get::<Option<i32>, _>(i).map(|v| v.map(i64::from)))
+        .or_else(|_| r.try_get::<Option<i16>, _>(i).map(|v| v.map(i64::from)))
+        .map(|v| v.map(|v| v.to_string()))
+        .or_else(|_| r.try_get::<Option<String>, _>(i))
+        .or_else(|_| {
+            r.try_get::<Option<Vec<u8>>, _>(i)
+                .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        })
+        .unwrap_or(None)
+}
+
 /// `sql` with `binds` bound in order.
 pub(crate) fn bound<'q, DB: sqlx::Database>(
     sql: &'q str,
@@ -173,71 +196,48 @@ pub(crate) fn bound<'q, DB: sqlx::Database>(
 ) -> Query<'q, DB, DB::Arguments<'q>>
 where
     i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
     binds.iter().fold(sqlx::query(sql), |q, b| match b {
         Bind::I64(v) => q.bind(*v),
         Bind::Str(s) => q.bind(s.clone()),
+        Bind::Nullable(v) => q.bind(*v),
     })
 }
 
-/// A value of an operator update, in the order a backend's placeholders take them.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum OperatorParam {
-    EventId,
-    Operator,
-    /// The process clock (µs), for a backend that binds its time.
-    Now,
-}
-
-/// How a backend's SQL names the values of an operator update: the event id's and the
-/// operator's placeholders, the current time, and the order the placeholders bind in.
-/// (PostgreSQL's `$n` pass [`Pools`]' `?` translation untouched: the statement has no `?`.)
-pub(crate) struct OperatorSql {
-    pub(crate) event_id: &'static str,
-    pub(crate) operator: &'static str,
-    pub(crate) now: &'static str,
-    pub(crate) binds: &'static [OperatorParam],
-}
-
 /// An operator action on a quarantined intent, `target` `PENDING` (requeue: due now, attempts
-/// reset) or `SKIPPED`, in the backend's SQL `p`. In cursor dispatch a quarantined intent's
-/// state is its exception row. Returns how many rows it changed: one, or none when the intent
-/// is not (or no longer) quarantined ([`operator_outcome`]).
+/// reset) or `SKIPPED`. In cursor dispatch a quarantined intent's state is its exception row.
+/// Returns how many rows it changed: one, or none when the intent is not (or no longer)
+/// quarantined ([`operator_outcome`]).
 pub(crate) async fn operator_update(
     pools: Pools<'_>,
     mode: DispatchMode,
     target: &str,
-    p: &OperatorSql,
     event_id: &str,
     operator: &str,
 ) -> Result<u64, StoreError> {
-    let (e, o, now) = (p.event_id, p.operator, p.now);
+    let (now, clock) = pools.dialect().now_at();
+    let mut binds = vec![Bind::Str(operator.to_string())];
+    binds.extend(clock.map(Bind::I64));
     let extra = if target == "PENDING" {
+        binds.extend(clock.map(Bind::I64));
         format!(", available_at = {now}, attempts = 0")
     } else {
         String::new()
     };
+    binds.push(Bind::Str(event_id.to_string()));
     let (table, which) = match mode {
-        DispatchMode::Row => ("ferry_outbox", format!("event_id = {e}")),
+        DispatchMode::Row => ("ferry_outbox", "event_id = ?"),
         DispatchMode::Cursor => (
             "ferry_outbox_exception",
-            format!("seq = (SELECT seq FROM ferry_outbox WHERE event_id = {e})"),
+            "seq = (SELECT seq FROM ferry_outbox WHERE event_id = ?)",
         ),
     };
     let sql = format!(
-        "UPDATE {table} SET state = '{target}', resolved_by = {o}, resolved_at = {now}, \
+        "UPDATE {table} SET state = '{target}', resolved_by = ?, resolved_at = {now}, \
          lease_until = NULL{extra} WHERE {which} AND state = 'QUARANTINED'"
     );
-    let binds: Vec<Bind> = p
-        .binds
-        .iter()
-        .map(|b| match b {
-            OperatorParam::EventId => Bind::Str(event_id.to_string()),
-            OperatorParam::Operator => Bind::Str(operator.to_string()),
-            OperatorParam::Now => Bind::I64(now_micros()),
-        })
-        .collect();
     pools.exec_as(&sql, &binds, "operator update").await
 }
 
@@ -306,40 +306,3 @@ pub(crate) fn first_i64(rows: Vec<Vec<Option<String>>>) -> Option<i64> {
         .and_then(|r| r[0].as_deref())
         .and_then(|v| v.parse::<i64>().ok())
 }
-
-/// The three writes of [`ferry_core::OperatorActions`] (enqueue, requeue, skip) for an
-/// `impl OperatorActions` block of a store with a `limits` field and an inherent
-/// `async fn operator_update(&self, event_id, operator, target)`: an enqueue runs in a
-/// transaction of the store's own (`self.$begin()`, committed by `$commit`), requeue and skip are
-/// one fenced operator update each. A macro, not a blanket impl: `OperatorActions` belongs to
-/// ferry-core (the orphan rule), as [`crate::outcome::row_outcomes`] explains.
-macro_rules! operator_writes {
-    ($($begin:ident).+, $commit:path) => {
-        fn enqueue<'a>(
-            &'a self,
-            events: &'a [ferry_core::NewEvent],
-        ) -> ferry_core::BoxFuture<'a, Result<Vec<String>, ferry_core::EnqueueError>> {
-            Box::pin($crate::enqueue::enqueue_in_own_tx(
-                events,
-                &self.limits,
-                self.$($begin).+(),
-                $commit,
-            ))
-        }
-
-        fn requeue<'a>(
-            &'a self,
-            req: &'a ferry_core::OperatorAction<'a>,
-        ) -> ferry_core::BoxFuture<'a, Result<(), ferry_core::StoreError>> {
-            Box::pin(self.operator_update(req.event_id, req.operator, "PENDING"))
-        }
-
-        fn skip<'a>(
-            &'a self,
-            req: &'a ferry_core::OperatorAction<'a>,
-        ) -> ferry_core::BoxFuture<'a, Result<(), ferry_core::StoreError>> {
-            Box::pin(self.operator_update(req.event_id, req.operator, "SKIPPED"))
-        }
-    };
-}
-pub(crate) use operator_writes;

@@ -14,21 +14,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::store::prelude::*;
 use ferry_core::{
-    BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError, EventRecord,
-    Limits, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease, StoreError, ValidatedEvent,
+    CasReport, ClaimRequest, ClaimToken, ClaimedEvent, DispatchMode, EnqueueError, EventRecord,
+    Limits, OutboxStatus, Payload, SlotId, SlotLease, SlotRelease, SlotRequest, StoreError,
+    ValidatedEvent,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{Connection, PgPool, Row, Transaction};
+use sqlx::{Connection, PgPool, Row};
 
 use crate::enqueue::InsertIntents;
 use crate::error::{db_err, enqueue_err, url_options, Ctx};
 use crate::migrate::MIGRATIONS_POSTGRES;
-use crate::operator::{self, operator_outcome, Pools};
 use crate::options::ConnectOptions;
 use crate::outcome::{Outcome, Transition};
-use crate::request::claiming;
+use crate::protocol::Ops;
 use crate::rows::{lease_from, status_from, StatusRow};
 use crate::time::micros;
 use sql::{INSERT, STATUS_CACHE};
@@ -77,9 +76,9 @@ impl InsertIntents for PgConnection {
 /// The PostgreSQL outbox store.
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    pool: PgPool,
-    limits: Limits,
-    /// Rows claims passed over under contention ([`OutboxStore::rows_skipped_locked`]).
+    pub(crate) pool: PgPool,
+    pub(crate) limits: Limits,
+    /// Rows claims passed over under contention ([`ferry_core::RowDispatch::rows_skipped_locked`]).
     skipped: Arc<AtomicU64>,
     /// Whether claims measure `skipped` (`ConnectOptions::measure_contention`).
     measure: bool,
@@ -148,11 +147,6 @@ impl PgStore {
         Ok(store)
     }
 
-    /// The stored dispatch mode (`ferry_dispatch`).
-    pub(crate) async fn stored_mode(&self) -> Result<ferry_core::DispatchMode, StoreError> {
-        crate::lookup::stored_mode::<_, String>(self.pool()).await
-    }
-
     /// The pool, for the application's own transactions.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -170,19 +164,6 @@ impl PgStore {
     /// A fenced outcome on `ferry_outbox` ([`cas_on`]).
     async fn cas(&self, o: Outcome<'_>) -> Result<CasReport, StoreError> {
         cas_on(&self.pool, &OUTBOX, &o).await
-    }
-
-    async fn operator_update(
-        &self,
-        event_id: &str,
-        operator: &str,
-        target: &str,
-    ) -> Result<(), StoreError> {
-        let mode = self.stored_mode().await?;
-        let pools = Pools::Pg(&self.pool);
-        let n = operator::operator_update(pools, mode, target, &sql::OPERATOR, event_id, operator)
-            .await?;
-        operator_outcome(n, event_id, self.record(event_id)).await
     }
 }
 
@@ -255,340 +236,158 @@ pub(crate) fn bind_claim<'q>(
     }
 }
 
-impl ferry_core::RowDispatch for PgStore {
-    fn claim<'a>(
-        &'a self,
-        req: &'a ClaimRequest,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(claiming(req, async move {
-            let sql = sql::claim(req, self.measure);
-            let mut tx = self.pool.begin().await.ctx("claim: begin")?;
-            // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
-            // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
-            // slots first (stats from a small backlog, generic plans), which grows with the backlog.
-            sqlx::query(sql::CLAIM_PLAN_SETTINGS)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim: plan settings", e))?;
-            let rows = bind_claim(&sql, req)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("claim", e))?;
-            tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
-            let passed: i64 = rows.first().map_or(0, |r| r.get(15));
-            if passed > 0 {
-                self.skipped.fetch_add(passed as u64, Ordering::Relaxed);
-            }
-            let mut items: Vec<ClaimedEvent> = rows
-                .iter()
-                .filter(|r| r.get::<Option<i64>, _>(0).is_some())
-                .map(claimed_from_row)
-                .collect();
-            items.sort_by_key(|e| e.token.seq);
-            Ok(items)
-        }))
+crate::protocol::store_traits!(PgStore, sql);
+
+impl Ops for PgStore {
+    async fn check_windows(&self, mode: DispatchMode) -> Result<(), StoreError> {
+        self.check_xids(mode).await
+    }
+
+    async fn claim_rows(&self, req: &ClaimRequest) -> Result<Vec<ClaimedEvent>, StoreError> {
+        let sql = sql::claim(req, self.measure);
+        let mut tx = self.pool.begin().await.ctx("claim: begin")?;
+        // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
+        // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
+        // slots first (stats from a small backlog, generic plans), which grows with the backlog.
+        sqlx::query(sql::CLAIM_PLAN_SETTINGS)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim: plan settings", e))?;
+        let rows = bind_claim(&sql, req)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("claim", e))?;
+        tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
+        let passed: i64 = rows.first().map_or(0, |r| r.get(15));
+        if passed > 0 {
+            self.skipped.fetch_add(passed as u64, Ordering::Relaxed);
+        }
+        let mut items: Vec<ClaimedEvent> = rows
+            .iter()
+            .filter(|r| r.get::<Option<i64>, _>(0).is_some())
+            .map(claimed_from_row)
+            .collect();
+        items.sort_by_key(|e| e.token.seq);
+        Ok(items)
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {
         self.measure.then(|| self.skipped.load(Ordering::Relaxed))
     }
 
-    fn lookup_claim<'a>(
-        &'a self,
-        claim_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            let sql = sql::lookup_claim();
-            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
-        })
+    async fn lookup_claim(&self, claim_id: &str) -> Result<Vec<ClaimedEvent>, StoreError> {
+        crate::lookup::lookup_claim(&self.pool, &sql::lookup_claim(), claim_id, claimed_from_row)
+            .await
     }
 
-    crate::outcome::row_outcomes!();
-}
-
-impl ferry_core::SlotOwnership for PgStore {
-    fn acquire_slots<'a>(
-        &'a self,
-        req: &'a ferry_core::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
-        let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
-        Box::pin(async move {
-            let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(
-                // Rows are locked in slot order first (the cursor advance does the same), so a
-                // renewal and an advance over overlapping slots cannot deadlock.
-                sql::ACQUIRE_SLOTS,
-            )
-            .bind(owner)
-            .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
-            .bind(micros(ttl))
+    async fn acquire_slots(&self, req: &SlotRequest<'_>) -> Result<Vec<SlotLease>, StoreError> {
+        // Rows are locked in slot order first (the cursor advance does the same), so a renewal
+        // and an advance over overlapping slots cannot deadlock.
+        let rows: Vec<(i16, String, i64, i64)> = sqlx::query_as(sql::ACQUIRE_SLOTS)
+            .bind(req.owner)
+            .bind(slots_i16(req.slots.iter().copied()))
+            .bind(micros(req.ttl))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
-            let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
-            leases.sort_by_key(|l| l.slot);
-            Ok(leases)
-        })
+        Ok(rows.into_iter().map(lease_from).collect())
     }
 
-    fn release_slots<'a>(
-        &'a self,
-        req: &'a ferry_core::SlotRelease<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (owner, slots) = (req.owner, req.slots);
-        Box::pin(async move {
-            sqlx::query(sql::RELEASE_SLOTS)
-                .bind(owner)
-                .bind(slots.iter().map(|s| *s as i16).collect::<Vec<_>>())
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("release slots", e))?;
-            Ok(())
-        })
-    }
-
-    fn heartbeat_member<'a>(
-        &'a self,
-        req: &'a ferry_core::MemberHeartbeat<'a>,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        let (owner, ttl) = (req.owner, req.ttl);
-        Box::pin(async move {
-            // ON CONFLICT DO UPDATE locks the row and checks WHERE against its latest version:
-            // of two instances racing for an expired row, one takes it
-            let held = sqlx::query(sql::MEMBER_HEARTBEAT)
-                .bind(owner)
-                .bind(micros(ttl))
-                .bind(req.instance)
-                .bind(req.sink_stalled_us())
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("member heartbeat", e))?
-                .rows_affected();
-            if held == 0 {
-                return Err(crate::error::owner_in_use(owner));
-            }
-            sqlx::query_scalar(sql::LIVE_MEMBERS)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))
-        })
-    }
-
-    fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(sql::MEMBERS_WITH_STALLS)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))?;
-            Ok(crate::rows::members_from(rows))
-        })
-    }
-
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            sqlx::query(sql::LEAVE_MEMBER)
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("leave", e))?;
-            Ok(())
-        })
-    }
-
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(crate::lookup::slot_leases::<_, i16>(
-            &self.pool,
-            sql::SLOT_LEASES,
-        ))
-    }
-}
-
-impl ferry_core::OperatorActions for PgStore {
-    crate::operator::operator_writes!(pool.begin, Transaction::commit);
-
-    fn list_quarantined(
-        &self,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
-        Box::pin(async move {
-            let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sql::QUARANTINED_ROWS,
-                // successors are held exceptions, or not yet read past the cursor
-                ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
-            };
-            crate::lookup::quarantined(&self.pool, sql, limit).await
-        })
-    }
-
-    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
-        Box::pin(async move {
-            let r: StatusRow = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sqlx::query_as(&sql::status_rows())
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(|e| db_err("status", e))?,
-                ferry_core::DispatchMode::Cursor => {
-                    self.check_xids(ferry_core::DispatchMode::Cursor).await?;
-                    // Unfinished = not yet behind the slot's cursor, or an open exception. No row
-                    // below the lowest window's lower snapshot xmin can be unfinished without an
-                    // exception row: that bound (read first and bound as a value, so the planner
-                    // estimates the range from it) keeps the scan off the dispatched history.
-                    let low: i64 = sqlx::query_scalar(sql::STATUS_LOW_XID)
-                        .fetch_one(&self.pool)
-                        .await
-                        .map_err(|e| db_err("status: cursors", e))?;
-                    let low = (low, 0i64);
-                    // The rows past that bound are the newest part of the table, but once they
-                    // are a few per cent of it the planner reads the whole table instead of
-                    // the (xid, seq) index: on 11,000,000 rows with 1,000,000 past the bound a
-                    // parallel sequential scan took 2.3–2.7 s (plus JIT), the index 0.6–0.8 s,
-                    // and beside a burn-down that cost grew with the delivered history.
-                    let mut tx = self.pool.begin().await.ctx("status: begin")?;
-                    sqlx::query(sql::STATUS_PLAN_SETTINGS)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| db_err("status: plan settings", e))?;
-                    let r = sqlx::query_as(&sql::status_cursor())
-                        .bind(low.0)
-                        .bind(low.1)
-                        .persistent(false)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(|e| db_err("status", e))?;
-                    tx.commit().await.map_err(|e| db_err("status: commit", e))?;
-                    r
-                }
-            };
-            Ok(status_from(r))
-        })
-    }
-
-    fn record<'a>(
-        &'a self,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
-        Box::pin(async move {
-            crate::lookup::record(
-                &self.pool,
-                self.stored_mode().await?,
-                "$1",
-                sql::RECORD_PAYLOAD,
-                event_id,
-            )
+    async fn release_slots(&self, req: &SlotRelease<'_>) -> Result<(), sqlx::Error> {
+        sqlx::query(sql::RELEASE_SLOTS)
+            .bind(req.owner)
+            .bind(slots_i16(req.slots.iter().copied()))
+            .execute(&self.pool)
             .await
-        })
-    }
-}
-
-impl ferry_core::OutboxStore for PgStore {
-    crate::operator::bulk::bulk_actions!(Pg, Pg, pool.begin, Transaction::commit);
-
-    fn backend(&self) -> &'static str {
-        "postgres"
+            .map(drop)
     }
 
-    fn shared_status(
-        &self,
-        max_age: std::time::Duration,
-    ) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
-        use ferry_core::OperatorActions;
-        Box::pin(crate::status_cache::shared_status(
+    async fn status_rows(&self) -> Result<OutboxStatus, StoreError> {
+        let r: StatusRow = sqlx::query_as(&sql::status_rows())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status", e))?;
+        Ok(status_from(r))
+    }
+
+    async fn status_cursor(&self) -> Result<OutboxStatus, StoreError> {
+        // Unfinished = not yet behind the slot's cursor, or an open exception. No row below the
+        // lowest window's lower snapshot xmin can be unfinished without an exception row: that
+        // bound (read first and bound as a value, so the planner estimates the range from it)
+        // keeps the scan off the dispatched history.
+        let low: i64 = sqlx::query_scalar(sql::STATUS_LOW_XID)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status: cursors", e))?;
+        // The rows past that bound are the newest part of the table, but once they are a few
+        // per cent of it the planner reads the whole table instead of the (xid, seq) index: on
+        // 11,000,000 rows with 1,000,000 past the bound a parallel sequential scan took 2.3–2.7 s
+        // (plus JIT), the index 0.6–0.8 s, and beside a burn-down that cost grew with the
+        // delivered history.
+        let mut tx = self.pool.begin().await.ctx("status: begin")?;
+        sqlx::query(sql::STATUS_PLAN_SETTINGS)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| db_err("status: plan settings", e))?;
+        let r: StatusRow = sqlx::query_as(&sql::status_cursor())
+            .bind(low)
+            .bind(0i64)
+            .persistent(false)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| db_err("status", e))?;
+        tx.commit().await.map_err(|e| db_err("status: commit", e))?;
+        Ok(status_from(r))
+    }
+
+    async fn record(&self, m: DispatchMode, id: &str) -> Result<Option<EventRecord>, StoreError> {
+        crate::lookup::record(&self.pool, m, "$1", sql::RECORD_PAYLOAD, id).await
+    }
+
+    async fn shared_status(&self, max_age: Duration) -> Result<OutboxStatus, StoreError> {
+        crate::status_cache::shared_status(
             &self.pool,
             &STATUS_CACHE,
             sqlx::postgres::PgQueryResult::rows_affected,
             max_age,
-            self.status(),
-        ))
+            crate::protocol::status(self),
+        )
+        .await
     }
 
-    fn listen_commits(
-        &self,
-        wake: std::sync::Arc<dyn Fn() + Send + Sync>,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
-                .await
-                .map_err(|e| db_err("LISTEN connect", e))?;
-            listener
-                .listen("ferry_outbox")
-                .await
-                .map_err(|e| db_err("LISTEN", e))?;
-            tokio::spawn(async move {
-                loop {
-                    match listener.recv().await {
-                        Ok(_) => wake(),
-                        Err(e) => {
-                            // Notifications may have been lost while reconnecting: wake anyway.
-                            tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
-                            wake();
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
+    async fn listen_commits(&self, wake: Arc<dyn Fn() + Send + Sync>) -> Result<bool, StoreError> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
+            .await
+            .map_err(|e| db_err("LISTEN connect", e))?;
+        listener
+            .listen("ferry_outbox")
+            .await
+            .map_err(|e| db_err("LISTEN", e))?;
+        tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(_) => wake(),
+                    Err(e) => {
+                        // Notifications may have been lost while reconnecting: wake anyway.
+                        tracing::warn!(error = %e, "LISTEN connection lost; reconnecting");
+                        wake();
+                        tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
-            });
-            Ok(true)
-        })
+            }
+        });
+        Ok(true)
     }
 
-    fn purge_sent<'a>(
-        &'a self,
-        req: &'a ferry_core::PurgeRequest<'a>,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            self.check_xids(mode).await?;
-            operator::purge::purge_sent(Pools::Pg(&self.pool), mode, req).await
-        })
+    async fn server_warnings(&self) -> Result<Vec<ferry_core::SettingWarning>, StoreError> {
+        let s = crate::server_settings::read_pg(&self.pool).await?;
+        Ok(crate::server_settings::pg_warnings(&s))
     }
+}
 
-    fn replay_scan<'a>(
-        &'a self,
-        filter: &'a ferry_core::replay::ReplayFilter,
-    ) -> BoxFuture<'a, Result<Vec<ferry_core::replay::TopicScan>, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            self.check_xids(mode).await?;
-            operator::replay::scan(Pools::Pg(&self.pool), mode, filter).await
-        })
-    }
-
-    fn replay_page<'a>(
-        &'a self,
-        req: &'a ferry_core::replay::ReplayPageRequest<'a>,
-    ) -> BoxFuture<'a, Result<ferry_core::replay::ReplayPage, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            self.check_xids(mode).await?;
-            operator::replay::page(Pools::Pg(&self.pool), mode, req).await
-        })
-    }
-
-    fn reconcile<'a>(
-        &'a self,
-        req: &'a ferry_core::ReconcileRequest,
-    ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            self.check_xids(mode).await?;
-            operator::reconcile::reconcile(Pools::Pg(&self.pool), mode, req).await
-        })
-    }
-
-    fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
-        Some(self)
-    }
-
-    fn pause_control(&self) -> Option<&dyn ferry_core::PauseControl> {
-        Some(self)
-    }
-
-    fn server_warnings(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<ferry_core::SettingWarning>, StoreError>> {
-        Box::pin(async move {
-            let s = crate::server_settings::read_pg(&self.pool).await?;
-            Ok(crate::server_settings::pg_warnings(&s))
-        })
-    }
+/// Slots as PostgreSQL's `int2[]`.
+pub(crate) fn slots_i16(slots: impl IntoIterator<Item = SlotId>) -> Vec<i16> {
+    slots.into_iter().map(|s| s as i16).collect()
 }
 
 /// Opens a dedicated connection (used by tests and tools that need session state).
@@ -597,5 +396,3 @@ pub async fn connect_one(url: &str) -> Result<PgConnection, StoreError> {
         .await
         .map_err(|e| db_err("connect", e))
 }
-
-crate::operator::pause::pause_control!(PgStore, Pg);

@@ -1,67 +1,63 @@
 //! PostgreSQL's dispatch-mode switch: converting the outbox between row and cursor dispatch (and
 //! re-basing the cursors of a restored database), in one transaction under a 10 s lock timeout.
 use ferry_core::{DispatchMode, StoreError, StoreErrorKind};
+use sqlx::PgConnection;
 
-use super::sql::{self, MATERIALIZE_STATES};
+use super::sql::{self, DISPATCH_MODE_EXCEPTIONS, MATERIALIZE_STATES, RE_BASE_CURSORS_EXCEPTIONS};
 use super::windows::xid_regression;
 use super::PgStore;
-use crate::error::{db_err, mode_in_use, Ctx};
+use crate::error::{db_err, mode_in_use};
+use crate::protocol::Switch;
 
-impl PgStore {
-    /// [`CursorStore::set_dispatch_mode`]: converts the outbox to `mode` in one transaction,
-    /// or re-bases the cursors of a restored database; refused while other relays are live.
-    pub(super) async fn switch_mode(
-        &self,
-        mode: DispatchMode,
-        owner: &str,
-    ) -> Result<bool, StoreError> {
+impl Switch for PgStore {
+    async fn before_switch(&self, mode: DispatchMode) -> Result<(), StoreError> {
         if mode == DispatchMode::Cursor {
             self.check_seq_cache().await?;
         }
-        let mut tx = self.pool().begin().await.ctx("dispatch mode: begin")?;
+        Ok(())
+    }
+
+    async fn begin_switch(tx: &mut PgConnection) -> Result<(), StoreError> {
         // A conversion takes ferry_outbox's table lock, which waits for every open
         // transaction that wrote to it: give up with a clear error rather than stall
         // producers behind it.
-        exec_lock_timeout(&mut tx).await?;
-        // Serialises conversions: a second one waits here, then finds the mode set.
-        let current: String = sqlx::query_scalar(sql::DISPATCH_MODE_FOR_UPDATE)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode", e))?;
+        run(
+            tx,
+            sql::DISPATCH_MODE_LOCK_TIMEOUT,
+            "dispatch mode: lock timeout",
+        )
+        .await
+    }
+
+    async fn must_rebase(tx: &mut PgConnection, mode: DispatchMode) -> Result<bool, StoreError> {
         // Already in cursor mode, but on a server whose transaction ids are behind the
         // stored ticks (see `span`): re-base the cursors (docs/architecture.md, "After a
         // restore").
-        let rebase = current == mode.as_str()
-            && mode == DispatchMode::Cursor
-            && xid_regression(&mut tx).await?.is_some();
-        if current == mode.as_str() && !rebase {
-            return Ok(false);
+        Ok(mode == DispatchMode::Cursor && xid_regression(tx).await?.is_some())
+    }
+
+    fn switch_refused(current: &str, others: i64, mode: DispatchMode, rebase: bool) -> StoreError {
+        if !rebase {
+            return mode_in_use(current, others, mode);
         }
-        let others: i64 = sqlx::query_scalar(sql::DISPATCH_MODE_MEMBERS)
-            .bind(owner)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode: members", e))?;
-        if others > 0 && rebase {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidInput,
-                format!(
-                    "this server's transaction ids are behind the outbox's snapshot ticks (restored \
-                     from a logical dump, or moved to another server?) and the cursors must be \
-                     re-based, but {others} other relay(s) of this database are live: stop them first"
-                ),
-            ));
-        }
-        if others > 0 {
-            return Err(mode_in_use(&current, others, mode));
-        }
-        let exec = |sql: &'static str| sqlx::query(sql);
+        StoreError::new(
+            StoreErrorKind::InvalidInput,
+            format!(
+                "this server's transaction ids are behind the outbox's snapshot ticks (restored \
+                 from a logical dump, or moved to another server?) and the cursors must be \
+                 re-based, but {others} other relay(s) of this database are live: stop them first"
+            ),
+        )
+    }
+
+    async fn convert(
+        tx: &mut PgConnection,
+        mode: DispatchMode,
+        rebase: bool,
+    ) -> Result<(), StoreError> {
         match mode {
             DispatchMode::Cursor if rebase => {
-                exec(sql::LOCK_OUTBOX)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("re-base cursors: lock the outbox (waits at most 10 s for transactions that wrote to it)", e))?;
+                run(tx, sql::LOCK_OUTBOX, "re-base cursors: lock the outbox (waits at most 10 s for transactions that wrote to it)").await?;
                 // Rows at or below `old` were written on the server the ticks come from
                 // (a row whose xid this server has not reached yet is one of them, and every
                 // row written here has a higher seq than every restored row): their states
@@ -78,22 +74,21 @@ impl PgStore {
                     .await
                     .map_err(|e| db_err("re-base cursors: states", e))?
                     .rows_affected();
-                exec(sql::RE_BASE_CURSORS_EXCEPTIONS)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("re-base cursors: exceptions", e))?;
+                run(
+                    tx,
+                    RE_BASE_CURSORS_EXCEPTIONS,
+                    "re-base cursors: exceptions",
+                )
+                .await?;
                 // every unfinished row goes to the first window, in seq order
-                exec(sql::RE_BASE_CURSORS_XIDS)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("re-base cursors: xids", e))?;
+                run(tx, sql::RE_BASE_CURSORS_XIDS, "re-base cursors: xids").await?;
                 tracing::warn!(
                     restored_up_to_seq = old,
                     states_written = n,
                     "this server's transaction ids are behind the outbox's snapshot ticks: re-based the cursors; \
                      intents above the restored seq are sent again if they had been sent"
                 );
-                start_cursors(&mut tx).await?;
+                start_cursors(tx).await?;
             }
             DispatchMode::Cursor => {
                 // First, so that the ACCESS EXCLUSIVE lock on ferry_outbox is the first lock
@@ -102,18 +97,17 @@ impl PgStore {
                 // Cursor dispatch never updates an outbox row: no room is kept on new heap
                 // pages for HOT updates (migration 0009).
                 for s in sql::TO_CURSOR_DDL {
-                    exec(s)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| db_err("dispatch mode: drop row-mode indexes (waits at most 10 s for transactions that wrote to ferry_outbox)", e))?;
+                    run(tx, s, "dispatch mode: drop row-mode indexes (waits at most 10 s for transactions that wrote to ferry_outbox)").await?;
                 }
                 // Rows written before migration 0003 have no xid: give unfinished ones a
                 // low one (3, the first normal xid), so the first window reads them.
-                exec(sql::DISPATCH_MODE_XIDS_OF_OLD_ROWS)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| db_err("dispatch mode: xids of old rows", e))?;
-                start_cursors(&mut tx).await?;
+                run(
+                    tx,
+                    sql::DISPATCH_MODE_XIDS_OF_OLD_ROWS,
+                    "dispatch mode: xids of old rows",
+                )
+                .await?;
+                start_cursors(tx).await?;
             }
             DispatchMode::Row => {
                 // Rows behind their slot's cursor take the state the cursor gave them.
@@ -123,54 +117,35 @@ impl PgStore {
                     .await
                     .map_err(|e| db_err("dispatch mode: row states", e))?;
                 for (s, what) in sql::TO_ROW {
-                    exec(s)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| db_err(what, e))?;
+                    run(tx, s, what).await?;
                 }
             }
         }
-        sqlx::query(sql::DISPATCH_MODE_SET)
-            .bind(mode.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("dispatch mode: set", e))?;
-        tx.commit().await.ctx("dispatch mode: commit")?;
-        Ok(true)
+        Ok(())
     }
 }
 
 /// The cursor side of a switch to cursor dispatch (and of a re-base), inside the switch's
 /// transaction once every unfinished row has an xid: tick 0, quarantined rows as exception
 /// rows, every slot at the start of window 1.
-async fn start_cursors(tx: &mut sqlx::PgConnection) -> Result<(), StoreError> {
-    let exec = |sql: &'static str| sqlx::query(sql);
+async fn start_cursors(tx: &mut PgConnection) -> Result<(), StoreError> {
     // Tick 0 sees exactly the transactions below the first unfinished row's xid (and below
     // every open transaction): everything it sees is finished.
     let x: i64 = sqlx::query_scalar(sql::DISPATCH_MODE_FIRST_WINDOW)
         .fetch_one(&mut *tx)
         .await
         .map_err(|e| db_err("dispatch mode: first window", e))?;
-    exec(sql::DISPATCH_MODE_TICKS)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("dispatch mode: ticks", e))?;
+    run(tx, sql::DISPATCH_MODE_TICKS, "dispatch mode: ticks").await?;
     sqlx::query(sql::DISPATCH_MODE_TICK_0)
         .bind(format!("{x}:{x}:"))
         .execute(&mut *tx)
         .await
         .map_err(|e| db_err("dispatch mode: tick 0", e))?;
     // Quarantined rows stay parked as exception rows (they hold their successors).
-    exec(sql::DISPATCH_MODE_EXCEPTIONS)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("dispatch mode: exceptions", e))?;
+    run(tx, DISPATCH_MODE_EXCEPTIONS, "dispatch mode: exceptions").await?;
     // Every slot starts at window 1; its read passes over rows already finished (their state
     // is not PENDING or CLAIMED).
-    exec(sql::DISPATCH_MODE_CURSORS)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| db_err("dispatch mode: cursors", e))?;
+    run(tx, sql::DISPATCH_MODE_CURSORS, "dispatch mode: cursors").await?;
     Ok(())
 }
 
@@ -198,10 +173,11 @@ impl PgStore {
     }
 }
 
-async fn exec_lock_timeout(tx: &mut sqlx::PgConnection) -> Result<(), StoreError> {
-    sqlx::query(sql::DISPATCH_MODE_LOCK_TIMEOUT)
+/// Runs `sql` (no parameters) in the switch's transaction; its errors in the context `what`.
+async fn run(tx: &mut PgConnection, sql: &str, what: &str) -> Result<(), StoreError> {
+    sqlx::query(sql)
         .execute(tx)
         .await
-        .map_err(|e| db_err("dispatch mode: lock timeout", e))?;
+        .map_err(|e| db_err(what, e))?;
     Ok(())
 }

@@ -15,23 +15,15 @@ pub(crate) const RELEASE_SLOTS: &str = "UPDATE ferry_slot_lease l SET owner = NU
               FROM (SELECT slot FROM ferry_slot_lease WHERE slot = ANY($2) ORDER BY slot FOR UPDATE) k \
               WHERE l.slot = k.slot AND l.owner = $1";
 
-/// Joins or renews owner `$1`'s membership (instance `$3`, `$2` µs, sink stall `$4`); a live row of
-/// another instance is left alone (no row changed: the owner is in use).
+/// Joins or renews owner `$1`'s membership (instance `$2`, `$3` µs, sink stall `$4`); a live row of
+/// another instance is left alone (no row changed: the owner is in use). ON CONFLICT DO UPDATE
+/// locks the row and checks WHERE against its latest version: of two instances racing for an
+/// expired row, one takes it.
 pub(crate) const MEMBER_HEARTBEAT: &str = "INSERT INTO ferry_relay_member (owner, instance, lease_until, sink_stalled_us) \
-                 VALUES ($1, $3, now() + $2 * interval '1 microsecond', $4) \
+                 VALUES ($1, $2, now() + $3 * interval '1 microsecond', $4) \
                  ON CONFLICT (owner) DO UPDATE SET lease_until = EXCLUDED.lease_until, instance = EXCLUDED.instance, \
                    sink_stalled_us = EXCLUDED.sink_stalled_us \
                  WHERE ferry_relay_member.instance = EXCLUDED.instance OR ferry_relay_member.lease_until <= now()";
-
-/// The live members' owners, in order.
-pub(crate) const LIVE_MEMBERS: &str =
-    "SELECT owner FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner";
-
-/// The live members with their sink stall, in order.
-pub(crate) const MEMBERS_WITH_STALLS: &str = "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > now() ORDER BY owner";
-
-/// Owner `$1` leaves the membership.
-pub(crate) const LEAVE_MEMBER: &str = "DELETE FROM ferry_relay_member WHERE owner = $1";
 
 /// Every owned slot lease, in slot order.
 pub(crate) const SLOT_LEASES: &str = "SELECT slot, owner, epoch, (extract(epoch from lease_until) * 1000000)::int8 FROM ferry_slot_lease \
@@ -71,14 +63,6 @@ pub(crate) const TICK_RETENTION: &str = "WITH cfg AS (SELECT set_config('synchro
              DELETE FROM ferry_tick WHERE tick_id < (SELECT min(cursor_tick) - 1 FROM ferry_slot_lease) \
                AND tick_id < $1 - 1 AND EXISTS (SELECT 1 FROM cfg)";
 
-/// The stored dispatch mode, locked: serialises mode switches.
-pub(crate) const DISPATCH_MODE_FOR_UPDATE: &str =
-    "SELECT mode FROM ferry_dispatch WHERE id = 1 FOR UPDATE";
-
-/// How many live relays other than `$1` there are.
-pub(crate) const DISPATCH_MODE_MEMBERS: &str =
-    "SELECT count(*) FROM ferry_relay_member WHERE owner <> $1 AND lease_until > now()";
-
 /// A re-base locks the outbox (waits at most the 10 s lock timeout).
 pub(crate) const LOCK_OUTBOX: &str = "LOCK TABLE ferry_outbox IN ACCESS EXCLUSIVE MODE";
 
@@ -98,10 +82,6 @@ pub(crate) const RE_BASE_CURSORS_XIDS: &str =
 /// the first window reads them.
 pub(crate) const DISPATCH_MODE_XIDS_OF_OLD_ROWS: &str =
     "UPDATE ferry_outbox SET xid = 3 WHERE xid IS NULL AND state IN ('PENDING', 'CLAIMED')";
-
-/// Stores dispatch mode `$1`.
-pub(crate) const DISPATCH_MODE_SET: &str =
-    "UPDATE ferry_dispatch SET mode = $1, changed_at = now() WHERE id = 1";
 
 /// An advance commits asynchronously, like the ticks: lost in a crash it only moves the cursor
 /// back.
@@ -610,17 +590,6 @@ pub(crate) const TO_ROW: [(&str, &str); 6] = [
         "dispatch mode: fillfactor",
     ),
 ];
-
-/// PostgreSQL's operator update: `$1` the event id, `$2` the operator, the server's clock.
-pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::OperatorSql {
-    event_id: "$1",
-    operator: "$2",
-    now: "now()",
-    binds: &[
-        crate::operator::OperatorParam::EventId,
-        crate::operator::OperatorParam::Operator,
-    ],
-};
 
 /// The payload of [`crate::lookup::record_sql`] as text and bytes, one of them NULL.
 pub(crate) const RECORD_PAYLOAD: &str = "payload, payload_bytes";

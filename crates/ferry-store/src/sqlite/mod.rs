@@ -19,11 +19,10 @@ mod write_gate;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::store::prelude::*;
 use ferry_core::{
-    now_micros, BoxFuture, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, EnqueueError,
-    EventRecord, Limits, OutboxStatus, Payload, QuarantinedEvent, SlotId, SlotLease, StoreError,
-    ValidatedEvent,
+    now_micros, CasReport, ClaimRequest, ClaimToken, ClaimedEvent, DispatchMode, EnqueueError,
+    EventRecord, Limits, OutboxStatus, Payload, SlotId, SlotLease, SlotRelease, SlotRequest,
+    StoreError, ValidatedEvent,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
@@ -31,10 +30,9 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool, TypeInfo, Va
 use crate::enqueue::{push_intent, InsertIntents};
 use crate::error::{db_err, enqueue_err, url_options, Ctx};
 use crate::migrate::MIGRATIONS_SQLITE;
-use crate::operator::{self, operator_outcome, Pools};
 use crate::options::ConnectOptions;
 use crate::outcome::Outcome;
-use crate::request::claiming;
+use crate::protocol::Ops;
 use crate::rows::{lease_from, status_from, StatusRow};
 use crate::time::micros;
 use sql::{outcome_set, CHUNK, COLUMNS};
@@ -128,8 +126,8 @@ async fn first_stored<'c>(
 /// The SQLite outbox store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
-    limits: Limits,
+    pub(crate) pool: SqlitePool,
+    pub(crate) limits: Limits,
     gate: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -244,27 +242,6 @@ impl SqliteStore {
         tx.commit().await.ctx("outcome: commit")?;
         Ok(report)
     }
-
-    async fn operator_update(
-        &self,
-        event_id: &str,
-        operator: &str,
-        target: &str,
-    ) -> Result<(), StoreError> {
-        let mode = self.stored_mode().await?;
-        let gate = self.gate.lock().await;
-        let n = operator::operator_update(
-            Pools::Lite(&self.pool),
-            mode,
-            target,
-            &sql::OPERATOR,
-            event_id,
-            operator,
-        )
-        .await?;
-        drop(gate);
-        operator_outcome(n, event_id, self.record(event_id)).await
-    }
 }
 
 /// A batched CAS on `table` (`ferry_outbox` or `ferry_outbox_exception`, fixed constants) inside
@@ -323,21 +300,22 @@ pub(crate) async fn claim_in(
         .await
 }
 
-impl ferry_core::RowDispatch for SqliteStore {
-    fn claim<'a>(
-        &'a self,
-        req: &'a ClaimRequest,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(claiming(req, async move {
-            let mut tx = self.begin_write().await.ctx("claim: begin")?;
-            let rows = claim_in(&mut tx, ("ferry_outbox", "o"), COLUMNS, req, now_micros())
-                .await
-                .map_err(|e| db_err("claim", e))?;
-            tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
-            let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
-            items.sort_by_key(|e| e.token.seq);
-            Ok(items)
-        }))
+crate::protocol::store_traits!(SqliteStore, sql);
+
+impl Ops for SqliteStore {
+    fn write_gate(&self) -> Option<&tokio::sync::Mutex<()>> {
+        Some(&*self.gate)
+    }
+
+    async fn claim_rows(&self, req: &ClaimRequest) -> Result<Vec<ClaimedEvent>, StoreError> {
+        let mut tx = self.begin_write().await.ctx("claim: begin")?;
+        let rows = claim_in(&mut tx, ("ferry_outbox", "o"), COLUMNS, req, now_micros())
+            .await
+            .map_err(|e| db_err("claim", e))?;
+        tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
+        let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
+        items.sort_by_key(|e| e.token.seq);
+        Ok(items)
     }
 
     /// Never skips: a claim takes the database's one write lock up front (`BEGIN IMMEDIATE`),
@@ -346,225 +324,56 @@ impl ferry_core::RowDispatch for SqliteStore {
         Some(0)
     }
 
-    fn lookup_claim<'a>(
-        &'a self,
-        claim_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<ClaimedEvent>, StoreError>> {
-        Box::pin(async move {
-            let sql = sql::lookup_claim();
-            crate::lookup::lookup_claim(&self.pool, &sql, claim_id, claimed_from_row).await
-        })
-    }
-
-    crate::outcome::row_outcomes!();
-}
-
-impl ferry_core::SlotOwnership for SqliteStore {
-    fn acquire_slots<'a>(
-        &'a self,
-        req: &'a ferry_core::SlotRequest<'a>,
-    ) -> BoxFuture<'a, Result<Vec<SlotLease>, StoreError>> {
-        let (owner, slots, ttl) = (req.owner, req.slots, req.ttl);
-        Box::pin(async move {
-            let now = now_micros();
-            let mut tx = self.begin_write().await.ctx("acquire slots: begin")?;
-            let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(sql::ACQUIRE_SLOTS)
-                .bind(owner)
-                .bind(json_slots(slots))
-                .bind(now)
-                .bind(micros(ttl))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| db_err("acquire slots", e))?;
-            tx.commit().await.ctx("acquire slots: commit")?;
-            let mut leases: Vec<SlotLease> = rows.into_iter().map(lease_from).collect();
-            leases.sort_by_key(|l| l.slot);
-            Ok(leases)
-        })
-    }
-
-    fn release_slots<'a>(
-        &'a self,
-        req: &'a ferry_core::SlotRelease<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (owner, slots) = (req.owner, req.slots);
-        Box::pin(async move {
-            let _gate = self.gate.lock().await;
-            sqlx::query(sql::RELEASE_SLOTS)
-                .bind(owner)
-                .bind(json_slots(slots))
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("release slots", e))?;
-            Ok(())
-        })
-    }
-
-    fn heartbeat_member<'a>(
-        &'a self,
-        req: &'a ferry_core::MemberHeartbeat<'a>,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        let (owner, ttl) = (req.owner, req.ttl);
-        Box::pin(async move {
-            let now = now_micros();
-            let gate = self.gate.lock().await;
-            let held = sqlx::query(sql::MEMBER_HEARTBEAT)
-                .bind(owner)
-                .bind(now)
-                .bind(micros(ttl))
-                .bind(req.instance)
-                .bind(req.sink_stalled_us())
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("member heartbeat", e))?
-                .rows_affected();
-            drop(gate);
-            if held == 0 {
-                return Err(crate::error::owner_in_use(owner));
-            }
-            sqlx::query_scalar(sql::LIVE_MEMBERS)
-                .bind(now)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))
-        })
-    }
-
-    fn members(&self) -> BoxFuture<'_, Result<Vec<ferry_core::MemberInfo>, StoreError>> {
-        Box::pin(async move {
-            let rows: Vec<(String, Option<i64>)> = sqlx::query_as(sql::MEMBERS_WITH_STALLS)
-                .bind(now_micros())
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| db_err("members", e))?;
-            Ok(crate::rows::members_from(rows))
-        })
-    }
-
-    fn leave_member<'a>(&'a self, owner: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let _gate = self.gate.lock().await;
-            sqlx::query(sql::LEAVE_MEMBER)
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_err("leave", e))?;
-            Ok(())
-        })
-    }
-
-    fn slot_leases(&self) -> BoxFuture<'_, Result<Vec<SlotLease>, StoreError>> {
-        Box::pin(crate::lookup::slot_leases::<_, i64>(
-            &self.pool,
-            sql::SLOT_LEASES,
-        ))
-    }
-}
-
-impl ferry_core::OperatorActions for SqliteStore {
-    crate::operator::operator_writes!(begin_write, WriteTx::commit);
-
-    fn list_quarantined(
-        &self,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<Vec<QuarantinedEvent>, StoreError>> {
-        Box::pin(async move {
-            let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sql::QUARANTINED_ROWS,
-                // successors are held exceptions, or not yet read past the cursor
-                ferry_core::DispatchMode::Cursor => sql::QUARANTINED_CURSOR,
-            };
-            crate::lookup::quarantined(&self.pool, sql, limit).await
-        })
-    }
-
-    fn status(&self) -> BoxFuture<'_, Result<OutboxStatus, StoreError>> {
-        Box::pin(async move {
-            let sql = match self.stored_mode().await? {
-                ferry_core::DispatchMode::Row => sql::STATUS_ROWS,
-                // unfinished = past the slot's cursor, or an open exception
-                ferry_core::DispatchMode::Cursor => sql::STATUS_CURSOR,
-            };
-            let r: StatusRow = sqlx::query_as(sql)
-                .bind(now_micros())
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|e| db_err("status", e))?;
-            Ok(status_from(r))
-        })
-    }
-
-    fn record<'a>(
-        &'a self,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<EventRecord>, StoreError>> {
-        Box::pin(async move {
-            crate::lookup::record(
-                &self.pool,
-                self.stored_mode().await?,
-                "?",
-                sql::RECORD_PAYLOAD,
-                event_id,
-            )
+    async fn lookup_claim(&self, claim_id: &str) -> Result<Vec<ClaimedEvent>, StoreError> {
+        crate::lookup::lookup_claim(&self.pool, &sql::lookup_claim(), claim_id, claimed_from_row)
             .await
-        })
+    }
+
+    async fn acquire_slots(&self, req: &SlotRequest<'_>) -> Result<Vec<SlotLease>, StoreError> {
+        let now = now_micros();
+        let mut tx = self.begin_write().await.ctx("acquire slots: begin")?;
+        let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(sql::ACQUIRE_SLOTS)
+            .bind(req.owner)
+            .bind(json_slots(req.slots))
+            .bind(now)
+            .bind(micros(req.ttl))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| db_err("acquire slots", e))?;
+        tx.commit().await.ctx("acquire slots: commit")?;
+        Ok(rows.into_iter().map(lease_from).collect())
+    }
+
+    async fn release_slots(&self, req: &SlotRelease<'_>) -> Result<(), sqlx::Error> {
+        sqlx::query(sql::RELEASE_SLOTS)
+            .bind(req.owner)
+            .bind(json_slots(req.slots))
+            .execute(&self.pool)
+            .await
+            .map(drop)
+    }
+
+    async fn status_rows(&self) -> Result<OutboxStatus, StoreError> {
+        self.status_by(sql::STATUS_ROWS).await
+    }
+
+    async fn status_cursor(&self) -> Result<OutboxStatus, StoreError> {
+        self.status_by(sql::STATUS_CURSOR).await
+    }
+
+    async fn record(&self, m: DispatchMode, id: &str) -> Result<Option<EventRecord>, StoreError> {
+        crate::lookup::record(&self.pool, m, "?", sql::RECORD_PAYLOAD, id).await
     }
 }
 
-impl ferry_core::OutboxStore for SqliteStore {
-    crate::operator::bulk::bulk_actions!(Lite, Lite, begin_write, WriteTx::commit);
-
-    fn backend(&self) -> &'static str {
-        "sqlite"
-    }
-
-    fn purge_sent<'a>(
-        &'a self,
-        req: &'a ferry_core::PurgeRequest<'a>,
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            operator::purge::purge_sent(Pools::Lite(&self.pool), self.stored_mode().await?, req)
-                .await
-        })
-    }
-
-    fn replay_scan<'a>(
-        &'a self,
-        filter: &'a ferry_core::replay::ReplayFilter,
-    ) -> BoxFuture<'a, Result<Vec<ferry_core::replay::TopicScan>, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            operator::replay::scan(Pools::Lite(&self.pool), mode, filter).await
-        })
-    }
-
-    fn replay_page<'a>(
-        &'a self,
-        req: &'a ferry_core::replay::ReplayPageRequest<'a>,
-    ) -> BoxFuture<'a, Result<ferry_core::replay::ReplayPage, StoreError>> {
-        Box::pin(async move {
-            let mode = self.stored_mode().await?;
-            operator::replay::page(Pools::Lite(&self.pool), mode, req).await
-        })
-    }
-
-    fn reconcile<'a>(
-        &'a self,
-        req: &'a ferry_core::ReconcileRequest,
-    ) -> BoxFuture<'a, Result<ferry_core::ReconcileReport, StoreError>> {
-        Box::pin(async move {
-            operator::reconcile::reconcile(Pools::Lite(&self.pool), self.stored_mode().await?, req)
-                .await
-        })
-    }
-
-    fn cursor(&self) -> Option<&dyn ferry_core::CursorStore> {
-        Some(self)
-    }
-
-    fn pause_control(&self) -> Option<&dyn ferry_core::PauseControl> {
-        Some(self)
+impl SqliteStore {
+    /// Status by `sql` (`?`: now).
+    async fn status_by(&self, sql: &str) -> Result<OutboxStatus, StoreError> {
+        let r: StatusRow = sqlx::query_as(sql)
+            .bind(now_micros())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| db_err("status", e))?;
+        Ok(status_from(r))
     }
 }
-
-crate::operator::pause::pause_control!(SqliteStore, Lite);

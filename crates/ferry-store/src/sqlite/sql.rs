@@ -22,37 +22,16 @@ pub(crate) const RELEASE_SLOTS: &str =
     "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ?1 \
                  AND slot IN (SELECT value FROM json_each(?2))";
 
-/// Joins or renews an owner's membership; a live row of another instance is left alone.
+/// Joins or renews owner `?1`'s membership (instance `?2`, `?3` µs, sink stall `?4`, now `?5`); a
+/// live row of another instance is left alone.
 pub(crate) const MEMBER_HEARTBEAT: &str = "INSERT INTO ferry_relay_member (owner, instance, lease_until, joined_at, sink_stalled_us) \
-                 VALUES (?1, ?4, ?2 + ?3, ?2, ?5) \
+                 VALUES (?1, ?2, ?5 + ?3, ?5, ?4) \
                  ON CONFLICT (owner) DO UPDATE SET lease_until = excluded.lease_until, instance = excluded.instance, \
                    sink_stalled_us = excluded.sink_stalled_us \
-                 WHERE ferry_relay_member.instance = excluded.instance OR ferry_relay_member.lease_until <= ?2";
-
-/// The live members' owners (`?`: now), in order.
-pub(crate) const LIVE_MEMBERS: &str =
-    "SELECT owner FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner";
-
-/// The live members (`?`: now) with their sink stall, in order.
-pub(crate) const MEMBERS_WITH_STALLS: &str =
-    "SELECT owner, sink_stalled_us FROM ferry_relay_member WHERE lease_until > ? ORDER BY owner";
-
-/// Owner `?` leaves the membership.
-pub(crate) const LEAVE_MEMBER: &str = "DELETE FROM ferry_relay_member WHERE owner = ?";
+                 WHERE ferry_relay_member.instance = excluded.instance OR ferry_relay_member.lease_until <= ?5";
 
 /// Every owned slot lease, in slot order.
 pub(crate) const SLOT_LEASES: &str = "SELECT slot, owner, epoch, lease_until FROM ferry_slot_lease WHERE owner IS NOT NULL ORDER BY slot";
-
-/// The stored dispatch mode.
-pub(crate) const DISPATCH_MODE: &str = "SELECT mode FROM ferry_dispatch WHERE id = 1";
-
-/// How many live relays other than `?1` there are (`?2`: now).
-pub(crate) const DISPATCH_MODE_MEMBERS: &str =
-    "SELECT count(*) FROM ferry_relay_member WHERE owner <> ?1 AND lease_until > ?2";
-
-/// Stores dispatch mode `?1` at `?2`.
-pub(crate) const DISPATCH_MODE_SET: &str =
-    "UPDATE ferry_dispatch SET mode = ?1, changed_at = ?2 WHERE id = 1";
 
 /// The cursors of the listed slots whose live lease the owner holds.
 pub(crate) const LOAD_CURSORS: &str = "SELECT slot, epoch, cursor_version, coalesce(cursor_xid, 0), cursor_seq FROM ferry_slot_lease \
@@ -235,18 +214,6 @@ pub(crate) const TO_ROW: [&str; 5] = [
     "CREATE INDEX IF NOT EXISTS ferry_outbox_unfinished \
        ON ferry_outbox (aggregate_id, aggregate_version) WHERE state IN ('PENDING', 'CLAIMED', 'QUARANTINED')",
 ];
-
-/// SQLite's operator update: `?1` the event id, `?2` the operator, `?3` the process clock.
-pub(crate) const OPERATOR: crate::operator::OperatorSql = crate::operator::OperatorSql {
-    event_id: "?1",
-    operator: "?2",
-    now: "?3",
-    binds: &[
-        crate::operator::OperatorParam::EventId,
-        crate::operator::OperatorParam::Operator,
-        crate::operator::OperatorParam::Now,
-    ],
-};
 
 /// A cursor read's range ([`crate::seq_read::SeqRange`]): the unfinished rows of slots `?3` (JSON)
 /// with `?1 < seq <= ?2`, at most `?4`, each with whether an open exception holds its aggregate.
