@@ -30,7 +30,8 @@ use crate::error::{db_err, Ctx};
 use crate::exceptions::{claimed_exceptions, exception_row};
 use crate::lookup::advance_applied;
 use crate::outcome::Outcome;
-use crate::protocol::{Cursor, Switch};
+use crate::protocol::cursor::Cursor;
+use crate::protocol::switch::Switch;
 use crate::rows::cursor_from;
 use crate::seq_read::{SeqRange, SeqRanges, SeqRead};
 

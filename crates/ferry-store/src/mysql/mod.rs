@@ -182,7 +182,10 @@ impl MyStore {
     }
 }
 
-crate::protocol::store_traits!(MyStore, sql);
+crate::protocol::impls::store_traits!(MyStore, sql);
+crate::protocol::impls::handles! {
+    MyStore: sqlx::MySqlConnection, sqlx::Transaction<'static, sqlx::MySql>, My, pool.begin;
+}
 
 impl Ops for MyStore {
     async fn claim_rows(&self, req: &ClaimRequest) -> Result<Vec<ClaimedEvent>, StoreError> {

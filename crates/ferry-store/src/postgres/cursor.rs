@@ -29,7 +29,7 @@ use crate::error::{db_err, Ctx};
 use crate::exceptions::exception_row;
 use crate::outcome::Outcome;
 use crate::postgres::{bind_claim, cas_on, slots_i16, PgStore, EXCEPTIONS};
-use crate::protocol::Cursor;
+use crate::protocol::cursor::Cursor;
 use crate::rows::cursor_from;
 
 /// Reads [`EVENT_COLUMNS`] starting at column `off`.

@@ -236,7 +236,10 @@ pub(crate) fn bind_claim<'q>(
     }
 }
 
-crate::protocol::store_traits!(PgStore, sql);
+crate::protocol::impls::store_traits!(PgStore, sql);
+crate::protocol::impls::handles! {
+    PgStore: sqlx::PgConnection, sqlx::Transaction<'static, sqlx::Postgres>, Pg, pool.begin;
+}
 
 impl Ops for PgStore {
     async fn check_windows(&self, mode: DispatchMode) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@ use super::sql::{self, DISPATCH_MODE_EXCEPTIONS, MATERIALIZE_STATES, RE_BASE_CUR
 use super::windows::xid_regression;
 use super::PgStore;
 use crate::error::{db_err, mode_in_use};
-use crate::protocol::Switch;
+use crate::protocol::switch::Switch;
 
 impl Switch for PgStore {
     async fn before_switch(&self, mode: DispatchMode) -> Result<(), StoreError> {

@@ -300,7 +300,10 @@ pub(crate) async fn claim_in(
         .await
 }
 
-crate::protocol::store_traits!(SqliteStore, sql);
+crate::protocol::impls::store_traits!(SqliteStore, sql);
+crate::protocol::impls::handles! {
+    SqliteStore: sqlx::SqliteConnection, WriteTx, Lite, begin_write;
+}
 
 impl Ops for SqliteStore {
     fn write_gate(&self) -> Option<&tokio::sync::Mutex<()>> {

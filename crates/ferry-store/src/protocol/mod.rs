@@ -2,7 +2,7 @@
 //!
 //! Each backend implements [`Ops`], [`Switch`] and [`Cursor`]: about one method (or associated
 //! constant) per statement, run on its pool or on the caller's transaction; its handles
-//! ([`Handles`]) are declared once below. Statements that differ between backends only in
+//! ([`Handles`]) are declared by [`impls::handles!`] in the backend. Statements that differ between backends only in
 //! their dialect (placeholders, the clock) are written once here. The
 //! steps of [`ferry_core`]'s store traits — transactions, loops, fences, error contexts, row
 //! decoding shared by all — are the generic functions here, and [`store_traits!`] gives each
@@ -11,21 +11,28 @@
 //! that does nothing: PostgreSQL's windows check ([`Ops::check_windows`]) and its mode-switch
 //! checks ([`Switch`]), MariaDB's row-dispatch indexes ([`Switch::after_switch`]), SQLite's
 //! write gate ([`Ops::write_gate`]).
-use std::collections::HashSet;
+//!
+//! Files: the traits [`Handles`], [`Statements`] and [`Ops`] and the steps over them here; the
+//! dispatch-mode switch in [`switch`]; cursor dispatch in [`cursor`]; the macros that give a
+//! backend its trait `impl`s in [`impls`] (a backend names them by path, so that no two of
+//! these files import each other).
 use std::future::Future;
 use std::ops::DerefMut;
 
 use ferry_core::{
-    AdvanceResult, CasReport, ClaimRequest, ClaimedEvent, CursorAdvance, DispatchMode,
-    ExceptionOutcomes, Limits, MemberHeartbeat, OutboxStatus, QuarantinedEvent, SlotId, SlotLease,
-    SlotRelease, SlotRequest, StoreError,
+    ClaimRequest, ClaimedEvent, DispatchMode, Limits, MemberHeartbeat, OutboxStatus,
+    QuarantinedEvent, SlotId, SlotLease, SlotRelease, SlotRequest, StoreError,
 };
 
 use crate::enqueue::InsertIntents;
-use crate::error::{mode_in_use, Ctx};
-use crate::operator::bulk::{now, Conn, Val};
+use crate::error::Ctx;
+use crate::operator::bulk::Conn;
 use crate::operator::{operator_outcome, Bind, Pools};
-use crate::request::{claiming, slotless_advance};
+use crate::request::claiming;
+
+pub(crate) mod cursor;
+pub(crate) mod impls;
+pub(crate) mod switch;
 
 /// A store's handles: its pool, its limits, and its own write transactions.
 pub(crate) trait Handles: Send + Sync + Sized {
@@ -44,43 +51,6 @@ pub(crate) trait Handles: Send + Sync + Sized {
     fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// The connection as the bulk operator actions take it.
     fn bulk_conn(c: &mut Self::Conn) -> Conn<'_>;
-}
-
-/// [`Handles`] of each store: its connection and transaction types, its [`Pools`] and
-/// [`Conn`] variant, and the method (on the store) that begins its write transaction.
-macro_rules! handles {
-    ($($store:ty: $conn:ty, $tx:ty, $variant:ident, $($begin:ident).+;)*) => {$(
-        impl Handles for $store {
-            type Conn = $conn;
-            type Tx = $tx;
-
-            fn pools(&self) -> Pools<'_> {
-                Pools::$variant(&self.pool)
-            }
-
-            fn limits(&self) -> &Limits {
-                &self.limits
-            }
-
-            fn begin(&self) -> impl Future<Output = Result<$tx, sqlx::Error>> + Send {
-                self.$($begin).+()
-            }
-
-            fn commit(tx: $tx) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-                tx.commit()
-            }
-
-            fn bulk_conn(c: &mut $conn) -> Conn<'_> {
-                Conn::$variant(c)
-            }
-        }
-    )*};
-}
-
-handles! {
-    crate::postgres::PgStore: sqlx::PgConnection, sqlx::Transaction<'static, sqlx::Postgres>, Pg, pool.begin;
-    crate::mysql::MyStore: sqlx::MySqlConnection, sqlx::Transaction<'static, sqlx::MySql>, My, pool.begin;
-    crate::sqlite::SqliteStore: sqlx::SqliteConnection, crate::sqlite::WriteTx, Lite, begin_write;
 }
 
 /// The statements of a backend's `sql.rs` that the steps here run as they are, with the same
@@ -185,122 +155,6 @@ pub(crate) trait Ops: Handles + Statements {
         &self,
     ) -> impl Future<Output = Result<Vec<ferry_core::SettingWarning>, StoreError>> + Send {
         async { Ok(Vec::new()) }
-    }
-}
-
-/// The dispatch-mode switch's steps (docs/schema.md, "Switching modes"), in the switch's
-/// transaction where they take a connection.
-pub(crate) trait Switch: Ops {
-    /// The statements that convert the outbox to cursor dispatch, in order (each binds the
-    /// clock where the backend binds it), for the default [`Switch::convert`].
-    const TO_CURSOR: &'static [&'static str] = &[];
-    /// The same for row dispatch.
-    const TO_ROW: &'static [&'static str] = &[];
-
-    /// Checks before the switch's transaction (PostgreSQL: the outbox sequence's cache).
-    fn before_switch(
-        &self,
-        mode: DispatchMode,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = mode;
-        std::future::ready(Ok(()))
-    }
-    /// The first statements of the switch's transaction (PostgreSQL: its lock timeout).
-    fn begin_switch(c: &mut Self::Conn) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = c;
-        async { Ok(()) }
-    }
-    /// Whether a switch to the mode in force must re-base the cursors (PostgreSQL, restored).
-    fn must_rebase(
-        c: &mut Self::Conn,
-        mode: DispatchMode,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = (c, mode);
-        async { Ok(false) }
-    }
-    /// The error of a switch refused because `others` relays are live.
-    fn switch_refused(current: &str, others: i64, mode: DispatchMode, rebase: bool) -> StoreError {
-        let _ = rebase;
-        mode_in_use(current, others, mode)
-    }
-    /// Converts the outbox's rows to `mode` (or re-bases the cursors); by default the
-    /// statements [`Switch::TO_CURSOR`] or [`Switch::TO_ROW`].
-    fn convert(
-        c: &mut Self::Conn,
-        mode: DispatchMode,
-        rebase: bool,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = rebase;
-        convert_by::<Self>(c, mode)
-    }
-    /// After the switch's commit, whether it `changed` the mode or not (MariaDB: its
-    /// row-dispatch indexes).
-    fn after_switch(
-        &self,
-        mode: DispatchMode,
-        changed: bool,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = (mode, changed);
-        async { Ok(()) }
-    }
-}
-
-/// [`Switch::convert`] by the backend's statements.
-async fn convert_by<S: Switch>(c: &mut S::Conn, mode: DispatchMode) -> Result<(), StoreError> {
-    let stmts = match mode {
-        DispatchMode::Cursor => S::TO_CURSOR,
-        DispatchMode::Row => S::TO_ROW,
-    };
-    let mut conn = S::bulk_conn(c);
-    let mut clock = Vec::new();
-    now(conn.dialect(), &mut clock);
-    for s in stmts {
-        conn.exec(s, &clock, "dispatch mode: convert").await?;
-    }
-    Ok(())
-}
-
-/// Cursor dispatch's statements ([`ferry_core::CursorStore`]).
-pub(crate) trait Cursor: Ops {
-    /// The cursors of `slots` whose live lease `owner` holds.
-    fn load_cursors(
-        &self,
-        owner: &str,
-        slots: &[SlotId],
-    ) -> impl Future<Output = Result<Vec<ferry_core::SlotCursor>, StoreError>> + Send;
-    /// [`ferry_core::CursorStore::read_batch`].
-    fn read_batch(
-        &self,
-        req: &ferry_core::CursorRead,
-    ) -> impl Future<Output = Result<ferry_core::CursorBatch, StoreError>> + Send;
-    /// Moves the cursors of `req`'s slots, fenced; returns how many distinct slots moved.
-    fn advance_cursors(
-        c: &mut Self::Conn,
-        req: &CursorAdvance,
-    ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send;
-    /// Inserts an advance's exception rows (not empty); a row already there stays.
-    fn insert_exceptions(
-        c: &mut Self::Conn,
-        req: &CursorAdvance,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-    /// Whether an advance with `claim_id` was applied.
-    fn lookup_advance(
-        &self,
-        claim_id: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-    /// A claim of exception rows that names slots and rows.
-    fn claim_exceptions(
-        &self,
-        req: &ClaimRequest,
-    ) -> impl Future<Output = Result<Vec<ClaimedEvent>, StoreError>> + Send;
-    /// Applies the four outcome categories of a settle (in [`Outcome::settling`]'s order).
-    fn settle_exceptions(
-        &self,
-        out: &ExceptionOutcomes,
-    ) -> impl Future<Output = Result<CasReport, StoreError>> + Send;
-    /// [`ferry_core::CursorStore::horizon`]; nothing to report by default.
-    fn horizon(&self) -> impl Future<Output = Result<ferry_core::HorizonInfo, StoreError>> + Send {
-        async { Ok(ferry_core::HorizonInfo::default()) }
     }
 }
 
@@ -627,220 +481,3 @@ pub(crate) async fn replay_page<S: Ops>(
 ) -> Result<ferry_core::replay::ReplayPage, StoreError> {
     crate::operator::replay::page(s.pools(), checked_mode(s).await?, req).await
 }
-
-/// [`ferry_core::CursorStore::set_dispatch_mode`]: the backend's checks, the switch's
-/// transaction, and what follows its commit.
-pub(crate) async fn set_dispatch_mode<S: Switch>(
-    s: &S,
-    mode: DispatchMode,
-    owner: &str,
-) -> Result<bool, StoreError> {
-    s.before_switch(mode).await?;
-    let changed = switch_mode(s, mode, owner).await?;
-    s.after_switch(mode, changed).await?;
-    Ok(changed)
-}
-
-/// The switch's transaction: `false` when the outbox is in `mode` already (and needs no
-/// re-base); refused while other relays are live.
-async fn switch_mode<S: Switch>(
-    s: &S,
-    mode: DispatchMode,
-    owner: &str,
-) -> Result<bool, StoreError> {
-    let d = s.pools().dialect();
-    let mut tx = s.begin().await.ctx("dispatch mode: begin")?;
-    S::begin_switch(&mut tx).await?;
-    // Serialises switches: a second one waits here, then finds the mode set.
-    let current = S::bulk_conn(&mut tx)
-        .first_text(
-            &format!(
-                "SELECT mode FROM ferry_dispatch WHERE id = 1{}",
-                d.for_update()
-            ),
-            &[],
-            "dispatch mode",
-        )
-        .await?
-        .unwrap_or_default();
-    let same = current == mode.as_str();
-    let rebase = same && S::must_rebase(&mut tx, mode).await?;
-    if same && !rebase {
-        return Ok(false);
-    }
-    let mut vals = vec![Val::Str(Some(owner.to_string()))];
-    let live = format!(
-        "SELECT count(*) FROM ferry_relay_member WHERE owner <> ? AND lease_until > {}",
-        now(d, &mut vals)
-    );
-    let others = S::bulk_conn(&mut tx)
-        .first_text(&live, &vals, "dispatch mode: members")
-        .await?
-        .and_then(|n| n.parse::<i64>().ok())
-        .unwrap_or(0);
-    if others > 0 {
-        return Err(S::switch_refused(&current, others, mode, rebase));
-    }
-    S::convert(&mut tx, mode, rebase).await?;
-    let mut vals = vec![Val::Str(Some(mode.as_str().to_string()))];
-    let set = format!(
-        "UPDATE ferry_dispatch SET mode = ?, changed_at = {} WHERE id = 1",
-        now(d, &mut vals)
-    );
-    S::bulk_conn(&mut tx)
-        .exec(&set, &vals, "dispatch mode: set")
-        .await?;
-    S::commit(tx).await.ctx("dispatch mode: commit")?;
-    Ok(true)
-}
-
-/// [`ferry_core::CursorStore::advance`]: the fenced cursor moves and the exception rows in one
-/// transaction; a fenced slot rolls it all back.
-pub(crate) async fn advance<S: Cursor>(
-    s: &S,
-    req: &CursorAdvance,
-) -> Result<AdvanceResult, StoreError> {
-    if let Some(done) = slotless_advance(req) {
-        return done;
-    }
-    let distinct: HashSet<SlotId> = req.slots.iter().map(|sl| sl.slot).collect();
-    let mut tx = s.begin().await.ctx("advance: begin")?;
-    let moved = S::advance_cursors(&mut tx, req).await.ctx("advance")?;
-    if moved != distinct.len() {
-        // dropping the transaction rolls it back: nothing of this advance is written
-        return Ok(AdvanceResult::Fenced);
-    }
-    if !req.exceptions.is_empty() {
-        S::insert_exceptions(&mut tx, req)
-            .await
-            .ctx("advance: exceptions")?;
-    }
-    S::commit(tx).await.ctx("advance: commit")?;
-    Ok(AdvanceResult::Applied)
-}
-
-/// [`ferry_core::CursorStore::claim_exceptions`].
-pub(crate) async fn claim_exceptions<S: Cursor>(
-    s: &S,
-    req: &ClaimRequest,
-) -> Result<Vec<ClaimedEvent>, StoreError> {
-    claiming(req, s.claim_exceptions(req)).await
-}
-
-/// Methods of a store trait that hand their arguments (after `&self`) over to a step: each
-/// `fn name(args) -> T = step;` becomes `fn name<'a>(&'a self, args) -> BoxFuture<'a, T>`.
-macro_rules! forward {
-    ($(fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $step:expr;)*) => {$(
-        fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, $out> {
-            Box::pin(($step)(self, $($arg),*))
-        }
-    )*};
-}
-pub(crate) use forward;
-
-/// `impl`s of ferry-core's store traits (`RowDispatch`, `SlotOwnership`, `OperatorActions`,
-/// `OutboxStore`, `CursorStore`, `PauseControl`) for `$store`, which implements [`Ops`],
-/// [`Switch`] and [`Cursor`]: every method hands over to its step in this module (or to the
-/// backend's statement); and its [`Statements`] from its module `$sql`. A macro, not blanket impls: the traits belong to ferry-core, and the
-/// orphan rule forbids `impl<S: Ops> RowDispatch for S` here.
-macro_rules! store_traits {
-    ($store:ty, $sql:ident) => {
-        const _: () = {
-            use ferry_core::replay::{ReplayFilter, ReplayPage, ReplayPageRequest, TopicScan};
-            use ferry_core::*;
-            use $crate::protocol::{self as p, forward, Cursor, Ops};
-            type R<T> = Result<T, StoreError>;
-
-            impl p::Statements for $store {
-                const MEMBER_HEARTBEAT: &'static str = $sql::MEMBER_HEARTBEAT;
-                const SLOT_LEASES: &'static str = $sql::SLOT_LEASES;
-                const QUARANTINED_ROWS: &'static str = $sql::QUARANTINED_ROWS;
-                const QUARANTINED_CURSOR: &'static str = $sql::QUARANTINED_CURSOR;
-            }
-
-            impl RowDispatch for $store {
-                forward! {
-                    fn claim(req: &'a ClaimRequest) -> R<Vec<ClaimedEvent>> = p::claim;
-                    fn lookup_claim(id: &'a str) -> R<Vec<ClaimedEvent>> = <$store as Ops>::lookup_claim;
-                }
-
-                fn rows_skipped_locked(&self) -> Option<u64> {
-                    <Self as Ops>::rows_skipped_locked(self)
-                }
-
-                $crate::outcome::row_outcomes!();
-            }
-
-            impl SlotOwnership for $store {
-                forward! {
-                    fn acquire_slots(req: &'a SlotRequest<'a>) -> R<Vec<SlotLease>> = p::acquire_slots;
-                    fn release_slots(req: &'a SlotRelease<'a>) -> R<()> = p::release_slots;
-                    fn heartbeat_member(req: &'a MemberHeartbeat<'a>) -> R<Vec<String>> = p::heartbeat_member;
-                    fn members() -> R<Vec<MemberInfo>> = p::members;
-                    fn leave_member(owner: &'a str) -> R<()> = p::leave_member;
-                    fn slot_leases() -> R<Vec<SlotLease>> = p::slot_leases;
-                }
-            }
-
-            impl OperatorActions for $store {
-                forward! {
-                    fn enqueue(events: &'a [NewEvent]) -> Result<Vec<String>, EnqueueError> = p::enqueue;
-                    fn requeue(req: &'a OperatorAction<'a>) -> R<()> = p::requeue;
-                    fn skip(req: &'a OperatorAction<'a>) -> R<()> = p::skip;
-                    fn list_quarantined(limit: usize) -> R<Vec<QuarantinedEvent>> = p::list_quarantined;
-                    fn status() -> R<OutboxStatus> = p::status;
-                    fn record(event_id: &'a str) -> R<Option<EventRecord>> = p::record;
-                }
-            }
-
-            impl OutboxStore for $store {
-                forward! {
-                    fn shared_status(max_age: std::time::Duration) -> R<OutboxStatus> = <$store as Ops>::shared_status;
-                    fn listen_commits(wake: std::sync::Arc<dyn Fn() + Send + Sync>) -> R<bool> = <$store as Ops>::listen_commits;
-                    fn server_warnings() -> R<Vec<SettingWarning>> = <$store as Ops>::server_warnings;
-                    fn purge_sent(req: &'a PurgeRequest<'a>) -> R<u64> = p::purge_sent;
-                    fn reconcile(req: &'a ReconcileRequest) -> R<ReconcileReport> = p::reconcile;
-                    fn replay_scan(filter: &'a ReplayFilter) -> R<Vec<TopicScan>> = p::replay_scan;
-                    fn replay_page(req: &'a ReplayPageRequest<'a>) -> R<ReplayPage> = p::replay_page;
-                    fn bulk_quarantine(req: &'a BulkRequest<'a>) -> R<BulkOutcome> = p::bulk_quarantine;
-                    fn operator_actions(limit: usize) -> R<Vec<OperatorRecord>> = p::operator_actions;
-                }
-
-                fn backend(&self) -> &'static str {
-                    p::Handles::pools(self).dialect().name()
-                }
-
-                fn cursor(&self) -> Option<&dyn CursorStore> {
-                    Some(self)
-                }
-
-                fn pause_control(&self) -> Option<&dyn PauseControl> {
-                    Some(self)
-                }
-            }
-
-            impl CursorStore for $store {
-                forward! {
-                    fn dispatch_mode() -> R<DispatchMode> = p::stored_mode;
-                    fn set_dispatch_mode(mode: DispatchMode, owner: &'a str) -> R<bool> = p::set_dispatch_mode;
-                    fn load_cursors(owner: &'a str, slots: &'a [SlotId]) -> R<Vec<SlotCursor>> = <$store as Cursor>::load_cursors;
-                    fn read_batch(req: &'a CursorRead) -> R<CursorBatch> = <$store as Cursor>::read_batch;
-                    fn advance(req: &'a CursorAdvance) -> R<AdvanceResult> = p::advance;
-                    fn lookup_advance(id: &'a str) -> R<bool> = <$store as Cursor>::lookup_advance;
-                    fn claim_exceptions(req: &'a ClaimRequest) -> R<Vec<ClaimedEvent>> = p::claim_exceptions;
-                    fn settle_exceptions(out: &'a ExceptionOutcomes) -> R<CasReport> = <$store as Cursor>::settle_exceptions;
-                    fn horizon() -> R<HorizonInfo> = <$store as Cursor>::horizon;
-                }
-            }
-
-            impl PauseControl for $store {
-                forward! {
-                    fn pause(req: &'a PauseRequest<'a>) -> R<Vec<String>> = p::pause;
-                    fn resume(topics: &'a [String]) -> R<Vec<PausedTopic>> = p::resume;
-                    fn paused() -> R<Vec<PausedTopic>> = p::paused;
-                }
-            }
-        };
-    };
-}
-pub(crate) use store_traits;
