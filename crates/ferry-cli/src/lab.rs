@@ -147,6 +147,18 @@ impl Lab {
         }
     }
 
+    /// Acks one claimed event on the lab's own session: the rows it changed (0 for a stale
+    /// token). `what` names the ack in an error.
+    async fn ack(&self, token: &ClaimToken, what: &str) -> LabResult<usize> {
+        Ok(self
+            .db
+            .store
+            .ack(std::slice::from_ref(token))
+            .await
+            .map_err(err(what))?
+            .applied())
+    }
+
     /// Sends through the real Kafka sink; every item must be acked by the broker.
     async fn send(&self, items: &[ClaimedEvent]) -> LabResult<()> {
         let outcomes = self.sink.send_batch(items).await;
@@ -173,6 +185,18 @@ impl Lab {
             ))
             .await
             .map_err(err("read projection"))
+    }
+
+    /// [`Lab::consume`], then what became of order 7: its effects and its event e-7-1 in the
+    /// outbox.
+    async fn order_7(&self, expect: usize, wait: Duration) -> LabResult<Order7> {
+        let (deliveries, verdicts) = self.consume(expect, wait).await?;
+        Ok(Order7 {
+            deliveries,
+            verdicts,
+            effects: self.effects(7).await?,
+            state: self.state("e-7-1").await?,
+        })
     }
 
     /// Reads the topic from the beginning until `expect` messages arrived (then a short grace
@@ -210,6 +234,18 @@ impl Lab {
         }
         Ok((messages.len(), verdicts))
     }
+}
+
+/// What the consumer saw of order 7, and its event e-7-1 in the outbox ([`Lab::order_7`]).
+struct Order7 {
+    /// Messages the consumer read.
+    deliveries: usize,
+    /// The Inbox's verdict on each.
+    verdicts: Vec<String>,
+    /// Effects applied to order 7's projection.
+    effects: i64,
+    /// e-7-1's state and claim version.
+    state: Option<(EventState, i64)>,
 }
 
 /// The consumer's business effect, in the Inbox's transaction.
@@ -283,19 +319,12 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             drop(first);
             let recovered = lab.claim_after_lease(&*lab.db.store, 1).await?;
             lab.send(&recovered).await?;
-            let acked = lab
-                .db
-                .store
-                .ack(&[recovered[0].token.clone()])
-                .await
-                .map_err(err("ack"))?;
-            let (deliveries, verdicts) = lab.consume(2, Duration::from_secs(20)).await?;
-            let effects = lab.effects(7).await?;
-            let state = lab.state("e-7-1").await?;
+            let acked = lab.ack(&recovered[0].token, "ack").await?;
+            let o = lab.order_7(2, Duration::from_secs(20)).await?;
             Ok((
                 "sent, crash before mark, recovered: the same event delivered twice, the Inbox keeps one effect".into(),
-                deliveries == 2 && effects == 1 && acked.applied() == 1 && state.map(|s| s.0) == Some(EventState::Sent),
-                json!({ "deliveries_at_receiver": deliveries, "inbox_verdicts": verdicts, "effects_applied": effects, "outbox": state_str(state) }),
+                o.deliveries == 2 && o.effects == 1 && acked == 1 && o.state.map(|s| s.0) == Some(EventState::Sent),
+                json!({ "deliveries_at_receiver": o.deliveries, "inbox_verdicts": o.verdicts, "effects_applied": o.effects, "outbox": state_str(o.state) }),
             ))
         }
         "mark-before-send" => {
@@ -307,13 +336,11 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             drop(claimed);
             tokio::time::sleep(LEASE * 2).await; // well past the lease: nothing to recover
             let recovered = lab.claim(10, LEASE).await?;
-            let (deliveries, verdicts) = lab.consume(0, Duration::from_secs(2)).await?;
-            let effects = lab.effects(7).await?;
-            let state = lab.state("e-7-1").await?;
+            let o = lab.order_7(0, Duration::from_secs(2)).await?;
             Ok((
                 "marked SENT, crash before send: zero deliveries, nothing left to recover (the event is lost)".into(),
-                marked == 1 && deliveries == 0 && effects == 0 && recovered.is_empty() && state.map(|s| s.0) == Some(EventState::Sent),
-                json!({ "marked_rows": marked, "deliveries_at_receiver": deliveries, "inbox_verdicts": verdicts, "effects_applied": effects, "recoverable_claims": recovered.len(), "outbox": state_str(state) }),
+                marked == 1 && o.deliveries == 0 && o.effects == 0 && recovered.is_empty() && o.state.map(|s| s.0) == Some(EventState::Sent),
+                json!({ "marked_rows": marked, "deliveries_at_receiver": o.deliveries, "inbox_verdicts": o.verdicts, "effects_applied": o.effects, "recoverable_claims": recovered.len(), "outbox": state_str(o.state) }),
             ))
         }
         "stale-claim" => {
@@ -331,27 +358,13 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             lab.send(&a).await?; // A sends, then stalls past its lease
             let b = lab.claim_after_lease(&*lab.db.store, 1).await?;
             lab.send(&b).await?;
-            let a_rows = lab
-                .db
-                .store
-                .ack(&[a[0].token.clone()])
-                .await
-                .map_err(err("A's ack"))?
-                .applied();
-            let b_rows = lab
-                .db
-                .store
-                .ack(&[b[0].token.clone()])
-                .await
-                .map_err(err("B's ack"))?
-                .applied();
-            let (deliveries, verdicts) = lab.consume(2, Duration::from_secs(20)).await?;
-            let effects = lab.effects(7).await?;
-            let state = lab.state("e-7-1").await?;
+            let a_rows = lab.ack(&a[0].token, "A's ack").await?;
+            let b_rows = lab.ack(&b[0].token, "B's ack").await?;
+            let o = lab.order_7(2, Duration::from_secs(20)).await?;
             Ok((
                 "A keeps its old token (12), B takes over (13): A's SENT update affects 0 rows, B's 1; two sends exist, one effect".into(),
-                a[0].token.claim_version == 12 && b[0].token.claim_version == 13 && a_rows == 0 && b_rows == 1 && deliveries == 2 && effects == 1,
-                json!({ "a_claim_version": a[0].token.claim_version, "b_claim_version": b[0].token.claim_version, "a_update_rows": a_rows, "b_update_rows": b_rows, "deliveries_at_receiver": deliveries, "inbox_verdicts": verdicts, "effects_applied": effects, "outbox": state_str(state) }),
+                a[0].token.claim_version == 12 && b[0].token.claim_version == 13 && a_rows == 0 && b_rows == 1 && o.deliveries == 2 && o.effects == 1,
+                json!({ "a_claim_version": a[0].token.claim_version, "b_claim_version": b[0].token.claim_version, "a_update_rows": a_rows, "b_update_rows": b_rows, "deliveries_at_receiver": o.deliveries, "inbox_verdicts": o.verdicts, "effects_applied": o.effects, "outbox": state_str(o.state) }),
             ))
         }
         "stale-cursor" => {
@@ -435,25 +448,23 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
                 .advance(&advance("relay-b", &b, b_batch.upto))
                 .await
                 .map_err(err("B's advance"))?;
-            let (deliveries, verdicts) = lab.consume(2, Duration::from_secs(20)).await?;
-            let effects = lab.effects(7).await?;
-            let state = lab.state("e-7-1").await?;
+            let o = lab.order_7(2, Duration::from_secs(20)).await?;
             let (a0, b0) = (a.first().cloned(), b.first().cloned());
             let held = a0.zip(b0).is_some_and(|(a, b)| b.epoch == a.epoch + 1)
                 && a_batch.events.len() == 1
                 && b_batch.events.len() == 1
                 && a_result == ferry_core::AdvanceResult::Fenced
                 && b_result == ferry_core::AdvanceResult::Applied
-                && deliveries == 2
-                && effects == 1
-                && state.map(|s| s.0) == Some(EventState::Sent);
+                && o.deliveries == 2
+                && o.effects == 1
+                && o.state.map(|s| s.0) == Some(EventState::Sent);
             Ok((
                 "cursor dispatch: A reads and sends under slot epoch e, stalls past its slot lease; B takes the slot (epoch e+1), reads and sends the same event; A's cursor advance changes nothing, B's applies; two sends exist, one effect".into(),
                 held,
                 json!({ "a_epoch": a.first().map(|c| c.epoch), "b_epoch": b.first().map(|c| c.epoch),
                         "a_advance": format!("{a_result:?}"), "b_advance": format!("{b_result:?}"),
-                        "deliveries_at_receiver": deliveries, "inbox_verdicts": verdicts,
-                        "effects_applied": effects, "outbox": state_str(state) }),
+                        "deliveries_at_receiver": o.deliveries, "inbox_verdicts": o.verdicts,
+                        "effects_applied": o.effects, "outbox": state_str(o.state) }),
             ))
         }
         "batch" => {
@@ -466,13 +477,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             }
             // item 0 succeeds, item 1 fails (retry), item 2 gets no answer (unknown)
             lab.send(&batch[0..1]).await?;
-            let acked = lab
-                .db
-                .store
-                .ack(&[batch[0].token.clone()])
-                .await
-                .map_err(err("ack"))?
-                .applied();
+            let acked = lab.ack(&batch[0].token, "ack").await?;
             let retried = lab
                 .db
                 .store
@@ -539,13 +544,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
                 .await
                 .map_err(err("B's ack"))?;
             let taken = lab.claim_after_lease(&*session_b, 10).await?;
-            let a_rows = lab
-                .db
-                .store
-                .ack(std::slice::from_ref(&a_token))
-                .await
-                .map_err(err("A's stale ack"))?
-                .applied();
+            let a_rows = lab.ack(&a_token, "A's stale ack").await?;
             let b_rows = session_b
                 .ack(&[taken[0].token.clone()])
                 .await
@@ -567,11 +566,7 @@ async fn run_in(lab: &Lab, case: &str) -> LabResult<(String, bool, Value)> {
             let c = lab.claim(1, LEASE).await?;
             lab.send(&c).await?;
             lab.send(&c).await?;
-            lab.db
-                .store
-                .ack(&[c[0].token.clone()])
-                .await
-                .map_err(err("ack"))?;
+            lab.ack(&c[0].token, "ack").await?;
             let (deliveries, verdicts) = lab.consume(2, Duration::from_secs(20)).await?;
             let effects = lab.effects(7).await?;
             Ok((

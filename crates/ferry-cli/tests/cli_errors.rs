@@ -1,13 +1,9 @@
 //! Every bad input to `ferry` gets one clear line naming the key and what is accepted; no
 //! password is ever printed.
-use std::process::{Command, Output};
+use std::process::Command;
 
 mod support;
-use support::ferry;
-
-fn err_of(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout)
-}
+use support::{assert_ok, assert_one_clear_line, ferry, ferry_on, printed};
 
 fn sqlite_url() -> (ferry_store_dir::Dir, String) {
     let d = ferry_store_dir::Dir::new();
@@ -41,18 +37,13 @@ mod ferry_store_dir {
     }
 }
 
+/// `ferry status --database-url url` exits `code`; what it printed.
 #[track_caller]
-fn assert_one_clear_line(o: &Output, code: i32, needles: &[&str]) {
-    let text = err_of(o);
-    assert_eq!(o.status.code(), Some(code), "exit code for: {text}");
-    // everything a user needs is on the first line (clap may add its usage footer below)
-    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    for n in needles {
-        assert!(
-            first.contains(n),
-            "expected {n:?} on the first line of: {text}"
-        );
-    }
+fn status_exits(url: &str, code: i32) -> String {
+    let o = ferry(&["status", "--database-url", url]);
+    let text = printed(&o);
+    assert_eq!(o.status.code(), Some(code), "{text}");
+    text
 }
 
 /// `ferry relay --database-url <a fresh SQLite file> FLAG VALUE` exits 2 with `needles` on its
@@ -150,21 +141,21 @@ fn database_url_problems_are_clear_and_redacted() {
         "redis://admin:hunter2@127.0.0.1/0",
     ]);
     assert_one_clear_line(&o, 2, &["unsupported scheme", "postgres://"]);
-    assert!(!err_of(&o).contains("hunter2"), "{}", err_of(&o));
+    assert!(!printed(&o).contains("hunter2"), "{}", printed(&o));
     let o = ferry(&[
         "status",
         "--database-url",
         "postgres://admin:hunter2@127.0.0.1:1/db",
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", err_of(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", printed(&o));
     assert!(
-        err_of(&o).contains("admin:***@127.0.0.1:1"),
+        printed(&o).contains("admin:***@127.0.0.1:1"),
         "{}",
-        err_of(&o)
+        printed(&o)
     );
-    assert!(!err_of(&o).contains("hunter2"), "{}", err_of(&o));
+    assert!(!printed(&o).contains("hunter2"), "{}", printed(&o));
     // the cause, not only the pool's "timed out"
-    assert!(err_of(&o).contains("refused"), "{}", err_of(&o));
+    assert!(printed(&o).contains("refused"), "{}", printed(&o));
     // --help never prints an env var's secret value
     let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(["relay", "--help"])
@@ -172,9 +163,9 @@ fn database_url_problems_are_clear_and_redacted() {
         .output()
         .unwrap();
     assert!(o.status.success());
-    assert!(!err_of(&o).contains("hunter2"));
+    assert!(!printed(&o).contains("hunter2"));
     assert!(
-        err_of(&o).contains("FERRY_BATCH_SIZE"),
+        printed(&o).contains("FERRY_BATCH_SIZE"),
         "help lists env vars"
     );
 }
@@ -187,20 +178,12 @@ fn enqueue_status_and_quarantine_commands() {
         .iter()
         .map(|m| m.version)
         .collect();
-    assert!(
-        o.status.success() && err_of(&o).contains(&format!("applied migrations {all:?}")),
-        "{}",
-        err_of(&o)
-    );
+    assert_ok(&o, &[&format!("applied migrations {all:?}")]);
     let o = ferry(&["migrate", "--database-url", &url]);
-    assert!(
-        o.status.success() && err_of(&o).contains("up to date"),
-        "{}",
-        err_of(&o)
-    );
+    assert_ok(&o, &["up to date"]);
     let ev = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{\"orderId\":7}"}"#;
     let o = ferry(&["enqueue", "--database-url", &url, "--event", ev]);
-    assert!(o.status.success(), "{}", err_of(&o));
+    assert!(o.status.success(), "{}", printed(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "e-7-1");
     // duplicate (aggregate, version) names both
     let dup = ev.replace("e-7-1", "e-7-1b");
@@ -219,12 +202,12 @@ fn enqueue_status_and_quarantine_commands() {
     // status: OK while young; WARNING past a 0s threshold (exit 4, not 2: bad usage), then
     // CRITICAL (exit 5)
     let o = ferry(&["status", "--database-url", &url, "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", printed(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["outbox"]["pending"], 1);
     let o = ferry(&["status", "--database-url", &url, "--oldest-warning", "0s"]);
-    assert_eq!(o.status.code(), Some(4), "{}", err_of(&o));
-    assert!(err_of(&o).contains("WARNING"));
+    assert_eq!(o.status.code(), Some(4), "{}", printed(&o));
+    assert!(printed(&o).contains("WARNING"));
     let o = ferry(&[
         "status",
         "--database-url",
@@ -234,14 +217,14 @@ fn enqueue_status_and_quarantine_commands() {
         "--oldest-critical",
         "0s",
     ]);
-    assert_eq!(o.status.code(), Some(5), "{}", err_of(&o));
+    assert_eq!(o.status.code(), Some(5), "{}", printed(&o));
     // operator commands on a non-quarantined / unknown event are refused clearly
     let o = ferry(&["quarantine", "requeue", "e-7-1", "--database-url", &url]);
     assert_one_clear_line(&o, 2, &["e-7-1", "PENDING", "not QUARANTINED"]);
     let o = ferry(&["quarantine", "skip", "nope", "--database-url", &url]);
     assert_one_clear_line(&o, 2, &["no outbox event"]);
     let o = ferry(&["quarantine", "list", "--database-url", &url]);
-    assert!(o.status.success() && err_of(&o).contains("no quarantined events"));
+    assert_ok(&o, &["no quarantined events"]);
     // a limit the server would refuse (or read as "no limit") is refused by the flag
     for limit in ["0", "18446744073709551615"] {
         let o = ferry(&[
@@ -271,11 +254,7 @@ fn purge_and_reconcile_commands() {
         "7d",
         "--dry-run",
     ]);
-    assert!(
-        o.status.success() && err_of(&o).contains("would delete 0 SENT rows"),
-        "{}",
-        err_of(&o)
-    );
+    assert_ok(&o, &["would delete 0 SENT rows"]);
     let o = ferry(&["purge", "--database-url", &url, "--older-than", "soon"]);
     assert_one_clear_line(&o, 2, &["--older-than"]);
     let o = ferry(&[
@@ -288,14 +267,10 @@ fn purge_and_reconcile_commands() {
         "0",
     ]);
     assert_one_clear_line(&o, 2, &["--batch"]);
-    let reconcile = |args: &[&str]| {
-        let mut all = vec!["reconcile", "--database-url", &url];
-        all.extend_from_slice(args);
-        ferry(&all)
-    };
+    let reconcile = |args: &[&str]| ferry_on(&url, "reconcile", args);
     // one pending intent under the watermark, and it is listed as not yet published
     let o = reconcile(&["--watermark", "1", "--json"]);
-    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", printed(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["report"]["total"], 1);
     assert_eq!(v["report"]["not_yet_published"], 1);
@@ -393,7 +368,7 @@ fn log_flags_are_checked_and_honoured() {
         "--log",
         "debug",
     ]);
-    assert!(o.status.success(), "{}", err_of(&o));
+    assert!(o.status.success(), "{}", printed(&o));
     let stderr = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(!lines.is_empty(), "no log lines at debug");
@@ -404,12 +379,12 @@ fn log_flags_are_checked_and_honoured() {
     }
     let (_d, url) = sqlite_url();
     let o = ferry(&["migrate", "--database-url", &url, "--log", "debug"]);
-    assert!(o.status.success(), "{}", err_of(&o));
+    assert!(o.status.success(), "{}", printed(&o));
     assert!(!o.stderr.is_empty(), "no log lines at debug");
     assert!(!o.stderr.contains(&0x1b), "ANSI escape in piped logs");
     let o = ferry(&["status", "--log-format", "xml"]);
-    assert_eq!(o.status.code(), Some(2), "{}", err_of(&o));
-    assert!(err_of(&o).contains("json"), "{}", err_of(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", printed(&o));
+    assert!(printed(&o).contains("json"), "{}", printed(&o));
 }
 
 /// Kafka properties that weaken delivery or order are refused at start, in both dispatch modes,
@@ -556,9 +531,9 @@ fn relay_waits_for_a_database_that_is_down_and_refuses_bad_credentials() {
             "--metrics-listen",
             "off",
         ]);
-        assert_eq!(o.status.code(), Some(1), "{}", err_of(&o));
-        assert!(err_of(&o).contains("Access denied"), "{}", err_of(&o));
-        assert!(!err_of(&o).contains("wrong@"), "{}", err_of(&o));
+        assert_eq!(o.status.code(), Some(1), "{}", printed(&o));
+        assert!(printed(&o).contains("Access denied"), "{}", printed(&o));
+        assert!(!printed(&o).contains("wrong@"), "{}", printed(&o));
         assert!(t.elapsed() < std::time::Duration::from_secs(15));
     }
 }
@@ -579,20 +554,16 @@ fn enqueue_binary_payloads() {
             r#"{{"event_id":"e-s-{v}","aggregate_id":"s","aggregate_version":{v},"topic":"orders","event_type":"ReadingTaken"}}"#
         )
     };
-    let enqueue = |extra: &[&str]| {
-        let mut args = vec!["enqueue", "--database-url", &url];
-        args.extend_from_slice(extra);
-        ferry(&args)
-    };
+    let enqueue = |extra: &[&str]| ferry_on(&url, "enqueue", extra);
     let o = enqueue(&["--event", &ev(1), "--payload-file", bin, "--binary"]);
-    assert!(o.status.success(), "{}", err_of(&o));
+    assert!(o.status.success(), "{}", printed(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "e-s-1");
     let o = enqueue(&["--event", &ev(2), "--payload-file", json]);
-    assert!(o.status.success(), "{}", err_of(&o));
+    assert!(o.status.success(), "{}", printed(&o));
     // bytes in a JSON line: an array of byte values
     let line = ev(3).replace(r#""event_type""#, r#""payload":[0,255,254],"event_type""#);
     let o = enqueue(&["--event", &line]);
-    assert!(o.status.success(), "{}", err_of(&o));
+    assert!(o.status.success(), "{}", printed(&o));
 
     let o = enqueue(&["--event", &ev(4), "--payload-file", bin]);
     assert_one_clear_line(&o, 2, &["not UTF-8", "--binary"]);
@@ -600,7 +571,7 @@ fn enqueue_binary_payloads() {
     assert!(
         o.status.success(),
         "JSON bytes are bytes too: {}",
-        err_of(&o)
+        printed(&o)
     );
     let o = enqueue(&[
         "--event",
@@ -620,10 +591,10 @@ fn enqueue_binary_payloads() {
     // clap names the missing flag (on its second line)
     let o = enqueue(&["--event", &ev(6), "--binary"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(err_of(&o).contains("--payload-file"), "{}", err_of(&o));
+    assert!(printed(&o).contains("--payload-file"), "{}", printed(&o));
     let o = enqueue(&["--file", json, "--payload-file", bin]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(err_of(&o).contains("--event"), "{}", err_of(&o));
+    assert!(printed(&o).contains("--event"), "{}", printed(&o));
     let o = ferry(&["status", "--database-url", &url, "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["outbox"]["pending"], 4, "e-s-1 to e-s-4");
@@ -636,74 +607,34 @@ fn pause_and_resume_commands() {
     let (_d, url) = sqlite_url();
     let ev = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{}"}"#;
     let o = ferry(&["enqueue", "--database-url", &url, "--event", ev]);
-    assert!(o.status.success(), "{}", err_of(&o));
-    let o = ferry(&["pause", "--reason", "x", "--database-url", &url]);
-    assert_one_clear_line(&o, 2, &["--topic", "--all"]);
-    let o = ferry(&["pause", "--topic", "orders", "--database-url", &url]);
+    assert!(o.status.success(), "{}", printed(&o));
+    let pause = |args: &[&str]| ferry_on(&url, "pause", args);
+    let resume = |args: &[&str]| ferry_on(&url, "resume", args);
+    assert_one_clear_line(&pause(&["--reason", "x"]), 2, &["--topic", "--all"]);
+    assert_one_clear_line(&pause(&["--topic", "orders"]), 2, &["--reason"]);
+    let o = pause(&["--topic", "orders", "--reason", " "]);
     assert_one_clear_line(&o, 2, &["--reason"]);
-    let o = ferry(&[
-        "pause",
-        "--topic",
-        "orders",
-        "--reason",
-        " ",
-        "--database-url",
-        &url,
-    ]);
-    assert_one_clear_line(&o, 2, &["--reason"]);
-    let o = ferry(&[
-        "pause",
-        "--topic",
-        "ordres",
-        "--reason",
-        "x",
-        "--database-url",
-        &url,
-    ]);
+    let o = pause(&["--topic", "ordres", "--reason", "x"]);
     assert_one_clear_line(&o, 2, &["ordres", "--force"]);
-    let o = ferry(&["resume", "--topic", "orders", "--database-url", &url]);
+    let o = resume(&["--topic", "orders"]);
     assert_one_clear_line(&o, 2, &["orders", "not paused"]);
-    let o = ferry(&["resume", "--all", "--database-url", &url]);
-    assert_one_clear_line(&o, 2, &["nothing is paused"]);
-    let o = ferry(&["status", "--database-url", &url]);
-    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
-    let o = ferry(&[
-        "pause",
+    assert_one_clear_line(&resume(&["--all"]), 2, &["nothing is paused"]);
+    status_exits(&url, 0);
+    let o = pause(&[
         "--topic",
         "orders",
         "--reason",
         "broker maintenance",
         "--operator",
         "alice",
-        "--database-url",
-        &url,
     ]);
-    assert!(
-        o.status.success() && err_of(&o).contains("paused topic orders"),
-        "{}",
-        err_of(&o)
-    );
-    let o = ferry(&["status", "--database-url", &url]);
-    assert_eq!(o.status.code(), Some(4), "{}", err_of(&o));
-    let text = err_of(&o);
+    assert_ok(&o, &["paused topic orders"]);
+    let text = status_exits(&url, 4);
     assert!(
         text.contains("topic orders: since") && text.contains("by alice: broker maintenance"),
         "{text}"
     );
-    let o = ferry(&[
-        "resume",
-        "--topic",
-        "orders",
-        "--operator",
-        "bob",
-        "--database-url",
-        &url,
-    ]);
-    assert!(
-        o.status.success() && err_of(&o).contains("resumed topic orders"),
-        "{}",
-        err_of(&o)
-    );
-    let o = ferry(&["status", "--database-url", &url]);
-    assert_eq!(o.status.code(), Some(0), "{}", err_of(&o));
+    let o = resume(&["--topic", "orders", "--operator", "bob"]);
+    assert_ok(&o, &["resumed topic orders"]);
+    status_exits(&url, 0);
 }

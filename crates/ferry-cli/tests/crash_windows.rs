@@ -186,6 +186,14 @@ fn claimed_state(mode: DispatchMode) -> (EventState, i64) {
     }
 }
 
+/// The intent committed, a relay dies at the crash point `point` of its delivery: the row is
+/// left as between a send and its outcome ([`claimed_state`]).
+async fn relay_dies_at(db: &TestDb, k: &EmbeddedKafka, mode: DispatchMode, point: &str) {
+    enqueue(db, None).wait_ok();
+    relay(db, k, "dying", mode, Some(point)).kill_at(point);
+    assert_eq!(state_of(db).await, Some(claimed_state(mode)));
+}
+
 /// Window 1: dies before the business commit → neither intent nor anything to deliver; the
 /// client re-submits with the same identity.
 async fn dies_before_commit(db: TestDb, mode: DispatchMode) {
@@ -224,10 +232,8 @@ async fn dies_after_commit_before_claim(db: TestDb, mode: DispatchMode) {
 /// lease another relay resends with the same event id.
 async fn dies_after_claim_before_ack(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
-    enqueue(&db, None).wait_ok();
-    relay(&db, &k, "dying", mode, Some("relay-after-claim")).kill_at("relay-after-claim");
     // row: CLAIMED under term 1; cursor: nothing written, the cursor has not moved
-    assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
+    relay_dies_at(&db, &k, mode, "relay-after-claim").await;
     assert_eq!(
         on_broker(&k),
         0,
@@ -250,9 +256,7 @@ async fn dies_after_claim_before_ack(db: TestDb, mode: DispatchMode) {
 /// still CLAIMED; the resend is a duplicate that the consumer dedupes by event id.
 async fn dies_after_ack_before_sent(db: TestDb, mode: DispatchMode) {
     let (k, v) = kafka();
-    enqueue(&db, None).wait_ok();
-    relay(&db, &k, "dying", mode, Some("relay-after-ack")).kill_at("relay-after-ack");
-    assert_eq!(state_of(&db).await, Some(claimed_state(mode)));
+    relay_dies_at(&db, &k, mode, "relay-after-ack").await;
     assert_eq!(on_broker(&k), 1, "the broker had acked it before the crash");
     let r = delivered(&v, |r| r.delivered >= 1).await;
     assert_eq!(r.delivered, 1, "the broker had acked it: {r:?}");

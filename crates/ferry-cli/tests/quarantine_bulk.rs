@@ -6,32 +6,12 @@ use std::process::Output;
 use std::time::Duration;
 
 mod support;
-use support::ferry;
+use support::{assert_ok, assert_one_clear_line, ferry, printed};
 
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout)
-}
-
+/// Refused as bad input: exit 2, every needle on the first line.
 #[track_caller]
 fn refused(o: &Output, needles: &[&str]) {
-    let t = text(o);
-    assert_eq!(o.status.code(), Some(2), "exit code for: {t}");
-    let first = t.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    for n in needles {
-        assert!(
-            first.contains(n),
-            "expected {n:?} on the first line of: {t}"
-        );
-    }
-}
-
-#[track_caller]
-fn ok(o: &Output, needles: &[&str]) {
-    let t = text(o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
-    for n in needles {
-        assert!(t.contains(n), "expected {n:?} in: {t}");
-    }
+    assert_one_clear_line(o, 2, needles);
 }
 
 /// A migrated SQLite database with v1 of four aggregates quarantined (three on `orders`, two of
@@ -115,7 +95,7 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
         &q(&["requeue", "--where-topic", "orders", "--yes"]),
         &["--reason"],
     );
-    ok(
+    assert_ok(
         &q(&["list"]),
         &["e-order-1-1", "e-order-2-1", "e-order-3-1", "e-pay-1-1"],
     );
@@ -123,7 +103,7 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
     // without --yes: a dry run that counts, lists and says how to act
     let denied = ["--where-topic", "orders", "--where-error", "AUTHORIZATION"];
     let o = q(&[&["requeue"][..], &denied].concat());
-    ok(
+    assert_ok(
         &o,
         &[
             "2 quarantined event(s) match",
@@ -131,11 +111,11 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
             "add --yes",
         ],
     );
-    ok(
+    assert_ok(
         &q(&[&["requeue", "--dry-run"][..], &denied].concat()),
         &["2 quarantined", "dry run: nothing changed"],
     );
-    let after_dry = text(&q(&["list", "--json"]));
+    let after_dry = printed(&q(&["list", "--json"]));
     assert_eq!(after_dry.matches("\"event_id\"").count(), 4, "{after_dry}");
 
     // --yes acts on what matches, records it; the rest stays quarantined
@@ -151,7 +131,7 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
         &denied,
     ]
     .concat());
-    ok(&o, &["requeued", "2 quarantined event(s)"]);
+    assert_ok(&o, &["requeued", "2 quarantined event(s)"]);
     let o = q(&[
         "skip",
         "--where-error",
@@ -160,8 +140,8 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
         "--reason",
         "oversized, re-published as e-9",
     ]);
-    ok(&o, &["skipped", "1 quarantined event(s)"]);
-    let left = text(&q(&["list", "--json"]));
+    assert_ok(&o, &["skipped", "1 quarantined event(s)"]);
+    let left = printed(&q(&["list", "--json"]));
     assert!(
         left.contains("e-pay-1-1") && !left.contains("e-order-"),
         "{left}"
@@ -182,12 +162,12 @@ async fn bulk_quarantine_flags_confirmation_and_record() {
     assert_eq!(a[1]["filter"]["topic"], "orders");
     assert_eq!(a[1]["filter"]["error_contains"], "AUTHORIZATION");
     let o = ferry(&["status", "--database-url", &url]);
-    let t = text(&o);
+    let t = printed(&o);
     assert!(t.contains("operator actions:"), "{t}");
     assert!(t.contains("bob requeue 2 event(s)"), "{t}");
 
     // the single-event form is unchanged
-    ok(
+    assert_ok(
         &q(&["requeue", "e-pay-1-1", "--operator", "carol"]),
         &["requeued e-pay-1-1"],
     );

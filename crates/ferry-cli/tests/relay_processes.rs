@@ -76,6 +76,32 @@ async fn metric(relay: &RelayProcess, name: &str) -> Option<f64> {
     ferry_relay::metrics::sample(&text, name)
 }
 
+/// Whether the relay's `/metrics` carries `name` at `min` or more.
+async fn metric_at_least(relay: &RelayProcess, name: &str, min: f64) -> bool {
+    metric(relay, name).await.unwrap_or(0.0) >= min
+}
+
+/// Sends SIGTERM and waits (at most `wait`) for the relay to exit, which it must within the
+/// shutdown bound: 1 s of `--shutdown-timeout` + 10 s, and 3 s of slack.
+fn assert_sigterm_exit_is_bounded(relay: &mut RelayProcess, wait: Duration) {
+    let t = std::time::Instant::now();
+    relay.signal(libc::SIGTERM);
+    let code = relay.wait_exit(wait);
+    let took = t.elapsed();
+    assert!(
+        code.is_some() && took <= Duration::from_secs(11 + 3),
+        "exit {code:?} after {took:?} (bound: 1 s + 10 s)\nlog:\n{}",
+        relay.tail(40)
+    );
+}
+
+/// The relay's last `lines` log lines hold a WARN "sink stalled" naming `broker`.
+fn assert_stall_warned(relay: &RelayProcess, lines: usize, broker: &str) {
+    let log = relay.tail(lines);
+    let warn = log.lines().find(|l| l.contains("sink stalled")).unwrap();
+    assert!(warn.contains("WARN") && warn.contains(broker), "{warn}");
+}
+
 /// A probe's status code and body (`/healthz`, `/ready`); status 0 while the endpoint does not
 /// answer (not listening yet).
 async fn probe(relay: &RelayProcess, path: &str) -> (u16, String) {
@@ -479,22 +505,14 @@ async fn alert_level_follows_the_oldest_intent() {
         metric(&a, "ferry_alert_level").await == Some(0.0)
     })
     .await;
-    assert_eq!(
-        metric(&a, "ferry_publish_within_slo_ratio").await,
-        Some(1.0)
-    );
-    assert_eq!(
-        metric(&a, "ferry_alert_oldest_warning_seconds").await,
-        Some(2.0)
-    );
-    assert_eq!(
-        metric(&a, "ferry_alert_oldest_critical_seconds").await,
-        Some(8.0)
-    );
-    assert_eq!(
-        metric(&a, "ferry_publish_slo_target_seconds").await,
-        Some(30.0)
-    );
+    for (name, value) in [
+        ("ferry_publish_within_slo_ratio", 1.0),
+        ("ferry_alert_oldest_warning_seconds", 2.0),
+        ("ferry_alert_oldest_critical_seconds", 8.0),
+        ("ferry_publish_slo_target_seconds", 30.0),
+    ] {
+        assert_eq!(metric(&a, name).await, Some(value), "{name}");
+    }
     db.store.enqueue(&[ev("stuck", 1)]).await.unwrap();
     wait_until("warning", Duration::from_secs(30), || async {
         metric(&a, "ferry_alert_level").await == Some(1.0)
@@ -556,12 +574,7 @@ async fn relay_stuck_on_a_silent_broker(
     wait_until(
         "intents read and handed to the sink",
         Duration::from_secs(20),
-        || async {
-            metric(&relay, "ferry_sink_in_flight_events")
-                .await
-                .unwrap_or(0.0)
-                >= 3.0
-        },
+        || metric_at_least(&relay, "ferry_sink_in_flight_events", 3.0),
     )
     .await;
     (relay, broker)
@@ -576,17 +589,12 @@ async fn shutdown_is_bounded_when_the_broker_never_answers() {
     let (mut relay, broker) = relay_stuck_on_a_silent_broker(&db, "stuck", "1s").await;
     // the stall is seen: metric, alert level, and a WARN naming the broker
     wait_until("stall reported", Duration::from_secs(20), || async {
-        metric(&relay, "ferry_sink_unacked_seconds")
-            .await
-            .unwrap_or(0.0)
-            >= 2.0
+        metric_at_least(&relay, "ferry_sink_unacked_seconds", 2.0).await
             && metric(&relay, "ferry_alert_level").await == Some(1.0)
             && relay.tail(200).contains("sink stalled")
     })
     .await;
-    let log = relay.tail(200);
-    let warn = log.lines().find(|l| l.contains("sink stalled")).unwrap();
-    assert!(warn.contains("WARN") && warn.contains(&broker), "{warn}");
+    assert_stall_warned(&relay, 200, &broker);
     // `ferry status` shows it for that relay (from its membership heartbeat), as a WARNING
     let (code, out) = wait_for_status_line(&db.url, "stuck: sink stalled for").await;
     assert_eq!(code, Some(4), "{out}");
@@ -599,15 +607,7 @@ async fn shutdown_is_bounded_when_the_broker_never_answers() {
     let (s, body) = probe(&relay, "/ready").await;
     assert_eq!(s, 503);
     assert!(body.contains("sink stalled"), "{body}");
-    let t = std::time::Instant::now();
-    relay.signal(libc::SIGTERM);
-    let code = relay.wait_exit(Duration::from_secs(30));
-    let took = t.elapsed();
-    assert!(
-        code.is_some() && took <= Duration::from_secs(11 + 3),
-        "exit {code:?} after {took:?} (bound: 1 s + 10 s)\nlog:\n{}",
-        relay.tail(40)
-    );
+    assert_sigterm_exit_is_bounded(&mut relay, Duration::from_secs(30));
     let st = db.store.status().await.unwrap();
     assert_eq!(
         st.pending, 3,
@@ -645,22 +645,11 @@ async fn shutdown_is_bounded_when_the_client_would_wait_longer() {
         .args(["--shutdown-timeout", "1s", "--no-migrate"])
         .env("FERRY_LOG", "info");
     let mut relay = RelayProcess::spawn(cmd, log, Stdout::Piped).expect("spawn ferry relay");
-    wait_until("in flight", Duration::from_secs(20), || async {
-        metric(&relay, "ferry_sink_in_flight_events")
-            .await
-            .unwrap_or(0.0)
-            >= 2.0
+    wait_until("in flight", Duration::from_secs(20), || {
+        metric_at_least(&relay, "ferry_sink_in_flight_events", 2.0)
     })
     .await;
-    let t = std::time::Instant::now();
-    relay.signal(libc::SIGTERM);
-    let code = relay.wait_exit(Duration::from_secs(60));
-    assert!(
-        code.is_some() && t.elapsed() <= Duration::from_secs(11 + 3),
-        "exit {code:?} after {:?} (bound: 1 s + 10 s)\nlog:\n{}",
-        t.elapsed(),
-        relay.tail(40)
-    );
+    assert_sigterm_exit_is_bounded(&mut relay, Duration::from_secs(60));
     assert_eq!(
         db.store.status().await.unwrap().pending,
         2,
@@ -826,16 +815,11 @@ async fn a_real_broker_that_stops_answering_is_seen_and_survived() {
     tansu.signal(libc::SIGSTOP);
     db.store.enqueue(&batch(70, 70)).await.unwrap();
     wait_until("stall seen", Duration::from_secs(60), || async {
-        metric(&relay, "ferry_sink_unacked_seconds")
-            .await
-            .unwrap_or(0.0)
-            >= 5.0
+        metric_at_least(&relay, "ferry_sink_unacked_seconds", 5.0).await
             && relay.tail(300).contains("sink stalled")
     })
     .await;
-    let log = relay.tail(300);
-    let warn = log.lines().find(|l| l.contains("sink stalled")).unwrap();
-    assert!(warn.contains("WARN") && warn.contains(&b), "{warn}");
+    assert_stall_warned(&relay, 300, &b);
     let (code, out) = wait_for_status_line(&db.url, "stall-a: sink stalled for").await;
     assert_eq!(code, Some(4), "{out}");
     // it answers again: everything goes out
@@ -848,22 +832,11 @@ async fn a_real_broker_that_stops_answering_is_seen_and_survived() {
     // a stop during a stall ends within the bound; the next relay sends what it left
     tansu.signal(libc::SIGSTOP);
     db.store.enqueue(&batch(140, 70)).await.unwrap();
-    wait_until("stalled again", Duration::from_secs(60), || async {
-        metric(&relay, "ferry_sink_unacked_seconds")
-            .await
-            .unwrap_or(0.0)
-            >= 5.0
+    wait_until("stalled again", Duration::from_secs(60), || {
+        metric_at_least(&relay, "ferry_sink_unacked_seconds", 5.0)
     })
     .await;
-    let t = std::time::Instant::now();
-    relay.signal(libc::SIGTERM);
-    let code = relay.wait_exit(Duration::from_secs(40));
-    assert!(
-        code.is_some() && t.elapsed() <= Duration::from_secs(11 + 3),
-        "exit {code:?} after {:?} (bound: 1 s + 10 s)\nlog:\n{}",
-        t.elapsed(),
-        relay.tail(40)
-    );
+    assert_sigterm_exit_is_bounded(&mut relay, Duration::from_secs(40));
     tansu.signal(libc::SIGCONT);
     let relay = spawn_relay(&db.url, &args, "stall-b", DispatchMode::Cursor);
     db.wait_all_sent(Duration::from_secs(90)).await;

@@ -10,7 +10,8 @@
 //! `Encode`, `Decode` and `IntoArguments` bounds for every bind and column, more text than the
 //! statements it would share.
 use ferry_core::now_micros;
-use sqlx::{Database, Encode, QueryBuilder, Type};
+use sqlx::query::QueryScalar;
+use sqlx::{Database, Encode, FromRow, QueryBuilder, Type};
 
 use crate::config::{Baseline, GapPolicy, InboxConfig};
 use crate::delivery::Delivery;
@@ -89,6 +90,26 @@ pub(crate) trait Ops: Send {
     ) -> Result<(), InboxError>;
 }
 
+/// The statement `sql` of [`Ops::recorded_above`] or [`Ops::version_rows`] with its binds, the
+/// same on every backend: the consumer, the aggregate, a version.
+pub(crate) fn per_version<'q, DB, O>(
+    sql: &'q str,
+    consumer: &'q str,
+    aggregate_id: &'q str,
+    version: i64,
+) -> QueryScalar<'q, DB, O, <DB as Database>::Arguments<'q>>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+    (O,): for<'r> FromRow<'r, DB::Row>,
+{
+    sqlx::query_scalar(sql)
+        .bind(consumer)
+        .bind(aggregate_id)
+        .bind(version)
+}
+
 /// [`Ops::delete`] and [`Ops::recorded_above`] for a backend: the same binds and decoding on
 /// every backend, only the statement text differs (placeholders, locking clause).
 macro_rules! delete_and_recorded_above {
@@ -109,10 +130,7 @@ macro_rules! delete_and_recorded_above {
             aggregate_id: &str,
             above: i64,
         ) -> Result<Vec<i64>, InboxError> {
-            sqlx::query_scalar($above)
-                .bind(consumer)
-                .bind(aggregate_id)
-                .bind(above)
+            $crate::engine::per_version($above, consumer, aggregate_id, above)
                 .fetch_all(&mut *self)
                 .await
                 .map_err(|e| $crate::error::db_err("read recorded versions", e))
@@ -121,26 +139,30 @@ macro_rules! delete_and_recorded_above {
 }
 pub(crate) use delete_and_recorded_above;
 
-/// [`Ops::version_rows`] for a backend that counts with `COUNT(*)` (PostgreSQL, SQLite).
-macro_rules! count_version_rows {
-    ($count:expr) => {
+/// [`Ops::version_rows`] for a backend, by `count: <a COUNT(*) of the version's rows>`
+/// (PostgreSQL, SQLite) or `rows: <a read of them>`, counted here (MariaDB, whose reads of inbox
+/// rows are locking reads).
+macro_rules! version_rows {
+    ($how:ident: $sql:expr) => {
         async fn version_rows(
             &mut self,
             consumer: &str,
             aggregate_id: &str,
             version: i64,
         ) -> Result<i64, InboxError> {
-            sqlx::query_scalar($count)
-                .bind(consumer)
-                .bind(aggregate_id)
-                .bind(version)
-                .fetch_one(&mut *self)
-                .await
+            let q = $crate::engine::per_version($sql, consumer, aggregate_id, version);
+            $crate::engine::version_rows!(@$how q, &mut *self)
                 .map_err(|e| $crate::error::db_err("count version", e))
         }
     };
+    (@count $q:ident, $conn:expr) => {
+        $q.fetch_one($conn).await
+    };
+    (@rows $q:ident, $conn:expr) => {
+        $q.fetch_all($conn).await.map(|rows: Vec<i64>| rows.len() as i64)
+    };
 }
-pub(crate) use count_version_rows;
+pub(crate) use version_rows;
 
 /// Records `d` and decides; see [`Verdict`] and the crate docs.
 pub(crate) async fn record<C: Ops>(

@@ -185,24 +185,10 @@ impl Ops for MySqlConnection {
                          ORDER BY aggregate_version LOCK IN SHARE MODE",
     }
 
-    async fn version_rows(
-        &mut self,
-        consumer: &str,
-        aggregate_id: &str,
-        version: i64,
-    ) -> Result<i64, InboxError> {
-        let rows: Vec<i64> = sqlx::query_scalar(
-            "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
-             AND aggregate_version = ? LOCK IN SHARE MODE",
-        )
-        .bind(consumer)
-        .bind(aggregate_id)
-        .bind(version)
-        .fetch_all(&mut *self)
-        .await
-        .map_err(|e| db_err("count version", e))?;
-        Ok(rows.len() as i64)
-    }
+    engine::version_rows!(rows:
+        "SELECT aggregate_version FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
+         AND aggregate_version = ? LOCK IN SHARE MODE"
+    );
 
     async fn store_aggregate(
         &mut self,

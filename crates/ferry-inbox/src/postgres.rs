@@ -204,7 +204,7 @@ impl Ops for PgConnection {
                          AND aggregate_id = $2 AND aggregate_version > $3 ORDER BY aggregate_version",
     }
 
-    engine::count_version_rows!(
+    engine::version_rows!(count:
         "SELECT COUNT(*) FROM ferry_inbox WHERE consumer = $1 AND aggregate_id = $2 \
          AND aggregate_version = $3"
     );

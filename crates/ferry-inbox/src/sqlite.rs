@@ -169,7 +169,7 @@ impl Ops for SqliteConnection {
                          AND aggregate_id = ? AND aggregate_version > ? ORDER BY aggregate_version",
     }
 
-    engine::count_version_rows!(
+    engine::version_rows!(count:
         "SELECT COUNT(*) FROM ferry_inbox WHERE consumer = ? AND aggregate_id = ? \
          AND aggregate_version = ?"
     );

@@ -360,19 +360,26 @@ async fn failed_aggregate_stays_busy_until_its_advance(db: TestDb) {
     db.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_failed_aggregate_stays_busy_until_its_advance() {
-    let db = TestDb::sqlite().await;
-    failed_aggregate_stays_busy_until_its_advance(db).await;
+/// A test per backend, `$test` on `$backend`, that runs `$case` on a fresh database of it
+/// (returning early, with a printed reason, where the server's URL is unset).
+macro_rules! on_backends {
+    ($case:ident: $($test:ident on $backend:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                let Some(db) = TestDb::open(ferry_store::Backend::$backend).await else {
+                    return;
+                };
+                $case(db).await;
+            }
+        )+
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_failed_aggregate_stays_busy_until_its_advance() {
-    let Some(db) = TestDb::open(ferry_store::Backend::Postgres).await else {
-        return;
-    };
-    failed_aggregate_stays_busy_until_its_advance(db).await;
-}
+on_backends!(failed_aggregate_stays_busy_until_its_advance:
+    sqlite_failed_aggregate_stays_busy_until_its_advance on Sqlite,
+    postgres_failed_aggregate_stays_busy_until_its_advance on Postgres,
+);
 
 /// Acks everything; records every send and each aggregate's versions in first-ack order.
 #[derive(Default)]
@@ -469,24 +476,8 @@ async fn a_fenced_advance_rereads_from_the_durable_cursors(db: TestDb) {
     db.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_a_fenced_advance_rereads_from_the_durable_cursors() {
-    let db = TestDb::sqlite().await;
-    a_fenced_advance_rereads_from_the_durable_cursors(db).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_a_fenced_advance_rereads_from_the_durable_cursors() {
-    let Some(db) = TestDb::open(ferry_store::Backend::Postgres).await else {
-        return;
-    };
-    a_fenced_advance_rereads_from_the_durable_cursors(db).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mysql_a_fenced_advance_rereads_from_the_durable_cursors() {
-    let Some(db) = TestDb::open(ferry_store::Backend::Mysql).await else {
-        return;
-    };
-    a_fenced_advance_rereads_from_the_durable_cursors(db).await;
-}
+on_backends!(a_fenced_advance_rereads_from_the_durable_cursors:
+    sqlite_a_fenced_advance_rereads_from_the_durable_cursors on Sqlite,
+    postgres_a_fenced_advance_rereads_from_the_durable_cursors on Postgres,
+    mysql_a_fenced_advance_rereads_from_the_durable_cursors on Mysql,
+);

@@ -51,6 +51,13 @@ async fn exchange(addr: SocketAddr, request: Vec<u8>, within: Duration) -> Strin
     read_until_closed(&mut sock, within).await
 }
 
+/// `exchange` of a bodiless HTTP/1.1 request `method_and_path` (e.g. `GET /metrics`), answered
+/// within [`PROMPT`].
+async fn request(addr: SocketAddr, method_and_path: &str) -> String {
+    let request = format!("{method_and_path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    exchange(addr, request.into_bytes(), PROMPT).await
+}
+
 async fn read_until_closed(sock: &mut TcpStream, within: Duration) -> String {
     let mut buf = Vec::new();
     match tokio::time::timeout(within, sock.read_to_end(&mut buf)).await {
@@ -77,31 +84,16 @@ async fn serves_metrics_and_answers_404_elsewhere() {
         "{text}"
     );
 
-    let head = exchange(
-        ep.addr,
-        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
-        PROMPT,
-    )
-    .await;
+    let head = request(ep.addr, "GET /metrics").await;
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
     assert!(
         head.to_ascii_lowercase()
             .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
         "{head}"
     );
-    let other = exchange(
-        ep.addr,
-        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
-        PROMPT,
-    )
-    .await;
+    let other = request(ep.addr, "GET /health").await;
     assert!(other.starts_with("HTTP/1.1 404 "), "{other}");
-    let post = exchange(
-        ep.addr,
-        b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
-        PROMPT,
-    )
-    .await;
+    let post = request(ep.addr, "POST /metrics").await;
     assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
 }
 
@@ -258,11 +250,6 @@ async fn probes_follow_the_relay_state() {
         body.contains("sink stalled: 5 events have had no ack for 40s"),
         "{body}"
     );
-    let post = exchange(
-        ep.addr,
-        b"POST /ready HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
-        PROMPT,
-    )
-    .await;
+    let post = request(ep.addr, "POST /ready").await;
     assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
 }

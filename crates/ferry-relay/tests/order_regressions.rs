@@ -11,48 +11,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
-use ferry_core::{BoxFuture, ClaimedEvent, DispatchMode, Outcome};
+use ferry_core::DispatchMode;
 use ferry_relay::metrics::sample;
-use ferry_relay::{Metrics, Relay, RelayConfig, Sink};
+use ferry_relay::{Metrics, Relay, RelayConfig};
 use ferry_testkit::{wait_until, RelayTask, TestDb};
 
 mod support;
-use support::insert_intent;
+use support::{insert_intent, RecordingSink};
 
 const TOPIC: &str = "orders";
-
-/// Acks everything; records `(aggregate, version)` in the order items were handed to it.
-#[derive(Default)]
-struct RecordingSink {
-    handed: Mutex<Vec<(String, i64)>>,
-}
-
-impl RecordingSink {
-    fn versions_of(&self, agg: &str) -> Vec<i64> {
-        let handed = self.handed.lock().unwrap();
-        handed
-            .iter()
-            .filter(|(a, _)| a == agg)
-            .map(|(_, v)| *v)
-            .collect()
-    }
-}
-
-impl Sink for RecordingSink {
-    fn name(&self) -> &'static str {
-        "recording"
-    }
-    fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
-        Box::pin(async move {
-            self.handed.lock().unwrap().extend(
-                items
-                    .iter()
-                    .map(|e| (e.aggregate_id.clone(), e.aggregate_version)),
-            );
-            vec![Outcome::Acked; items.len()]
-        })
-    }
-}
 
 /// Error events logged in this test process, one line each: `field=value ` pairs. The tests of
 /// this file run in parallel and share it; each looks for its own aggregate.

@@ -5,60 +5,18 @@
 //! another topic, while other aggregates of the same slot flow past it. And the store's pause
 //! records refuse bad requests, changing nothing.
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{
-    BoxFuture, ClaimedEvent, DispatchMode, Outcome, PauseControl, PauseRequest, StoreErrorKind,
-    ALL_TOPICS,
-};
-use ferry_relay::{Relay, RelayConfig, Sink};
+use ferry_core::{DispatchMode, PauseControl, PauseRequest, StoreErrorKind, ALL_TOPICS};
+use ferry_relay::{Relay, RelayConfig};
 use ferry_testkit::{wait_until, RelayTask, TestDb};
 
 mod support;
-use support::insert_intent;
+use support::{insert_intent, RecordingSink};
 
 const PAUSED: &str = "paused";
 const LIVE: &str = "live";
-
-/// Acks everything; records `(topic, aggregate, version)` in the order items were handed to it
-/// (shared by the relays of a test).
-#[derive(Default)]
-struct RecordingSink {
-    handed: Mutex<Vec<(String, String, i64)>>,
-}
-
-impl RecordingSink {
-    fn handed(&self) -> Vec<(String, String, i64)> {
-        self.handed.lock().unwrap().clone()
-    }
-    fn has(&self, agg: &str, v: i64) -> bool {
-        self.handed().iter().any(|(_, a, x)| a == agg && *x == v)
-    }
-    fn versions_of(&self, agg: &str) -> Vec<i64> {
-        self.handed()
-            .into_iter()
-            .filter(|(_, a, _)| a == agg)
-            .map(|(_, _, v)| v)
-            .collect()
-    }
-}
-
-impl Sink for RecordingSink {
-    fn name(&self) -> &'static str {
-        "recording"
-    }
-    fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
-        Box::pin(async move {
-            self.handed.lock().unwrap().extend(
-                items
-                    .iter()
-                    .map(|e| (e.topic.clone(), e.aggregate_id.clone(), e.aggregate_version)),
-            );
-            vec![Outcome::Acked; items.len()]
-        })
-    }
-}
 
 fn start(db: &TestDb, sink: &Arc<RecordingSink>, mode: DispatchMode, owner: &str) -> RelayTask {
     let cfg = RelayConfig {

@@ -10,27 +10,43 @@ use ferry_testkit::verify::Verifier;
 use ferry_testkit::{read_records, wait_until, RelayTask, TestDb};
 use rdkafka::types::RDKafkaRespErr;
 
+mod support;
+use support::relay_config;
+
 const TOPIC: &str = "orders";
 
 fn ev(agg: &str, v: i64) -> NewEvent {
     ferry_testkit::intent(TOPIC, agg, v)
 }
 
+/// [`relay_config`] with retries backing off from 50 ms to at most 500 ms.
 fn fast_config(mode: DispatchMode) -> RelayConfig {
     RelayConfig {
-        dispatch: Some(mode),
-        workers: 2,
-        batch_size: 50,
-        heartbeat: Duration::from_millis(200),
-        slot_ttl: Duration::from_secs(2),
-        poll_idle: Duration::from_millis(50),
-        claim_lease: Duration::from_secs(20),
         backoff: ferry_core::Backoff {
             base: Duration::from_millis(50),
             max: Duration::from_millis(500),
         },
-        status_interval: Duration::from_millis(200),
-        ..Default::default()
+        ..relay_config(mode)
+    }
+}
+
+/// Commits versions 1 to `versions` of the aggregates `{prefix}-0` to `{prefix}-{aggregates - 1}`,
+/// a transaction per version.
+async fn enqueue_versions(db: &TestDb, prefix: &str, aggregates: i64, versions: i64) {
+    for v in 1..=versions {
+        let evs: Vec<NewEvent> = (0..aggregates)
+            .map(|a| ev(&format!("{prefix}-{a}"), v))
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+}
+
+/// How many versions a case enqueues per aggregate: `cursor` in cursor dispatch, which sends
+/// consecutive versions in one batch, `row` in row dispatch (a round trip each).
+fn per_mode(mode: DispatchMode, cursor: i64, row: i64) -> i64 {
+    match mode {
+        DispatchMode::Cursor => cursor,
+        DispatchMode::Row => row,
     }
 }
 
@@ -130,10 +146,7 @@ async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
     let relay = start_relay(&db, &kafka, fast_config(mode), &[]);
     // producers keep committing while the relay runs
-    for v in 1..=10 {
-        let evs: Vec<NewEvent> = (0..60).map(|a| ev(&format!("order-{a}"), v)).collect();
-        db.store.enqueue(&evs).await.unwrap();
-    }
+    enqueue_versions(&db, "order", 60, 10).await;
     let r = verifier
         .wait_until(Duration::from_secs(60), |r| r.delivered >= 600)
         .await;
@@ -188,10 +201,7 @@ async fn transient_produce_errors_are_retried(db: TestDb, mode: DispatchMode) {
         ])
         .unwrap();
     let relay = start_relay(&db, &kafka, fast_config(mode), FAULT_PRODUCER);
-    for v in 1..=5 {
-        let evs: Vec<NewEvent> = (0..20).map(|a| ev(&format!("t-{a}"), v)).collect();
-        db.store.enqueue(&evs).await.unwrap();
-    }
+    enqueue_versions(&db, "t", 20, 5).await;
     let r = verifier
         .wait_until(Duration::from_secs(60), |r| r.delivered >= 100)
         .await;
@@ -299,10 +309,7 @@ async fn brokers_down_then_back_drains_backlog(db: TestDb, mode: DispatchMode) {
     for b in 1..=kafka.brokers() {
         kafka.broker_down(b).unwrap();
     }
-    for v in 1..=4 {
-        let evs: Vec<NewEvent> = (0..50).map(|a| ev(&format!("down-{a}"), v)).collect();
-        db.store.enqueue(&evs).await.unwrap();
-    }
+    enqueue_versions(&db, "down", 50, 4).await;
     // the outage itself is the scenario: several seconds with every broker down
     tokio::time::sleep(Duration::from_secs(4)).await;
     for b in 1..=kafka.brokers() {
@@ -423,11 +430,7 @@ async fn late_commit_is_delivered_and_rollback_never(db: TestDb, mode: DispatchM
 /// one batch; row mode one per round trip).
 async fn hot_aggregate_drains_in_order(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
-    let versions = if mode == DispatchMode::Cursor {
-        2000
-    } else {
-        150
-    };
+    let versions = per_mode(mode, 2000, 150);
     for chunk in (1..=versions).collect::<Vec<i64>>().chunks(500) {
         let evs: Vec<NewEvent> = chunk.iter().map(|v| ev("hot", *v)).collect();
         db.store.enqueue(&evs).await.unwrap();
@@ -449,16 +452,9 @@ async fn hot_aggregate_drains_in_order(db: TestDb, mode: DispatchMode) {
 /// flight: nothing lost, and no later version is ever first-delivered before an earlier one.
 async fn mid_batch_faults_keep_first_delivery_order(db: TestDb, mode: DispatchMode) {
     let (kafka, verifier) = setup();
-    let per = if mode == DispatchMode::Cursor {
-        300
-    } else {
-        40
-    };
+    let per = per_mode(mode, 300, 40);
     let aggs = 6;
-    for v in 1..=per {
-        let evs: Vec<NewEvent> = (0..aggs).map(|a| ev(&format!("f-{a}"), v)).collect();
-        db.store.enqueue(&evs).await.unwrap();
-    }
+    enqueue_versions(&db, "f", aggs, per).await;
     let mut cfg = fast_config(mode);
     cfg.batch_size = 100;
     if mode == DispatchMode::Cursor {

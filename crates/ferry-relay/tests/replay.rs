@@ -9,9 +9,12 @@ use std::time::Duration;
 use ferry_core::replay::{ReplayFilter, ReplayPageRequest, ReplayRefusal, HEADER_REPLAY};
 use ferry_core::{ClaimedEvent, DispatchMode, NewEvent, OutboxStore};
 use ferry_relay::replay::{run_replay, scan_replay, ReplayError, ReplayPlan};
-use ferry_relay::{KafkaConfig, KafkaSink, Relay, RelayConfig};
+use ferry_relay::{KafkaConfig, KafkaSink, Relay};
 use ferry_testkit::embedded::EmbeddedKafka;
 use ferry_testkit::{read_records, RelayTask, TestDb};
+
+mod support;
+use support::relay_config;
 
 const TOPIC: &str = "orders";
 const TO: &str = "orders-replay";
@@ -21,20 +24,6 @@ const BYTES: &[u8] = &[0x08, 0x96, 0x01, 0x00, 0xff, 0xfe, 0x12, 0x03];
 
 fn ev(agg: &str, v: i64) -> NewEvent {
     ferry_testkit::intent(TOPIC, agg, v)
-}
-
-fn relay_config(mode: DispatchMode) -> RelayConfig {
-    RelayConfig {
-        dispatch: Some(mode),
-        workers: 2,
-        batch_size: 50,
-        heartbeat: Duration::from_millis(200),
-        slot_ttl: Duration::from_secs(2),
-        poll_idle: Duration::from_millis(50),
-        claim_lease: Duration::from_secs(20),
-        status_interval: Duration::from_millis(200),
-        ..Default::default()
-    }
 }
 
 fn sink(kafka: &EmbeddedKafka, ordered: bool) -> Arc<KafkaSink> {

@@ -44,6 +44,27 @@ enum Kind {
     Lite(SqliteStore),
 }
 
+/// Runs `$body` with `$p` bound to the sqlx pool of whichever backend the [`TestDb`] `$db`
+/// holds: one statement written once for every backend.
+macro_rules! on_pool {
+    ($db:expr, $p:ident => $body:expr) => {
+        match &$db.kind {
+            Kind::Pg(s) => {
+                let $p = s.pool();
+                $body
+            }
+            Kind::My(s) => {
+                let $p = s.pool();
+                $body
+            }
+            Kind::Lite(s) => {
+                let $p = s.pool();
+                $body
+            }
+        }
+    };
+}
+
 /// A directory removed on drop.
 pub struct TempDir(std::path::PathBuf);
 
@@ -188,36 +209,14 @@ impl TestDb {
 
     /// Runs one statement (no parameters) and returns the affected row count.
     pub async fn exec(&self, sql: &str) -> Result<u64, StoreError> {
-        Ok(match &self.kind {
-            Kind::Pg(s) => s
-                .pool()
-                .execute(sql)
-                .await
-                .map_err(|e| db_err("exec", e))?
-                .rows_affected(),
-            Kind::My(s) => s
-                .pool()
-                .execute(sql)
-                .await
-                .map_err(|e| db_err("exec", e))?
-                .rows_affected(),
-            Kind::Lite(s) => s
-                .pool()
-                .execute(sql)
-                .await
-                .map_err(|e| db_err("exec", e))?
-                .rows_affected(),
-        })
+        on_pool!(self, p => p.execute(sql).await.map(|r| r.rows_affected()))
+            .map_err(|e| db_err("exec", e))
     }
 
     /// Runs a query returning one integer (e.g. `SELECT effects FROM projection`).
     pub async fn scalar(&self, sql: &str) -> Result<i64, StoreError> {
-        match &self.kind {
-            Kind::Pg(s) => sqlx::query_scalar(sql).fetch_one(s.pool()).await,
-            Kind::My(s) => sqlx::query_scalar(sql).fetch_one(s.pool()).await,
-            Kind::Lite(s) => sqlx::query_scalar(sql).fetch_one(s.pool()).await,
-        }
-        .map_err(|e| db_err("scalar", e))
+        on_pool!(self, p => sqlx::query_scalar(sql).fetch_one(p).await)
+            .map_err(|e| db_err("scalar", e))
     }
 
     /// MariaDB: `KILL`s every session connected to this test's database (a relay's, this
@@ -250,12 +249,7 @@ impl TestDb {
     /// `SELECT COUNT(*)` of a query's rows.
     pub async fn count(&self, from_where: &str) -> i64 {
         let sql = format!("SELECT COUNT(*) FROM {from_where}");
-        match &self.kind {
-            Kind::Pg(s) => sqlx::query_scalar(&sql).fetch_one(s.pool()).await,
-            Kind::My(s) => sqlx::query_scalar(&sql).fetch_one(s.pool()).await,
-            Kind::Lite(s) => sqlx::query_scalar(&sql).fetch_one(s.pool()).await,
-        }
-        .expect("count")
+        on_pool!(self, p => sqlx::query_scalar(&sql).fetch_one(p).await).expect("count")
     }
 
     /// The outbox pattern's business transaction: insert order `order_id` and enqueue `events` in
@@ -329,28 +323,30 @@ impl TestDb {
     /// write transaction blocks every other writer, so no later intent can commit meanwhile.
     pub async fn open_producer_tx(&self, events: &[NewEvent]) -> Option<OpenTx> {
         let limits = Limits::default();
+        macro_rules! open {
+            ($pool:expr, $module:ident, $variant:ident, $idle_timeout:expr) => {{
+                let mut tx = $pool.begin().await.expect("begin");
+                tx.execute($idle_timeout).await.expect("timeout");
+                ferry_store::$module::enqueue_many(&mut tx, events, &limits)
+                    .await
+                    .expect("enqueue in the open transaction");
+                Some(OpenTx::$variant(tx))
+            }};
+        }
+        // the store's sessions end transactions idle for 10 s
         match &self.kind {
-            Kind::Pg(s) => {
-                let mut tx = s.pool().begin().await.expect("begin");
-                // the store's sessions end transactions idle for 10 s
-                tx.execute("SET LOCAL idle_in_transaction_session_timeout = '120s'")
-                    .await
-                    .expect("timeout");
-                ferry_store::postgres::enqueue_many(&mut tx, events, &limits)
-                    .await
-                    .expect("enqueue in the open transaction");
-                Some(OpenTx::Pg(tx))
-            }
-            Kind::My(s) => {
-                let mut tx = s.pool().begin().await.expect("begin");
-                tx.execute("SET SESSION idle_transaction_timeout = 120")
-                    .await
-                    .expect("timeout");
-                ferry_store::mysql::enqueue_many(&mut tx, events, &limits)
-                    .await
-                    .expect("enqueue in the open transaction");
-                Some(OpenTx::My(tx))
-            }
+            Kind::Pg(s) => open!(
+                s.pool(),
+                postgres,
+                Pg,
+                "SET LOCAL idle_in_transaction_session_timeout = '120s'"
+            ),
+            Kind::My(s) => open!(
+                s.pool(),
+                mysql,
+                My,
+                "SET SESSION idle_transaction_timeout = 120"
+            ),
             Kind::Lite(_) => None,
         }
     }

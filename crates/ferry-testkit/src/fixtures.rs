@@ -18,6 +18,14 @@ pub fn retry_item(
     }
 }
 
+/// The token of `claimed`'s event of aggregate `agg`; panics when there is none.
+pub(crate) fn token_of(claimed: &[ferry_core::ClaimedEvent], agg: &str) -> ferry_core::ClaimToken {
+    let e = claimed.iter().find(|e| e.aggregate_id == agg);
+    e.unwrap_or_else(|| panic!("no claimed event of {agg}"))
+        .token
+        .clone()
+}
+
 /// A purge of every SENT row (no age limit, no consumer filter), `batch` rows per delete
 /// transaction; set other fields with struct update syntax.
 pub fn purge_all(batch: usize) -> ferry_core::PurgeRequest<'static> {

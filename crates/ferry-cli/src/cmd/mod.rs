@@ -3,6 +3,7 @@
 //! relay`'s in `relay/settings.rs`).
 use std::sync::Arc;
 
+use clap::Args;
 use ferry_core::{Limits, OutboxStore};
 use ferry_store::{redact_url, Backend, ConnectOptions};
 
@@ -59,6 +60,24 @@ pub fn fail(code: u8, message: impl Into<String>) -> Failure {
     Failure {
         code,
         message: message.into(),
+    }
+}
+
+/// `--operator`, for the commands that act on the outbox's delivery as an operator
+/// (quarantine `requeue` and `skip`, `pause`, `resume`).
+#[derive(Args, Debug)]
+pub struct OperatorArg {
+    /// Who is acting (recorded; resume only prints it) [default: $USER].
+    #[arg(long)]
+    operator: Option<String>,
+}
+
+impl OperatorArg {
+    /// The operator's name: `--operator`, else `$USER`, else `unknown-operator`.
+    pub fn name(self) -> String {
+        self.operator
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| "unknown-operator".into())
     }
 }
 

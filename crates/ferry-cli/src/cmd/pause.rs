@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 use ferry_core::{OutboxStore, PauseControl, PauseRequest, ALL_TOPICS};
 
-use super::{fail, Failure};
+use super::{fail, Failure, OperatorArg};
 
 #[derive(Args, Debug)]
 pub struct PauseArgs {
@@ -20,9 +20,8 @@ pub struct PauseArgs {
     /// Why (required; shown by ferry status).
     #[arg(long)]
     pub reason: Option<String>,
-    /// Who is acting (recorded) [default: $USER].
-    #[arg(long)]
-    pub operator: Option<String>,
+    #[command(flatten)]
+    pub operator: OperatorArg,
     /// Pause a topic that has no intent in the outbox yet (refused without it: a typo would
     /// pause nothing).
     #[arg(long)]
@@ -37,14 +36,8 @@ pub struct ResumeArgs {
     /// Remove every pause (the pause of every topic and each topic's own).
     #[arg(long)]
     pub all: bool,
-    /// Who is acting (logged) [default: $USER].
-    #[arg(long)]
-    pub operator: Option<String>,
-}
-
-fn operator_name(o: Option<String>) -> String {
-    o.or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "unknown-operator".into())
+    #[command(flatten)]
+    pub operator: OperatorArg,
 }
 
 /// The topics of `--topic`/`--all`, checked: one of them, no empty or reserved name.
@@ -95,7 +88,7 @@ pub async fn pause(a: PauseArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Fail
             "ferry pause: --reason is required and must not be empty (ferry status shows it)",
         ));
     }
-    let op = operator_name(a.operator);
+    let op = a.operator.name();
     let added = control(&store)?
         .pause(&PauseRequest {
             topics: &topics,
@@ -116,7 +109,7 @@ pub async fn pause(a: PauseArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Fail
 
 pub async fn resume(a: ResumeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
     let topics = scope("resume", a.topics, a.all)?;
-    let op = operator_name(a.operator);
+    let op = a.operator.name();
     let removed = control(&store)?.resume(&topics).await?;
     for p in &removed {
         println!(

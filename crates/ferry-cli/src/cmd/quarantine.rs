@@ -5,7 +5,7 @@ use clap::builder::TypedValueParser;
 use clap::{Args, Subcommand};
 use ferry_core::{BulkRequest, BulkVerb, OperatorRecord, OutboxStore, QuarantineFilter};
 
-use super::{fail, Failure};
+use super::{fail, Failure, OperatorArg};
 use crate::config;
 
 #[derive(Subcommand, Debug)]
@@ -22,26 +22,21 @@ pub enum QuarantineCmd {
     },
     /// Put a quarantined event back to PENDING, keeping its id and payload: EVENT_ID, or every
     /// quarantined event a filter selects (--where-*, --since, --until; a dry run unless --yes).
-    Requeue {
-        /// Event id (omit it to select by filter).
-        event_id: Option<String>,
-        /// Who is acting (recorded) [default: $USER].
-        #[arg(long)]
-        operator: Option<String>,
-        #[command(flatten)]
-        bulk: BulkArgs,
-    },
+    Requeue(ActionArgs),
     /// Never deliver a quarantined event; releases its aggregate's successors. Recorded.
     /// EVENT_ID, or every quarantined event a filter selects (a dry run unless --yes).
-    Skip {
-        /// Event id (omit it to select by filter).
-        event_id: Option<String>,
-        /// Who is acting (recorded) [default: $USER].
-        #[arg(long)]
-        operator: Option<String>,
-        #[command(flatten)]
-        bulk: BulkArgs,
-    },
+    Skip(ActionArgs),
+}
+
+/// What `requeue` and `skip` act on, and who acts.
+#[derive(Args, Debug)]
+pub struct ActionArgs {
+    /// Event id (omit it to select by filter).
+    event_id: Option<String>,
+    #[command(flatten)]
+    operator: OperatorArg,
+    #[command(flatten)]
+    bulk: BulkArgs,
 }
 
 /// The filter form of `requeue` and `skip`: every flag given narrows the selection (AND).
@@ -118,73 +113,55 @@ impl BulkArgs {
     }
 }
 
-fn operator_name(o: Option<String>) -> String {
-    o.or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "unknown-operator".into())
+pub async fn run(cmd: QuarantineCmd, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    let (verb, a) = match cmd {
+        QuarantineCmd::List { limit, json } => return list(limit, json, store).await,
+        QuarantineCmd::Requeue(a) => (BulkVerb::Requeue, a),
+        QuarantineCmd::Skip(a) => (BulkVerb::Skip, a),
+    };
+    let op = a.operator.name();
+    let Some(event_id) = a.event_id else {
+        return bulk(verb, a.bulk, op, store).await;
+    };
+    let action = ferry_core::OperatorAction::new(&event_id, &op);
+    match verb {
+        BulkVerb::Requeue => {
+            store.requeue(&action).await?;
+            println!("requeued {event_id} (same id and payload), recorded operator {op}");
+        }
+        BulkVerb::Skip => {
+            store.skip(&action).await?;
+            println!("skipped {event_id}: it will never be delivered; its aggregate's successors are released; recorded operator {op}");
+        }
+    }
+    Ok(0)
 }
 
-pub async fn run(cmd: QuarantineCmd, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
-    match cmd {
-        QuarantineCmd::List { limit, json } => {
-            let q = store.list_quarantined(limit).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&q).unwrap_or_default());
-            } else if q.is_empty() {
-                println!("no quarantined events");
-            } else {
-                println!(
-                    "{:<40} {:<24} {:>8} {:>8} {:>9}  reason",
-                    "event_id", "aggregate", "version", "attempts", "blocking"
-                );
-                for e in &q {
-                    println!(
-                        "{:<40} {:<24} {:>8} {:>8} {:>9}  {}",
-                        e.event_id,
-                        e.aggregate_id,
-                        e.aggregate_version,
-                        e.attempts,
-                        e.blocked_successors,
-                        e.last_error.as_deref().unwrap_or("")
-                    );
-                }
-            }
-            Ok(0)
+/// `list`: the quarantined events, oldest first, as a table or JSON.
+async fn list(limit: usize, json: bool, store: Arc<dyn OutboxStore>) -> Result<u8, Failure> {
+    let q = store.list_quarantined(limit).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&q).unwrap_or_default());
+    } else if q.is_empty() {
+        println!("no quarantined events");
+    } else {
+        println!(
+            "{:<40} {:<24} {:>8} {:>8} {:>9}  reason",
+            "event_id", "aggregate", "version", "attempts", "blocking"
+        );
+        for e in &q {
+            println!(
+                "{:<40} {:<24} {:>8} {:>8} {:>9}  {}",
+                e.event_id,
+                e.aggregate_id,
+                e.aggregate_version,
+                e.attempts,
+                e.blocked_successors,
+                e.last_error.as_deref().unwrap_or("")
+            );
         }
-        QuarantineCmd::Requeue {
-            event_id: Some(event_id),
-            operator,
-            ..
-        } => {
-            let op = operator_name(operator);
-            store
-                .requeue(&ferry_core::OperatorAction::new(&event_id, &op))
-                .await?;
-            println!("requeued {event_id} (same id and payload), recorded operator {op}");
-            Ok(0)
-        }
-        QuarantineCmd::Skip {
-            event_id: Some(event_id),
-            operator,
-            ..
-        } => {
-            let op = operator_name(operator);
-            store
-                .skip(&ferry_core::OperatorAction::new(&event_id, &op))
-                .await?;
-            println!("skipped {event_id}: it will never be delivered; its aggregate's successors are released; recorded operator {op}");
-            Ok(0)
-        }
-        QuarantineCmd::Requeue {
-            event_id: None,
-            operator,
-            bulk: b,
-        } => bulk(BulkVerb::Requeue, b, operator_name(operator), store).await,
-        QuarantineCmd::Skip {
-            event_id: None,
-            operator,
-            bulk: b,
-        } => bulk(BulkVerb::Skip, b, operator_name(operator), store).await,
     }
+    Ok(0)
 }
 
 /// The filter form: a dry run (`--dry-run`, or no `--yes`) counts and lists; `--yes` acts and

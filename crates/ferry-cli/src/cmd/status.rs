@@ -215,22 +215,14 @@ pub async fn run(
         }
         println!(
             "slot owners:         {}",
-            if owners.is_empty() {
-                "none".to_string()
-            } else {
-                String::new()
-            }
+            if owners.is_empty() { "none" } else { "" }
         );
         for (o, n) in &owners {
             println!("  {o}: {n} slots");
         }
         println!(
             "relays:              {}",
-            if members.is_empty() {
-                "none".to_string()
-            } else {
-                String::new()
-            }
+            if members.is_empty() { "none" } else { "" }
         );
         for m in &members {
             match m.sink_stalled_us {

@@ -7,12 +7,11 @@
 use std::time::Duration;
 
 use ferry_core::{
-    BulkOutcome, BulkRequest, BulkVerb, CursorAdvance, CursorRead, DispatchMode, EventState,
-    ExceptionKind, ExceptionOutcomes, NewException, QuarantineFilter, SlotAdvance, SlotFence,
-    StoreErrorKind,
+    BulkOutcome, BulkRequest, BulkVerb, DispatchMode, EventState, ExceptionKind, ExceptionOutcomes,
+    NewException, QuarantineFilter, SlotFence, StoreErrorKind,
 };
 
-use super::slots::all_slots;
+use super::cursor::relay::{advance_each, cs, owned, read_req, read_until};
 use crate::db::TestDb;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -49,29 +48,10 @@ async fn quarantine_v1s(db: &TestDb, mode: DispatchMode, aggs: &[Agg]) {
             );
         }
         DispatchMode::Cursor => {
-            let cs = db.store.cursor().expect("cursor dispatch on this store");
-            cs.set_dispatch_mode(DispatchMode::Cursor, OWNER)
-                .await
-                .unwrap();
-            db.store
-                .acquire_slots(&ferry_core::SlotRequest::new(OWNER, &all_slots(), LONG))
-                .await
-                .unwrap();
-            let cursors = cs.load_cursors(OWNER, &all_slots()).await.unwrap();
+            let cursors = owned(db, OWNER).await;
             db.store.enqueue(&events).await.unwrap();
-            let read = CursorRead {
-                from: cursors.iter().map(|c| (c.slot, c.pos)).collect(),
-                limit: 100,
-            };
             // on PostgreSQL another test's open transaction can hold the read horizon back
-            let deadline = tokio::time::Instant::now() + LONG;
-            let b = loop {
-                let b = cs.read_batch(&read).await.unwrap();
-                if b.events.len() >= events.len() || tokio::time::Instant::now() > deadline {
-                    break b;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
+            let b = read_until(db, &read_req(&cursors, 100), events.len()).await;
             assert_eq!(b.events.len(), events.len(), "every intent is read");
             let exceptions = b
                 .events
@@ -92,23 +72,8 @@ async fn quarantine_v1s(db: &TestDb, mode: DispatchMode, aggs: &[Agg]) {
                     }
                 })
                 .collect();
-            let r = cs
-                .advance(&CursorAdvance {
-                    owner: OWNER.into(),
-                    claim_id: ferry_core::new_event_id(),
-                    slots: cursors
-                        .iter()
-                        .map(|c| SlotAdvance {
-                            slot: c.slot,
-                            epoch: c.epoch,
-                            version: c.version,
-                            to: b.upto_of(c.slot),
-                        })
-                        .collect(),
-                    exceptions,
-                })
-                .await
-                .unwrap();
+            let advance = advance_each(OWNER, &cursors, |slot| b.upto_of(slot), exceptions);
+            let r = cs(db).advance(&advance).await.unwrap();
             assert_eq!(r, ferry_core::AdvanceResult::Applied);
         }
     }
@@ -126,8 +91,7 @@ async fn deliver_round(db: &TestDb, mode: DispatchMode) -> Vec<String> {
             req.fence = Some(SlotFence {
                 owner: OWNER.into(),
             });
-            let cs = db.store.cursor().unwrap();
-            cs.claim_exceptions(&req).await.unwrap()
+            cs(db).claim_exceptions(&req).await.unwrap()
         }
     };
     let tokens: Vec<_> = claimed.iter().map(|c| c.token.clone()).collect();
@@ -138,8 +102,7 @@ async fn deliver_round(db: &TestDb, mode: DispatchMode) -> Vec<String> {
                 acked: tokens.clone(),
                 ..Default::default()
             };
-            let cs = db.store.cursor().unwrap();
-            cs.settle_exceptions(&out).await.unwrap().applied()
+            cs(db).settle_exceptions(&out).await.unwrap().applied()
         }
     };
     assert_eq!(applied, tokens.len());

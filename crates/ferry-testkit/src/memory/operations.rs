@@ -264,12 +264,13 @@ impl MemoryStore {
         Some(f(&mut g, p))
     }
 
+    /// Resolves the quarantined event `action` names to `target`, recording who acted.
     pub(super) fn operator(
         &self,
-        event_id: &str,
-        operator: &str,
+        action: &ferry_core::OperatorAction<'_>,
         target: EventState,
     ) -> Result<(), StoreError> {
+        let (event_id, operator) = (action.event_id, action.operator);
         self.with_row(event_id, |g, p| {
             let now = now_micros();
             if g.rows[p].state != EventState::Quarantined {

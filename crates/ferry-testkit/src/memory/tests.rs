@@ -3,6 +3,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use super::*;
+use crate::fixtures::token_of;
 
 fn ev(agg: &str, v: i64) -> NewEvent {
     NewEvent::new(agg, v, "t", "T", format!(r#"{{"v":{v}}}"#)).with_id(format!("{agg}-{v}"))
@@ -120,13 +121,7 @@ async fn reconcile_classifies_every_intent_under_the_watermark() {
         .await
         .unwrap();
     let c = s.claim(&all(10)).await.unwrap(); // a-1, b-1, c-1
-    let by = |agg: &str| {
-        c.iter()
-            .find(|e| e.aggregate_id == agg)
-            .unwrap()
-            .token
-            .clone()
-    };
+    let by = |agg: &str| token_of(&c, agg);
     s.ack(&[by("a")]).await.unwrap();
     s.quarantine(&[(by("c"), "schema".into())]).await.unwrap();
     let late = s.enqueue(&[ev("d", 1)]).await.unwrap();

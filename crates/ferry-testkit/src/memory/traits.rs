@@ -226,16 +226,14 @@ impl ferry_core::OperatorActions for MemoryStore {
         &'a self,
         req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(async move { self.operator(event_id, operator, EventState::Pending) })
+        Box::pin(async move { self.operator(req, EventState::Pending) })
     }
 
     fn skip<'a>(
         &'a self,
         req: &'a ferry_core::OperatorAction<'a>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        let (event_id, operator) = (req.event_id, req.operator);
-        Box::pin(async move { self.operator(event_id, operator, EventState::Skipped) })
+        Box::pin(async move { self.operator(req, EventState::Skipped) })
     }
 
     fn list_quarantined(

@@ -5,9 +5,7 @@
 //! `horizon` (open producer transactions), `mode` (switching dispatch modes), `positions`
 //! (per-slot read positions), `restore`, bulk quarantine actions (`super::bulk`, shared with the
 //! store suite); `relay` holds what they share.
-use std::future::Future;
-
-use super::case::{case_list, exercise_each, Case};
+use super::case::suite;
 use crate::db::TestDb;
 
 pub use super::bulk::cursor::{
@@ -19,7 +17,7 @@ mod exceptions;
 mod horizon;
 mod mode;
 mod positions;
-mod relay;
+pub(super) mod relay;
 mod restore;
 mod retention;
 
@@ -40,8 +38,13 @@ pub use positions::{
 pub use restore::restored_elsewhere_rebases_cursors;
 pub use retention::{purge_by_age_stops_at_young_rows, reconcile_and_purge_use_derived_states};
 
-/// Every case, in order.
-pub const CASES: &[Case<TestDb>] = case_list!(
+suite! {
+    /// Every case, in order.
+    cases: TestDb;
+    /// Instantiates every cursor conformance case as a test per SQL backend (modules `sqlite`,
+    /// `postgres`, `mysql`). Needs `tokio` (with `macros`) as a dev-dependency.
+    macro: cursor_conformance, module: cursor, check: every_cursor_case_is_instantiated;
+    everywhere: [],
     sql_only: [
         read_advance_derives_sent,
         reads_are_cut_at_the_limit_and_resume,
@@ -60,14 +63,4 @@ pub const CASES: &[Case<TestDb>] = case_list!(
         bulk_requeue_moves_exactly_the_matching_events,
         bulk_skip_releases_successors_in_order,
     ],
-);
-
-/// Runs every case, in order, each on a fresh database from `factory`. Panics at the first
-/// failing case.
-pub async fn exercise<F, Fut>(factory: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = TestDb>,
-{
-    exercise_each(CASES, factory).await
 }

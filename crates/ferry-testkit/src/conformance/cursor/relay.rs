@@ -16,12 +16,12 @@ pub(super) fn ev(agg: &str, v: i64) -> NewEvent {
     crate::fixtures::intent("orders", agg, v)
 }
 
-pub(super) fn cs(db: &TestDb) -> &dyn CursorStore {
+pub(in crate::conformance) fn cs(db: &TestDb) -> &dyn CursorStore {
     db.store.cursor().expect("cursor dispatch on this store")
 }
 
 /// Switches to cursor mode and takes every slot for `owner`.
-pub(super) async fn owned(db: &TestDb, owner: &str) -> Vec<SlotCursor> {
+pub(in crate::conformance) async fn owned(db: &TestDb, owner: &str) -> Vec<SlotCursor> {
     let c = cs(db);
     c.set_dispatch_mode(DispatchMode::Cursor, owner)
         .await
@@ -37,7 +37,7 @@ pub(super) async fn owned(db: &TestDb, owner: &str) -> Vec<SlotCursor> {
     cursors
 }
 
-pub(super) fn read_req(cursors: &[SlotCursor], limit: usize) -> CursorRead {
+pub(in crate::conformance) fn read_req(cursors: &[SlotCursor], limit: usize) -> CursorRead {
     CursorRead {
         from: cursors.iter().map(|c| (c.slot, c.pos)).collect(),
         limit,
@@ -51,6 +51,16 @@ pub(super) fn advance_all(
     to: CursorPos,
     exceptions: Vec<NewException>,
 ) -> CursorAdvance {
+    advance_each(owner, cursors, |_| to, exceptions)
+}
+
+/// Advances each slot to `to(slot)`, with `exceptions`.
+pub(in crate::conformance) fn advance_each(
+    owner: &str,
+    cursors: &[SlotCursor],
+    to: impl Fn(SlotId) -> CursorPos,
+    exceptions: Vec<NewException>,
+) -> CursorAdvance {
     CursorAdvance {
         owner: owner.into(),
         claim_id: ferry_core::new_event_id(),
@@ -60,7 +70,7 @@ pub(super) fn advance_all(
                 slot: c.slot,
                 epoch: c.epoch,
                 version: c.version,
-                to,
+                to: to(c.slot),
             })
             .collect(),
         exceptions,
@@ -69,7 +79,7 @@ pub(super) fn advance_all(
 
 /// Reads until at least `want` events come back. On PostgreSQL any open write transaction in
 /// the cluster (another test's) holds the read horizon back for a while: wait it out.
-pub(super) async fn read_until(
+pub(in crate::conformance) async fn read_until(
     db: &TestDb,
     req: &CursorRead,
     want: usize,

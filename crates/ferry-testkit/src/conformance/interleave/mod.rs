@@ -53,11 +53,9 @@
 //! `session` a producer's connection on its own task; `server` the harness's own connection
 //! and the wait monitor; `harness` runs one schedule step by step against the model; `reader`
 //! the relay that reads or claims; `check` the delivery checks; `case` one case, end to end.
-use std::future::Future;
-
 use ferry_core::DispatchMode;
 
-use super::case::{exercise_each, Case};
+use super::case::suite;
 use crate::db::TestDb;
 use case::run_case;
 use plan::{
@@ -79,7 +77,8 @@ mod tests;
 
 pub use reader::READ_LIMIT;
 
-/// Declares the case functions (one per plan and dispatch mode) and [`CASES`].
+/// Declares the case functions (one per plan and dispatch mode) and the suite (see
+/// `case::suite!`).
 macro_rules! cases {
     ($($(#[doc = $doc:expr])* $plan:ident: $cursor:ident, $row:ident;)*) => {
         $(
@@ -97,14 +96,18 @@ macro_rules! cases {
             }
         )*
 
-        /// Every case, in the order
-        /// [`interleave_conformance!`](crate::interleave_conformance) instantiates them.
-        pub const CASES: &[Case<TestDb>] = &[
-            $(
-                Case { name: stringify!($cursor), sql_only: true, run: |db| Box::pin($cursor(db)) },
-                Case { name: stringify!($row), sql_only: true, run: |db| Box::pin($row(db)) },
-            )*
-        ];
+        suite! {
+            /// Every case, in the order
+            /// [`interleave_conformance!`](crate::interleave_conformance) instantiates them.
+            cases: TestDb;
+            /// Instantiates every interleaving case as a test per SQL backend (modules
+            /// `sqlite`, `postgres`, `mysql`; names `interleave_<schedule>_<cursor|row>`). Needs
+            /// `tokio` (with `macros`) as a dev-dependency.
+            macro: interleave_conformance, module: interleave,
+                check: every_interleave_case_is_instantiated;
+            everywhere: [],
+            sql_only: [$($cursor, $row),*],
+        }
     };
 }
 
@@ -132,14 +135,4 @@ cases! {
     explore_two: interleave_explore_two_cursor, interleave_explore_two_row;
     /// Every interleaving of three transactions that write one aggregate, one rolling back.
     explore_three: interleave_explore_three_cursor, interleave_explore_three_row;
-}
-
-/// Runs every case, in order, each on a fresh database from `factory`. Panics at the first
-/// failing case.
-pub async fn exercise<F, Fut>(factory: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = TestDb>,
-{
-    exercise_each(CASES, factory).await
 }

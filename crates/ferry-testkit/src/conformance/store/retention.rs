@@ -5,6 +5,7 @@ use ferry_core::{ClaimRequest, ClaimToken, EventState, StoreErrorKind};
 
 use super::relay::{claim_eventually, enqueue_and_claim, ev, req, LONG};
 use crate::db::{AnyDb, TestDb};
+use crate::fixtures::token_of;
 
 /// The Inbox columns purge and reconcile read: the dedupe rows, and each aggregate's contiguous
 /// mark (a version it covers counts as consumed even when its row was pruned).
@@ -173,13 +174,7 @@ pub async fn reconcile_classifies_every_intent_once(db: TestDb) {
         list_limit: 10,
     };
     let c = db.store.claim(&req(10, LONG)).await.unwrap();
-    let by = |agg: &str| {
-        c.iter()
-            .find(|e| e.aggregate_id == agg)
-            .unwrap()
-            .token
-            .clone()
-    };
+    let by = |agg: &str| token_of(&c, agg);
     db.store.ack(&[by("order-1"), by("order-2")]).await.unwrap();
     db.exec("INSERT INTO ferry_inbox (consumer, event_id) VALUES ('billing', 'e-order-1-1')")
         .await
