@@ -131,8 +131,12 @@ def edges_of(mods, modpath, path):
         for start, body in uses.items():
             if pos <= start < pos + len(line) + 1:
                 candidates += expand(body)
+        # a macro's `$crate::a::$m::X` names a module the caller picks: not an import here
+        line = re.sub(r"::\$\w+", "::__macro_var__", line)
         candidates += ["".join(x) for x in PATH.findall(line)]
         for c in candidates:
+            if "__macro_var__" in c or "$" in c:
+                continue
             segs = [s for s in c.split("::") if s]
             if not segs:
                 continue

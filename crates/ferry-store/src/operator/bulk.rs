@@ -110,31 +110,34 @@ impl Conn<'_> {
     /// The stored dispatch mode, its row locked against a mode switch until the transaction ends.
     async fn locked_mode(&mut self) -> Result<DispatchMode, StoreError> {
         const WHAT: &str = "bulk action: dispatch mode";
-        let mode: Vec<u8> = match self {
-            Conn::Pg(c) => sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 FOR SHARE")
-                .fetch_one(&mut **c)
-                .await
-                .map_err(|e| db_err(WHAT, e))?
-                .try_get::<String, _>(0)
-                .map_err(|e| db_err(WHAT, e))?
-                .into_bytes(),
-            // MariaDB reports the binary collation's text as bytes
-            Conn::My(c) => {
-                sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1 LOCK IN SHARE MODE")
-                    .fetch_one(&mut **c)
+        // one row, one column, as `$ty`, on connection `$c`
+        macro_rules! mode_as {
+            ($c:expr, $sql:expr, $ty:ty) => {
+                sqlx::query($sql)
+                    .fetch_one(&mut **$c)
                     .await
                     .map_err(|e| db_err(WHAT, e))?
-                    .try_get::<Vec<u8>, _>(0)
+                    .try_get::<$ty, _>(0)
                     .map_err(|e| db_err(WHAT, e))?
-            }
+            };
+        }
+        let mode: Vec<u8> = match self {
+            Conn::Pg(c) => mode_as!(
+                c,
+                "SELECT mode FROM ferry_dispatch WHERE id = 1 FOR SHARE",
+                String
+            )
+            .into_bytes(),
+            // MariaDB reports the binary collation's text as bytes
+            Conn::My(c) => mode_as!(
+                c,
+                "SELECT mode FROM ferry_dispatch WHERE id = 1 LOCK IN SHARE MODE",
+                Vec<u8>
+            ),
             // the caller's BEGIN IMMEDIATE holds the write lock a mode switch needs
-            Conn::Lite(c) => sqlx::query("SELECT mode FROM ferry_dispatch WHERE id = 1")
-                .fetch_one(&mut **c)
-                .await
-                .map_err(|e| db_err(WHAT, e))?
-                .try_get::<String, _>(0)
-                .map_err(|e| db_err(WHAT, e))?
-                .into_bytes(),
+            Conn::Lite(c) => {
+                mode_as!(c, "SELECT mode FROM ferry_dispatch WHERE id = 1", String).into_bytes()
+            }
         };
         String::from_utf8_lossy(&mode)
             .parse()

@@ -20,13 +20,13 @@ macro_rules! suite {
         sql_only: [$($sql:ident),* $(,)?] $(,)?
     ) => {
         $(#[doc = $cases_doc])*
-        pub const CASES: &[$crate::conformance::Case<$db>] = &[
-            $($crate::conformance::Case {
+        pub const CASES: &[$crate::conformance::case::Case<$db>] = &[
+            $($crate::conformance::case::Case {
                 name: stringify!($any),
                 sql_only: false,
                 run: |db| Box::pin($any(db)),
             },)*
-            $($crate::conformance::Case {
+            $($crate::conformance::case::Case {
                 name: stringify!($sql),
                 sql_only: true,
                 run: |db| {
