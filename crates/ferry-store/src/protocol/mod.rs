@@ -334,20 +334,19 @@ pub(crate) async fn list_quarantined<S: Ops>(
         .pools()
         .rows_as(sql, &[Bind::I64(limit as i64)], "list quarantined")
         .await?;
-    Ok(rows
-        .into_iter()
+    rows.into_iter()
         .map(|r| {
             let [event_id, aggregate_id, version, last_error, attempts, blocked] = columns(r);
-            QuarantinedEvent {
+            Ok(QuarantinedEvent {
                 event_id: event_id.unwrap_or_default(),
                 aggregate_id: aggregate_id.unwrap_or_default(),
-                aggregate_version: int(version),
+                aggregate_version: int(version, "list quarantined")?,
                 last_error,
-                attempts: int(attempts) as i32,
-                blocked_successors: int(blocked),
-            }
+                attempts: int(attempts, "list quarantined")? as i32,
+                blocked_successors: int(blocked, "list quarantined")?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// [`ferry_core::SlotOwnership::slot_leases`].
@@ -356,18 +355,17 @@ pub(crate) async fn slot_leases<S: Ops>(s: &S) -> Result<Vec<SlotLease>, StoreEr
         .pools()
         .rows_as(S::SLOT_LEASES, &[], "slot leases")
         .await?;
-    Ok(rows
-        .into_iter()
+    rows.into_iter()
         .map(|r| {
             let [slot, owner, epoch, lease_until] = columns(r);
-            SlotLease {
-                slot: int(slot) as SlotId,
+            Ok(SlotLease {
+                slot: int(slot, "slot leases")? as SlotId,
                 owner: owner.unwrap_or_default(),
-                epoch: int(epoch),
-                lease_until: int(lease_until),
-            }
+                epoch: int(epoch, "slot leases")?,
+                lease_until: int(lease_until, "slot leases")?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// The first `N` columns of a row read as text.
@@ -376,9 +374,18 @@ fn columns<const N: usize>(r: Vec<Option<String>>) -> [Option<String>; N] {
     std::array::from_fn(|_| c.next().flatten())
 }
 
-/// A column read as text, as a number (0: NULL).
-fn int(v: Option<String>) -> i64 {
-    v.and_then(|v| v.parse().ok()).unwrap_or(0)
+/// A column read as text, as a number (0: NULL); anything else is an error of `what`, never a
+/// silent 0.
+fn int(v: Option<String>, what: &str) -> Result<i64, StoreError> {
+    match v {
+        None => Ok(0),
+        Some(t) => t.parse().map_err(|_| {
+            StoreError::new(
+                ferry_core::StoreErrorKind::Other,
+                format!("{what}: expected a whole number, the database returned {t:?}"),
+            )
+        }),
+    }
 }
 
 /// [`ferry_core::OperatorActions::status`].
