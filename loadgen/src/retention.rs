@@ -14,57 +14,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{BoxFuture, OutboxStore, PurgeRequest};
-use serde::{Serialize, Serializer};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::Database;
+use crate::spec::Retention;
 
-/// The shortest time between two purge runs.
-pub const MIN_EVERY: Duration = Duration::from_secs(1);
-/// The longest time between two purge runs.
-pub const MAX_EVERY: Duration = Duration::from_secs(60);
-/// `ferry purge --batch`'s default.
-pub const DEFAULT_BATCH: u32 = 1000;
 /// Failed purge runs whose errors the report keeps.
 const ERROR_EXAMPLES: usize = 5;
 /// Order-violating pairs the pre-purge check keeps (any one fails the run).
 const MAX_ORDER_PAIRS: usize = 1000;
-
-/// What `--retention` asks for (echoed in the report's `config.retention`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Retention {
-    /// Only SENT intents older than this are deleted (row dispatch: by `sent_at`; cursor
-    /// dispatch: by `created_at`, as `ferry purge` counts).
-    #[serde(rename = "age_secs", serialize_with = "secs")]
-    pub age: Duration,
-    /// Time between purge runs: [`purge_every`] of the age.
-    #[serde(rename = "every_secs", serialize_with = "secs")]
-    pub every: Duration,
-    /// Rows per DELETE statement (`--purge-batch`).
-    pub batch: usize,
-    /// `--fold-orders`: each run also folds the business orders older than `age`.
-    pub fold_orders: bool,
-}
-
-impl Retention {
-    pub fn new(age: Duration, batch: usize) -> Self {
-        Self {
-            age,
-            every: purge_every(age),
-            batch,
-            fold_orders: false,
-        }
-    }
-}
-
-/// The time between purge runs for a retention of `age`: a quarter of it, at least
-/// [`MIN_EVERY`] and at most [`MAX_EVERY`]. A row is then deleted between `age` and
-/// `age + every` after it became old enough.
-pub fn purge_every(age: Duration) -> Duration {
-    (age / 4).clamp(MIN_EVERY, MAX_EVERY)
-}
 
 /// DELETE statements of outbox rows one `purge_sent` call ran to delete `n` rows, as row
 /// dispatch runs them: `batch` rows at a time until a statement deletes fewer, so every full
@@ -289,13 +249,10 @@ impl PurgeTarget for StorePurge {
     }
 }
 
-fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::purge_every;
     use std::sync::Mutex;
 
     const S: Duration = Duration::from_secs(1);

@@ -11,7 +11,6 @@ use rand::Rng;
 use serde::{Serialize, Serializer};
 
 use crate::cli::{Args, Command, RelayMode, SinkKind, Skew, SqliteSync};
-use crate::retention::Retention;
 use ferry_store::{redact_url, Backend};
 
 /// Everything one run needs; sweeps clone it and change one field. Serialized (flattened into
@@ -342,6 +341,45 @@ pub struct ConfigEcho {
     pub versions_per_aggregate: Option<u64>,
     #[serde(flatten)]
     pub spec: RunSpec,
+}
+
+/// The shortest time between two purge runs.
+pub const MIN_EVERY: Duration = Duration::from_secs(1);
+/// The longest time between two purge runs.
+pub const MAX_EVERY: Duration = Duration::from_secs(60);
+
+/// What `--retention` asks for (echoed in the report's `config.retention`; run by [`crate::retention`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Retention {
+    /// Only SENT intents older than this are deleted (row dispatch: by `sent_at`; cursor
+    /// dispatch: by `created_at`, as `ferry purge` counts).
+    #[serde(rename = "age_secs", serialize_with = "secs")]
+    pub age: Duration,
+    /// Time between purge runs: [`purge_every`] of the age.
+    #[serde(rename = "every_secs", serialize_with = "secs")]
+    pub every: Duration,
+    /// Rows per DELETE statement (`--purge-batch`).
+    pub batch: usize,
+    /// `--fold-orders`: each run also folds the business orders older than `age`.
+    pub fold_orders: bool,
+}
+
+impl Retention {
+    pub fn new(age: Duration, batch: usize) -> Self {
+        Self {
+            age,
+            every: purge_every(age),
+            batch,
+            fold_orders: false,
+        }
+    }
+}
+
+/// The time between purge runs for a retention of `age`: a quarter of it, at least
+/// [`MIN_EVERY`] and at most [`MAX_EVERY`]. A row is then deleted between `age` and
+/// `age + every` after it became old enough.
+pub fn purge_every(age: Duration) -> Duration {
+    (age / 4).clamp(MIN_EVERY, MAX_EVERY)
 }
 
 fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(a.retention.purge_batch, 50);
         assert_eq!(
             args("").retention.purge_batch,
-            crate::retention::DEFAULT_BATCH
+            crate::cli::DEFAULT_PURGE_BATCH
         );
         // the report interval: 1/4 of the load, at least 1 s; 5 min from 15 min on
         for (flags, secs) in [

@@ -376,6 +376,9 @@ pub struct RelayFlags {
     pub chaos_interval: Duration,
 }
 
+/// `ferry purge --batch`'s default, and `--purge-batch`'s.
+pub const DEFAULT_PURGE_BATCH: u32 = 1000;
+
 /// Retention (purge) during the run.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Retention")]
@@ -409,7 +412,7 @@ pub struct RetentionFlags {
     pub fold_orders: bool,
 
     /// Rows per DELETE statement of a --retention purge (`ferry purge --batch`).
-    #[arg(long, global = true, default_value_t = crate::retention::DEFAULT_BATCH, requires = "retention",
+    #[arg(long, global = true, default_value_t = DEFAULT_PURGE_BATCH, requires = "retention",
         value_parser = value_parser!(u32).range(1..=100_000))]
     pub purge_batch: u32,
 }
