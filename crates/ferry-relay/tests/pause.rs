@@ -136,11 +136,13 @@ async fn two_relays_hold_a_paused_topic_and_deliver_it_in_order_on_resume(
         handed.iter().all(|(t, _, _)| t != PAUSED),
         "a paused topic's event was sent: {handed:?}"
     );
+    // v1 may be handed more than once (a slot that moved between the relays is read again from
+    // its durable cursor: a legal resend); v3 never, while v2 is paused
     for i in 0..6 {
-        assert_eq!(
-            sink.versions_of(&format!("x-{i}")),
-            [1],
-            "x-{i} v3 overtook its paused v2"
+        let handed = sink.versions_of(&format!("x-{i}"));
+        assert!(
+            !handed.is_empty() && handed.iter().all(|v| *v == 1),
+            "x-{i} v3 overtook its paused v2: {handed:?}"
         );
     }
     let paused = control(&db).paused().await.unwrap();
