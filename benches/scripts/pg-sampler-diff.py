@@ -6,7 +6,8 @@ Usage: benches/scripts/pg-sampler-diff.py SAMPLES.jsonl [--window MINUTES] [--to
 The run is cut into windows of `--window` minutes (5 by default), from the first sample on. Per
 window it prints CPU seconds per second by process group, the statements that took the most
 execution time (ms per second, calls per second, ms per call, shared blocks read and hit per
-call), database counters per second, and the tables' sizes at the window's end. With a steady
+call), database counters per second, and the tables' sizes at the window's end (the largest
+table's indexes one by one). With a steady
 `--rate`, a cost per second that grows from window to window is a cost per event that grows.
 """
 import json
@@ -73,7 +74,11 @@ def main():
         print("  tables (MiB heap+index, dead): " + ", ".join(
             f"{n.split('.')[-1]} {t['heap'] / 2**20:.1f}+{t['index'] / 2**20:.1f} d{t['dead']}"
             for n, t in big))
-
+        # the indexes of the largest table, each (older samples carry no `indexes`)
+        own = b.get("indexes", {}).get(big[0][0], {}) if big else {}
+        if own:
+            print(f"  indexes of {big[0][0].split('.')[-1]} (MiB): " + ", ".join(
+                f"{n} {v / 2**20:.1f}" for n, v in sorted(own.items())))
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,7 @@ Each line holds, at one instant:
   shared blocks hit and read), when the extension is installed in the database;
 - `tables`: per table of every non-system schema its heap and index bytes, live and dead
   tuples, sequential scans and the tuples they read, index scans;
+- `indexes`: per table, the bytes of each of its indexes;
 - `db`: pg_stat_database's block and transaction counters, pg_stat_bgwriter's;
 - `load`: /proc/loadavg.
 
@@ -103,6 +104,13 @@ def sample(url, pid):
             "heap": int(row[1]), "index": int(row[2]), "live": int(row[3]), "dead": int(row[4]),
             "seq_scan": int(row[5]), "seq_read": int(row[6]), "idx_scan": int(row[7]),
         }
+    indexes = {}
+    for row in psql(
+        url,
+        "SELECT schemaname || '.' || relname, indexrelname, pg_relation_size(indexrelid) "
+        "FROM pg_stat_user_indexes",
+    ):
+        indexes.setdefault(row[0], {})[row[1]] = int(row[2])
     d = psql(
         url,
         "SELECT xact_commit, xact_rollback, blks_read, blks_hit, tup_inserted, tup_updated, "
@@ -123,7 +131,8 @@ def sample(url, pid):
     ))
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
-    return {"t": time.time(), "cpu": cpu, "statements": statements, "tables": tables, "db": db,
+    return {"t": time.time(), "cpu": cpu, "statements": statements, "tables": tables,
+            "indexes": indexes, "db": db,
             "load": float(load)}
 
 
