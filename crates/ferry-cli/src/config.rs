@@ -35,8 +35,6 @@ pub const DEFAULT_LOG_FORMAT: LogFormat = LogFormat::Text;
 pub const DEFAULT_SINK: SinkKind = SinkKind::Kafka;
 /// `metrics.listen` (`--metrics-listen`).
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
-/// `ferry purge --batch`.
-pub const DEFAULT_PURGE_BATCH: usize = 1000;
 /// `ferry reconcile --business-id-column`.
 pub const DEFAULT_BUSINESS_ID_COLUMN: &str = "id";
 /// `ferry reconcile --aggregate-prefix`.

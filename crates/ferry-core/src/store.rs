@@ -314,6 +314,11 @@ pub struct PurgeRequest<'a> {
     pub vacuum: bool,
 }
 
+impl PurgeRequest<'_> {
+    /// Rows per delete transaction when the caller does not choose (`ferry purge --batch`).
+    pub const DEFAULT_BATCH: usize = 1000;
+}
+
 /// Row dispatch: per-row claims and their outcomes. Every method after `claim` is a
 /// compare-and-set on the item's [`ClaimToken`] and reports each item as applied or fenced; a
 /// fenced item is a normal outcome.

@@ -376,8 +376,8 @@ pub struct RelayFlags {
     pub chaos_interval: Duration,
 }
 
-/// `ferry purge --batch`'s default, and `--purge-batch`'s.
-pub const DEFAULT_PURGE_BATCH: u32 = 1000;
+/// `--purge-batch`'s default: `ferry purge --batch`'s.
+pub const DEFAULT_PURGE_BATCH: u32 = ferry_core::PurgeRequest::DEFAULT_BATCH as u32;
 
 /// Retention (purge) during the run.
 #[derive(Debug, Clone, clap::Args)]

@@ -2,10 +2,9 @@
 use std::sync::Arc;
 
 use clap::Args;
-use ferry_core::OutboxStore;
+use ferry_core::{OutboxStore, PurgeRequest};
 
 use super::{fail, Failure};
-use crate::config;
 
 #[derive(Args, Debug)]
 pub struct PurgeArgs {
@@ -15,7 +14,7 @@ pub struct PurgeArgs {
     pub older_than: String,
     /// Rows per delete statement, each its own short transaction (cursor dispatch: seq values
     /// per statement).
-    #[arg(long, default_value_t = config::DEFAULT_PURGE_BATCH)]
+    #[arg(long, default_value_t = PurgeRequest::DEFAULT_BATCH)]
     pub batch: usize,
     /// Only rows this consumer has consumed: in its Inbox (ferry_inbox, same database), or
     /// covered by its aggregate's contiguous mark (ferry_inbox_aggregate).
@@ -40,7 +39,7 @@ pub async fn run(a: PurgeArgs, store: Arc<dyn OutboxStore>) -> Result<u8, Failur
         return Err(fail(2, "invalid --batch: must be between 1 and 100000"));
     }
     let n = store
-        .purge_sent(&ferry_core::PurgeRequest {
+        .purge_sent(&PurgeRequest {
             older_than: older,
             batch: a.batch,
             consumer: a.consumer.as_deref(),
