@@ -57,6 +57,12 @@ impl std::fmt::Debug for CommitClock {
     }
 }
 
+impl ferry_testkit::workload::CommitObserver for CommitClock {
+    fn committed(&self, ids: &[String], at: Instant) {
+        CommitClock::committed(self, ids.iter().map(String::as_str), at);
+    }
+}
+
 impl CommitClock {
     /// The producer's COMMIT of these events returned at `at`.
     pub fn committed<'a>(&self, ids: impl IntoIterator<Item = &'a str>, at: Instant) {

@@ -30,8 +30,8 @@ pub enum Error {
     #[error("{0}")]
     Setup(String),
     /// A producer gave up (repeated failures, or a commit outcome it could not determine).
-    #[error("producer {producer}: {reason}")]
-    Producer { producer: usize, reason: String },
+    #[error(transparent)]
+    Producer(#[from] ferry_testkit::workload::ProducerError),
     /// A producer of the producer-only baseline phase gave up (the producer's own error).
     #[error("baseline phase: {0}")]
     Baseline(String),

@@ -54,12 +54,12 @@ use ferry_testkit::{on_inbox, TempDir};
 use sqlx::Executor;
 use tokio::time::Instant;
 
-use crate::db::dialect;
 use crate::error::{Error, Result};
-use crate::producer::ProducerResult;
 use crate::report::{round3, InboxReport};
 use crate::spec::{InboxSpec, RunSpec};
-use crate::workload::Ids;
+use ferry_testkit::workload::dialect;
+use ferry_testkit::workload::Ids;
+use ferry_testkit::workload::ProducerResult;
 
 /// Examples of failures kept for the report.
 const MAX_EXAMPLES: usize = 10;

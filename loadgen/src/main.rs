@@ -22,7 +22,6 @@ mod error;
 mod inbox;
 mod intervals;
 mod kafka;
-mod producer;
 mod progress;
 mod relays;
 mod report;
@@ -30,7 +29,6 @@ mod retention;
 mod run;
 mod spec;
 mod sweep;
-mod workload;
 
 use cli::Args;
 use error::Result;

@@ -14,9 +14,9 @@ use crate::clock::CommitClock;
 use crate::db::Database;
 use crate::inbox::InboxConsumer;
 use crate::intervals::IntervalLog;
-use crate::producer::Counters;
 use crate::relays::Relays;
 use crate::report::{self, Quantiles, Sample};
+use ferry_testkit::workload::Counters;
 
 /// What the sampler reads every second.
 pub struct Live<'a> {

@@ -10,8 +10,9 @@ use ferry_relay::RelayConfig;
 use rand::Rng;
 use serde::{Serialize, Serializer};
 
-use crate::cli::{Args, Command, RelayMode, SinkKind, Skew, SqliteSync};
+use crate::cli::{Args, Command, RelayMode, SinkKind, SqliteSync};
 use ferry_store::{redact_url, Backend};
+pub use ferry_testkit::workload::{Preload, Skew, Workload};
 
 /// Everything one run needs; sweeps clone it and change one field. Serialized (flattened into
 /// [`ConfigEcho`]) under the report's field names.
@@ -125,71 +126,6 @@ pub struct RelaySpec {
     pub ferry_bin: Option<PathBuf>,
     #[serde(skip)]
     pub process_args: Vec<String>,
-}
-
-/// The workload of a run's producers (`--aggregates`, `--skew`, `--rate`, ...).
-#[derive(Debug, Clone, Serialize)]
-pub struct Workload {
-    pub aggregates: u64,
-    pub skew: Skew,
-    /// Zipf exponent; echoed with zipf skew only (by [`ConfigEcho`]).
-    #[serde(skip)]
-    pub zipf_s: f64,
-    pub orders_per_tx: usize,
-    /// Events/s over all producers; 0 = flat out.
-    pub rate: u64,
-    pub payload_bytes: usize,
-    /// Workload seed; producer `p` uses `seed + p`.
-    pub seed: u64,
-    /// Each producer picks among its own share of the aggregates only (no contention).
-    pub producers_own_aggregates: bool,
-    /// A fixed queue to commit (`--preload`) instead of random picks until stopped; echoed
-    /// as `preload` and `versions_per_aggregate` (by [`ConfigEcho`]).
-    #[serde(skip)]
-    pub preload: Option<Preload>,
-}
-
-/// The shape of a preloaded queue: `total` intents over `ceil(total / per_aggregate)`
-/// aggregates, each with versions `1..=per_aggregate` (the last aggregate gets the remainder).
-/// The queue's orders are numbered `0..total`; order `i` changes aggregate `i / per_aggregate`,
-/// and the producers take the orders in blocks of `--orders-per-tx` from one shared counter, so
-/// an aggregate's versions are committed close together, by whichever producers took its
-/// orders (a hot aggregate's versions by all of them, contending for its row).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Preload {
-    pub total: u64,
-    pub per_aggregate: u64,
-}
-
-impl Preload {
-    /// Number of aggregates.
-    pub fn aggregates(&self) -> u64 {
-        self.total.div_ceil(self.per_aggregate.max(1))
-    }
-
-    /// The aggregate order `i` of the queue changes.
-    pub fn aggregate_of(&self, i: u64) -> u64 {
-        i / self.per_aggregate.max(1)
-    }
-
-    /// Versions of aggregate `a`.
-    #[cfg(test)]
-    pub fn versions_of(&self, a: u64) -> u64 {
-        let k = self.per_aggregate.max(1);
-        if a + 1 == self.aggregates() {
-            self.total - a * k
-        } else {
-            k
-        }
-    }
-}
-
-impl Workload {
-    /// Aggregates whose business rows the run creates: every aggregate of the load, or of the
-    /// preloaded queue.
-    pub fn aggregate_rows(&self) -> u64 {
-        self.preload.map_or(self.aggregates, |p| p.aggregates())
-    }
 }
 
 impl RunSpec {

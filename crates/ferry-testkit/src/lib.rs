@@ -16,13 +16,17 @@
 //!   [`RelayProcess`]: a `ferry relay` child process (free metrics port, log file, signals).
 //! * [`memory::MemoryStore`]: the in-memory store (not durable) that benches measure the engine
 //!   with and tests use where no SQL is needed; the reference model of the claim protocol.
+//! * [`workload`]: a simulated business whose producers contend for aggregates through their
+//!   business rows' locks (the tables, the business transaction, producer tasks): what
+//!   loadgen runs, and the relay's tests meet.
 //! * [`conformance`]: the store and cursor conformance suites as exported exercises, one
 //!   `pub async fn` per case ([`store_conformance!`] / [`cursor_conformance!`] instantiate them).
 //!
 //! Library crates take this crate only as a `[dev-dependency]` (their integration tests use
 //! it); the binaries `ferry` (for `ferry lab`) and `loadgen` depend on it normally, for the
 //! embedded cluster, the verifier and isolated databases. It depends on `ferry-core` and
-//! `ferry-store`, never on the relay, so no crate's tests see two copies of a type.
+//! `ferry-store` (and `ferry-inbox`, whose pools the workload runs on), never on the relay, so
+//! no crate's tests see two copies of a type.
 //!
 //! Server backends are skipped (with a printed reason) when `FERRY_TEST_POSTGRES_URL` /
 //! `FERRY_TEST_MYSQL_URL` are unset, unless `FERRY_REQUIRE_DBS=1` (CI), where a missing URL
@@ -41,6 +45,7 @@ mod sql;
 mod task;
 pub mod verify;
 mod wait;
+pub mod workload;
 
 pub use db::{
     create_namespace, env_url, mysql_url_with_db, AnyDb, Cleanup, OpenTx, TempDir, TestDb,

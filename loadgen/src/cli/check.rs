@@ -9,7 +9,7 @@ use ferry_store::Backend;
 
 use super::parse::fmt_secs;
 use super::{Args, Command, FlagValue, RelayMode};
-use crate::spec::Preload;
+use ferry_testkit::workload::Preload;
 
 impl Args {
     /// Parses the command line and checks flag combinations; exits with status 2 and one clear

@@ -8,6 +8,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{value_parser, Parser, ValueEnum};
 use ferry_core::{parse_duration, DispatchMode};
 use ferry_store::Backend;
+use ferry_testkit::workload::Skew;
 use serde::Serialize;
 
 pub use self::parse::SweepValues;
@@ -37,16 +38,6 @@ pub enum SinkKind {
     Null,
     /// One JSON line per event on stdout (debugging; interleaves with the report).
     Stdout,
-}
-
-/// How aggregates are picked for each new order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Skew {
-    /// Every aggregate equally likely.
-    Uniform,
-    /// Zipf-distributed hot keys (`--zipf-s`).
-    Zipf,
 }
 
 /// Where relays run.
@@ -232,8 +223,9 @@ pub struct WorkloadFlags {
     #[arg(long, global = true)]
     pub producers_own_aggregates: bool,
 
-    /// Aggregate popularity: uniform, or zipf hot keys.
-    #[arg(long, global = true, value_enum, default_value_t = Skew::Uniform)]
+    /// Aggregate popularity: uniform (every aggregate equally likely), or zipf hot keys
+    /// (--zipf-s).
+    #[arg(long, global = true, default_value = "uniform", value_parser = parse_skew())]
     pub skew: Skew,
 
     /// Zipf exponent s (with --skew zipf). Every producer draws over all N aggregates, so the

@@ -1,8 +1,9 @@
 //! The flags' value parsers: each refuses a bad value with one line saying what it accepts.
 use std::time::Duration;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use ferry_core::parse_duration;
-
+use ferry_testkit::workload::Skew;
 use serde::Serialize;
 
 /// Values of a sweep, in the order given.
@@ -12,6 +13,12 @@ pub struct SweepValues(pub Vec<u32>);
 /// `1.5s`, `300s`.
 pub(super) fn fmt_secs(d: Duration) -> String {
     format!("{}s", d.as_secs_f64())
+}
+
+/// `--skew`: one of [`Skew::NAMES`].
+pub(super) fn parse_skew() -> impl TypedValueParser<Value = Skew> {
+    PossibleValuesParser::new(Skew::NAMES)
+        .map(|s| Skew::from_name(&s).expect("one of the possible values"))
 }
 
 /// `--preload` before the subcommand: refused with the new spelling.

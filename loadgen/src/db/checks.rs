@@ -7,8 +7,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::database::{new_histogram, Database};
-use super::orders::dialect;
 use crate::error::{Error, Result};
+use ferry_testkit::workload::dialect;
 
 /// What the business rows say about the versions the run committed (read after the drain).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -3,23 +3,19 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{DispatchMode, Limits, NewEvent, OutboxStore};
+use ferry_core::{DispatchMode, Limits, OutboxStore};
 use ferry_inbox::InboxPool as Pool;
 use ferry_store::mysql::MyStore;
 use ferry_store::postgres::PgStore;
 use ferry_store::sqlite::SqliteStore;
 use ferry_store::{redact_url, Backend, ConnectOptions};
 use ferry_testkit::{on_inbox, Cleanup, TempDir};
-use hdrhistogram::Histogram;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteSynchronous};
 use sqlx::Executor;
 
 use crate::cli::SqliteSync;
 use crate::error::{Error, Result};
 use crate::spec::RunSpec;
-use crate::workload::Order;
-
-use super::orders::{self, TxError};
 
 /// The run's database, with a pool for the producers' business transactions.
 pub struct Database {
@@ -176,7 +172,11 @@ impl Database {
             .await
             .map_err(Error::sql("empty the SQLite file"))?;
         }
-        orders::create_tables(&self.pool, self.kind, run, aggregates).await?;
+        ferry_testkit::workload::create_tables(&self.pool, self.kind, run, aggregates)
+            .await
+            .map_err(Error::sql(
+                "create loadgen_orders, loadgen_aggregates and the aggregates' rows",
+            ))?;
         self.set_dispatch(run).await?;
         if self.kind == Backend::Postgres {
             // A backend reports its table statistics at most once a second and, when idle,
@@ -273,20 +273,9 @@ impl Database {
         Ok((store, PoolHandle(pool)))
     }
 
-    /// One business transaction: takes each order's version from its aggregate's row, inserts
-    /// the orders and `intents(orders)` into the outbox, and commits ([`orders::commit`]).
-    pub async fn commit_orders(
-        &self,
-        orders: &mut [Order],
-        intents: &(dyn Fn(&[Order]) -> Vec<NewEvent> + Sync),
-    ) -> Result<(), TxError> {
-        orders::commit(&self.pool, orders, intents).await
-    }
-
-    /// Whether order `order_id` exists: resolves a transaction whose COMMIT outcome was lost
-    /// (the order row and its intents commit together).
-    pub async fn order_exists(&self, order_id: i64) -> Result<bool> {
-        orders::exists(&self.pool, order_id).await
+    /// The producers' pool (the business transactions, the checks and the fold).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// Closes the producers' pool (its backends exit and flush their statistics).
@@ -345,10 +334,7 @@ async fn drop_namespace(namespace: Option<Cleanup>) {
     }
 }
 
-/// A new latency histogram, bounded as the relay's ([`ferry_relay::metrics::Latency`]).
-pub fn new_histogram() -> Histogram<u64> {
-    ferry_relay::metrics::Latency::default().snapshot()
-}
+pub use ferry_testkit::workload::producer::new_histogram;
 
 /// The `application_name` of the producers' pool (which also runs the checks and the fold).
 const PRODUCERS: &str = "loadgen-producers";

@@ -11,7 +11,6 @@ use crate::cli::RelayMode;
 use crate::db::{new_histogram, PgCosts, SqliteWrites, VersionCheck};
 use crate::error::Result;
 
-use crate::producer::ProducerResult;
 use crate::progress::{Sampler, Totals};
 use crate::relays::RelayMetrics;
 use crate::report::{
@@ -20,6 +19,7 @@ use crate::report::{
 };
 use crate::retention::PurgeTally;
 use ferry_store::Backend;
+use ferry_testkit::workload::ProducerResult;
 
 /// The outbox's database costs at one point of the run.
 pub(super) struct CostSnapshot {
@@ -44,7 +44,7 @@ impl<'a> Run<'a> {
                 .into_std(),
         };
         let acks = match self.spec.relays.mode {
-            RelayMode::InProcess => self.counters.clock.intervals(),
+            RelayMode::InProcess => self.clock.intervals(),
             RelayMode::Process => None,
         };
         Some(log.report(sampler.t0.into_std(), load_end, acks.as_ref()))
@@ -137,7 +137,7 @@ impl<'a> Run<'a> {
             intervals: m.intervals,
             latency_ms: Latencies {
                 commit_to_ack: Quantiles::from_us(&m.commit_to_ack),
-                committed_to_broker_ack: Quantiles::from_us(&self.counters.clock.histogram()),
+                committed_to_broker_ack: Quantiles::from_us(&self.clock.histogram()),
                 commit_to_consumed: v.consumed_latency.as_ref().and_then(Quantiles::from_us),
                 producer_tx: Quantiles::from_us(&producer_tx),
                 claim: Quantiles::from_us(&rm.claim_latency),

@@ -3,15 +3,15 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use ferry_testkit::verify::Verifier;
+use ferry_testkit::workload::{Counters, Ids, ProducerResult};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::CommitClock;
 use crate::db::Database;
 use crate::inbox::InboxConsumer;
-use crate::producer::{Counters, ProducerResult};
 use crate::progress::Live;
 use crate::relays::Relays;
 use crate::spec::RunSpec;
-use crate::workload::Ids;
 
 pub(super) fn committed(results: &[ProducerResult]) -> u64 {
     results.iter().map(|r| r.committed).sum()
@@ -25,6 +25,8 @@ pub(super) struct Run<'a> {
     pub(super) ids: Ids,
     pub(super) topic: String,
     pub(super) counters: Arc<Counters>,
+    /// When each event's COMMIT returned, for the COMMIT → broker-ack latency.
+    pub(super) clock: Arc<CommitClock>,
     /// Rows `--retention` purged so far.
     pub(super) purged: Arc<AtomicU64>,
     pub(super) interrupt: &'a CancellationToken,
@@ -52,6 +54,7 @@ impl<'a> Run<'a> {
                 .clone()
                 .unwrap_or_else(|| format!("loadgen-{run}")),
             counters: Arc::new(Counters::default()),
+            clock: Arc::default(),
             purged: Arc::default(),
             interrupt,
             notes: Mutex::default(),

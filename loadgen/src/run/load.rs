@@ -16,15 +16,14 @@ use crate::cli::{RelayMode, SinkKind};
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::kafka::KafkaTarget;
-use crate::producer::{self, Counters, KeySource, ProducerPlan, ProducerResult};
 use crate::progress::{Live, Sampler, Totals};
 use crate::relays::Relays;
 use crate::report::{self};
 use crate::retention::{Purger, StorePurge};
 use crate::spec::{Preload, RunSpec};
-use crate::workload::Ids;
 use ferry_store::Backend;
 use ferry_testkit::verify::Verifier;
+use ferry_testkit::workload::{producer, Counters, Ids, ProducerPlan, ProducerResult};
 
 impl RunSpec {
     /// The producers' plan; `flat_out` ignores `--rate` (the baseline, a preload).
@@ -33,15 +32,10 @@ impl RunSpec {
         if flat_out {
             work.rate = 0;
         }
-        ProducerPlan {
-            ids: Ids {
-                run: run.to_string(),
-            },
-            producers: self.producers,
-            topic: topic.to_string(),
-            keys: KeySource::new(&work, self.producers),
-            work,
-        }
+        let ids = Ids {
+            run: run.to_string(),
+        };
+        ProducerPlan::new(ids, self.producers, topic, work)
     }
 
     /// ANALYZE stands in for autovacuum (PostgreSQL, unless `--pg-analyze-every 0`).
@@ -60,8 +54,9 @@ pub(super) fn start_producers(
     let plan = Arc::new(plan);
     (0..plan.producers)
         .map(|p| {
-            let (db, plan, counters) = (db.clone(), plan.clone(), counters.clone());
-            tokio::spawn(producer::run(db, plan, p, counters, stop.clone()))
+            let (pool, plan, counters) = (db.pool().clone(), plan.clone(), counters.clone());
+            let stop = stop.clone();
+            tokio::spawn(async move { Ok(producer::run(pool, plan, p, counters, stop).await?) })
         })
         .collect()
 }
@@ -235,7 +230,7 @@ impl<'a> Run<'a> {
     ) -> Result<Relays> {
         let spec = self.spec;
         let brokers = kafka.as_ref().map(|k| k.brokers.as_str());
-        let clock = self.counters.clock.clone();
+        let clock = self.clock.clone();
         let relays = Relays::start(spec, self.db, self.run, brokers, clock, log_dir).await?;
         if !settle_first {
             if spec.relays.relays > 1 {
@@ -274,7 +269,8 @@ impl<'a> Run<'a> {
     ) -> (Vec<ProducerResult>, f64, Totals) {
         let spec = self.spec;
         let stop = CancellationToken::new();
-        let plan = spec.plan(self.run, &self.topic, false);
+        let mut plan = spec.plan(self.run, &self.topic, false);
+        plan.observer = Some(self.clock.clone());
         let handles = start_producers(self.db, plan, &self.counters, &stop);
         let analyzer = spec
             .analyze()
@@ -347,7 +343,8 @@ impl<'a> Run<'a> {
             );
         }
         let stop = CancellationToken::new();
-        let plan = spec.plan(self.run, &self.topic, true);
+        let mut plan = spec.plan(self.run, &self.topic, true);
+        plan.observer = Some(self.clock.clone());
         let handles = start_producers(self.db, plan, &self.counters, &stop);
         let t0 = Instant::now();
         let join = join_producers(handles);

@@ -23,10 +23,10 @@ use crate::cli::RelayMode;
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::inbox::InboxConsumer;
-use crate::producer::Counters;
 use crate::progress::Sampler;
 use crate::report::{self, RunReport};
 use crate::spec::RunSpec;
+use ferry_testkit::workload::Counters;
 
 mod assemble;
 mod context;
@@ -147,7 +147,7 @@ impl<'a> Run<'a> {
             .await?;
         if preloaded.is_some() {
             // a burn-down's intervals start with the relays
-            sampler.start_intervals(relays_started, spec.report_interval, &self.counters.clock);
+            sampler.start_intervals(relays_started, spec.report_interval, &self.clock);
         }
         // retention runs from here (the load phase, or the burn-down) to the end of the drain
         let purger = match self.start_purger(verifier.is_some()).await {
@@ -174,7 +174,7 @@ impl<'a> Run<'a> {
                 // the load phase (and the timeline) start now, after the slots settled
                 sampler = Sampler::new(spec.progress);
                 let t0 = sampler.t0;
-                sampler.start_intervals(t0, spec.report_interval, &self.counters.clock);
+                sampler.start_intervals(t0, spec.report_interval, &self.clock);
                 self.load_phase(&live, &mut sampler).await
             }
         };

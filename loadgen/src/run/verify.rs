@@ -11,12 +11,12 @@ use crate::db::{new_histogram, VersionCheck};
 use crate::error::Result;
 use crate::inbox::InboxConsumer;
 use crate::kafka::KafkaTarget;
-use crate::producer::ProducerResult;
 use crate::progress::Sampler;
 use crate::relays::{RelayMetrics, SendOrder};
 use crate::report::{round3, InboxReport, StoreCheck, Verification};
 use crate::retention::PurgeTally;
-use crate::workload::Ids;
+use ferry_testkit::workload::Ids;
+use ferry_testkit::workload::ProducerResult;
 
 /// Ids committed by the producers that the verifier has not seen: all of them, or of those
 /// still missing at the last check.

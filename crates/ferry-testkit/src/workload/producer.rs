@@ -1,10 +1,10 @@
 //! Producer tasks: each simulates the application, committing orders and their outbox intents
-//! in one transaction per `--orders-per-tx` orders.
+//! in one transaction per [`Workload::orders_per_tx`] orders.
 //!
 //! Producers share the aggregates. A transaction's orders pick their aggregates among all of the
 //! run's aggregates (or take the next block of a preloaded queue, which the producers share
 //! too), and the transaction touches them in random order: it takes each order's version from
-//! the aggregate's business row ([`Database::commit_orders`]) and holds that row's lock until it
+//! the aggregate's business row ([`tx::commit`]) and holds that row's lock until it
 //! ends, so producers wait for each other's aggregates, and two transactions that lock two
 //! aggregates in opposite orders deadlock (the database rolls one back). A rolled-back
 //! transaction is retried with the same orders and event ids, which take new versions: the old
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{now_micros, Backoff, NewEvent};
-use ferry_testkit::verify::COMMIT_TS_HEADER;
+use ferry_inbox::InboxPool as Pool;
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -25,11 +25,9 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::CommitClock;
-use crate::db::{new_histogram, Database, Rollback, TxError};
-use crate::error::{Error, Result};
-use crate::spec::{Preload, Workload};
-use crate::workload::{self, Ids, KeyPicker, Order};
+use super::tx::{self, Rollback, TxError};
+use super::{Ids, KeyPicker, Order, Preload, Workload};
+use crate::verify::COMMIT_TS_HEADER;
 
 /// Consecutive failed attempts of one transaction, for reasons other than contention, before
 /// the producer gives up.
@@ -51,31 +49,73 @@ const CONTENTION_RETRY: Backoff = Backoff {
     max: Duration::from_millis(250),
 };
 
+/// A producer gave up: repeated failures, or a COMMIT whose outcome it could not determine.
+#[derive(Debug, thiserror::Error)]
+#[error("producer {producer}: {reason}")]
+pub struct ProducerError {
+    /// The producer.
+    pub producer: usize,
+    /// Why, with the last error.
+    pub reason: String,
+}
+
+/// Told of every committed transaction's events, the instant its COMMIT returned (loadgen's
+/// COMMIT → broker-ack clock).
+pub trait CommitObserver: std::fmt::Debug + Send + Sync {
+    /// The COMMIT of events `ids` returned at `at`.
+    fn committed(&self, ids: &[String], at: std::time::Instant);
+}
+
 /// What every producer of a run shares.
 #[derive(Debug)]
 pub struct ProducerPlan {
+    /// The run's identities.
     pub ids: Ids,
+    /// Producers of the run.
     pub producers: usize,
     /// Destination topic of every intent.
     pub topic: String,
     /// Where the transactions' aggregates come from (one source for all producers).
     pub keys: KeySource,
+    /// The workload.
     pub work: Workload,
+    /// Told of every COMMIT that returned.
+    pub observer: Option<Arc<dyn CommitObserver>>,
+}
+
+impl ProducerPlan {
+    /// The plan of `producers` producers of run `ids` committing `work` to `topic`.
+    pub fn new(ids: Ids, producers: usize, topic: &str, work: Workload) -> Self {
+        Self {
+            ids,
+            producers,
+            topic: topic.to_string(),
+            keys: KeySource::new(&work, producers),
+            work,
+            observer: None,
+        }
+    }
 }
 
 /// Where the aggregates of the run's transactions come from; by default every producer draws
 /// from the same source, so any two producers may pick the same aggregate.
 #[derive(Debug)]
 pub enum KeySource {
-    /// Random picks among all of the run's aggregates (`--aggregates`, `--skew`) until stopped.
+    /// Random picks among all of the run's aggregates ([`Workload::aggregates`],
+    /// [`Workload::skew`]) until stopped.
     Random(KeyPicker),
-    /// `--producers-own-aggregates`: producer `p` picks among its own aggregates only (global
+    /// [`Workload::producers_own_aggregates`]: producer `p` picks among its own aggregates only (global
     /// index `i * producers + p`; picker `p` ranks them), so no two producers ever touch the
     /// same aggregate and their transactions never wait for each other.
     Owned(Vec<KeyPicker>),
     /// The orders of a preloaded queue ([`Preload`]), handed out in blocks from one counter;
     /// exhausted once every order was taken.
-    Preload { shape: Preload, next: AtomicU64 },
+    Preload {
+        /// The queue.
+        shape: Preload,
+        /// The next order to hand out.
+        next: AtomicU64,
+    },
 }
 
 impl KeySource {
@@ -143,7 +183,9 @@ fn take(next: &AtomicU64, n: u64, total: u64) -> Range<u64> {
 /// Live counters, read by the progress line.
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Intents committed.
     pub enqueued: AtomicU64,
+    /// Transactions committed.
     pub txs: AtomicU64,
     /// Failed attempts that were retried (or abandoned at the end of the load).
     pub retries: AtomicU64,
@@ -153,8 +195,6 @@ pub struct Counters {
     pub lock_waits: AtomicU64,
     /// Of which another conflict (serialization failure).
     pub conflicts: AtomicU64,
-    /// When each event's COMMIT returned, for the COMMIT → broker-ack latency.
-    pub clock: Arc<CommitClock>,
 }
 
 impl Counters {
@@ -174,6 +214,7 @@ impl Counters {
 /// One producer's final account.
 #[derive(Debug)]
 pub struct ProducerResult {
+    /// The producer.
     pub producer: usize,
     /// Intents committed: exactly event numbers `0..committed` of this producer (a transaction
     /// abandoned at the end of the load, after a rollback, committed nothing and used none).
@@ -182,15 +223,20 @@ pub struct ProducerResult {
     pub tx_latency: Histogram<u64>,
 }
 
-/// Runs producer `p` until `stop` (or until a preloaded queue is exhausted); returns what it
-/// committed.
+/// A latency histogram in µs, 1 µs to 1 h, 3 significant digits (the relay's own).
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+/// Runs producer `p` on `pool` (a migrated outbox with [`tx::create_tables`]'s tables) until
+/// `stop`, or until a preloaded queue is exhausted; returns what it committed.
 pub async fn run(
-    db: Arc<Database>,
+    pool: Pool,
     plan: Arc<ProducerPlan>,
     p: usize,
     counters: Arc<Counters>,
     stop: CancellationToken,
-) -> Result<ProducerResult> {
+) -> Result<ProducerResult, ProducerError> {
     let mut rng = StdRng::seed_from_u64(plan.work.seed.wrapping_add(p as u64));
     let mut next: u64 = 0;
     let mut tx_latency = new_histogram();
@@ -245,21 +291,21 @@ pub async fn run(
                 .map(|(i, o)| {
                     let n = first + i as u64;
                     let mut e =
-                        workload::event(&plan.ids, p, n, o, &plan.topic, plan.work.payload_bytes);
+                        super::event(&plan.ids, p, n, o, &plan.topic, plan.work.payload_bytes);
                     e.headers.insert(COMMIT_TS_HEADER.to_string(), ts.clone());
                     e
                 })
                 .collect()
         };
         let t0 = Instant::now();
-        if !commit_with_retries(&db, p, &mut orders, &intents, &counters, &stop).await? {
+        if !commit_with_retries(&pool, p, &mut orders, &intents, &counters, &stop).await? {
             break;
         }
         let n = orders.len() as u64;
-        let ids: Vec<String> = (next..next + n).map(|i| plan.ids.event(p, i)).collect();
-        counters
-            .clock
-            .committed(ids.iter().map(String::as_str), std::time::Instant::now());
+        if let Some(observer) = &plan.observer {
+            let ids: Vec<String> = (next..next + n).map(|i| plan.ids.event(p, i)).collect();
+            observer.committed(&ids, std::time::Instant::now());
+        }
         let _ = tx_latency.record((t0.elapsed().as_micros() as u64).clamp(1, 3_600_000_000));
         next += n;
         counters.enqueued.fetch_add(n, Ordering::Relaxed);
@@ -277,26 +323,26 @@ pub async fn run(
 /// `false` when `stop` came while the transaction was rolled back: it is abandoned, nothing of
 /// it committed. A stop never interrupts an attempt half-way.
 async fn commit_with_retries(
-    db: &Database,
+    pool: &Pool,
     p: usize,
     orders: &mut [Order],
     intents: &(dyn Fn(&[Order]) -> Vec<NewEvent> + Sync),
     counters: &Counters,
     stop: &CancellationToken,
-) -> Result<bool> {
-    let give_up = |reason: String| Error::Producer {
+) -> Result<bool, ProducerError> {
+    let give_up = |reason: String| ProducerError {
         producer: p,
         reason,
     };
     // consecutive failures: lost to contention, and for any other reason
     let (mut contended, mut failed) = (0, 0);
     loop {
-        let (why, err) = match db.commit_orders(orders, intents).await {
+        let (why, err) = match tx::commit(pool, orders, intents).await {
             Ok(()) => return Ok(true),
             Err(TxError::RolledBack(why, e)) => (why, e),
             Err(TxError::Unknown(e)) => {
                 let first = orders.first().map(|o| o.order_id).unwrap_or_default();
-                match resolve(db, first).await {
+                match resolve(pool, first).await {
                     Some(true) => return Ok(true),
                     Some(false) => (Rollback::Other, e),
                     None => {
@@ -339,9 +385,9 @@ async fn commit_with_retries(
 
 /// Whether the transaction whose first order is `order_id` committed; `None` if the database
 /// cannot tell us within a few tries.
-async fn resolve(db: &Database, order_id: i64) -> Option<bool> {
+async fn resolve(pool: &Pool, order_id: i64) -> Option<bool> {
     for _ in 0..5 {
-        match db.order_exists(order_id).await {
+        match tx::order_exists(pool, order_id).await {
             Ok(b) => return Some(b),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot resolve a COMMIT outcome yet");
@@ -355,7 +401,7 @@ async fn resolve(db: &Database, order_id: i64) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Skew;
+    use crate::workload::Skew;
     use std::collections::{BTreeMap, BTreeSet};
 
     fn work(aggregates: u64, preload: Option<Preload>) -> Workload {

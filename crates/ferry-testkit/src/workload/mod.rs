@@ -1,21 +1,132 @@
-//! The shape of the simulated business: aggregates, their popularity, identities and payloads.
+//! A simulated business whose producers contend for aggregates the way applications do: what
+//! loadgen runs and the relay's tests can meet.
 //!
 //! Every producer may pick any aggregate of the run, so producers contend for aggregates as an
 //! application's request handlers do. An aggregate's version is never chosen in-process: the
 //! producer's transaction takes it from the aggregate's business row (`loadgen_aggregates`,
-//! `ver = ver + 1`, see [`crate::db`]), whose row lock it then holds until COMMIT; a rolled-back
+//! `ver = ver + 1`, see [`tx`]), whose row lock it then holds until COMMIT; a rolled-back
 //! transaction's versions roll back with it, so every aggregate's committed versions are exactly
 //! `1..=n`. Event ids are `lg-<run>-p<producer>-<n>`: deterministic (a retried transaction
 //! reuses the very same event ids, with the versions its new attempt got) and contiguous per
 //! producer, so "what was committed" is one counter per producer rather than millions of stored
 //! ids.
+//!
+//! * [`tx`]: the business tables and the business transaction (the aggregates' rows, each
+//!   order's version taken from its row, the orders and their outbox intents committed
+//!   together), on every backend.
+//! * [`producer`]: producer tasks that commit those transactions (paced or flat out), retry
+//!   what contention rolled back and resolve a lost COMMIT outcome.
+//! * Here: the shape of the load ([`Workload`], [`Preload`]), aggregate popularity
+//!   ([`KeyPicker`]), identities ([`Ids`]) and payloads.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use ferry_core::NewEvent;
 use rand::Rng;
+use serde::Serialize;
 
-use crate::cli::Skew;
+pub mod producer;
+pub mod tx;
+
+/// The pool the business transactions run on (every backend's).
+pub use ferry_inbox::InboxPool;
+pub use producer::{
+    CommitObserver, Counters, KeySource, ProducerError, ProducerPlan, ProducerResult,
+};
+pub use tx::{create_tables, dialect, order_exists, Rollback, TxError};
+
+/// How aggregates are picked for each new order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Skew {
+    /// Every aggregate equally likely.
+    Uniform,
+    /// Zipf-distributed hot keys.
+    Zipf,
+}
+
+impl Skew {
+    /// The names a flag accepts, in declaration order.
+    pub const NAMES: [&'static str; 2] = ["uniform", "zipf"];
+
+    /// The skew named `name` (one of [`Skew::NAMES`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "uniform" => Some(Skew::Uniform),
+            "zipf" => Some(Skew::Zipf),
+            _ => None,
+        }
+    }
+}
+
+/// The workload of a run's producers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Workload {
+    /// Aggregates the producers share (without a preloaded queue).
+    pub aggregates: u64,
+    /// Aggregate popularity.
+    pub skew: Skew,
+    /// Zipf exponent (with zipf skew); not serialized (a report echoes it with zipf only).
+    #[serde(skip)]
+    pub zipf_s: f64,
+    /// Orders (each with its intent) per business transaction.
+    pub orders_per_tx: usize,
+    /// Events/s over all producers; 0 = flat out.
+    pub rate: u64,
+    /// Payload size in bytes.
+    pub payload_bytes: usize,
+    /// Workload seed; producer `p` uses `seed + p`.
+    pub seed: u64,
+    /// Each producer picks among its own share of the aggregates only (no contention).
+    pub producers_own_aggregates: bool,
+    /// A fixed queue to commit instead of random picks until stopped; not serialized.
+    #[serde(skip)]
+    pub preload: Option<Preload>,
+}
+
+impl Workload {
+    /// Aggregates whose business rows a run creates: every aggregate of the load, or of the
+    /// preloaded queue.
+    pub fn aggregate_rows(&self) -> u64 {
+        self.preload.map_or(self.aggregates, |p| p.aggregates())
+    }
+}
+
+/// The shape of a preloaded queue: `total` intents over `ceil(total / per_aggregate)`
+/// aggregates, each with versions `1..=per_aggregate` (the last aggregate gets the remainder).
+/// The queue's orders are numbered `0..total`; order `i` changes aggregate `i / per_aggregate`,
+/// and the producers take the orders in blocks of `orders_per_tx` from one shared counter, so
+/// an aggregate's versions are committed close together, by whichever producers took its
+/// orders (a hot aggregate's versions by all of them, contending for its row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preload {
+    /// Intents in the queue.
+    pub total: u64,
+    /// Versions per aggregate.
+    pub per_aggregate: u64,
+}
+
+impl Preload {
+    /// Number of aggregates.
+    pub fn aggregates(&self) -> u64 {
+        self.total.div_ceil(self.per_aggregate.max(1))
+    }
+
+    /// The aggregate order `i` of the queue changes.
+    pub fn aggregate_of(&self, i: u64) -> u64 {
+        i / self.per_aggregate.max(1)
+    }
+
+    /// Versions of aggregate `a`.
+    pub fn versions_of(&self, a: u64) -> u64 {
+        let k = self.per_aggregate.max(1);
+        if a + 1 == self.aggregates() {
+            self.total - a * k
+        } else {
+            k
+        }
+    }
+}
 
 /// The event type of every generated intent.
 pub const EVENT_TYPE: &str = "OrderChanged";
@@ -121,12 +232,14 @@ impl Ids {
 /// One business order row.
 #[derive(Debug, Clone)]
 pub struct Order {
+    /// The order's id ([`Ids::order`]).
     pub order_id: i64,
     /// The aggregate this row changes.
     pub aggregate_id: String,
     /// The version its aggregate's business row gave it (0 until the transaction took it; a
     /// retried transaction takes a new one).
     pub version: i64,
+    /// The order's amount.
     pub amount_cents: i64,
 }
 
@@ -174,6 +287,15 @@ pub fn event(ids: &Ids, p: usize, n: u64, order: &Order, topic: &str, size: usiz
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn skews_are_named_as_the_flag_and_the_report_name_them() {
+        for name in Skew::NAMES {
+            let skew = Skew::from_name(name).unwrap();
+            assert_eq!(serde_json::to_value(skew).unwrap(), name);
+        }
+        assert_eq!(Skew::from_name("Zipf"), None);
+    }
 
     #[test]
     fn payload_has_the_exact_size_and_is_json() {

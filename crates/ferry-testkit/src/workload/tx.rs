@@ -1,17 +1,23 @@
 //! The business transaction: the aggregates' rows, each order's version taken from its row,
 //! the orders and their outbox intents committed together.
+//!
+//! The business: `loadgen_aggregates (aggregate_id PRIMARY KEY, ver)` holds one row per
+//! aggregate (created up front with `ver` 0); `loadgen_orders` one row per order, i.e. per
+//! version of an aggregate. A business transaction first takes each of its orders' versions from
+//! the aggregate's row (`ver = ver + 1`, in the orders' order, which producers make random), so
+//! it holds that row's lock until it ends, exactly as an application that updates an aggregate
+//! and writes its event does; then it inserts the orders and their outbox intents.
 use ferry_core::{now_micros, Limits, NewEvent};
 use ferry_inbox::InboxPool as Pool;
 use ferry_store::Backend;
-use ferry_testkit::on_inbox;
 use sqlx::{Executor, MySql, QueryBuilder, Sqlite};
 
-use crate::error::{Error, Result};
+use crate::on_inbox;
 use crate::workload::Order;
 
 /// `sql` with `?` placeholders in `pool`'s dialect.
 pub fn dialect<'a>(pool: &Pool, sql: &'a str) -> std::borrow::Cow<'a, str> {
-    ferry_testkit::placeholder(sql, matches!(pool, Pool::Postgres(_)))
+    crate::placeholder(sql, matches!(pool, Pool::Postgres(_)))
 }
 
 /// Rows per multi-row business insert (6 placeholders per row, far below SQLite's 32,766).
@@ -20,7 +26,8 @@ const CHUNK: usize = 1000;
 /// What went wrong with one business transaction.
 #[derive(Debug)]
 pub enum TxError {
-    /// Failed before COMMIT: rolled back, nothing written (its versions were rolled back too).
+    /// Failed before COMMIT: rolled back, nothing written (its versions were rolled back too);
+    /// why, and the error.
     RolledBack(Rollback, String),
     /// COMMIT itself failed: the transaction may or may not have committed.
     Unknown(String),
@@ -186,7 +193,7 @@ macro_rules! insert_orders {
 /// orders) are inserted, so all of it commits or none. After a successful COMMIT, or a
 /// failed one that did commit, `orders` carry the versions that committed; after a rollback
 /// their versions never existed (the `UPDATE`s rolled back too).
-pub(super) async fn commit(
+pub async fn commit(
     pool: &Pool,
     orders: &mut [Order],
     intents: &(dyn Fn(&[Order]) -> Vec<NewEvent> + Sync),
@@ -238,26 +245,24 @@ pub(super) async fn commit(
 
 /// Whether order `order_id` exists: resolves a transaction whose COMMIT outcome was lost
 /// (the order row and its intents commit together).
-pub(super) async fn exists(pool: &Pool, order_id: i64) -> Result<bool> {
+pub async fn order_exists(pool: &Pool, order_id: i64) -> sqlx::Result<bool> {
     let stmt = dialect(
         pool,
         "SELECT COUNT(*) FROM loadgen_orders WHERE order_id = ?",
     );
-    let n: i64 =
-        on_inbox!(InboxPool, pool, p => sqlx::query_scalar(&stmt).bind(order_id).fetch_one(p).await)
-            .map_err(Error::sql("look up an order"))?;
+    let n: i64 = on_inbox!(InboxPool, pool, p => sqlx::query_scalar(&stmt).bind(order_id).fetch_one(p).await)?;
     Ok(n > 0)
 }
 
 /// Creates `loadgen_orders`, `loadgen_aggregates` (PostgreSQL: and `loadgen_orders_folded`,
 /// `loadgen_take_versions`)
 /// and the business rows of aggregates `0..aggregates` of run `run`.
-pub(super) async fn create_tables(
+pub async fn create_tables(
     pool: &Pool,
     kind: Backend,
     run: &str,
     aggregates: u64,
-) -> Result<()> {
+) -> sqlx::Result<()> {
     let ddl = match kind {
         Backend::Sqlite => vec![
             ORDERS_DDL_SQLITE.to_string(),
@@ -275,14 +280,9 @@ pub(super) async fn create_tables(
         ],
     };
     for stmt in ddl {
-        on_inbox!(InboxPool, pool, p => p.execute(stmt.as_str()).await.map(drop))
-            .map_err(Error::sql("create loadgen_orders and loadgen_aggregates"))?;
+        on_inbox!(InboxPool, pool, p => p.execute(stmt.as_str()).await.map(drop))?;
     }
-    create_aggregates(pool, run, aggregates)
-        .await
-        .map_err(Error::sql(
-            "create the aggregates' rows in loadgen_aggregates",
-        ))
+    create_aggregates(pool, run, aggregates).await
 }
 
 /// `aggregate`'s business row is missing (a setup fault: every row is created before the run).
