@@ -15,7 +15,7 @@ use std::time::Duration;
 use ferry_core::DispatchMode;
 use ferry_relay::Relay;
 use ferry_testkit::workload::{
-    create_tables, producer, Counters, Ids, InboxPool, ProducerPlan, Skew, Workload,
+    create_tables, producer, version_check, Counters, Ids, InboxPool, ProducerPlan, Skew, Workload,
 };
 use ferry_testkit::{wait_until, Backend, RelayTask, TestDb};
 use tokio_util::sync::CancellationToken;
@@ -28,8 +28,10 @@ const PRODUCERS: usize = 4;
 /// with another producer's open transaction.
 const AGGREGATES: u64 = 12;
 const ORDERS_PER_TX: usize = 4;
-/// How long the producers commit.
+/// How long the producers commit at least, and at most while PostgreSQL has shown no
+/// transaction-id inversion yet.
 const LOAD: Duration = Duration::from_secs(2);
+const LOAD_MAX: Duration = Duration::from_secs(12);
 
 async fn contended_producers_are_delivered_in_version_order(db: TestDb, mode: DispatchMode) {
     let pool = InboxPool::connect(&db.url, PRODUCERS as u32 + 1)
@@ -65,6 +67,17 @@ async fn contended_producers_are_delivered_in_version_order(db: TestDb, mode: Di
         })
         .collect();
     tokio::time::sleep(LOAD).await;
+    // on PostgreSQL, load until the interleaving this test exists for was met at least once:
+    // a later version whose transaction took its id before the earlier version's
+    let mut waited = LOAD;
+    while db.backend == Backend::Postgres && waited < LOAD_MAX {
+        let check = version_check(&pool).await.expect("version check");
+        if check.xid_inversions.unwrap_or(0) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        waited += Duration::from_secs(1);
+    }
     stop.cancel();
     let mut committed = 0;
     for p in producers {
@@ -117,17 +130,21 @@ async fn contended_producers_are_delivered_in_version_order(db: TestDb, mode: Di
     }
     assert_eq!(metrics.order_regressions.load(Ordering::Relaxed), 0);
     // the interleavings happened: versions of one aggregate were taken by different producers
-    // in turn (PostgreSQL's business rows count those handoffs)
+    // in turn, and on PostgreSQL some later version's transaction took its id first
+    let check = version_check(&pool).await.expect("version check");
+    assert_eq!(check.version_mismatches, 0, "{check:?}");
+    assert!(check.handoffs > 0, "no aggregate changed hands: {check:?}");
     if db.backend == Backend::Postgres {
-        let handoffs = db
-            .scalar("SELECT COALESCE(SUM(handoffs), 0)::int8 FROM loadgen_aggregates")
-            .await
-            .unwrap();
-        assert!(handoffs > 0, "no aggregate changed hands between producers");
+        assert!(
+            check.xid_inversions.unwrap_or(0) > 0,
+            "no transaction-id inversion in {LOAD_MAX:?}: {check:?}"
+        );
     }
     let txs = counters.txs.load(Ordering::Relaxed);
     eprintln!(
-        "{mode:?}: {committed} versions in {txs} transactions, {} retried attempts ({} deadlocks, {} lock waits)",
+        "{mode:?}: {committed} versions in {txs} transactions, {} handoffs, {:?} xid inversions, {} retried attempts ({} deadlocks, {} lock waits)",
+        check.handoffs,
+        check.xid_inversions,
         counters.retries.load(Ordering::Relaxed),
         counters.deadlocks.load(Ordering::Relaxed),
         counters.lock_waits.load(Ordering::Relaxed),

@@ -10,6 +10,5 @@ mod checks;
 mod costs;
 mod database;
 
-pub use checks::VersionCheck;
 pub use costs::{PgCosts, SqliteWrites, TableStats};
 pub use database::{new_histogram, Database, PoolHandle, PURGE, RELAY};

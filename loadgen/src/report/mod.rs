@@ -10,9 +10,10 @@ use ferry_core::DispatchMode;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::db::{PgCosts, SqliteWrites, TableStats, VersionCheck};
+use crate::db::{PgCosts, SqliteWrites, TableStats};
 use crate::error::{Error, Result};
 use crate::spec::{ConfigEcho, RunSpec};
+use ferry_testkit::workload::VersionCheck;
 
 pub mod render;
 

@@ -8,8 +8,9 @@ use tokio::time::Instant;
 use super::context::{committed, Run};
 use super::verify::Verified;
 use crate::cli::RelayMode;
-use crate::db::{new_histogram, PgCosts, SqliteWrites, VersionCheck};
+use crate::db::{new_histogram, PgCosts, SqliteWrites};
 use crate::error::Result;
+use ferry_testkit::workload::VersionCheck;
 
 use crate::progress::{Sampler, Totals};
 use crate::relays::RelayMetrics;

@@ -7,7 +7,7 @@ use hdrhistogram::Histogram;
 
 use super::context::{committed, Run};
 use crate::cli::{FlagValue, RelayMode};
-use crate::db::{new_histogram, VersionCheck};
+use crate::db::new_histogram;
 use crate::error::Result;
 use crate::inbox::InboxConsumer;
 use crate::kafka::KafkaTarget;
@@ -17,6 +17,7 @@ use crate::report::{round3, InboxReport, StoreCheck, Verification};
 use crate::retention::PurgeTally;
 use ferry_testkit::workload::Ids;
 use ferry_testkit::workload::ProducerResult;
+use ferry_testkit::workload::VersionCheck;
 
 /// Ids committed by the producers that the verifier has not seen: all of them, or of those
 /// still missing at the last check.

@@ -16,6 +16,8 @@
 //!   together), on every backend.
 //! * [`producer`]: producer tasks that commit those transactions (paced or flat out), retry
 //!   what contention rolled back and resolve a lost COMMIT outcome.
+//! * [`check`]: what the business rows say about the committed versions afterwards (each
+//!   aggregate's `1..=n`, handoffs between producers, PostgreSQL's transaction-id inversions).
 //! * Here: the shape of the load ([`Workload`], [`Preload`]), aggregate popularity
 //!   ([`KeyPicker`]), identities ([`Ids`]) and payloads.
 use std::collections::BTreeMap;
@@ -25,9 +27,11 @@ use ferry_core::NewEvent;
 use rand::Rng;
 use serde::Serialize;
 
+pub mod check;
 pub mod producer;
 pub mod tx;
 
+pub use check::{fold_orders, version_check, VersionCheck};
 /// The pool the business transactions run on (every backend's).
 pub use ferry_inbox::InboxPool;
 pub use producer::{

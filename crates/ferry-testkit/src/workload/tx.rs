@@ -111,7 +111,7 @@ const AGGREGATES_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
 /// PostgreSQL: what `--fold-orders` deleted from `loadgen_orders`, per aggregate: how many
 /// orders, their lowest and highest version, and the sums of their versions and of their
 /// squares (with the live rows' own, the version check's `1..=n` holds exactly as on the
-/// whole table: see `checks::VERSION_CHECK_PG`).
+/// whole table: see `check::VERSION_CHECK_PG`).
 const FOLDED_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
     (aggregate_id VARCHAR(255) PRIMARY KEY, n BIGINT NOT NULL, lo BIGINT NOT NULL, \
      hi BIGINT NOT NULL, vsum NUMERIC NOT NULL, vsq NUMERIC NOT NULL)";
