@@ -299,20 +299,23 @@ impl TestDb {
     }
 
     /// Holds row locks on `ferry_outbox WHERE {where_sql}` (`SELECT … FOR UPDATE` in an open
-    /// transaction) until the returned guard is dropped, as a concurrent claimer mid-claim
-    /// would. `None` on SQLite, which has no row locks (one writer at a time).
-    pub async fn hold_row_locks(&self, where_sql: &str) -> Option<Box<dyn std::any::Any + Send>> {
+    /// transaction) until the returned transaction is rolled back, as a concurrent claimer
+    /// mid-claim would. Release them with [`OpenTx::rollback`], which returns once the server
+    /// has released them (dropping the transaction rolls it back later, on a task of the
+    /// pool's, so a claim right after a drop may still find the rows locked). `None` on SQLite,
+    /// which has no row locks (one writer at a time).
+    pub async fn hold_row_locks(&self, where_sql: &str) -> Option<OpenTx> {
         let sql = format!("SELECT 1 FROM ferry_outbox WHERE {where_sql} FOR UPDATE");
         match &self.kind {
             Kind::Pg(s) => {
                 let mut tx = s.pool().begin().await.expect("begin");
                 tx.execute(sql.as_str()).await.expect("lock rows");
-                Some(Box::new(tx))
+                Some(OpenTx::Pg(tx))
             }
             Kind::My(s) => {
                 let mut tx = s.pool().begin().await.expect("begin");
                 tx.execute(sql.as_str()).await.expect("lock rows");
-                Some(Box::new(tx))
+                Some(OpenTx::My(tx))
             }
             Kind::Lite(_) => None,
         }
@@ -492,7 +495,8 @@ impl Cleanup {
     }
 }
 
-/// A producer transaction held open by a test ([`TestDb::open_producer_tx`]).
+/// A transaction held open by a test: a producer's ([`TestDb::open_producer_tx`]) or one
+/// holding row locks ([`TestDb::hold_row_locks`]).
 pub enum OpenTx {
     /// PostgreSQL.
     Pg(sqlx::Transaction<'static, sqlx::Postgres>),

@@ -289,7 +289,8 @@ pub async fn claims_count_rows_skipped_as_locked(db: TestDb) {
     let aggs: Vec<&str> = got.iter().map(|e| e.aggregate_id.as_str()).collect();
     assert_eq!(aggs, ["lockA", "lockC"], "the locked row is passed over");
     assert_eq!(store.rows_skipped_locked(), Some(before + 1));
-    drop(hold);
+    // released once the rollback returns (a dropped transaction rolls back later)
+    hold.rollback().await;
     let got = store.claim(&req(10, LONG)).await.unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].aggregate_id, "lockB");
