@@ -1,7 +1,9 @@
 //! A producer session: its own connection on a task of its own, running one step at a time.
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use sqlx::{Connection, Executor, MySqlConnection, PgConnection, SqliteConnection};
@@ -109,9 +111,19 @@ impl Session {
                 guard,
                 flags,
             } => {
-                // as ferry_store::sqlite::begin_write: the gate first, then the write lock
-                flags.queued[self.s].store(true, Ordering::SeqCst);
-                let g = gate.clone().lock_owned().await;
+                // as ferry_store::sqlite::begin_write: the gate first, then the write lock.
+                // Shown as queued only once this session is in the gate's FIFO queue (its
+                // first poll enqueues it): the harness sends the next session's step when it
+                // sees this one queued, and the model's order of waiters is the gate's.
+                let mut lock = std::pin::pin!(gate.clone().lock_owned());
+                let first = std::future::poll_fn(|cx| Poll::Ready(lock.as_mut().poll(cx))).await;
+                let g = match first {
+                    Poll::Ready(g) => g,
+                    Poll::Pending => {
+                        flags.queued[self.s].store(true, Ordering::SeqCst);
+                        lock.await
+                    }
+                };
                 flags.holder.store(self.s, Ordering::SeqCst);
                 flags.queued[self.s].store(false, Ordering::SeqCst);
                 *guard = Some(g);
