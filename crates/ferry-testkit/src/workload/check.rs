@@ -26,7 +26,7 @@ pub struct VersionCheck {
 }
 
 /// Per touched aggregate: its orders, their lowest and highest version and the producers
-/// (`order_id >> 40`, see [`Ids::order`](super::Ids::order)) against its business row.
+/// (`order_id >> 40`, see [`Ids::order`](super::shape::Ids::order)) against its business row.
 const VERSION_CHECK: &str = "SELECT COUNT(*), \
       COUNT(CASE WHEN t.producers > 1 THEN 1 END), \
       COUNT(CASE WHEN t.n IS NULL OR t.n <> a.ver OR t.lo <> 1 OR t.hi <> a.ver THEN 1 END) \

@@ -25,8 +25,8 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::shape::{Ids, KeyPicker, Order, Preload, Workload};
 use super::tx::{self, Rollback, TxError};
-use super::{Ids, KeyPicker, Order, Preload, Workload};
 use crate::verify::COMMIT_TS_HEADER;
 
 /// Consecutive failed attempts of one transaction, for reasons other than contention, before
@@ -290,8 +290,14 @@ pub async fn run(
                 .enumerate()
                 .map(|(i, o)| {
                     let n = first + i as u64;
-                    let mut e =
-                        super::event(&plan.ids, p, n, o, &plan.topic, plan.work.payload_bytes);
+                    let mut e = super::shape::event(
+                        &plan.ids,
+                        p,
+                        n,
+                        o,
+                        &plan.topic,
+                        plan.work.payload_bytes,
+                    );
                     e.headers.insert(COMMIT_TS_HEADER.to_string(), ts.clone());
                     e
                 })
@@ -401,7 +407,7 @@ async fn resolve(pool: &Pool, order_id: i64) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::Skew;
+    use crate::workload::shape::Skew;
     use std::collections::{BTreeMap, BTreeSet};
 
     fn work(aggregates: u64, preload: Option<Preload>) -> Workload {

@@ -12,8 +12,8 @@ use ferry_inbox::InboxPool as Pool;
 use ferry_store::Backend;
 use sqlx::{Executor, MySql, QueryBuilder, Sqlite};
 
+use super::shape::Order;
 use crate::on_inbox;
-use crate::workload::Order;
 
 /// `sql` with `?` placeholders in `pool`'s dialect.
 pub fn dialect<'a>(pool: &Pool, sql: &'a str) -> std::borrow::Cow<'a, str> {
@@ -350,7 +350,7 @@ async fn take_versions_sqlite(
 }
 
 /// Creates the business rows (`ver` 0) of aggregates `0..n` of run `run`, with the ids
-/// [`crate::workload::Ids::aggregate`] gives them, at most
+/// [`Ids::aggregate`](super::shape::Ids::aggregate) gives them, at most
 /// [`AGGREGATE_ROWS_PER_STATEMENT`] per statement.
 async fn create_aggregates(pool: &Pool, run: &str, n: u64) -> sqlx::Result<()> {
     let mut lo = 0;
@@ -398,7 +398,7 @@ async fn create_aggregates(pool: &Pool, run: &str, n: u64) -> sqlx::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::Ids;
+    use crate::workload::shape::Ids;
     use sqlx::sqlite::SqlitePoolOptions;
 
     fn order(aggregate_id: &str) -> Order {
