@@ -120,7 +120,7 @@ pub async fn version_check(pool: &Pool) -> sqlx::Result<VersionCheck> {
 }
 
 /// PostgreSQL: folds the business orders older than `age` into `loadgen_orders_folded` (see
-/// [`FOLD_ORDERS_PG`]), then, with `vacuum`, vacuums `loadgen_orders` so their space is
+/// `FOLD_ORDERS_PG`), then, with `vacuum`, vacuums `loadgen_orders` so their space is
 /// reused. The orders folded.
 pub async fn fold_orders(
     pool: &PgPool,
