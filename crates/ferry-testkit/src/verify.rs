@@ -19,6 +19,12 @@ use rdkafka::{Offset, TopicPartitionList};
 /// The header a producer may set to its commit time (µs since the epoch) for latency.
 pub const COMMIT_TS_HEADER: &str = "ferry-commit-ts";
 
+/// A latency histogram in µs, 1 µs to 1 h, 3 significant digits (the relay's own bounds):
+/// the verifier's, the workload's producers' and loadgen's.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
 /// What the verifier observed so far.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct VerifyReport {
@@ -166,7 +172,7 @@ impl Verifier {
             .assign(&tpl)
             .map_err(|e| VerifyError(e.to_string()))?;
         let state = Arc::new(Mutex::new(State {
-            latency: Some(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("bounds")),
+            latency: Some(new_histogram()),
             ..Default::default()
         }));
         let stop = Arc::new(AtomicBool::new(false));

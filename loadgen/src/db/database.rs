@@ -334,7 +334,7 @@ async fn drop_namespace(namespace: Option<Cleanup>) {
     }
 }
 
-pub use ferry_testkit::workload::producer::new_histogram;
+pub use ferry_testkit::verify::new_histogram;
 
 /// The `application_name` of the producers' pool (which also runs the checks and the fold).
 const PRODUCERS: &str = "loadgen-producers";

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::shape::{Ids, KeyPicker, Order, Preload, Workload};
 use super::tx::{self, Rollback, TxError};
-use crate::verify::COMMIT_TS_HEADER;
+use crate::verify::{new_histogram, COMMIT_TS_HEADER};
 
 /// Consecutive failed attempts of one transaction, for reasons other than contention, before
 /// the producer gives up.
@@ -221,11 +221,6 @@ pub struct ProducerResult {
     pub committed: u64,
     /// Latency of each business transaction (begin → commit returned), µs.
     pub tx_latency: Histogram<u64>,
-}
-
-/// A latency histogram in µs, 1 µs to 1 h, 3 significant digits (the relay's own).
-pub fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
 }
 
 /// Runs producer `p` on `pool` (a migrated outbox with [`tx::create_tables`]'s tables) until
