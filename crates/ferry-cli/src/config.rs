@@ -99,6 +99,9 @@ pub struct RelaySection {
     pub shutdown_timeout: Option<String>,
     pub owner: Option<String>,
     pub dispatch: Option<String>,
+    pub retention: Option<String>,
+    pub retention_batch: Option<usize>,
+    pub retention_vacuum: Option<bool>,
 }
 
 /// `[sink]`

@@ -57,6 +57,10 @@ pub fn help_defaults() -> Vec<(&'static str, String)> {
         ("relay.backoff_max", d(r.backoff.max)),
         ("relay.max_attempts", r.max_attempts.to_string()),
         ("relay.shutdown_timeout", d(r.shutdown_timeout)),
+        (
+            "relay.retention_batch",
+            ferry_core::PurgeRequest::DEFAULT_BATCH.to_string(),
+        ),
         // the same on every SQL backend (a test checks)
         (
             "relay.dispatch",

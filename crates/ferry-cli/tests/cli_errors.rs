@@ -69,6 +69,13 @@ fn relay_values_out_of_range_name_the_key() {
             &["heartbeat", "at most 7d"],
         ),
         ("--slot-ttl", "8d", &["slot_ttl", "at most 7d"]),
+        ("--retention", "0", &["retention", "longer than 0"]),
+        ("--retention", "3651d", &["retention", "at most 3650d"]),
+        (
+            "--retention-batch",
+            "10",
+            &["--retention-batch", "need", "--retention"],
+        ),
         ("--kafka-linger", "16m", &["sink.linger", "at most 15m"]),
         (
             "--kafka-message-timeout",
@@ -89,6 +96,11 @@ fn unparsable_values_name_the_flag() {
         ),
         ("--claim-lease", "1e30s", &["relay.claim_lease"]),
         ("--heartbeat", "10", &["relay.heartbeat", "no unit"]),
+        (
+            "--retention",
+            "7 days",
+            &["relay.retention", "unknown unit"],
+        ),
         ("--sink", "kafkaa", &["sink.kind", "kafka, stdout or null"]),
         (
             "--metrics-listen",
@@ -107,7 +119,7 @@ fn unparsable_values_name_the_flag() {
 fn config_file_errors_name_the_key() {
     let d = ferry_store_dir::Dir::new();
     let cfg = d.0.join("ferry.toml");
-    let cases: [(&str, &[&str]); 3] = [
+    let cases: [(&str, &[&str]); 5] = [
         (
             "database_url = \"sqlite://x.db\"\n[relay]\nbatchsize = 5\n",
             &["batchsize", "ferry.toml"],
@@ -117,6 +129,14 @@ fn config_file_errors_name_the_key() {
             &["relay.slot_ttl", "fast"],
         ),
         ("[relay]\nworkers = \"four\"\n", &["workers"]),
+        (
+            "database_url = \"sqlite://x.db\"\n[relay]\nretention = \"1d\"\nretention_batch = 0\n",
+            &["retention_batch", "between 1 and 100000"],
+        ),
+        (
+            "database_url = \"sqlite://x.db\"\n[relay]\nretention_vacuum = true\n",
+            &["relay.retention_vacuum", "need relay.retention"],
+        ),
     ];
     for (file, needles) in cases {
         std::fs::write(&cfg, file).unwrap();

@@ -526,6 +526,45 @@ async fn alert_level_follows_the_oldest_intent() {
     db.cleanup().await;
 }
 
+/// `[relay] retention` in the file (and `--retention-batch` on the command line) reach the
+/// relay: it deletes the rows it sent once older than the window, and counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_runs_retention_from_its_configuration() {
+    let db = TestDb::sqlite().await;
+    let cfg = std::env::temp_dir().join(format!("ferry-retention-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[relay]\nretention = \"1s\"\n").unwrap();
+    let a = spawn_relay(
+        &db.url,
+        &[
+            "--sink",
+            "null",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--retention-batch",
+            "2",
+        ],
+        "retention",
+        DispatchMode::Cursor,
+    );
+    let evs: Vec<_> = (1..=5).map(|v| ev("kept-then-purged", v)).collect();
+    db.store.enqueue(&evs).await.unwrap();
+    wait_until(
+        "5 rows purged by the relay",
+        Duration::from_secs(30),
+        || async { metric_at_least(&a, "ferry_retention_purged_total", 5.0).await },
+    )
+    .await;
+    assert_eq!(db.count("ferry_outbox").await, 0, "{}", a.tail(20));
+    assert_eq!(
+        metric(&a, "ferry_retention_failed_runs_total").await,
+        Some(0.0)
+    );
+    assert!(a.tail(40).contains("retention on"), "{}", a.tail(40));
+    drop(a);
+    let _ = std::fs::remove_file(&cfg);
+    db.cleanup().await;
+}
+
 /// A Kafka "broker" that accepts connections and never answers (a hung process, a black-holed
 /// route): the worst case for a shutdown, since the producer's requests neither complete nor
 /// fail. Connections are held open until the process ends.

@@ -73,10 +73,11 @@ mod order_watch;
 pub mod ownership;
 mod relay;
 pub mod replay;
+mod retention;
 pub mod route;
 pub mod sink;
 
-pub use config::{default_owner, ConfigError, RelayConfig, WorkerDefaults};
+pub use config::{default_owner, ConfigError, RelayConfig, RetentionConfig, WorkerDefaults};
 pub use episode::{is_transient, Episode};
 pub use metrics::Metrics;
 pub use relay::{preferred_dispatch, Relay};

@@ -179,6 +179,17 @@ impl Relay {
             config.status_interval,
             stop_aux.clone(),
         )));
+        if let Some(retention) = config.retention {
+            // the owner of slot 0 purges; without slot ownership, this relay
+            let owned = ownership.then(|| slots_rx.clone());
+            aux.push(tokio::spawn(crate::retention::run(
+                store.clone(),
+                retention,
+                metrics.clone(),
+                owned,
+                stop_aux.clone(),
+            )));
+        }
         let ctx = Arc::new(Ctx {
             store: store.clone(),
             sink,

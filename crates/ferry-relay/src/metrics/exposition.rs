@@ -167,6 +167,24 @@ impl Collector for Exposition {
         )?;
         counter(
             e,
+            "ferry_retention_runs_total",
+            "Retention runs of this relay (relay.retention): purges of SENT rows older than the window.",
+            l(&m.retention_runs),
+        )?;
+        counter(
+            e,
+            "ferry_retention_failed_runs_total",
+            "Retention runs that failed (retried at the next period; the rows stay until a run succeeds).",
+            l(&m.retention_failed_runs),
+        )?;
+        counter(
+            e,
+            "ferry_retention_purged_total",
+            "Outbox rows deleted by this relay's retention runs.",
+            l(&m.retention_purged),
+        )?;
+        counter(
+            e,
             "ferry_slot_fenced_total",
             "Slot lease renewals that found the slot owned by another relay.",
             l(&m.slot_fenced),

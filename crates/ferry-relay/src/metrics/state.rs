@@ -125,6 +125,12 @@ pub struct Metrics {
     pub slots_owned: AtomicI64,
     /// Slot-lease renewals that found the slot taken (stale owner).
     pub slot_fenced: AtomicU64,
+    /// Retention runs of this relay ([`crate::RetentionConfig`]).
+    pub retention_runs: AtomicU64,
+    /// Of which failed.
+    pub retention_failed_runs: AtomicU64,
+    /// Rows the retention runs deleted.
+    pub retention_purged: AtomicU64,
     /// Outbox gauges from the status poller.
     pub pending: AtomicI64,
     /// Rows in CLAIMED (unknown exposure).

@@ -68,6 +68,7 @@ async fn run_relay(
     };
     let owner = config.owner.clone();
     let shutdown_timeout = config.shutdown_timeout;
+    let retention = config.retention;
     let (workers, batch_size, in_flight) =
         (config.workers, config.batch_size, config.max_in_flight);
     let relay = Relay::new(store, sink, config).map_err(|e| fail(2, e.to_string()))?;
@@ -109,6 +110,15 @@ async fn run_relay(
         });
     }
     tracing::info!(%owner, workers, batch_size, in_flight, dispatch = %mode, "relay started");
+    if let Some(r) = retention {
+        tracing::info!(
+            older_than = %crate::help::format_duration(r.older_than),
+            every = %crate::help::format_duration(r.every),
+            batch = r.batch,
+            vacuum = r.vacuum,
+            "retention on: the relay that owns slot 0 deletes SENT rows older than the window"
+        );
+    }
     relay.run(cancel).await?;
     if let Some(k) = kafka {
         k.flush(Duration::from_secs(5));

@@ -5,13 +5,13 @@ use std::net::SocketAddr;
 use clap::ValueEnum;
 use ferry_core::{Backoff, DispatchMode};
 use ferry_relay::metrics::AlertThresholds;
-use ferry_relay::{KafkaConfig, RelayConfig, WorkerDefaults};
+use ferry_relay::{KafkaConfig, RelayConfig, RetentionConfig, WorkerDefaults};
 use ferry_store::Backend;
 
 use crate::cmd::relay::args::RelayArgs;
 use crate::config::{
-    alerts, default_dispatch, duration, listen_addr, pick, ConfigError, FileConfig, SinkKind,
-    DEFAULT_METRICS_LISTEN, DEFAULT_SINK,
+    alerts, default_dispatch, duration, listen_addr, pick, ConfigError, FileConfig, RelaySection,
+    SinkKind, DEFAULT_METRICS_LISTEN, DEFAULT_SINK,
 };
 
 /// The sink to build.
@@ -188,6 +188,7 @@ fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
                     .map_err(|e| ConfigError(format!("invalid relay.dispatch (--dispatch): {e}")))
             })
             .transpose()?,
+        retention: retention(a, r)?,
         ..d
     };
     config.validate().map_err(|e| ConfigError(e.to_string()))?;
@@ -215,6 +216,26 @@ fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
     };
     Ok((config, sink))
 }
+/// `relay.retention` and its two companions; these alone are refused (they would do nothing).
+fn retention(a: &RelayArgs, r: &RelaySection) -> Result<Option<RetentionConfig>, ConfigError> {
+    let batch = pick(&a.retention_batch, &r.retention_batch);
+    let vacuum = a.retention_vacuum || r.retention_vacuum.unwrap_or(false);
+    let Some(age) = pick(&a.retention, &r.retention) else {
+        if batch.is_some() || vacuum {
+            return Err(ConfigError(
+                "relay.retention_batch (--retention-batch) and relay.retention_vacuum (--retention-vacuum) need relay.retention (--retention), e.g. 7d".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let age = ferry_core::parse_duration(&age)
+        .map_err(|e| ConfigError(format!("invalid relay.retention (--retention): {e}")))?;
+    let mut retention = RetentionConfig::new(age);
+    retention.batch = batch.unwrap_or(retention.batch);
+    retention.vacuum = vacuum;
+    Ok(Some(retention))
+}
+
 /// The Kafka flags of a command that sends through the relay's sink (`ferry relay`,
 /// `ferry replay`).
 pub(crate) struct KafkaFlags<'a> {

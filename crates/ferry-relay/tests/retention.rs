@@ -1,0 +1,154 @@
+//! Retention run by the relay (`RelayConfig::retention`, `ferry relay --retention`), in both
+//! dispatch modes on every backend: the SENT rows older than the window are deleted while the
+//! relay dispatches, a young SENT row and a quarantined one stay, and of two relays only the
+//! owner of slot 0 purges.
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::{BoxFuture, ClaimedEvent, DispatchMode, Outcome};
+use ferry_relay::{Metrics, Relay, RetentionConfig, Sink};
+use ferry_testkit::{wait_until, RelayTask, TestDb};
+
+mod support;
+use support::relay_config;
+
+const TOPIC: &str = "orders";
+/// The window: long enough that a row just sent is still young when the test looks at it.
+const WINDOW: Duration = Duration::from_secs(2);
+
+/// Acks everything but aggregate `poison`, which it refuses for good (quarantined).
+struct PoisonSink;
+
+impl Sink for PoisonSink {
+    fn name(&self) -> &'static str {
+        "poison"
+    }
+    fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            items
+                .iter()
+                .map(|e| match e.aggregate_id.as_str() {
+                    "poison" => Outcome::Permanent("refused by the test".into()),
+                    _ => Outcome::Acked,
+                })
+                .collect()
+        })
+    }
+}
+
+fn retention() -> RetentionConfig {
+    RetentionConfig {
+        older_than: WINDOW,
+        batch: 3,
+        every: Duration::from_millis(200),
+        vacuum: false,
+    }
+}
+
+fn start(db: &TestDb, mode: DispatchMode, owner: &str) -> (RelayTask, Arc<Metrics>) {
+    let mut config = relay_config(mode);
+    config.owner = owner.into();
+    config.retention = Some(retention());
+    let relay = Relay::new(db.store.clone(), Arc::new(PoisonSink), config).unwrap();
+    let metrics = relay.metrics();
+    (RelayTask::spawn(|cancel| relay.run(cancel)), metrics)
+}
+
+async fn rows(db: &TestDb, aggregate: &str) -> i64 {
+    db.count(&format!("ferry_outbox WHERE aggregate_id = '{aggregate}'"))
+        .await
+}
+
+async fn old_sent_rows_are_deleted_while_dispatching(db: TestDb, mode: DispatchMode) {
+    let (relay, metrics) = start(&db, mode, "retention-a");
+    // 12 events to send, and one the sink refuses for good
+    for v in 1..=4 {
+        let evs: Vec<_> = (0..3)
+            .map(|a| ferry_testkit::intent(TOPIC, &format!("old-{a}"), v))
+            .collect();
+        db.store.enqueue(&evs).await.unwrap();
+    }
+    db.store
+        .enqueue(&[ferry_testkit::intent(TOPIC, "poison", 1)])
+        .await
+        .unwrap();
+    wait_until(
+        "the 12 sent rows deleted by the relay's retention",
+        Duration::from_secs(30),
+        || async {
+            db.count("ferry_outbox WHERE aggregate_id LIKE 'old-%'")
+                .await
+                == 0
+        },
+    )
+    .await;
+    assert_eq!(metrics.retention_purged.load(Ordering::Relaxed), 12);
+    assert_eq!(metrics.retention_failed_runs.load(Ordering::Relaxed), 0);
+    assert!(metrics.quarantined.load(Ordering::Relaxed) >= 1);
+
+    // a row sent now is younger than the window: the runs meanwhile leave it
+    let written = Instant::now();
+    db.store
+        .enqueue(&[ferry_testkit::intent(TOPIC, "young", 1)])
+        .await
+        .unwrap();
+    let runs = metrics.retention_runs.load(Ordering::Relaxed);
+    wait_until(
+        "the young row sent and two retention runs after it",
+        Duration::from_secs(30),
+        || async {
+            metrics.sent.load(Ordering::Relaxed) >= 13
+                && metrics.retention_runs.load(Ordering::Relaxed) >= runs + 2
+        },
+    )
+    .await;
+    let young = rows(&db, "young").await;
+    if written.elapsed() < WINDOW {
+        assert_eq!(young, 1, "a SENT row younger than the window was deleted");
+    }
+    // ...until it is old enough
+    wait_until(
+        "the young row deleted once older than the window",
+        Duration::from_secs(30),
+        || async { rows(&db, "young").await == 0 },
+    )
+    .await;
+    assert!(
+        written.elapsed() >= WINDOW,
+        "deleted before the window passed"
+    );
+    // a quarantined row is never deleted, however old
+    assert_eq!(
+        rows(&db, "poison").await,
+        1,
+        "a quarantined row was deleted"
+    );
+    assert_eq!(metrics.retention_purged.load(Ordering::Relaxed), 13);
+    relay.stop().await;
+}
+
+/// Two relays split the slots; only the one that owns slot 0 runs retention.
+async fn only_the_owner_of_slot_0_purges(db: TestDb) {
+    let (a, ma) = start(&db, DispatchMode::Cursor, "retention-a");
+    let (b, mb) = start(&db, DispatchMode::Cursor, "retention-b");
+    let owned = |m: &Metrics| m.slots_owned.load(Ordering::Relaxed);
+    wait_until("both relays own slots", Duration::from_secs(30), || async {
+        owned(&ma) > 0 && owned(&mb) > 0 && owned(&ma) + owned(&mb) == 256
+    })
+    .await;
+    let runs = |m: &Metrics| m.retention_runs.load(Ordering::Relaxed);
+    let before = (runs(&ma), runs(&mb));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let grew = (runs(&ma) > before.0, runs(&mb) > before.1);
+    assert!(
+        grew == (true, false) || grew == (false, true),
+        "retention runs of the two relays grew {grew:?} in 1.5 s (from {before:?} to {:?})",
+        (runs(&ma), runs(&mb))
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+ferry_testkit::backend_tests!(modes: old_sent_rows_are_deleted_while_dispatching);
+ferry_testkit::backend_tests!(only_the_owner_of_slot_0_purges);
