@@ -59,50 +59,6 @@ pub struct RelayConfig {
     /// supports it, row otherwise). Starting a relay in a mode the outbox is not in converts
     /// the outbox (refused while relays of the other mode are alive).
     pub dispatch: Option<DispatchMode>,
-    /// Retention run by the relay itself (default `None`: off; `ferry purge` from a scheduler
-    /// does the same from outside).
-    pub retention: Option<RetentionConfig>,
-}
-
-/// Retention a relay runs beside its dispatch: every [`RetentionConfig::every`], the relay
-/// that owns slot 0 (every relay without slot ownership) deletes the SENT rows older than
-/// [`RetentionConfig::older_than`] through [`ferry_core::OutboxStore::purge_sent`], exactly
-/// what `ferry purge --older-than` deletes, in short transactions of `batch` rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetentionConfig {
-    /// Only SENT rows older than this (row dispatch: by `sent_at`; cursor dispatch: by
-    /// `created_at`).
-    pub older_than: Duration,
-    /// Rows per delete statement (default 1,000, `ferry purge`'s).
-    pub batch: usize,
-    /// Time between the starts of two runs (default: a quarter of `older_than`, between 1 s
-    /// and 1 min).
-    pub every: Duration,
-    /// PostgreSQL: end each run with `VACUUM` (`ferry purge --vacuum`), for a server or outbox
-    /// whose autovacuum is off.
-    pub vacuum: bool,
-}
-
-impl RetentionConfig {
-    /// The longest retention window: 10 years.
-    pub const MAX_AGE: Duration = Duration::from_secs(3650 * 86_400);
-
-    /// Retention of SENT rows older than `older_than`, with the default batch and period.
-    pub fn new(older_than: Duration) -> Self {
-        Self {
-            older_than,
-            batch: ferry_core::PurgeRequest::DEFAULT_BATCH,
-            every: Self::default_every(older_than),
-            vacuum: false,
-        }
-    }
-
-    /// A quarter of the window, between 1 s and 1 min: a row is deleted at most that long
-    /// after it became old enough, and a run between two finds about a quarter-window's worth
-    /// of rows to delete (or, for long windows, a minute's worth).
-    pub fn default_every(older_than: Duration) -> Duration {
-        (older_than / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
-    }
 }
 
 /// The worker settings a relay uses where none is configured, by dispatch mode
@@ -168,7 +124,6 @@ impl Default for RelayConfig {
             status_interval: Duration::from_secs(5),
             ownership: true,
             dispatch: None,
-            retention: None,
         }
     }
 }
@@ -250,20 +205,6 @@ impl RelayConfig {
                 "poll_idle",
                 "poll_min must be > 0 and poll_idle >= poll_min",
             );
-        }
-        if let Some(r) = &self.retention {
-            if r.older_than.is_zero() || r.older_than > RetentionConfig::MAX_AGE {
-                return bad(
-                    "retention",
-                    "must be longer than 0 and at most 3650d (SENT rows older than this are deleted)",
-                );
-            }
-            if r.batch == 0 || r.batch > 100_000 {
-                return bad("retention_batch", "must be between 1 and 100000");
-            }
-            if r.every.is_zero() || r.every > MAX_DURATION_SETTING {
-                return bad("retention_every", "must be longer than 0 and at most 7d");
-            }
         }
         if self.max_attempts == 0 {
             return bad("max_attempts", "must be at least 1");

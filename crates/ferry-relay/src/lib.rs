@@ -77,9 +77,10 @@ mod retention;
 pub mod route;
 pub mod sink;
 
-pub use config::{default_owner, ConfigError, RelayConfig, RetentionConfig, WorkerDefaults};
+pub use config::{default_owner, ConfigError, RelayConfig, WorkerDefaults};
 pub use episode::{is_transient, Episode};
 pub use metrics::Metrics;
 pub use relay::{preferred_dispatch, Relay};
+pub use retention::RetentionConfig;
 pub use sink::kafka::{KafkaConfig, KafkaSink, MAX_KAFKA_LINGER};
 pub use sink::{NullSink, Sink, StdoutSink};

@@ -20,6 +20,7 @@ use crate::context::Ctx;
 use crate::episode::{is_transient, Episode};
 use crate::metrics::Metrics;
 use crate::ownership::{self, OwnershipConfig};
+use crate::retention::RetentionConfig;
 use crate::sink::health::WatchedSink;
 use crate::sink::Sink;
 
@@ -32,6 +33,7 @@ pub struct Relay {
     config: RelayConfig,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
+    retention: Option<RetentionConfig>,
 }
 
 impl Relay {
@@ -50,7 +52,16 @@ impl Relay {
             config,
             metrics,
             wake: Arc::new(Notify::new()),
+            retention: None,
         })
+    }
+
+    /// Runs `retention` beside the dispatch ([`crate::retention`]); refuses one
+    /// [`RetentionConfig::validate`] rejects.
+    pub fn with_retention(mut self, retention: RetentionConfig) -> Result<Self, ConfigError> {
+        retention.validate()?;
+        self.retention = Some(retention);
+        Ok(self)
     }
 
     /// Shares an existing metrics registry.
@@ -78,6 +89,7 @@ impl Relay {
             config,
             metrics,
             wake,
+            retention,
         } = self;
         metrics.horizon_blocker_age_us.store(-1, Ordering::Relaxed);
         metrics.horizon_blocker_pid.store(-1, Ordering::Relaxed);
@@ -179,7 +191,7 @@ impl Relay {
             config.status_interval,
             stop_aux.clone(),
         )));
-        if let Some(retention) = config.retention {
+        if let Some(retention) = retention {
             // the owner of slot 0 purges; without slot ownership, this relay
             let owned = ownership.then(|| slots_rx.clone());
             aux.push(tokio::spawn(crate::retention::run(

@@ -14,13 +14,86 @@
 //! row, in cursor dispatch only a row behind its slot's cursor.
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_core::{OutboxStore, PurgeRequest, SlotId};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Metrics, RetentionConfig};
+use crate::{ConfigError, Metrics};
+
+/// Retention a relay runs beside its dispatch ([`crate::Relay::with_retention`]): every
+/// [`RetentionConfig::every`], the relay that owns slot 0 (every relay without slot
+/// ownership) runs [`RetentionConfig::purge`] through [`OutboxStore::purge_sent`], exactly
+/// what `ferry purge` runs.
+#[derive(Debug, Clone, Copy)]
+pub struct RetentionConfig {
+    /// Time between the starts of two runs (default: a quarter of the window, between 1 s and
+    /// 1 min).
+    pub every: Duration,
+    /// What each run deletes: the SENT rows older than `older_than` (row dispatch: by
+    /// `sent_at`; cursor dispatch: by `created_at`), `batch` rows per statement (default
+    /// 1,000, `ferry purge`'s), optionally only those a consumer has consumed, and on
+    /// PostgreSQL a `VACUUM` after the run with `vacuum`. `dry_run` is refused.
+    pub purge: PurgeRequest<'static>,
+}
+
+impl RetentionConfig {
+    /// The longest retention window: 10 years.
+    pub const MAX_AGE: Duration = Duration::from_secs(3650 * 86_400);
+
+    /// Retention of SENT rows older than `older_than`, with the default batch and period.
+    pub fn new(older_than: Duration) -> Self {
+        Self {
+            every: Self::default_every(older_than),
+            purge: PurgeRequest {
+                older_than,
+                batch: PurgeRequest::DEFAULT_BATCH,
+                consumer: None,
+                dry_run: false,
+                vacuum: false,
+            },
+        }
+    }
+
+    /// A quarter of the window, between 1 s and 1 min: a row is deleted at most that long
+    /// after it became old enough, and a run between two finds about a quarter-window's worth
+    /// of rows to delete (or, for long windows, a minute's worth).
+    pub fn default_every(older_than: Duration) -> Duration {
+        (older_than / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+    }
+
+    /// Checks every setting; the error names the key and what is accepted.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, reason: &str| {
+            Err(ConfigError {
+                key,
+                reason: reason.to_string(),
+            })
+        };
+        let p = &self.purge;
+        if p.older_than.is_zero() || p.older_than > Self::MAX_AGE {
+            return bad(
+                "retention",
+                "must be longer than 0 and at most 3650d (SENT rows older than this are deleted)",
+            );
+        }
+        if p.batch == 0 || p.batch > 100_000 {
+            return bad("retention_batch", "must be between 1 and 100000");
+        }
+        if self.every.is_zero() || self.every > Duration::from_secs(7 * 86_400) {
+            return bad("retention_every", "must be longer than 0 and at most 7d");
+        }
+        if p.dry_run {
+            return bad(
+                "retention",
+                "a dry run deletes nothing: use ferry purge --dry-run",
+            );
+        }
+        Ok(())
+    }
+}
 
 /// The slot whose owner runs retention.
 const LEADER_SLOT: SlotId = 0;
@@ -48,15 +121,7 @@ pub(crate) async fn run(
             }
         }
         let started = Instant::now();
-        let result = store
-            .purge_sent(&PurgeRequest {
-                older_than: config.older_than,
-                batch: config.batch,
-                consumer: None,
-                dry_run: false,
-                vacuum: config.vacuum,
-            })
-            .await;
+        let result = store.purge_sent(&config.purge).await;
         metrics.retention_runs.fetch_add(1, Ordering::Relaxed);
         let took_ms = started.elapsed().as_millis() as u64;
         match result {
@@ -66,7 +131,7 @@ pub(crate) async fn run(
                     tracing::info!(
                         deleted = n,
                         took_ms,
-                        older_than_secs = config.older_than.as_secs_f64(),
+                        older_than_secs = config.purge.older_than.as_secs_f64(),
                         "retention: deleted SENT rows older than the window"
                     );
                 }
@@ -86,14 +151,13 @@ pub(crate) async fn run(
 
 /// When the run due at `due` that ended at `now` is followed: one period after `due`, or at
 /// once when the run overran the period (no catching up with the runs it overran).
-fn next_run(due: Instant, every: std::time::Duration, now: Instant) -> Instant {
+fn next_run(due: Instant, every: Duration, now: Instant) -> Instant {
     (due + every).max(now)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn a_run_longer_than_the_period_is_followed_at_once_without_catching_up() {

@@ -1,4 +1,4 @@
-//! Retention run by the relay (`RelayConfig::retention`, `ferry relay --retention`), in both
+//! Retention run by the relay (`Relay::with_retention`, `ferry relay --retention`), in both
 //! dispatch modes on every backend: the SENT rows older than the window are deleted while the
 //! relay dispatches, a young SENT row and a quarantined one stay, and of two relays only the
 //! owner of slot 0 purges.
@@ -38,19 +38,19 @@ impl Sink for PoisonSink {
 }
 
 fn retention() -> RetentionConfig {
-    RetentionConfig {
-        older_than: WINDOW,
-        batch: 3,
-        every: Duration::from_millis(200),
-        vacuum: false,
-    }
+    let mut r = RetentionConfig::new(WINDOW);
+    r.every = Duration::from_millis(200);
+    r.purge.batch = 3;
+    r
 }
 
 fn start(db: &TestDb, mode: DispatchMode, owner: &str) -> (RelayTask, Arc<Metrics>) {
     let mut config = relay_config(mode);
     config.owner = owner.into();
-    config.retention = Some(retention());
-    let relay = Relay::new(db.store.clone(), Arc::new(PoisonSink), config).unwrap();
+    let relay = Relay::new(db.store.clone(), Arc::new(PoisonSink), config)
+        .unwrap()
+        .with_retention(retention())
+        .unwrap();
     let metrics = relay.metrics();
     (RelayTask::spawn(|cancel| relay.run(cancel)), metrics)
 }
@@ -73,16 +73,18 @@ async fn old_sent_rows_are_deleted_while_dispatching(db: TestDb, mode: DispatchM
         .enqueue(&[ferry_testkit::intent(TOPIC, "poison", 1)])
         .await
         .unwrap();
+    // a run's rows are counted once its last statement returned: wait for the count
     wait_until(
         "the 12 sent rows deleted by the relay's retention",
         Duration::from_secs(30),
-        || async {
-            db.count("ferry_outbox WHERE aggregate_id LIKE 'old-%'")
-                .await
-                == 0
-        },
+        || async { metrics.retention_purged.load(Ordering::Relaxed) >= 12 },
     )
     .await;
+    assert_eq!(
+        db.count("ferry_outbox WHERE aggregate_id LIKE 'old-%'")
+            .await,
+        0
+    );
     assert_eq!(metrics.retention_purged.load(Ordering::Relaxed), 12);
     assert_eq!(metrics.retention_failed_runs.load(Ordering::Relaxed), 0);
     assert!(metrics.quarantined.load(Ordering::Relaxed) >= 1);
@@ -111,9 +113,10 @@ async fn old_sent_rows_are_deleted_while_dispatching(db: TestDb, mode: DispatchM
     wait_until(
         "the young row deleted once older than the window",
         Duration::from_secs(30),
-        || async { rows(&db, "young").await == 0 },
+        || async { metrics.retention_purged.load(Ordering::Relaxed) >= 13 },
     )
     .await;
+    assert_eq!(rows(&db, "young").await, 0);
     assert!(
         written.elapsed() >= WINDOW,
         "deleted before the window passed"

@@ -64,19 +64,6 @@ pub struct RelayArgs {
     /// event) [default: {relay.dispatch}] (relay.dispatch).
     #[arg(long, env = "FERRY_DISPATCH")]
     pub dispatch: Option<String>,
-    /// Retention run by the relay: delete SENT rows older than this, e.g. 7d (what `ferry purge
-    /// --older-than` deletes), every quarter of it (at least 1s, at most 1m), on the relay that
-    /// owns slot 0 [default: off] (relay.retention).
-    #[arg(long, env = "FERRY_RETENTION", value_name = "AGE")]
-    pub retention: Option<String>,
-    /// Rows per retention delete statement [default: {relay.retention_batch}]
-    /// (relay.retention_batch).
-    #[arg(long, env = "FERRY_RETENTION_BATCH", value_name = "N")]
-    pub retention_batch: Option<usize>,
-    /// PostgreSQL: end each retention run with VACUUM (`ferry purge --vacuum`), for a server
-    /// or outbox whose autovacuum is off (relay.retention_vacuum).
-    #[arg(long)]
-    pub retention_vacuum: bool,
     /// Sink: kafka, stdout or null [default: {sink.kind}] (sink.kind).
     #[arg(long, env = "FERRY_SINK")]
     pub sink: Option<String>,
@@ -131,4 +118,17 @@ pub struct RelayArgs {
     /// [default: {alerts.sink_stall}] (alerts.sink_stall).
     #[arg(long, env = "FERRY_SINK_STALL")]
     pub sink_stall: Option<String>,
+    /// Retention run by the relay: delete SENT rows older than this, e.g. 7d (what `ferry purge
+    /// --older-than` deletes), every quarter of it (at least 1s, at most 1m), on the relay that
+    /// owns slot 0 [default: off] (relay.retention).
+    #[arg(long, env = "FERRY_RETENTION", value_name = "AGE")]
+    pub retention: Option<String>,
+    /// Rows per retention delete statement [default: {relay.retention_batch}]
+    /// (relay.retention_batch).
+    #[arg(long, env = "FERRY_RETENTION_BATCH", value_name = "N")]
+    pub retention_batch: Option<usize>,
+    /// PostgreSQL: end each retention run with VACUUM (`ferry purge --vacuum`), for a server
+    /// or outbox whose autovacuum is off (relay.retention_vacuum).
+    #[arg(long)]
+    pub retention_vacuum: bool,
 }

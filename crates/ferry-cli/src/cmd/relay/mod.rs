@@ -36,6 +36,7 @@ async fn run_relay(
 ) -> Result<u8, Failure> {
     let RelaySettings {
         mut config,
+        retention,
         sink: spec,
         alerts,
         listen,
@@ -68,10 +69,14 @@ async fn run_relay(
     };
     let owner = config.owner.clone();
     let shutdown_timeout = config.shutdown_timeout;
-    let retention = config.retention;
     let (workers, batch_size, in_flight) =
         (config.workers, config.batch_size, config.max_in_flight);
-    let relay = Relay::new(store, sink, config).map_err(|e| fail(2, e.to_string()))?;
+    let mut relay = Relay::new(store, sink, config).map_err(|e| fail(2, e.to_string()))?;
+    if let Some(r) = retention {
+        relay = relay
+            .with_retention(r)
+            .map_err(|e| fail(2, e.to_string()))?;
+    }
     *relay.metrics().alerts.lock().expect("alerts lock") = alerts;
     let cancel = CancellationToken::new();
     if let Some(addr) = listen {
@@ -112,10 +117,10 @@ async fn run_relay(
     tracing::info!(%owner, workers, batch_size, in_flight, dispatch = %mode, "relay started");
     if let Some(r) = retention {
         tracing::info!(
-            older_than = %crate::help::format_duration(r.older_than),
+            older_than = %crate::help::format_duration(r.purge.older_than),
             every = %crate::help::format_duration(r.every),
-            batch = r.batch,
-            vacuum = r.vacuum,
+            batch = r.purge.batch,
+            vacuum = r.purge.vacuum,
             "retention on: the relay that owns slot 0 deletes SENT rows older than the window"
         );
     }

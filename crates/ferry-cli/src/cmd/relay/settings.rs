@@ -26,6 +26,7 @@ pub struct RelaySettings {
     pub config: RelayConfig,
     pub sink: SinkSpec,
     pub alerts: AlertThresholds,
+    pub retention: Option<RetentionConfig>,
     /// `None`: the metrics endpoint is off.
     pub listen: Option<SocketAddr>,
     /// Kafka properties that weaken delivery or order, allowed by name: (key, value, why),
@@ -104,8 +105,13 @@ pub fn relay_settings(
         }
     }
     let listen = metrics_listen(a, f)?;
+    let retention = retention(a, &f.relay)?;
+    if let Some(r) = &retention {
+        r.validate().map_err(|e| ConfigError(e.to_string()))?;
+    }
     Ok(RelaySettings {
         config,
+        retention,
         sink,
         alerts,
         listen,
@@ -188,7 +194,6 @@ fn relay_and_sink(a: &RelayArgs, f: &FileConfig) -> Result<(RelayConfig, SinkSpe
                     .map_err(|e| ConfigError(format!("invalid relay.dispatch (--dispatch): {e}")))
             })
             .transpose()?,
-        retention: retention(a, r)?,
         ..d
     };
     config.validate().map_err(|e| ConfigError(e.to_string()))?;
@@ -231,8 +236,8 @@ fn retention(a: &RelayArgs, r: &RelaySection) -> Result<Option<RetentionConfig>,
     let age = ferry_core::parse_duration(&age)
         .map_err(|e| ConfigError(format!("invalid relay.retention (--retention): {e}")))?;
     let mut retention = RetentionConfig::new(age);
-    retention.batch = batch.unwrap_or(retention.batch);
-    retention.vacuum = vacuum;
+    retention.purge.batch = batch.unwrap_or(retention.purge.batch);
+    retention.purge.vacuum = vacuum;
     Ok(Some(retention))
 }
 
