@@ -11,9 +11,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_core::{BoxFuture, ClaimedEvent, DispatchMode, Outcome};
+use ferry_core::{BoxFuture, ClaimedEvent, DispatchMode, Outcome, PurgeRequest};
 use ferry_relay::{
-    KafkaConfig, KafkaSink, Metrics, NullSink, Relay, RelayConfig, Sink, StdoutSink,
+    KafkaConfig, KafkaSink, Metrics, NullSink, Relay, RelayConfig, RetentionConfig, Sink,
+    StdoutSink,
 };
 use ferry_store::redact_url;
 use ferry_testkit::{OrderCheck, RelayProcess, RelayTask, SpawnError, Stdout};
@@ -74,6 +75,8 @@ pub struct InProcess {
     pool: PoolHandle,
     task: RelayTask,
     metrics: Arc<Metrics>,
+    /// `--retention-in-relays`: its retention runs end with a `VACUUM`.
+    vacuum: bool,
 }
 
 /// `ferry relay` child processes; chaos kills and restarts them through [`Self::kill_and_restart`].
@@ -212,10 +215,31 @@ impl Relays {
                         read_interval: spec.read_interval,
                         ..RelayConfig::default()
                     };
-                    let relay =
+                    let retention = run_spec.retention.filter(|r| r.in_relays);
+                    let vacuum = match retention {
+                        Some(_) => crate::retention::needs_vacuum(&*store).await,
+                        None => false,
+                    };
+                    let mut relay =
                         Relay::new(store, sink, config).map_err(|e| Error::Relay(e.to_string()))?;
+                    if let Some(r) = retention {
+                        let purge = PurgeRequest {
+                            older_than: r.age,
+                            batch: r.batch,
+                            consumer: None,
+                            dry_run: false,
+                            vacuum,
+                        };
+                        relay = relay
+                            .with_retention(RetentionConfig {
+                                every: r.every,
+                                purge,
+                            })
+                            .map_err(|e| Error::Relay(e.to_string()))?;
+                    }
                     relays.push(InProcess {
                         pool: pool_handle,
+                        vacuum,
                         metrics: relay.metrics(),
                         task: RelayTask::spawn(|cancel| relay.run(cancel)),
                     });
@@ -287,6 +311,16 @@ impl Relays {
             let _ = m.ack_latency.add(r.metrics.ack_latency.snapshot());
         }
         m
+    }
+
+    /// `--retention-in-relays`: the in-process relays' registries, whose retention counts are
+    /// read once the relays stopped, and whether their runs vacuum; `None` for processes.
+    pub fn retention_registries(&self) -> Option<(Vec<Arc<Metrics>>, bool)> {
+        let Relays::InProcess(relays, _) = self else {
+            return None;
+        };
+        let metrics = relays.iter().map(|r| r.metrics.clone()).collect();
+        Some((metrics, relays.iter().any(|r| r.vacuum)))
     }
 
     /// The send-order check of in-process relays without a consumer.

@@ -34,6 +34,57 @@ pub fn delete_statements(n: u64, batch: usize) -> u64 {
     n / batch.max(1) as u64 + 1
 }
 
+/// Whether purge runs end with a `VACUUM`: what an operator of this server has to do, for with
+/// autovacuum off nothing reclaims the purged rows, and every later purge and read walks them
+/// (`ferry purge --vacuum`).
+pub async fn needs_vacuum(store: &dyn OutboxStore) -> bool {
+    store
+        .server_warnings()
+        .await
+        .map(|w| {
+            w.iter().any(|w| {
+                matches!(
+                    w.setting.as_str(),
+                    "autovacuum" | "track_counts" | "ferry_outbox.autovacuum_enabled"
+                )
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// The tally of `--retention-in-relays`: what the relays' retention counted (`relays`, their
+/// registries once they stopped).
+pub fn relays_tally(
+    relays: &[Arc<ferry_relay::Metrics>],
+    vacuum: bool,
+    batch: usize,
+) -> PurgeTally {
+    let sum = |f: fn(&ferry_relay::Metrics) -> &AtomicU64| {
+        relays
+            .iter()
+            .map(|m| f(m).load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let purged = sum(|m| &m.retention_purged);
+    let longest = relays
+        .iter()
+        .map(|m| m.retention_longest_us.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
+    PurgeTally {
+        runs: sum(|m| &m.retention_runs),
+        failed_runs: sum(|m| &m.retention_failed_runs),
+        purged,
+        // an estimate: every run's full batches and one short one
+        statements: purged / batch.max(1) as u64 + sum(|m| &m.retention_runs),
+        busy: Duration::from_micros(sum(|m| &m.retention_busy_us)),
+        longest: Duration::from_micros(longest),
+        deleted_any: purged > 0,
+        vacuum,
+        ..PurgeTally::default()
+    }
+}
+
 /// When the next purge run starts, after one that was due at `due` ended at `now`: one period
 /// after `due`, or at once when the run took longer than that (no catching up with the runs
 /// it overran).

@@ -179,6 +179,7 @@ impl RunSpec {
             broker_stall: a.kafka.broker_stall,
             retention: a.retention.retention.map(|age| Retention {
                 fold_orders: a.retention.fold_orders,
+                in_relays: a.retention.retention_in_relays,
                 ..Retention::new(age, a.retention.purge_batch as usize)
             }),
             report_interval: a.report_interval(),
@@ -298,6 +299,8 @@ pub struct Retention {
     pub batch: usize,
     /// `--fold-orders`: each run also folds the business orders older than `age`.
     pub fold_orders: bool,
+    /// `--retention-in-relays`: the relays purge, not loadgen's purger.
+    pub in_relays: bool,
 }
 
 impl Retention {
@@ -307,6 +310,7 @@ impl Retention {
             every: purge_every(age),
             batch,
             fold_orders: false,
+            in_relays: false,
         }
     }
 }
@@ -380,7 +384,7 @@ mod tests {
         let v = serde_json::to_value(RunSpec::from_args(&a).echo("abc", "t", &[], None)).unwrap();
         assert_eq!(
             v["retention"],
-            json!({"age_secs": 30.0, "every_secs": 7.5, "batch": 200, "fold_orders": false}),
+            json!({"age_secs": 30.0, "every_secs": 7.5, "batch": 200, "fold_orders": false, "in_relays": false}),
             "{v}"
         );
         assert_eq!(v["report_interval_secs"], json!(30.0), "{v}");

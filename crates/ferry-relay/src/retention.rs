@@ -122,8 +122,13 @@ pub(crate) async fn run(
         }
         let started = Instant::now();
         let result = store.purge_sent(&config.purge).await;
+        let took = started.elapsed().as_micros() as u64;
         metrics.retention_runs.fetch_add(1, Ordering::Relaxed);
-        let took_ms = started.elapsed().as_millis() as u64;
+        metrics.retention_busy_us.fetch_add(took, Ordering::Relaxed);
+        metrics
+            .retention_longest_us
+            .fetch_max(took, Ordering::Relaxed);
+        let took_ms = took / 1000;
         match result {
             Ok(n) => {
                 metrics.retention_purged.fetch_add(n, Ordering::Relaxed);

@@ -146,6 +146,17 @@ impl Args {
                 format!("'--kafka-brokers' only applies to '--sink kafka' (got '--sink {sink}')"),
             ),
             (
+                self.retention.retention_in_relays
+                    && (self.relay.relay_mode == RelayMode::Process || self.retention.fold_orders),
+                Conflict,
+                "'--retention-in-relays' counts the rows in-process relays purged, after they stopped: not with '--relay-mode process' (a process's count ends with it) or '--fold-orders' (loadgen's own step after each of its purges)".into(),
+            ),
+            (
+                self.retention.retention_in_relays && sink != "kafka" && self.dispatch() == DispatchMode::Row,
+                Conflict,
+                format!("'--retention-in-relays' in row dispatch needs a consumer to check the order ('--sink kafka', got '--sink {sink}'): loadgen's own purger checks it before each purge"),
+            ),
+            (
                 self.inbox.inbox && sink != "kafka",
                 Conflict,
                 format!("'--inbox' consumes from Kafka: it needs '--sink kafka' (got '--sink {sink}')"),

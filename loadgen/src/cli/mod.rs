@@ -403,6 +403,14 @@ pub struct RetentionFlags {
     #[arg(long, global = true, requires = "retention")]
     pub fold_orders: bool,
 
+    /// Run --retention in the relays instead of loadgen's purger, as `ferry relay --retention`
+    /// does (the relay that owns slot 0 purges, on its own store); in-process relays only,
+    /// whose counts of purged rows loadgen reads exactly once they stopped. The purge figures
+    /// are then the relays' (`ferry_retention_*`). No order check runs before each purge, so
+    /// row dispatch needs a consumer (`--sink kafka`).
+    #[arg(long, global = true, requires = "retention")]
+    pub retention_in_relays: bool,
+
     /// Rows per DELETE statement of a --retention purge (`ferry purge --batch`).
     #[arg(long, global = true, default_value_t = DEFAULT_PURGE_BATCH, requires = "retention",
         value_parser = value_parser!(u32).range(1..=100_000))]

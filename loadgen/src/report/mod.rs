@@ -158,6 +158,8 @@ pub struct StoreCheck {
 /// What `--retention` purged, what it cost, and the outbox it left (`retention` in the JSON).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RetentionReport {
+    /// Who purged: `loadgen` (its purger) or `relays` (`--retention-in-relays`).
+    pub by: &'static str,
     /// Only SENT intents older than this were deleted.
     pub age_secs: f64,
     /// Time between purge runs.

@@ -448,8 +448,8 @@ fn render_retention(o: &mut String, r: &RetentionReport) {
         .map_or_else(|| "n/a".to_string(), |v| format!("{v:.1} µs"));
     let _ = writeln!(
         o,
-        "\n  retention {}s (purge every {}s, batch {}): purged {} rows in {} runs ({} DELETE batches, {} failed runs); {:.3} s purging = {per} per purged row (longest run {:.1} ms)",
-        r.age_secs, r.every_secs, r.batch, r.purged, r.runs, r.batches, r.failed_runs, r.purge_secs, r.longest_run_ms
+        "\n  retention {}s by {} (purge every {}s, batch {}): purged {} rows in {} runs ({} DELETE batches, {} failed runs); {:.3} s purging = {per} per purged row (longest run {:.1} ms)",
+        r.age_secs, r.by, r.every_secs, r.batch, r.purged, r.runs, r.batches, r.failed_runs, r.purge_secs, r.longest_run_ms
     );
     let share = r.rows_at_end as f64 * 100.0 / r.rows_without_retention.max(1) as f64;
     let size = match (r.bytes_at_end, r.bytes_without_retention_estimate) {

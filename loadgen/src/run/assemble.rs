@@ -207,6 +207,7 @@ impl<'a> Run<'a> {
             ));
         }
         RetentionReport {
+            by: if r.in_relays { "relays" } else { "loadgen" },
             age_secs: round3(r.age.as_secs_f64()),
             every_secs: round3(r.every.as_secs_f64()),
             batch: r.batch,

@@ -86,7 +86,11 @@ impl<'a> Run<'a> {
             relays,
             verifier,
             inbox,
-            purged: self.spec.retention.map(|_| &*self.purged),
+            purged: self
+                .spec
+                .retention
+                .filter(|r| !r.in_relays)
+                .map(|_| &*self.purged),
         }
     }
 }

@@ -173,24 +173,11 @@ impl<'a> Run<'a> {
         &self,
         consumer: bool,
     ) -> Result<Option<(Purger, crate::db::PoolHandle)>> {
-        let Some(retention) = self.spec.retention else {
+        let Some(retention) = self.spec.retention.filter(|r| !r.in_relays) else {
             return Ok(None);
         };
         let (store, pool) = self.db.open_store(2, false, crate::db::PURGE).await?;
-        // What an operator of this server has to do: with autovacuum off nothing reclaims the
-        // purged rows, and every later purge and read walks them (`ferry purge --vacuum`).
-        let vacuum = store
-            .server_warnings()
-            .await
-            .map(|w| {
-                w.iter().any(|w| {
-                    matches!(
-                        w.setting.as_str(),
-                        "autovacuum" | "track_counts" | "ferry_outbox.autovacuum_enabled"
-                    )
-                })
-            })
-            .unwrap_or(false);
+        let vacuum = crate::retention::needs_vacuum(&*store).await;
         let target = StorePurge {
             store,
             db: self.db.clone(),

@@ -215,9 +215,18 @@ impl<'a> Run<'a> {
         };
         let relay_metrics = relays.metrics().await;
         let order_check = relays.order_check();
+        let in_relays = spec.retention.filter(|r| r.in_relays);
+        let registries = in_relays.and_then(|_| relays.retention_registries());
         if let Err(e) = relays.stop().await {
             self.error(e.to_string());
         }
+        // the relays purged until they stopped: their counts are final now
+        let purge = match (purge, in_relays, registries) {
+            (None, Some(r), Some((m, vacuum))) => {
+                Some(crate::retention::relays_tally(&m, vacuum, r.batch))
+            }
+            (purge, _, _) => purge,
+        };
         let inbox = match inbox {
             Some(ib) => {
                 let applied = at_load_end.inbox as f64 / load_secs;

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use hdrhistogram::Histogram;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
+};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -23,7 +25,12 @@ struct Exposition(Arc<Metrics>);
 
 /// A counter: `name` is the exposed sample name, `_total` included (prometheus-client appends
 /// the suffix itself, so it is taken off here; the full name stays greppable in this file).
-fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+fn counter<N: EncodeCounterValue>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: N,
+) -> fmt::Result {
     let base = name
         .strip_suffix("_total")
         .expect("counter names end in _total");
@@ -176,6 +183,12 @@ impl Collector for Exposition {
             "ferry_retention_failed_runs_total",
             "Retention runs that failed (retried at the next period; the rows stay until a run succeeds).",
             l(&m.retention_failed_runs),
+        )?;
+        counter(
+            e,
+            "ferry_retention_seconds_total",
+            "Time spent in this relay's retention runs, vacuums included.",
+            m.retention_busy_us.load(Ordering::Relaxed) as f64 / 1e6,
         )?;
         counter(
             e,
