@@ -21,7 +21,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{ConfigError, Metrics};
+use crate::config::ConfigError;
+use crate::metrics::Metrics;
 
 /// Retention a relay runs beside its dispatch ([`crate::Relay::with_retention`]): every
 /// [`RetentionConfig::every`], the relay that owns slot 0 (every relay without slot
