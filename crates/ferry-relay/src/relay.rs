@@ -199,7 +199,8 @@ impl Relay {
                 retention,
                 metrics.clone(),
                 owned,
-                stop_aux.clone(),
+                stop.clone(),
+                config.shutdown_timeout,
             )));
         }
         let ctx = Arc::new(Ctx {

@@ -100,13 +100,18 @@ impl RetentionConfig {
 const LEADER_SLOT: SlotId = 0;
 
 /// Runs `config`'s purge every period until `cancel`, while this relay owns slot 0 (always
-/// when `owned` is `None`: no slot ownership). A run in progress is finished first.
+/// when `owned` is `None`: no slot ownership). A run in progress when `cancel` fires gets
+/// `grace` to finish (the relay's shutdown timeout, which its sends get too); a longer one (the
+/// first run over a large backlog of old rows) is dropped then. Each of its statements is a
+/// transaction of its own, so what it deleted stays deleted and the rest waits for the next
+/// relay's run; it counts as a failed run, since the rows it deleted are not counted.
 pub(crate) async fn run(
     store: Arc<dyn OutboxStore>,
     config: RetentionConfig,
     metrics: Arc<Metrics>,
     owned: Option<watch::Receiver<Vec<SlotId>>>,
     cancel: CancellationToken,
+    grace: Duration,
 ) {
     let mut due = Instant::now() + config.every;
     loop {
@@ -122,7 +127,23 @@ pub(crate) async fn run(
             }
         }
         let started = Instant::now();
-        let result = store.purge_sent(&config.purge).await;
+        let purge = store.purge_sent(&config.purge);
+        tokio::pin!(purge);
+        let result = tokio::select! {
+            r = &mut purge => r,
+            _ = async {
+                cancel.cancelled().await;
+                tokio::time::sleep(grace).await;
+            } => {
+                metrics.retention_runs.fetch_add(1, Ordering::Relaxed);
+                metrics.retention_failed_runs.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    grace_secs = grace.as_secs_f64(),
+                    "retention run stopped by the shutdown; the rows it deleted stay deleted (not counted), the next owner of slot 0 deletes the rest"
+                );
+                return;
+            }
+        };
         let took = started.elapsed().as_micros() as u64;
         metrics.retention_runs.fetch_add(1, Ordering::Relaxed);
         metrics.retention_busy_us.fetch_add(took, Ordering::Relaxed);
