@@ -280,11 +280,6 @@ pub struct ConfigEcho {
     pub spec: RunSpec,
 }
 
-/// The shortest time between two purge runs.
-pub const MIN_EVERY: Duration = Duration::from_secs(1);
-/// The longest time between two purge runs.
-pub const MAX_EVERY: Duration = Duration::from_secs(60);
-
 /// What `--retention` asks for (echoed in the report's `config.retention`; run by [`crate::retention`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Retention {
@@ -315,11 +310,12 @@ impl Retention {
     }
 }
 
-/// The time between purge runs for a retention of `age`: a quarter of it, at least
-/// [`MIN_EVERY`] and at most [`MAX_EVERY`]. A row is then deleted between `age` and
-/// `age + every` after it became old enough.
+/// The time between purge runs for a retention of `age`: the relay's own rule
+/// ([`ferry_relay::RetentionConfig::default_every`]: a quarter of it, between 1 s and 1 min),
+/// so loadgen's purger and `--retention-in-relays` run on the same period. A row is then
+/// deleted between `age` and `age + every` after it became old enough.
 pub fn purge_every(age: Duration) -> Duration {
-    (age / 4).clamp(MIN_EVERY, MAX_EVERY)
+    ferry_relay::RetentionConfig::default_every(age)
 }
 
 fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
