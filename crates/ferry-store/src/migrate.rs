@@ -38,6 +38,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(12, "operator_action", "postgres/0012_operator_action"),
     migration!(13, "pause", "postgres/0013_pause"),
     migration!(14, "retention_mark", "postgres/0014_retention_mark"),
+    migration!(15, "uuid_v7", "postgres/0015_uuid_v7"),
 ];
 
 /// MySQL/MariaDB migrations, in order.
@@ -66,6 +67,7 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(7, "operator_action", "sqlite/0007_operator_action"),
     migration!(8, "pause", "sqlite/0008_pause"),
     migration!(9, "retention_mark", "sqlite/0009_retention_mark"),
+    migration!(10, "uuid_v7", "sqlite/0010_uuid_v7"),
 ];
 
 // ---------------------------------------------------------------- the runner

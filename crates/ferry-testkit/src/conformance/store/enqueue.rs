@@ -255,6 +255,29 @@ pub async fn plain_insert_fills_what_the_rust_api_fills(db: TestDb) {
     }
     let ids: HashSet<&str> = claimed.iter().map(|c| c.token.event_id.as_str()).collect();
     assert_eq!(ids.len(), keys.len(), "distinct event ids");
+    if db.backend != ferry_store::Backend::Mysql {
+        // UUIDv7, as the Rust API's: version 7, variant 10, the Unix milliseconds of the insert
+        // in the first 48 bits, so ids filled later sort later (MariaDB's UUID() is version 1)
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let mut in_order: Vec<_> = claimed.iter().collect();
+        in_order.sort_by_key(|c| c.token.seq);
+        let mut last = 0;
+        for c in in_order {
+            let id = &c.token.event_id;
+            assert_eq!(&id[14..15], "7", "version 7: {id}");
+            assert!("89ab".contains(&id[19..20]), "variant 10: {id}");
+            let ms = i64::from_str_radix(&format!("{}{}", &id[0..8], &id[9..13]), 16).unwrap();
+            assert!(
+                (now_ms - 60_000..=now_ms + 1_000).contains(&ms),
+                "{id}: {ms} ms, now {now_ms}"
+            );
+            assert!(ms >= last, "{id} was filled after a later id");
+            last = ms;
+        }
+    }
     assert_eq!(
         db.store.ack(&tokens(&claimed)).await.unwrap().applied(),
         keys.len()
