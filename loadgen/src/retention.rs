@@ -66,30 +66,22 @@ pub fn relays_tally(
             .sum::<u64>()
     };
     let purged = sum(|m| &m.retention_purged);
-    let longest = relays
-        .iter()
-        .map(|m| m.retention_longest_us.load(Ordering::Relaxed))
-        .max()
-        .unwrap_or(0);
+    let runs: Vec<_> = relays.iter().map(|m| m.retention_run.snapshot()).collect();
+    // hdrhistogram keeps 3 significant digits: the time and the longest run within 0.1 %
+    let busy_us: f64 = runs.iter().map(|h| h.mean() * h.len() as f64).sum();
+    let longest = runs.iter().map(|h| h.max()).max().unwrap_or(0);
     PurgeTally {
         runs: sum(|m| &m.retention_runs),
         failed_runs: sum(|m| &m.retention_failed_runs),
         purged,
         // an estimate: every run's full batches and one short one
         statements: purged / batch.max(1) as u64 + sum(|m| &m.retention_runs),
-        busy: Duration::from_micros(sum(|m| &m.retention_busy_us)),
+        busy: Duration::from_micros(busy_us as u64),
         longest: Duration::from_micros(longest),
         deleted_any: purged > 0,
         vacuum,
         ..PurgeTally::default()
     }
-}
-
-/// When the next purge run starts, after one that was due at `due` ended at `now`: one period
-/// after `due`, or at once when the run took longer than that (no catching up with the runs
-/// it overran).
-pub fn next_run(due: Instant, every: Duration, now: Instant) -> Instant {
-    (due + every).max(now)
 }
 
 /// What the purger did.
@@ -214,7 +206,7 @@ async fn purge_loop(
         tally.count(result, took, target.batch());
         purged.store(tally.purged, Ordering::Relaxed);
         target.after_run(&mut tally).await;
-        due = next_run(due, every, Instant::now());
+        due = ferry_relay::RetentionConfig::next_run(due, every, Instant::now());
     }
 }
 
@@ -324,15 +316,6 @@ mod tests {
         // 1000 deleted: a full batch, then one that found nothing
         assert_eq!(delete_statements(1000, 1000), 2);
         assert_eq!(delete_statements(2500, 1000), 3);
-    }
-
-    #[test]
-    fn runs_keep_their_cadence_and_never_catch_up() {
-        let t = Instant::now();
-        // a quick run: the next one a period after the last was due
-        assert_eq!(next_run(t, S, t + S / 10), t + S);
-        // a run longer than the period: the next at once, then the cadence from there
-        assert_eq!(next_run(t, S, t + 3 * S), t + 3 * S);
     }
 
     #[test]

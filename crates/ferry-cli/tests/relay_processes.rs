@@ -559,6 +559,12 @@ async fn the_relay_runs_retention_from_its_configuration() {
         metric(&a, "ferry_retention_failed_runs_total").await,
         Some(0.0)
     );
+    // every run is in the histogram of run lengths
+    let runs = metric(&a, "ferry_retention_runs_total").await.unwrap();
+    let timed = metric(&a, "ferry_retention_run_seconds_count")
+        .await
+        .unwrap();
+    assert!(runs >= 1.0 && timed >= runs, "{runs} runs, {timed} timed");
     assert!(a.tail(40).contains("retention on"), "{}", a.tail(40));
     drop(a);
     let _ = std::fs::remove_file(&cfg);

@@ -184,11 +184,13 @@ impl Collector for Exposition {
             "Retention runs that failed (retried at the next period; the rows stay until a run succeeds).",
             l(&m.retention_failed_runs),
         )?;
-        counter(
+        histogram(
             e,
-            "ferry_retention_seconds_total",
-            "Time spent in this relay's retention runs, vacuums included.",
-            m.retention_busy_us.load(Ordering::Relaxed) as f64 / 1e6,
+            "ferry_retention_run_seconds",
+            "Duration of this relay's retention runs, vacuums and failed runs included.",
+            &m.retention_run.snapshot(),
+            1e6,
+            &LATENCY_BUCKETS,
         )?;
         counter(
             e,

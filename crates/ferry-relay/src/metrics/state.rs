@@ -131,10 +131,9 @@ pub struct Metrics {
     pub retention_failed_runs: AtomicU64,
     /// Rows the retention runs deleted.
     pub retention_purged: AtomicU64,
-    /// Time spent in retention runs (µs).
-    pub retention_busy_us: AtomicU64,
-    /// The longest retention run (µs).
-    pub retention_longest_us: AtomicU64,
+    /// How long each retention run took (µs), failed ones included; a run dropped at shutdown
+    /// is not recorded.
+    pub retention_run: Latency,
     /// Outbox gauges from the status poller.
     pub pending: AtomicI64,
     /// Rows in CLAIMED (unknown exposure).
