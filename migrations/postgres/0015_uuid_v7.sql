@@ -14,16 +14,12 @@ LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
              FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
 $$;
 
+-- The fill of 0005_plain_insert.sql with UUIDv7 ids (coalesce evaluates an argument only when
+-- the ones before it are NULL, so the slot is computed only when left out, as before).
 CREATE OR REPLACE FUNCTION ferry_outbox_fill() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.shard_slot IS NULL THEN
-        NEW.shard_slot := ferry_slot_for(NEW.aggregate_id);
-    END IF;
-    IF NEW.msg_key IS NULL THEN
-        NEW.msg_key := NEW.aggregate_id;
-    END IF;
-    IF NEW.event_id IS NULL THEN
-        NEW.event_id := ferry_uuid_v7()::text;
-    END IF;
+    NEW.shard_slot := coalesce(NEW.shard_slot, ferry_slot_for(NEW.aggregate_id));
+    NEW.msg_key := coalesce(NEW.msg_key, NEW.aggregate_id);
+    NEW.event_id := coalesce(NEW.event_id, ferry_uuid_v7()::text);
     RETURN NEW;
 END $$;

@@ -67,7 +67,6 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     migration!(7, "operator_action", "sqlite/0007_operator_action"),
     migration!(8, "pause", "sqlite/0008_pause"),
     migration!(9, "retention_mark", "sqlite/0009_retention_mark"),
-    migration!(10, "uuid_v7", "sqlite/0010_uuid_v7"),
 ];
 
 // ---------------------------------------------------------------- the runner
