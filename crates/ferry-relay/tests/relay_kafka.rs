@@ -68,6 +68,9 @@ impl Sink for Recording {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
     fn last_error(&self) -> Option<String> {
         self.inner.last_error()
     }
