@@ -68,12 +68,6 @@ impl Sink for Recording {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn last_error(&self) -> Option<String> {
-        self.inner.last_error()
-    }
     fn send_batch<'a>(&'a self, items: &'a [ClaimedEvent]) -> BoxFuture<'a, Vec<Outcome>> {
         Box::pin(async move {
             let out = self.inner.send_batch(items).await;
