@@ -278,7 +278,7 @@ async fn relays_in_order_with_no_loss(db: TestDb, mode: DispatchMode) {
 /// the failed messages are the head of the next request, so no later request can succeed
 /// before them. The relay's pipelining (several batches in flight per worker) is unchanged.
 /// That narrows the window without closing it: the loss was seen again with this setting (row
-/// dispatch on SQLite, one run of this file in three under a full test run: `e-f-1-36` SENT
+/// dispatch on SQLite, in one of six runs of this whole file: `e-f-1-36` SENT
 /// after one attempt, absent from the topic, no duplicate anywhere). So the fault tests check
 /// delivery with [`assert_delivered_in_order`], which tells such a loss from a relay's by the
 /// success report the relay had for the event.
