@@ -18,6 +18,7 @@ Each line holds, at one instant:
 Differences between two lines are the cost of the interval between them: `pg-sampler-diff.py`
 prints them per event. It reads with `psql`, so the URL's credentials never appear in its output.
 """
+import argparse
 import json
 import os
 import subprocess
@@ -137,16 +138,20 @@ def sample(url, pid):
 
 
 def main():
-    args = sys.argv[1:]
-    if len(args) < 2:
-        sys.exit(__doc__)
-    url, out = args[0], args[1]
-    every, pid = 60.0, None
-    if "--every" in args:
-        every = float(args[args.index("--every") + 1])
-    if "--pid" in args:
-        pid = args[args.index("--pid") + 1]
-    with open(out, "a") as f:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="See the module docstring (head of this file) for what each line holds.")
+    parser.add_argument("database_url")
+    parser.add_argument("out", metavar="OUT.jsonl")
+    parser.add_argument("--every", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument("--pid", type=int, help="the process whose threads' CPU is sampled")
+    args = parser.parse_args()
+    if args.out.startswith("-"):
+        parser.error(f"OUT.jsonl {args.out!r} looks like a flag: give the output file second")
+    if args.every <= 0:
+        parser.error("--every must be positive")
+    url, every, pid = args.database_url, args.every, args.pid
+    with open(args.out, "a") as f:
         while True:
             t0 = time.time()
             try:
