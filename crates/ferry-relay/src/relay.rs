@@ -46,6 +46,9 @@ impl Relay {
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let metrics = Arc::new(Metrics::default());
+        // not known until the relay has read the stored mode: /metrics leaves the gauge out
+        // until then rather than report row dispatch (0)
+        metrics.dispatch_cursor.store(-1, Ordering::Relaxed);
         Ok(Self {
             store,
             sink,

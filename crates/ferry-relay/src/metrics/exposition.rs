@@ -248,12 +248,15 @@ impl Collector for Exposition {
             "Age of the oldest unsent intent.",
             secs(g(&m.oldest_unfinished_age_us)),
         )?;
-        gauge(
-            e,
-            "ferry_dispatch_cursor",
-            "1 when the relay dispatches with per-slot cursors, 0 with per-row claims.",
-            g(&m.dispatch_cursor),
-        )?;
+        let dispatch = g(&m.dispatch_cursor);
+        if dispatch >= 0 {
+            gauge(
+                e,
+                "ferry_dispatch_cursor",
+                "1 when the relay dispatches with per-slot cursors, 0 with per-row claims.",
+                dispatch,
+            )?;
+        }
         counter(
             e,
             "ferry_misrouted_events_total",
@@ -432,6 +435,19 @@ mod tests {
 
     fn value(text: &str, name: &str) -> f64 {
         sample(text, name).unwrap_or_else(|| panic!("{name} not exported:\n{text}"))
+    }
+
+    /// The dispatch gauge is left out until the relay has read its mode: a scrape in between
+    /// (a relay restarted, waiting for its database) must not report row dispatch.
+    #[test]
+    fn dispatch_mode_is_exported_once_known() {
+        let m = Arc::new(Metrics::default());
+        m.dispatch_cursor.store(-1, Ordering::Relaxed);
+        assert_eq!(sample(&m.render(), "ferry_dispatch_cursor"), None);
+        for mode in [0, 1] {
+            m.dispatch_cursor.store(mode, Ordering::Relaxed);
+            assert_eq!(value(&m.render(), "ferry_dispatch_cursor"), mode as f64);
+        }
     }
 
     /// The endpoint exports the SLO ratio and the alert level, and the level follows each

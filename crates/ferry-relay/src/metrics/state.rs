@@ -168,7 +168,8 @@ pub struct Metrics {
     /// MySQL/MariaDB: how many slots wait for it while reads go past it in the others; -1: not
     /// known, or every slot waits (or PostgreSQL, where only its own intents wait).
     pub horizon_held_slots: AtomicI64,
-    /// 1 in cursor dispatch, 0 in row dispatch.
+    /// 1 in cursor dispatch, 0 in row dispatch; -1 while a relay has not read its mode yet (not
+    /// exported then).
     pub dispatch_cursor: AtomicI64,
     /// Items per claimed batch.
     pub batch_size: Latency,
