@@ -5,6 +5,7 @@
 //! requested slots in `seq` order `FOR UPDATE SKIP LOCKED`, whose outer `UPDATE … RETURNING`
 //! increments `claim_version`, sets `claim_id`/`lease_until` and returns each token. Outcomes are one `UPDATE … FROM UNNEST(…) RETURNING seq` per batch, fenced on
 //! `(state = 'CLAIMED', claim_version, claim_id)`.
+mod claim;
 mod cursor;
 mod mode;
 mod sql;
@@ -82,6 +83,8 @@ pub struct PgStore {
     skipped: Arc<AtomicU64>,
     /// Whether claims measure `skipped` (`ConnectOptions::measure_contention`).
     measure: bool,
+    /// The aggregate id after which the next heads-first claim starts ("" for the first).
+    heads_from: Arc<std::sync::Mutex<String>>,
 }
 
 fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
@@ -140,6 +143,7 @@ impl PgStore {
             limits: opts.limits,
             skipped: Arc::default(),
             measure: opts.measure_contention,
+            heads_from: Arc::default(),
         };
         if opts.migrate {
             store.migrate().await?;
@@ -247,31 +251,7 @@ impl Ops for PgStore {
     }
 
     async fn claim_rows(&self, req: &ClaimRequest) -> Result<Vec<ClaimedEvent>, StoreError> {
-        let sql = sql::claim(req, self.measure);
-        let mut tx = self.pool.begin().await.ctx("claim: begin")?;
-        // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
-        // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
-        // slots first (stats from a small backlog, generic plans), which grows with the backlog.
-        sqlx::query(sql::CLAIM_PLAN_SETTINGS)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| db_err("claim: plan settings", e))?;
-        let rows = bind_claim(&sql, req)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_err("claim", e))?;
-        tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
-        let passed: i64 = rows.first().map_or(0, |r| r.get(15));
-        if passed > 0 {
-            self.skipped.fetch_add(passed as u64, Ordering::Relaxed);
-        }
-        let mut items: Vec<ClaimedEvent> = rows
-            .iter()
-            .filter(|r| r.get::<Option<i64>, _>(0).is_some())
-            .map(claimed_from_row)
-            .collect();
-        items.sort_by_key(|e| e.token.seq);
-        Ok(items)
+        self.claim_window_then_heads(req).await
     }
 
     fn rows_skipped_locked(&self) -> Option<u64> {

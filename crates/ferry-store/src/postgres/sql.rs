@@ -387,17 +387,29 @@ pub(crate) const MATERIALIZE_STATES: &str = "UPDATE ferry_outbox o SET state = v
      WHERE o.seq = v.seq AND (v.state <> o.state OR v.attempts <> o.attempts) \
        AND (o.seq <= $1 OR EXISTS (SELECT 1 FROM ferry_outbox_exception e WHERE e.seq = o.seq))";
 
-/// The row-dispatch claim (`$1` slots, `$2` limit, `$3` claim id, `$4` lease µs, `$5` the
-/// fence's owner): one CTE that locks due, predecessor-free rows `FOR UPDATE SKIP LOCKED` and
-/// returns their new tokens; with `measure`, its last column counts the rows it passed over.
+/// The row-dispatch claim of the window (`$1` slots, `$2` limit, `$3` claim id, `$4` lease µs,
+/// `$5` the fence's owner, `$6` the window's rows; [`super::claim`]): one CTE that locks
+/// due, predecessor-free rows of the window `FOR UPDATE SKIP LOCKED` and returns their new tokens,
+/// then the rows it passed over (with `measure`; else 0) and the window's last seq (NULL when the
+/// window reached the end of the backlog). One row with NULL tokens when it claimed nothing.
 pub(crate) fn claim(req: &ClaimRequest, measure: bool) -> String {
     let slot_filter = claim_slot_filter("o", req);
+    // The window: the first `$6` rows of the claim's slots that no live claim holds. Its end is
+    // an InitPlan, so the walk below is an index range scan that stops there. Rows under a live
+    // claim do not count: in-flight rows would otherwise fill it.
+    let span = format!(
+        "span AS (SELECT (SELECT w.seq FROM ferry_outbox w \
+           WHERE w.phase = 0 AND {} AND (w.state = 'PENDING' OR w.lease_until <= now()) \
+           ORDER BY w.seq OFFSET $6 - 1 LIMIT 1) AS last)",
+        claim_slot_filter("w", req)
+    );
     // The predecessor rule as "o is its aggregate's lowest unfinished version": a scalar
     // subquery stays a per-candidate index probe. The equivalent NOT EXISTS was planned,
     // under load, as an anti join scanning the whole unfinished index per candidate
     // (measured: 64M rows filtered, 82 s for one claim, against 6.7 ms for this form).
     let due = format!(
         "{slot_filter} \
+         AND o.seq <= coalesce((SELECT last FROM span), {NO_END}) \
          AND o.phase = 0 \
          AND ((o.state = 'PENDING' AND o.available_at <= now()) \
            OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
@@ -407,34 +419,79 @@ pub(crate) fn claim(req: &ClaimRequest, measure: bool) -> String {
         crate::operator::pause::not_paused("o")
     );
     // With `measure`, `passed` counts contention: when the claim comes back short of its
-    // limit, the same window read without locks (this statement's snapshot, where the
+    // limit, the same span read without locks (this statement's snapshot, where the
     // rows just claimed still look due) minus what was claimed is what SKIP LOCKED passed
-    // over. The recount is an InitPlan under CASE, evaluated only for short claims; the
-    // LEFT JOIN returns one row even when nothing was claimed.
-    let head = format!(
-        "WITH due AS ( \
-           SELECT o.seq FROM ferry_outbox o WHERE {due} \
-           ORDER BY o.seq LIMIT $2 \
-           FOR UPDATE OF o SKIP LOCKED)"
-    );
-    let update =
-        "UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
-           claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
-         FROM due WHERE o.seq = due.seq";
-    if measure {
+    // over. The recount is an InitPlan under CASE, evaluated only for short claims.
+    let passed = if measure {
         format!(
-            "{head}, claimed AS ({update} RETURNING {CLAIM_COLUMNS}), \
-             passed AS ( \
-               SELECT CASE WHEN (SELECT count(*) FROM claimed) < $2 \
-                 THEN (SELECT count(*) FROM (SELECT 1 FROM ferry_outbox o WHERE {due} \
-                         ORDER BY o.seq LIMIT $2) w) - (SELECT count(*) FROM claimed) \
-                 ELSE 0 END AS n) \
-             SELECT c.*, passed.n FROM passed LEFT JOIN claimed c ON true"
+            "SELECT CASE WHEN (SELECT count(*) FROM claimed) < $2 \
+               THEN (SELECT count(*) FROM (SELECT 1 FROM ferry_outbox o WHERE {due} \
+                       ORDER BY o.seq LIMIT $2) w) - (SELECT count(*) FROM claimed) \
+               ELSE 0 END AS n"
         )
     } else {
-        format!("{head} {update} RETURNING {CLAIM_COLUMNS}, 0::int8")
-    }
+        "SELECT 0::int8 AS n".to_owned()
+    };
+    // The LEFT JOIN returns one row even when nothing was claimed, to carry the span's end.
+    format!(
+        "WITH {span}, \
+         due AS ( \
+           SELECT o.seq FROM ferry_outbox o WHERE {due} \
+           ORDER BY o.seq LIMIT $2 \
+           FOR UPDATE OF o SKIP LOCKED), \
+         claimed AS ( \
+           UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
+             claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
+           FROM due WHERE o.seq = due.seq RETURNING {CLAIM_COLUMNS}), \
+         passed AS ({passed}) \
+         SELECT c.*, passed.n, span.last FROM span CROSS JOIN passed LEFT JOIN claimed c ON true"
+    )
 }
+
+/// The heads-first row claim (`$1`–`$5` as [`claim`]'s, `$6` the aggregate id the scan starts
+/// after, `$7` how many aggregates it visits at most; [`super::claim`]): it walks
+/// `ferry_outbox_unfinished` (aggregate_id, aggregate_version) one aggregate at a time (a loose
+/// index scan, two index probes per aggregate, whatever its backlog), takes each visited
+/// aggregate's lowest unfinished version, and locks those that are due `FOR UPDATE SKIP LOCKED`,
+/// in aggregate order, up to `$2`. Returns the claimed rows, 0 and the aggregate id the next scan
+/// starts after: the last one claimed when the claim is full, else the last one visited, NULL when
+/// the scan reached the last aggregate (the next one starts from the first). One row with NULL
+/// tokens when it claimed nothing.
+pub(crate) fn claim_heads(req: &ClaimRequest) -> String {
+    let slot_filter = claim_slot_filter("o", req);
+    let not_paused = crate::operator::pause::not_paused("o");
+    format!(
+        "WITH RECURSIVE aggs(id) AS ( \
+           (SELECT u.aggregate_id FROM ferry_outbox u WHERE u.phase < 2 AND u.aggregate_id > $6 \
+            ORDER BY u.aggregate_id LIMIT 1) \
+           UNION ALL \
+           SELECT (SELECT u.aggregate_id FROM ferry_outbox u WHERE u.phase < 2 AND u.aggregate_id > a.id \
+                   ORDER BY u.aggregate_id LIMIT 1) \
+           FROM aggs a WHERE a.id IS NOT NULL), \
+         visited AS (SELECT id FROM aggs WHERE id IS NOT NULL LIMIT $7), \
+         heads AS (SELECT v.id, (SELECT p.seq FROM ferry_outbox p WHERE p.aggregate_id = v.id \
+             AND p.phase < 2 ORDER BY p.aggregate_version LIMIT 1) AS seq FROM visited v), \
+         due AS ( \
+           SELECT o.seq FROM heads h JOIN ferry_outbox o ON o.seq = h.seq \
+           WHERE {slot_filter} AND o.phase = 0 \
+             AND ((o.state = 'PENDING' AND o.available_at <= now()) \
+               OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
+             AND {not_paused} \
+           ORDER BY h.id LIMIT $2 \
+           FOR UPDATE OF o SKIP LOCKED), \
+         claimed AS ( \
+           UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
+             claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
+           FROM due WHERE o.seq = due.seq RETURNING {CLAIM_COLUMNS}) \
+         SELECT c.*, 0::int8, \
+           CASE WHEN (SELECT count(*) FROM claimed) >= $2 THEN (SELECT max(aggregate_id) FROM claimed) \
+                WHEN (SELECT count(*) FROM visited) >= $7 THEN (SELECT max(id) FROM visited) END \
+         FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+    )
+}
+
+/// A seq past every row: the end of a window that reaches the end of the backlog.
+const NO_END: &str = "9223372036854775807";
 
 /// Quarantined exception rows and how many successors each holds (cursor dispatch; successors are
 /// held exceptions or not yet read past the cursor); `$1` the limit.

@@ -88,6 +88,39 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
     assert!(err.contains("no outbox event"), "{err}");
 }
 
+/// A deep backlog of one aggregate ahead of another aggregate's only event does not hide that
+/// event: PostgreSQL's claim reads a bounded window at the front of the backlog (at least 1,024
+/// rows) and then the lowest versions of the aggregates past it (`ferry_store`'s
+/// `postgres::claim`); the other stores walk the whole backlog. B's event is claimed while A's
+/// lowest version is in flight, and no later version of A is.
+pub async fn heads_past_a_deep_backlog_are_claimed(db: AnyDb) {
+    let depth = 5_000;
+    let evs: Vec<NewEvent> = (1..=depth).map(|v| ev("A", v)).collect();
+    for chunk in evs.chunks(500) {
+        db.store.enqueue(chunk).await.unwrap();
+    }
+    db.store.enqueue(&[ev("B", 1)]).await.unwrap();
+    let mut claimed = Vec::new();
+    for _ in 0..10 {
+        claimed.extend(db.store.claim(&req(10, LONG)).await.unwrap());
+        if claimed.iter().any(|e| e.token.event_id == "e-B-1") {
+            break;
+        }
+    }
+    let mut ids: Vec<&str> = claimed.iter().map(|e| e.token.event_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        vec!["e-A-1", "e-B-1"],
+        "within 10 claims: A's lowest version and B's event, nothing else"
+    );
+    // once A's lowest version is sent, the next one is claimed
+    db.store.ack(&tokens(&claimed)).await.unwrap();
+    let next = db.store.claim(&req(10, LONG)).await.unwrap();
+    let next: Vec<&str> = next.iter().map(|e| e.token.event_id.as_str()).collect();
+    assert_eq!(next, vec!["e-A-2"]);
+}
+
 /// Many claimers race over interleaved versions; every claim of v(n) must come after v(n-1)'s
 /// ack started.
 pub async fn predecessor_rule_under_concurrency(db: AnyDb) {

@@ -27,7 +27,8 @@ mod retention;
 pub use binary::{binary_migration_keeps_text_rows, binary_payloads_round_trip};
 pub use claim::{
     claims_count_rows_skipped_as_locked, concurrent_claimers_deliver_each_event_once,
-    predecessor_blocks_successors, predecessor_rule_under_concurrency,
+    heads_past_a_deep_backlog_are_claimed, predecessor_blocks_successors,
+    predecessor_rule_under_concurrency,
 };
 pub use enqueue::{
     bad_inputs_are_refused_and_write_nothing, committed_intent_visible_after_reconnect,
@@ -66,6 +67,7 @@ suite! {
         stale_and_live_token_of_one_row_in_one_batch,
         predecessor_blocks_successors,
         predecessor_rule_under_concurrency,
+        heads_past_a_deep_backlog_are_claimed,
         concurrent_claimers_deliver_each_event_once,
         lease_expiry_and_takeover,
         lost_claim_commit_is_recovered_by_claim_id,
