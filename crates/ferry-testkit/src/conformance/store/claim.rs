@@ -124,15 +124,36 @@ pub async fn heads_past_a_deep_backlog_are_claimed(db: AnyDb) {
 /// Many claimers race over interleaved versions; every claim of v(n) must come after v(n-1)'s
 /// ack started.
 pub async fn predecessor_rule_under_concurrency(db: AnyDb) {
-    let aggs = 8;
-    let versions = 40;
     let mut evs = Vec::new();
-    for v in 1..=versions {
-        for a in 0..aggs {
+    for v in 1..=40 {
+        for a in 0..8 {
             evs.push(ev(&format!("agg-{a}"), v));
         }
     }
-    db.store.enqueue(&evs).await.unwrap();
+    race_claimers(db, &evs).await;
+}
+
+/// The same race over 10 aggregates × 150 versions committed aggregate after aggregate, deeper
+/// than a claim's window (PostgreSQL: 1,024 rows), so the lowest versions of the last aggregates
+/// lie past it and are claimed by the scan for heads (`ferry_store`'s `postgres::claim`), under
+/// contention.
+pub async fn predecessor_rule_past_the_window(db: AnyDb) {
+    let mut evs = Vec::new();
+    for a in 0..10 {
+        for v in 1..=150 {
+            evs.push(ev(&format!("deep-{a}"), v));
+        }
+    }
+    race_claimers(db, &evs).await;
+}
+
+/// Six claimers claim up to 5 events each, hold them 2 ms and ack them, until `evs` are all
+/// SENT; every claim of v(n) must come after v(n-1)'s ack started.
+async fn race_claimers(db: AnyDb, evs: &[NewEvent]) {
+    for chunk in evs.chunks(500) {
+        db.store.enqueue(chunk).await.unwrap();
+    }
+    let total = evs.len();
     let clock = Arc::new(AtomicU64::new(0));
     let acked_at: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     let violations: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -150,9 +171,7 @@ pub async fn predecessor_rule_under_concurrency(db: AnyDb) {
                 };
                 let claimed_at = clock.fetch_add(1, Ordering::SeqCst);
                 if got.is_empty() {
-                    if acked_at.lock().unwrap().len() == (aggs * versions as usize)
-                        || Instant::now() > deadline
-                    {
+                    if acked_at.lock().unwrap().len() == total || Instant::now() > deadline {
                         return;
                     }
                     tokio::task::yield_now().await;
@@ -197,7 +216,7 @@ pub async fn predecessor_rule_under_concurrency(db: AnyDb) {
         db.count("ferry_outbox WHERE state = 'SENT'", |r| r.state
             == EventState::Sent)
             .await,
-        (aggs * versions as usize) as i64
+        total as i64
     );
 }
 

@@ -28,7 +28,7 @@ pub use binary::{binary_migration_keeps_text_rows, binary_payloads_round_trip};
 pub use claim::{
     claims_count_rows_skipped_as_locked, concurrent_claimers_deliver_each_event_once,
     heads_past_a_deep_backlog_are_claimed, predecessor_blocks_successors,
-    predecessor_rule_under_concurrency,
+    predecessor_rule_past_the_window, predecessor_rule_under_concurrency,
 };
 pub use enqueue::{
     bad_inputs_are_refused_and_write_nothing, committed_intent_visible_after_reconnect,
@@ -68,6 +68,7 @@ suite! {
         predecessor_blocks_successors,
         predecessor_rule_under_concurrency,
         heads_past_a_deep_backlog_are_claimed,
+        predecessor_rule_past_the_window,
         concurrent_claimers_deliver_each_event_once,
         lease_expiry_and_takeover,
         lost_claim_commit_is_recovered_by_claim_id,
