@@ -410,12 +410,11 @@ pub(crate) fn claim(req: &ClaimRequest, measure: bool) -> String {
     let due = format!(
         "{slot_filter} \
          AND o.seq <= coalesce((SELECT last FROM span), {NO_END}) \
-         AND o.phase = 0 \
-         AND ((o.state = 'PENDING' AND o.available_at <= now()) \
-           OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
+         AND o.phase = 0 AND {} \
          AND o.aggregate_version = (SELECT min(p.aggregate_version) FROM ferry_outbox p \
            WHERE p.aggregate_id = o.aggregate_id AND p.phase < 2) \
          AND {}",
+        due_now("o"),
         crate::operator::pause::not_paused("o")
     );
     // With `measure`, `passed` counts contention: when the claim comes back short of its
@@ -433,16 +432,14 @@ pub(crate) fn claim(req: &ClaimRequest, measure: bool) -> String {
         "SELECT 0::int8 AS n".to_owned()
     };
     // The LEFT JOIN returns one row even when nothing was claimed, to carry the span's end.
+    let claimed = claim_due_rows();
     format!(
         "WITH {span}, \
          due AS ( \
            SELECT o.seq FROM ferry_outbox o WHERE {due} \
            ORDER BY o.seq LIMIT $2 \
            FOR UPDATE OF o SKIP LOCKED), \
-         claimed AS ( \
-           UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
-             claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
-           FROM due WHERE o.seq = due.seq RETURNING {CLAIM_COLUMNS}), \
+         claimed AS ({claimed}), \
          passed AS ({passed}) \
          SELECT c.*, passed.n, span.last FROM span CROSS JOIN passed LEFT JOIN claimed c ON true"
     )
@@ -459,7 +456,9 @@ pub(crate) fn claim(req: &ClaimRequest, measure: bool) -> String {
 /// tokens when it claimed nothing.
 pub(crate) fn claim_heads(req: &ClaimRequest) -> String {
     let slot_filter = claim_slot_filter("o", req);
+    let due_now = due_now("o");
     let not_paused = crate::operator::pause::not_paused("o");
+    let claimed = claim_due_rows();
     format!(
         "WITH RECURSIVE aggs(id) AS ( \
            (SELECT u.aggregate_id FROM ferry_outbox u WHERE u.phase < 2 AND u.aggregate_id > $6 \
@@ -473,20 +472,40 @@ pub(crate) fn claim_heads(req: &ClaimRequest) -> String {
              AND p.phase < 2 ORDER BY p.aggregate_version LIMIT 1) AS seq FROM visited v), \
          due AS ( \
            SELECT o.seq FROM heads h JOIN ferry_outbox o ON o.seq = h.seq \
-           WHERE {slot_filter} AND o.phase = 0 \
-             AND ((o.state = 'PENDING' AND o.available_at <= now()) \
-               OR (o.state = 'CLAIMED' AND o.lease_until <= now())) \
-             AND {not_paused} \
+           WHERE {slot_filter} AND o.phase = 0 AND {due_now} AND {not_paused} \
            ORDER BY h.id LIMIT $2 \
            FOR UPDATE OF o SKIP LOCKED), \
-         claimed AS ( \
-           UPDATE ferry_outbox o SET state = 'CLAIMED', claim_version = o.claim_version + 1, \
-             claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
-           FROM due WHERE o.seq = due.seq RETURNING {CLAIM_COLUMNS}) \
+         claimed AS ({claimed}) \
          SELECT c.*, 0::int8, \
            CASE WHEN (SELECT count(*) FROM claimed) >= $2 THEN (SELECT max(aggregate_id) FROM claimed) \
                 WHEN (SELECT count(*) FROM visited) >= $7 THEN (SELECT max(id) FROM visited) END \
          FROM (SELECT 1) one LEFT JOIN claimed c ON true"
+    )
+}
+
+/// A claim's due condition on the table aliased `a`: PENDING and available, or CLAIMED with an
+/// expired lease.
+fn due_now(a: &str) -> String {
+    format!(
+        "(({a}.state = 'PENDING' AND {a}.available_at <= now()) \
+          OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= now()))"
+    )
+}
+
+/// A claim's SET clause on the table aliased `a` (`$3` the claim id, `$4` the lease in µs).
+fn claim_set(a: &str) -> String {
+    format!(
+        "state = 'CLAIMED', claim_version = {a}.claim_version + 1, claim_id = $3, \
+         lease_until = now() + $4 * interval '1 microsecond'"
+    )
+}
+
+/// The `claimed` step of a row claim: the rows of `due` become CLAIMED ([`claim_set`]) and their
+/// [`CLAIM_COLUMNS`] are returned.
+fn claim_due_rows() -> String {
+    format!(
+        "UPDATE ferry_outbox o SET {} FROM due WHERE o.seq = due.seq RETURNING {CLAIM_COLUMNS}",
+        claim_set("o")
     )
 }
 
@@ -579,22 +598,21 @@ pub(crate) fn status_cursor() -> String {
 pub(crate) fn claim_exceptions(req: &ClaimRequest) -> String {
     // As the row-mode claim: with a fence, only slots whose lease the owner holds now.
     let slot_filter = claim_slot_filter("x", req);
+    let due_now = due_now("x");
+    let set = claim_set("x");
     let not_paused = crate::operator::pause::not_paused_exception("x");
     // The predecessor rule among open exceptions, as "x is its aggregate's lowest open
     // version" (an index probe per candidate on ferry_outbox_exception_open).
     format!(
         "WITH due AS ( \
-           SELECT x.seq FROM ferry_outbox_exception x WHERE {slot_filter} \
-             AND ((x.state = 'PENDING' AND x.available_at <= now()) \
-               OR (x.state = 'CLAIMED' AND x.lease_until <= now())) \
+           SELECT x.seq FROM ferry_outbox_exception x WHERE {slot_filter} AND {due_now} \
              AND x.aggregate_version = (SELECT min(p.aggregate_version) FROM ferry_outbox_exception p \
                WHERE p.aggregate_id = x.aggregate_id AND p.state IN {OPEN}) \
              AND {not_paused} \
            ORDER BY x.seq LIMIT $2 \
            FOR UPDATE OF x SKIP LOCKED), \
          claimed AS ( \
-           UPDATE ferry_outbox_exception x SET state = 'CLAIMED', claim_version = x.claim_version + 1, \
-             claim_id = $3, lease_until = now() + $4 * interval '1 microsecond' \
+           UPDATE ferry_outbox_exception x SET {set} \
            FROM due WHERE x.seq = due.seq \
            RETURNING x.seq, x.claim_id, x.claim_version, x.attempts) \
          SELECT {EVENT_COLUMNS}, c.claim_id, c.claim_version, c.attempts \
