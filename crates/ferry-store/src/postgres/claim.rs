@@ -54,7 +54,7 @@ impl PgStore {
         req: &ClaimRequest,
     ) -> Result<Vec<ClaimedEvent>, StoreError> {
         let sql = sql::claim(req, self.measure);
-        let span = window_rows(req.limit);
+        let window = window_rows(req.limit);
         let mut tx = self.pool.begin().await.ctx("claim: begin")?;
         // Walk the dispatch index in seq order and stop after LIMIT matches. Left to itself,
         // the planner sometimes bitmap-scans and sorts the whole due backlog of the worker's
@@ -63,10 +63,10 @@ impl PgStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| db_err("claim: plan settings", e))?;
-        let (mut items, window_end) = self.claim_span(&mut tx, &sql, req, span).await?;
+        let (mut items, window_end) = self.claim_window(&mut tx, &sql, req, window).await?;
         if window_end.is_some() && items.len() < req.limit {
             let more = self
-                .claim_heads(&mut tx, req, req.limit - items.len(), span)
+                .claim_heads(&mut tx, req, req.limit - items.len(), window)
                 .await?;
             items.extend(more);
         }
@@ -77,15 +77,15 @@ impl PgStore {
 
     /// The window of a row claim ([`sql::claim`]): the rows claimed, and the window's last seq
     /// (`None`: the window reached the end of the backlog).
-    async fn claim_span(
+    async fn claim_window(
         &self,
         tx: &mut sqlx::PgConnection,
         sql: &str,
         req: &ClaimRequest,
-        span: i64,
+        rows_max: i64,
     ) -> Result<(Vec<ClaimedEvent>, Option<i64>), StoreError> {
         let rows = bind_row_claim(sql, req, req.limit)
-            .bind(span)
+            .bind(rows_max)
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| db_err("claim", e))?;
