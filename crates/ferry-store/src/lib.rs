@@ -56,6 +56,7 @@ mod dialect;
 mod enqueue;
 mod error;
 mod exceptions;
+mod heads;
 mod lookup;
 pub mod migrate;
 pub mod mysql;

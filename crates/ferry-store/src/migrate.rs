@@ -55,6 +55,11 @@ pub const MIGRATIONS_MYSQL: &[Migration] = &[
     migration!(10, "operator_action", "mysql/0010_operator_action"),
     migration!(11, "pause", "mysql/0011_pause"),
     migration!(12, "retention_mark", "mysql/0012_retention_mark"),
+    migration!(
+        13,
+        "predecessor_by_state",
+        "mysql/0013_predecessor_by_state"
+    ),
 ];
 
 /// SQLite migrations, in order.

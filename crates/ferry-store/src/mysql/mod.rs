@@ -83,6 +83,8 @@ pub struct MyStore {
     skipped: Arc<AtomicU64>,
     /// Cursor dispatch's horizon ticker (started by the first cursor read).
     ticker: Arc<Ticker>,
+    /// Where a row claim's next scan for heads starts ([`claim`]).
+    heads_from: crate::heads::HeadsFrom,
 }
 
 impl MyStore {
@@ -120,6 +122,7 @@ impl MyStore {
             limits: opts.limits,
             skipped: Arc::default(),
             ticker: Arc::default(),
+            heads_from: Default::default(),
         };
         if opts.migrate {
             store.migrate().await?;

@@ -177,15 +177,17 @@ pub(crate) fn due_window<'a>(
     qb
 }
 
-/// Due rows of one state in the owner's slots, in `seq` order, whose aggregate has no unfinished
-/// lower version. `FORCE INDEX`: `ferry_outbox_due` (state, seq, shard_slot, available_at,
-/// lease_until) yields seq order and filters slot and due time without touching rows; left to
-/// itself the optimizer walked the primary key through every SENT row, or sorted all pending rows
-/// of the slots, once the table grew (docs/schema.md, "MariaDB claim plan").
+/// Due rows of one state in the owner's slots, in `seq` order up to `upto` (the window's end, when
+/// it has one), whose aggregate has no unfinished lower version. `FORCE INDEX`:
+/// `ferry_outbox_due` (state, seq, shard_slot, available_at, lease_until) yields seq order and
+/// filters slot and due time without touching rows; left to itself the optimizer walked the
+/// primary key through every SENT row, or sorted all pending rows of the slots, once the table
+/// grew (docs/schema.md, "MariaDB claim plan").
 pub(crate) fn candidate_query<'a>(
     state: &str,
     due_column: &str,
     slots: &[i16],
+    upto: Option<i64>,
     limit: usize,
 ) -> QueryBuilder<'a, MySql> {
     let mut qb = QueryBuilder::<MySql>::new(format!(
@@ -193,15 +195,83 @@ pub(crate) fn candidate_query<'a>(
          AND o.shard_slot IN ("
     ));
     push_list(&mut qb, slots.iter().copied());
+    qb.push(format!(") AND {due_column} <= UTC_TIMESTAMP(6)"));
+    if let Some(end) = upto {
+        qb.push(" AND o.seq <= ").push_bind(end);
+    }
     qb.push(format!(
-        ") AND {due_column} <= UTC_TIMESTAMP(6) \
-         AND NOT EXISTS (SELECT 1 FROM ferry_outbox p WHERE p.aggregate_id = o.aggregate_id \
-           AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < o.aggregate_version) \
-         AND {} \
-         ORDER BY o.seq LIMIT ",
+        " AND {} AND {} ORDER BY o.seq LIMIT ",
+        predecessor_free("o"),
         crate::operator::pause::not_paused("o")
     ));
     qb.push_bind(limit as i64);
+    qb
+}
+
+/// The predecessor rule on the row aliased `a`: its aggregate has no unfinished lower version.
+/// One probe of `ferry_outbox_predecessor` (state, aggregate_id, aggregate_version) per unfinished
+/// state, each an equality on `state` and `aggregate_id`: MariaDB reads a dependent subquery by
+/// `ref` on an equality prefix only. With `state IN (…)` it took the unique key's
+/// `aggregate_id` instead and read every version of the aggregate, SENT ones included, so a
+/// probe cost the aggregate's history; left to choose, it read all CLAIMED rows by
+/// `ferry_outbox_sent_at` (state, sent_at) for each probe, hence `FORCE INDEX`. The PENDING probe reads one entry, the aggregate's lowest
+/// PENDING version (a `NOT EXISTS` would read all of them for a row that is the lowest);
+/// CLAIMED and QUARANTINED versions of an aggregate are few.
+fn predecessor_free(a: &str) -> String {
+    let none_lower = |state: &str| {
+        format!(
+            "NOT EXISTS (SELECT 1 FROM ferry_outbox p FORCE INDEX (ferry_outbox_predecessor) \
+               WHERE p.state = '{state}' AND p.aggregate_id = {a}.aggregate_id \
+               AND p.aggregate_version < {a}.aggregate_version)"
+        )
+    };
+    format!(
+        "{a}.aggregate_version <= COALESCE((SELECT p.aggregate_version \
+           FROM ferry_outbox p FORCE INDEX (ferry_outbox_predecessor) \
+           WHERE p.state = 'PENDING' AND p.aggregate_id = {a}.aggregate_id \
+           ORDER BY p.aggregate_version LIMIT 1), {a}.aggregate_version) \
+         AND {} AND {}",
+        none_lower("CLAIMED"),
+        none_lower("QUARANTINED")
+    )
+}
+
+/// The window's end: the seq of the `rows`-th due PENDING row of the slots (`OFFSET rows - 1`),
+/// none when fewer are due. An index-only walk of `ferry_outbox_due`.
+pub(crate) fn window_end<'a>(slots: &[i16], rows: i64) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new(
+        "SELECT o.seq FROM ferry_outbox o FORCE INDEX (ferry_outbox_due) WHERE o.state = 'PENDING' \
+         AND o.shard_slot IN (",
+    );
+    push_list(&mut qb, slots.iter().copied());
+    qb.push(") AND o.available_at <= UTC_TIMESTAMP(6) ORDER BY o.seq LIMIT 1 OFFSET ")
+        .push_bind((rows - 1).max(0));
+    qb
+}
+
+/// The head of the first aggregate after `from` that has a PENDING version, and whether the
+/// claim may take it: `(aggregate_id, seq, claimable)`. The head is the aggregate's lowest
+/// PENDING version, found by one probe of `ferry_outbox_predecessor` (state, aggregate_id,
+/// aggregate_version); it is claimable under the window's predicate (due, in the claim's slots,
+/// no unfinished lower version, not paused) and lies past the window's end `after`.
+/// Parameters, bound in this order: the slots, `after`, `from`.
+pub(crate) fn head_after<'a>(slots: &[i16], after: i64, from: &'a str) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new("SELECT h.aggregate_id, h.seq, (o.shard_slot IN (");
+    push_list(&mut qb, slots.iter().copied());
+    qb.push(") AND o.available_at <= UTC_TIMESTAMP(6) AND o.seq > ")
+        .push_bind(after);
+    qb.push(format!(
+        " AND {} AND {}) \
+         FROM (SELECT u.aggregate_id, u.seq FROM ferry_outbox u FORCE INDEX (ferry_outbox_predecessor) \
+               WHERE u.state = 'PENDING' AND u.aggregate_id > ",
+        predecessor_free("o"),
+        crate::operator::pause::not_paused("o")
+    ));
+    qb.push_bind(from);
+    qb.push(
+        " ORDER BY u.aggregate_id, u.aggregate_version LIMIT 1) h \
+         JOIN ferry_outbox o ON o.seq = h.seq",
+    );
     qb
 }
 
@@ -279,7 +349,7 @@ pub(crate) const ROW_INDEXES: [(&str, &str); 4] = [
     ),
     (
         "ferry_outbox_predecessor",
-        "aggregate_id, state, aggregate_version",
+        "state, aggregate_id, aggregate_version",
     ),
     ("ferry_outbox_claim_id", "claim_id"),
     ("ferry_outbox_sent_at", "state, sent_at"),

@@ -37,15 +37,8 @@ use sqlx::Row;
 
 use super::{claimed_from_row, sql, PgStore};
 use crate::error::{db_err, Ctx};
+use crate::heads::window_rows;
 use crate::time::micros;
-
-/// Rows the window holds at most, not counting rows under a live claim: two claims' worth, and
-/// never fewer than 1,024. It is also how many aggregates one scan for heads visits at most.
-pub(super) fn window_rows(limit: usize) -> i64 {
-    i64::try_from(limit.saturating_mul(2))
-        .unwrap_or(i64::MAX)
-        .max(1024)
-}
 
 impl PgStore {
     /// [`ferry_core::RowDispatch::claim`]: the window, then the heads past it (module docs).
@@ -107,7 +100,7 @@ impl PgStore {
         aggregates: i64,
     ) -> Result<Vec<ClaimedEvent>, StoreError> {
         let sql = sql::claim_heads(req);
-        let from = self.heads_from.lock().expect("heads_from").clone();
+        let from = self.heads_from.get();
         let rows = bind_row_claim(&sql, req, limit)
             .bind(from)
             .bind(aggregates)
@@ -115,7 +108,7 @@ impl PgStore {
             .await
             .map_err(|e| db_err("claim: heads", e))?;
         let next: Option<String> = rows.first().and_then(|r| r.get(16));
-        *self.heads_from.lock().expect("heads_from") = next.unwrap_or_default();
+        self.heads_from.set(next);
         Ok(claimed_rows(&rows))
     }
 }
@@ -140,17 +133,4 @@ fn claimed_rows(rows: &[sqlx::postgres::PgRow]) -> Vec<ClaimedEvent> {
         .filter(|r| r.get::<Option<i64>, _>(0).is_some())
         .map(claimed_from_row)
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::window_rows;
-
-    #[test]
-    fn a_window_holds_two_claims_and_at_least_1024_rows() {
-        assert_eq!(window_rows(1), 1024);
-        assert_eq!(window_rows(500), 1024);
-        assert_eq!(window_rows(1000), 2000);
-        assert_eq!(window_rows(usize::MAX), i64::MAX);
-    }
 }

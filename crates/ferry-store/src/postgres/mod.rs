@@ -84,7 +84,7 @@ pub struct PgStore {
     /// Whether claims measure `skipped` (`ConnectOptions::measure_contention`).
     measure: bool,
     /// The aggregate id after which the next heads-first claim starts ("" for the first).
-    heads_from: Arc<std::sync::Mutex<String>>,
+    heads_from: crate::heads::HeadsFrom,
 }
 
 fn claimed_from_row(r: &sqlx::postgres::PgRow) -> ClaimedEvent {
@@ -143,7 +143,7 @@ impl PgStore {
             limits: opts.limits,
             skipped: Arc::default(),
             measure: opts.measure_contention,
-            heads_from: Arc::default(),
+            heads_from: Default::default(),
         };
         if opts.migrate {
             store.migrate().await?;
