@@ -9,14 +9,14 @@
 //!    without a bound.
 //! 2. **Heads past it**, only when the window has an end and the candidates came back short:
 //!    [`MyStore::heads_past`] visits the aggregates with a PENDING version in aggregate order,
-//!    one probe each of `ferry_outbox_predecessor` (state, aggregate_id, aggregate_version) for
-//!    its lowest PENDING version, and keeps those past the window that the window's predicate
-//!    would take. Each scan starts after the aggregate the last one stopped at and wraps at the
+//!    reading `ferry_outbox_predecessor` (state, aggregate_id, aggregate_version) a bounded
+//!    number of entries per statement: the first entry of each aggregate is its lowest PENDING
+//!    version. It keeps those past the window that the window's predicate would take. Each scan starts after the aggregate the last one stopped at and wraps at the
 //!    end, so every aggregate with a claimable head is reached.
 //!
 //! Both steps only choose candidates; the locking re-check and the update that follow are the
 //! same for either, and the predicate is the same text ([`sql::candidate_query`],
-//! [`sql::head_after`]). Without the bound, a backlog of 100 aggregates × 500 versions drained
+//! [`sql::heads_after`]). Without the bound, a backlog of 100 aggregates × 500 versions drained
 //! at about 55 ev/s: every claim read the whole backlog to find the few heads not in flight.
 use std::sync::atomic::Ordering;
 
@@ -131,12 +131,14 @@ impl MyStore {
         Ok(items)
     }
 
-    /// The claimable heads past the window's end `after`, up to `need` of them, visiting at
-    /// most `aggregates` aggregates with a PENDING version from where the last scan stopped
-    /// (module docs). One statement per aggregate ([`sql::head_after`]): MariaDB evaluates a
-    /// correlated "next aggregate" subquery as a scan from the front of the index, and its
-    /// loose index scan for `GROUP BY` is chosen only when the statistics (which count SENT
-    /// rows too) make it look cheap.
+    /// The claimable heads past the window's end `after`, up to `need` of them, visiting about
+    /// `aggregates` aggregates with a PENDING version (at most one statement's worth more) from
+    /// where the last scan stopped (module docs). Each statement ([`sql::heads_after`]) reads the
+    /// next [`sql::HEAD_ENTRIES`] PENDING index entries and starts after the last aggregate the
+    /// previous one saw, so it covers at least one aggregate and as many as the entries hold:
+    /// MariaDB reads a correlated "next aggregate" subquery as a scan from the front of the
+    /// index, and chooses its loose index scan for `GROUP BY` only when the statistics (which
+    /// count SENT rows too) make it look cheap.
     async fn heads_past(
         &self,
         conn: &mut MySqlConnection,
@@ -148,29 +150,32 @@ impl MyStore {
         let mut from = self.heads_from.get();
         let mut heads = Vec::new();
         let mut visited = 0;
-        let next = loop {
+        let next = 'scan: loop {
             if visited >= aggregates {
                 break Some(from);
             }
-            let row = sql::head_after(slots, after, &from)
+            let rows = sql::heads_after(slots, after, &from)
                 .build()
-                .fetch_optional(&mut *conn)
+                .fetch_all(&mut *conn)
                 .await
                 .map_err(|e| db_err("claim: heads", e))?;
-            // past the last aggregate: the next scan starts at the first
-            let Some(row) = row else {
-                break None;
-            };
-            let (aggregate, seq, claimable) =
-                (txt(&row, 0), row.get::<i64, _>(1), row.get::<i64, _>(2));
-            visited += 1;
-            if claimable != 0 {
-                heads.push(seq);
-                if heads.len() >= need {
-                    break Some(aggregate);
+            let mut entries = 0;
+            for row in &rows {
+                let aggregate = txt(row, 0);
+                entries += row.get::<i64, _>(3);
+                visited += 1;
+                if row.get::<i64, _>(2) != 0 {
+                    heads.push(row.get::<i64, _>(1));
+                    if heads.len() >= need {
+                        break 'scan Some(aggregate);
+                    }
                 }
+                from = aggregate;
             }
-            from = aggregate;
+            // past the last aggregate: the next scan starts at the first
+            if entries < sql::HEAD_ENTRIES {
+                break None;
+            }
         };
         self.heads_from.set(next);
         Ok(heads)

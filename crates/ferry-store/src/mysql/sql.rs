@@ -249,28 +249,39 @@ pub(crate) fn window_end<'a>(slots: &[i16], rows: i64) -> QueryBuilder<'a, MySql
     qb
 }
 
-/// The head of the first aggregate after `from` that has a PENDING version, and whether the
-/// claim may take it: `(aggregate_id, seq, claimable)`. The head is the aggregate's lowest
-/// PENDING version, found by one probe of `ferry_outbox_predecessor` (state, aggregate_id,
-/// aggregate_version); it is claimable under the window's predicate (due, in the claim's slots,
-/// no unfinished lower version, not paused) and lies past the window's end `after`.
-/// Parameters, bound in this order: the slots, `after`, `from`.
-pub(crate) fn head_after<'a>(slots: &[i16], after: i64, from: &'a str) -> QueryBuilder<'a, MySql> {
-    let mut qb = QueryBuilder::<MySql>::new("SELECT h.aggregate_id, h.seq, (o.shard_slot IN (");
+/// PENDING index entries one statement of the scan for heads reads ([`heads_after`]).
+pub(crate) const HEAD_ENTRIES: i64 = 1024;
+
+/// The heads of the aggregates after `from` that have a PENDING version, among the next
+/// [`HEAD_ENTRIES`] PENDING entries of `ferry_outbox_predecessor` (state, aggregate_id,
+/// aggregate_version) in index order, and whether the claim may take each:
+/// `(aggregate_id, seq, claimable, entries)`, in aggregate order. The head of an aggregate is its
+/// lowest PENDING version (the first of its entries: the read starts after `from`'s last); it is
+/// claimable under the window's predicate (due, in the claim's slots, no unfinished lower version,
+/// not paused) and lies past the window's end `after`. `entries` summed over the rows is how many
+/// index entries the read took: fewer than [`HEAD_ENTRIES`] means it reached the last aggregate.
+/// The last aggregate may have more versions past the read; its head is still the first.
+/// Parameters, bound in this order: the slots, `after`, `from`, the entries.
+pub(crate) fn heads_after<'a>(slots: &[i16], after: i64, from: &'a str) -> QueryBuilder<'a, MySql> {
+    let mut qb = QueryBuilder::<MySql>::new("SELECT w.aggregate_id, o.seq, (o.shard_slot IN (");
     push_list(&mut qb, slots.iter().copied());
     qb.push(") AND o.available_at <= UTC_TIMESTAMP(6) AND o.seq > ")
         .push_bind(after);
     qb.push(format!(
-        " AND {} AND {}) \
-         FROM (SELECT u.aggregate_id, u.seq FROM ferry_outbox u FORCE INDEX (ferry_outbox_predecessor) \
-               WHERE u.state = 'PENDING' AND u.aggregate_id > ",
+        " AND {} AND {}), w.entries \
+         FROM (SELECT u.aggregate_id, MIN(u.aggregate_version) AS v, COUNT(*) AS entries \
+               FROM (SELECT aggregate_id, aggregate_version FROM ferry_outbox FORCE INDEX (ferry_outbox_predecessor) \
+                     WHERE state = 'PENDING' AND aggregate_id > ",
         predecessor_free("o"),
         crate::operator::pause::not_paused("o")
     ));
     qb.push_bind(from);
+    qb.push(" ORDER BY aggregate_id, aggregate_version LIMIT ")
+        .push_bind(HEAD_ENTRIES);
     qb.push(
-        " ORDER BY u.aggregate_id, u.aggregate_version LIMIT 1) h \
-         JOIN ferry_outbox o ON o.seq = h.seq",
+        ") u GROUP BY u.aggregate_id) w \
+         JOIN ferry_outbox o ON o.aggregate_id = w.aggregate_id AND o.aggregate_version = w.v \
+         ORDER BY w.aggregate_id",
     );
     qb
 }
