@@ -11,13 +11,16 @@
 //!    [`MyStore::heads_past`] visits the aggregates with a PENDING version in aggregate order,
 //!    reading `ferry_outbox_predecessor` (state, aggregate_id, aggregate_version) a bounded
 //!    number of entries per statement: the first entry of each aggregate is its lowest PENDING
-//!    version. It keeps those past the window that the window's predicate would take. Each scan starts after the aggregate the last one stopped at and wraps at the
-//!    end, so every aggregate with a claimable head is reached.
+//!    version. It keeps those past the window that the window's predicate would take. Each scan
+//!    starts after the aggregate the last one stopped at and wraps at the end, so every
+//!    aggregate with a claimable head is reached.
 //!
 //! Both steps only choose candidates; the locking re-check and the update that follow are the
 //! same for either, and the predicate is the same text ([`sql::candidate_query`],
 //! [`sql::heads_after`]). Without the bound, a backlog of 100 aggregates × 500 versions drained
-//! at about 55 ev/s: every claim read the whole backlog to find the few heads not in flight.
+//! at about 60 ev/s, and slower as it went: every claim read the whole backlog to find the few
+//! heads not in flight. With it, the same backlog drained at 1,694 ev/s (docs/performance.md,
+//! "Row dispatch: deep backlogs").
 use std::sync::atomic::Ordering;
 
 use ferry_core::{ClaimRequest, ClaimedEvent, StoreError, StoreErrorKind};
