@@ -1,4 +1,4 @@
-//! Row claims past a deep backlog, shared by PostgreSQL and MariaDB: how far a claim's window
+//! Row claims past a deep backlog, shared by every backend: how far a claim's window
 //! reaches, and where the next scan for heads starts (docs/architecture.md, "Row claims past a
 //! deep backlog").
 //!

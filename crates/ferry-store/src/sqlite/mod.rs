@@ -1,8 +1,8 @@
 //! SQLite backend (3.38+: `->>`; libsqlite3-sys bundles 3.46): the embedded default.
 //!
 //! SQLite has one writer at a time, so a claim is one `BEGIN IMMEDIATE` transaction (the write
-//! lock is taken up front; no other claimer can interleave) running a single
-//! `UPDATE … WHERE seq IN (SELECT … LIMIT n) RETURNING …`. Timestamps are INTEGER microseconds
+//! lock is taken up front; no other claimer can interleave): `UPDATE … WHERE seq IN (SELECT …
+//! LIMIT n) RETURNING …` over a bounded window, then the heads past it ([`claim`]). Timestamps are INTEGER microseconds
 //! from this process's clock. The database runs in WAL mode with `synchronous = FULL` by default,
 //! so a committed intent survives a power loss; `NORMAL` (survives process crashes only) is
 //! available for benchmarks via [`SqliteStore::connect_with`].
@@ -12,6 +12,7 @@
 //! with sleeps of up to 100 ms, which, with producers, claims and acks all wanting the one
 //! writer, left the database idle while writers slept. Other processes on the same file still
 //! meet the busy handler (30 s timeout).
+mod claim;
 mod cursor;
 mod sql;
 mod write_gate;
@@ -35,7 +36,7 @@ use crate::outcome::Outcome;
 use crate::protocol::Ops;
 use crate::rows::{lease_from, status_from, StatusRow};
 use crate::time::micros;
-use sql::{outcome_set, CHUNK, COLUMNS};
+use sql::{outcome_set, CHUNK};
 use write_gate::begin_gated;
 pub use write_gate::{begin_write, write_gate, WriteTx};
 
@@ -129,6 +130,7 @@ pub struct SqliteStore {
     pub(crate) pool: SqlitePool,
     pub(crate) limits: Limits,
     gate: Arc<tokio::sync::Mutex<()>>,
+    heads_from: crate::heads::HeadsFrom,
 }
 
 pub(crate) fn claimed_from_row(r: &sqlx::sqlite::SqliteRow) -> ClaimedEvent {
@@ -207,6 +209,7 @@ impl SqliteStore {
             gate: write_gate(&pool),
             pool,
             limits: opts.limits,
+            heads_from: Default::default(),
         };
         if opts.migrate {
             store.migrate().await?;
@@ -279,14 +282,15 @@ pub(crate) async fn cas_in(
 /// `ferry_outbox_exception x`, fixed constants) in the caller's write transaction: rows of the
 /// requested slots (with a fence, only those whose live lease the owner holds) that are due at
 /// `now` and have no unfinished lower version of their aggregate in `table`, in `seq` order up to
-/// the limit, become CLAIMED under the request's claim id, with the next claim version and a
-/// lease to now + the request's lease. Returns `returning` of each.
+/// the limit and up to seq `upto`, become CLAIMED under the request's claim id, with the next
+/// claim version and a lease to now + the request's lease. Returns `returning` of each.
 pub(crate) async fn claim_in(
     conn: &mut SqliteConnection,
     (table, a): (&str, &str),
     returning: &str,
     req: &ClaimRequest,
     now: i64,
+    upto: i64,
 ) -> Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
     let sql = sql::claim((table, a), returning, req.fence.is_some());
     sqlx::query(&sql)
@@ -294,10 +298,16 @@ pub(crate) async fn claim_in(
         .bind(now)
         .bind(&req.claim_id)
         .bind(micros(req.lease))
-        .bind(req.fence.as_ref().map(|f| f.owner.as_str()).unwrap_or(""))
+        .bind(fence_owner(req))
         .bind(req.limit as i64)
+        .bind(upto)
         .fetch_all(conn)
         .await
+}
+
+/// The owner a claim's fence names ("" unfenced: the statement then does not read it).
+fn fence_owner(req: &ClaimRequest) -> &str {
+    req.fence.as_ref().map_or("", |f| f.owner.as_str())
 }
 
 crate::protocol::impls::store_traits!(SqliteStore, sql);
@@ -310,15 +320,9 @@ impl Ops for SqliteStore {
         Some(&*self.gate)
     }
 
+    /// The window, then the heads past it ([`SqliteStore::claim_window_then_heads`]).
     async fn claim_rows(&self, req: &ClaimRequest) -> Result<Vec<ClaimedEvent>, StoreError> {
-        let mut tx = self.begin_write().await.ctx("claim: begin")?;
-        let rows = claim_in(&mut tx, ("ferry_outbox", "o"), COLUMNS, req, now_micros())
-            .await
-            .map_err(|e| db_err("claim", e))?;
-        tx.commit().await.map_err(|e| db_err("claim: commit", e))?;
-        let mut items: Vec<ClaimedEvent> = rows.iter().map(claimed_from_row).collect();
-        items.sort_by_key(|e| e.token.seq);
-        Ok(items)
+        self.claim_window_then_heads(req).await
     }
 
     /// Never skips: a claim takes the database's one write lock up front (`BEGIN IMMEDIATE`),

@@ -96,12 +96,26 @@ pub(crate) fn cas(table: &str, set: &str) -> String {
     )
 }
 
+/// A claim's slot fence on the table aliased `a`: only slots whose live lease (at `now`) owner
+/// `owner` holds; `owner` and `now` are the statement's parameter names (`?5`, `?2`).
+fn fence(a: &str, owner: &str, now: &str) -> String {
+    format!(
+        "AND {a}.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = {owner} AND l.lease_until > {now})"
+    )
+}
+
+/// The state of an unfinished row, as the partial indexes `ferry_outbox_dispatch` and
+/// `ferry_outbox_unfinished` spell it (SQLite uses a partial index only when the query repeats
+/// its condition).
+const UNFINISHED: &str = "state IN ('PENDING', 'CLAIMED', 'QUARANTINED')";
+
 /// SQLite's claim on `table` aliased `a` (`ferry_outbox o` or `ferry_outbox_exception x`): `?1`
 /// the slots (JSON), `?2` now, `?3` the claim id, `?4` the lease (µs), `?5` the fence's owner
-/// (with `fenced`), `?6` the limit; returns `returning` of each row claimed.
+/// (with `fenced`), `?6` the limit, `?7` the last seq it may take (the end of the claim's window,
+/// [`window_end`]); returns `returning` of each row claimed.
 pub(crate) fn claim((table, a): (&str, &str), returning: &str, fenced: bool) -> String {
     let fence = if fenced {
-        format!("AND {a}.shard_slot IN (SELECT l.slot FROM ferry_slot_lease l WHERE l.owner = ?5 AND l.lease_until > ?2)")
+        fence(a, "?5", "?2")
     } else {
         String::new()
     };
@@ -116,14 +130,74 @@ pub(crate) fn claim((table, a): (&str, &str), returning: &str, fenced: bool) -> 
            lease_until = ?2 + ?4 \
          WHERE seq IN (SELECT {a}.seq FROM {table} {a} \
            WHERE {a}.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
-             AND {a}.state IN ('PENDING', 'CLAIMED') \
+             AND {a}.state IN ('PENDING', 'CLAIMED') AND {a}.seq <= ?7 \
              AND (({a}.state = 'PENDING' AND {a}.available_at <= ?2) OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= ?2)) \
              AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.aggregate_id = {a}.aggregate_id \
                AND p.aggregate_version < {a}.aggregate_version \
-               AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED')) \
+               AND p.{UNFINISHED}) \
              AND {not_paused} \
            ORDER BY {a}.seq LIMIT ?6) \
          RETURNING {returning}"
+    )
+}
+
+/// The end of a row claim's window ([`crate::heads`]): the seq of the `?4`-th row, in seq order,
+/// of slots `?1` (JSON) that no live claim holds at `?2` (with `fenced`, of the slots whose live
+/// lease owner `?3` holds); no row when fewer lie there, and the window reaches the end of the
+/// backlog. An index-only walk of `ferry_outbox_dispatch` but for the state of each row.
+pub(crate) fn window_end(fenced: bool) -> String {
+    let fence = if fenced {
+        fence("w", "?3", "?2")
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT w.seq FROM ferry_outbox w \
+         WHERE w.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
+           AND w.state IN ('PENDING', 'CLAIMED') AND (w.state = 'PENDING' OR w.lease_until <= ?2) \
+         ORDER BY w.seq LIMIT 1 OFFSET ?4 - 1"
+    )
+}
+
+/// The heads of the aggregates after `?4` in aggregate order, at most `?5` of them: each
+/// aggregate with an unfinished version, its lowest unfinished version's seq, and whether a claim
+/// at `?2` of slots `?1` (JSON; with `fenced`, those whose live lease owner `?3` holds) may take
+/// it: due (PENDING and available, or CLAIMED with an expired lease) and not paused. Being the
+/// lowest unfinished version, a head has no unfinished predecessor. A loose index scan of
+/// `ferry_outbox_unfinished` (aggregate_id, aggregate_version): one seek for the next aggregate and
+/// one for its lowest version, whatever the aggregates hold.
+pub(crate) fn heads_after(fenced: bool) -> String {
+    let fence = if fenced {
+        fence("o", "?3", "?2")
+    } else {
+        String::new()
+    };
+    let not_paused = crate::operator::pause::not_paused("o");
+    format!(
+        "WITH RECURSIVE aggs(id) AS ( \
+           SELECT (SELECT u.aggregate_id FROM ferry_outbox u WHERE u.{UNFINISHED} AND u.aggregate_id > ?4 \
+                   ORDER BY u.aggregate_id LIMIT 1) \
+           UNION ALL \
+           SELECT (SELECT u.aggregate_id FROM ferry_outbox u WHERE u.{UNFINISHED} AND u.aggregate_id > a.id \
+                   ORDER BY u.aggregate_id LIMIT 1) \
+           FROM aggs a WHERE a.id IS NOT NULL LIMIT ?5), \
+         heads AS (SELECT v.id, (SELECT p.seq FROM ferry_outbox p WHERE p.aggregate_id = v.id AND p.{UNFINISHED} \
+             ORDER BY p.aggregate_version LIMIT 1) AS seq FROM aggs v WHERE v.id IS NOT NULL) \
+         SELECT h.id, h.seq, \
+           (o.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
+            AND ((o.state = 'PENDING' AND o.available_at <= ?2) OR (o.state = 'CLAIMED' AND o.lease_until <= ?2)) \
+            AND {not_paused}) \
+         FROM heads h JOIN ferry_outbox o ON o.seq = h.seq ORDER BY h.id"
+    )
+}
+
+/// Claims the outbox rows of seqs `?1` (JSON) under claim id `?3`, with lease `?4` (µs) from `?2`:
+/// the heads a claim chose in its own write transaction ([`heads_after`]).
+pub(crate) fn claim_seqs() -> String {
+    format!(
+        "UPDATE ferry_outbox SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
+           lease_until = ?2 + ?4 \
+         WHERE seq IN (SELECT value FROM json_each(?1)) RETURNING {COLUMNS}"
     )
 }
 

@@ -89,10 +89,9 @@ pub async fn predecessor_blocks_successors(db: AnyDb) {
 }
 
 /// A deep backlog of one aggregate ahead of another aggregate's only event does not hide that
-/// event: PostgreSQL's claim reads a bounded window at the front of the backlog (at least 1,024
-/// rows) and then the lowest versions of the aggregates past it (`ferry_store`'s
-/// `postgres::claim`); the other stores walk the whole backlog. B's event is claimed while A's
-/// lowest version is in flight, and no later version of A is.
+/// event: every store's claim reads a bounded window at the front of the backlog (at least 1,024
+/// rows) and then the lowest versions of the aggregates past it (`ferry_store`'s `heads`). B's
+/// event is claimed while A's lowest version is in flight, and no later version of A is.
 pub async fn heads_past_a_deep_backlog_are_claimed(db: AnyDb) {
     let depth = 5_000;
     let evs: Vec<NewEvent> = (1..=depth).map(|v| ev("A", v)).collect();
@@ -134,9 +133,8 @@ pub async fn predecessor_rule_under_concurrency(db: AnyDb) {
 }
 
 /// The same race over 10 aggregates × 150 versions committed aggregate after aggregate, deeper
-/// than a claim's window (PostgreSQL: 1,024 rows), so the lowest versions of the last aggregates
-/// lie past it and are claimed by the scan for heads (`ferry_store`'s `postgres::claim`), under
-/// contention.
+/// than a claim's window (1,024 rows), so the lowest versions of the last aggregates lie past it
+/// and are claimed by the scan for heads (`ferry_store`'s `heads`), under contention.
 pub async fn predecessor_rule_past_the_window(db: AnyDb) {
     let mut evs = Vec::new();
     for a in 0..10 {
