@@ -86,11 +86,6 @@ impl Pools<'_> {
         }))
     }
 
-    /// The rows `sql` changed.
-    pub(crate) async fn exec(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
-        self.exec_as(sql, binds, "operator statement").await
-    }
-
     /// [`Self::exec`], its errors in the context `what`.
     pub(crate) async fn exec_as(
         &self,
@@ -134,7 +129,10 @@ impl Pools<'_> {
         };
         let now = now_micros();
         Ok(on_backend!(Pools, *self, delete, |pool, q| {
-            let mut tx = pool.begin().await.map_err(|e| db_err("purge: begin", e))?;
+            let mut tx = pool
+                .begin_write_tx()
+                .await
+                .map_err(|e| db_err("purge: begin", e))?;
             let rows = bound(q, binds)
                 .fetch_all(&mut *tx)
                 .await
@@ -167,12 +165,63 @@ impl Pools<'_> {
         }))
     }
 
+    /// The rows `sql` changed, in a write transaction of its own ([`BeginWrite`]).
+    pub(crate) async fn exec_write(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
+        Ok(on_backend!(Pools, *self, sql, |pool, q| {
+            let mut tx = pool
+                .begin_write_tx()
+                .await
+                .map_err(|e| db_err("operator statement: begin", e))?;
+            let n = bound(q, binds)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| db_err("operator statement", e))?
+                .rows_affected();
+            tx.commit()
+                .await
+                .map_err(|e| db_err("operator statement: commit", e))?;
+            n
+        }))
+    }
+
     pub(crate) fn dialect(&self) -> Dialect {
         match self {
             Pools::Pg(_) => Dialect::Pg,
             Pools::My(_) => Dialect::My,
             Pools::Lite(_) => Dialect::Lite,
         }
+    }
+}
+
+/// A write transaction on a backend's pool. On SQLite it is [`crate::sqlite::begin_write`]:
+/// `BEGIN IMMEDIATE` behind the file's in-process write gate, so a purge's batches queue in
+/// order with the producers' transactions, the claims and the cursor advances of this process.
+/// Left to SQLite's busy handler (a plain `BEGIN`), a batch and the writers it met slept in
+/// steps of up to 100 ms each time they collided, and every purge run showed as a latency spike
+/// of the whole relay (docs/performance.md, "Retention beside the load on SQLite").
+pub(crate) trait BeginWrite {
+    type Tx;
+    fn begin_write_tx(&self) -> impl std::future::Future<Output = Result<Self::Tx, sqlx::Error>>;
+}
+
+impl BeginWrite for PgPool {
+    type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+    async fn begin_write_tx(&self) -> Result<Self::Tx, sqlx::Error> {
+        self.begin().await
+    }
+}
+
+impl BeginWrite for MySqlPool {
+    type Tx = sqlx::Transaction<'static, sqlx::MySql>;
+    async fn begin_write_tx(&self) -> Result<Self::Tx, sqlx::Error> {
+        self.begin().await
+    }
+}
+
+impl BeginWrite for SqlitePool {
+    type Tx = crate::sqlite::WriteTx;
+    async fn begin_write_tx(&self) -> Result<Self::Tx, sqlx::Error> {
+        crate::sqlite::begin_write(self).await
     }
 }
 

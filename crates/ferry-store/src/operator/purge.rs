@@ -213,7 +213,7 @@ async fn purge_cursor(
     }
     // exception rows of purged (SENT) intents
     pools
-        .exec(
+        .exec_write(
             "DELETE FROM ferry_outbox_exception WHERE state = 'SENT' AND NOT EXISTS \
              (SELECT 1 FROM ferry_outbox o WHERE o.seq = ferry_outbox_exception.seq)",
             &[],
