@@ -176,20 +176,18 @@ async fn purge_cursor(
         )
         .await;
     }
-    // MariaDB cannot read the table it deletes from in a subquery (the view reads
-    // ferry_outbox): a derived table, materialised first, lets it.
     let pick = format!("SELECT o.seq FROM {source} WHERE {filter}");
-    let sql = if d == Dialect::My {
-        format!("DELETE FROM ferry_outbox WHERE seq IN (SELECT seq FROM ({pick}) AS b)")
-    } else {
-        format!("DELETE FROM ferry_outbox WHERE seq IN ({pick})")
-    } + &returning(d);
+    let sql = format!("DELETE FROM ferry_outbox WHERE seq IN ({pick})") + &returning(d);
     let step = i64::try_from(batch).unwrap_or(i64::MAX);
     let mut total = 0u64;
     let mut from = lowest;
     while from < hi {
         let to = from.saturating_add(step).min(hi);
-        let n = pools.delete_marking(&sql, &range(from, to)).await?;
+        let n = if d == Dialect::My {
+            delete_picked(pools, &pick, &range(from, to)).await?
+        } else {
+            pools.delete_marking(&sql, &range(from, to)).await?
+        };
         total += n;
         from = if n > 0 {
             to
@@ -220,6 +218,35 @@ async fn purge_cursor(
         )
         .await?;
     Ok(total)
+}
+
+/// MariaDB's purge batch: the rows `pick` chooses, by a plain read, then deleted by key.
+///
+/// InnoDB reads the tables of a subquery inside a `DELETE` with shared locks (a locking read,
+/// as `INSERT … SELECT` does), and the cursor view joins every row to its slot's
+/// `ferry_slot_lease` row: one statement `DELETE … WHERE seq IN (SELECT … FROM
+/// ferry_outbox_cursor_view …)` share-locked the slot leases for as long as it ran, so the
+/// relays' lease renewals and cursor advances (which update those rows) waited behind it, up to
+/// 23 s beside a flat-out load, until the relay lost its slots. The plain read takes no lock; a
+/// row it finds SENT stays SENT (a cursor never moves back, a delivered exception is final, a
+/// switch of dispatch mode keeps finished rows finished), so deleting it by key later is still
+/// right. A row another purge deleted meanwhile is simply not returned.
+async fn delete_picked(pools: Pools<'_>, pick: &str, binds: &[Bind]) -> Result<u64, StoreError> {
+    let seqs: Vec<Bind> = pools
+        .rows_as(pick, binds, "purge: choose rows")
+        .await?
+        .into_iter()
+        .filter_map(|r| r[0].as_deref().and_then(|v| v.parse().ok()).map(Bind::I64))
+        .collect();
+    if seqs.is_empty() {
+        return Ok(0);
+    }
+    let marks = vec!["?"; seqs.len()].join(", ");
+    let delete = format!(
+        "DELETE FROM ferry_outbox WHERE seq IN ({marks}){}",
+        returning(pools.dialect())
+    );
+    pools.delete_marking(&delete, &seqs).await
 }
 
 /// What a purge's DELETE returns for the retention watermark ([`Pools::delete_marking`]): each
