@@ -193,7 +193,8 @@ impl Pools<'_> {
     }
 }
 
-/// A write transaction on a backend's pool. On SQLite it is [`crate::sqlite::begin_write`]:
+/// A write transaction on a backend's pool. On SQLite (its impl is beside the write gate, in
+/// `sqlite/write_gate.rs`) it is [`crate::sqlite::begin_write`]:
 /// `BEGIN IMMEDIATE` behind the file's in-process write gate, so a purge's batches queue in
 /// order with the producers' transactions, the claims and the cursor advances of this process.
 /// Left to SQLite's busy handler (a plain `BEGIN`), a batch and the writers it met slept in
@@ -215,13 +216,6 @@ impl BeginWrite for MySqlPool {
     type Tx = sqlx::Transaction<'static, sqlx::MySql>;
     async fn begin_write_tx(&self) -> Result<Self::Tx, sqlx::Error> {
         self.begin().await
-    }
-}
-
-impl BeginWrite for SqlitePool {
-    type Tx = crate::sqlite::WriteTx;
-    async fn begin_write_tx(&self) -> Result<Self::Tx, sqlx::Error> {
-        crate::sqlite::begin_write(self).await
     }
 }
 

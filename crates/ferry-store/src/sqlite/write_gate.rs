@@ -59,6 +59,14 @@ pub async fn begin_write(pool: &SqlitePool) -> Result<WriteTx, sqlx::Error> {
     begin_gated(pool, write_gate(pool)).await
 }
 
+/// A purge's write transactions ([`crate::operator::BeginWrite`]) queue on the gate too.
+impl crate::operator::BeginWrite for SqlitePool {
+    type Tx = WriteTx;
+    async fn begin_write_tx(&self) -> Result<Self::Tx, sqlx::Error> {
+        begin_write(self).await
+    }
+}
+
 /// `FERRY_SQLITE_WRITE_GATE=off` leaves write transactions to SQLite's busy handler, as before
 /// the gate existed: a diagnostic switch for measuring what the gate buys, not a tuning knob.
 pub(crate) fn gate_disabled() -> bool {
