@@ -20,14 +20,14 @@ async fn a_purge_waiting_on_a_row_lock_leaves_the_slot_leases_free() {
         .map(|i| NewEvent::new(format!("a-{i}"), 1, "t", "created", "{}"))
         .collect();
     db.store.enqueue(&events).await.unwrap();
-    let cs = db.store.cursor().expect("cursor dispatch on MariaDB");
-    cs.set_dispatch_mode(DispatchMode::Cursor, "test")
+    // cursor dispatch, every intent behind its slot's cursor: delivered
+    let cursor = db.store.cursor().expect("cursor dispatch on MariaDB");
+    assert!(cursor
+        .set_dispatch_mode(DispatchMode::Cursor, "test")
         .await
-        .unwrap();
-    // every intent behind its slot's cursor: delivered
-    db.exec("UPDATE ferry_slot_lease SET cursor_seq = 1000000000")
-        .await
-        .unwrap();
+        .unwrap());
+    let behind = db.exec("UPDATE ferry_slot_lease SET cursor_seq = 1000000000");
+    assert_eq!(behind.await.unwrap(), 256);
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     // an application transaction holds the newest intent's row
@@ -47,20 +47,15 @@ async fn a_purge_waiting_on_a_row_lock_leaves_the_slot_leases_free() {
         .unwrap();
 
     // a purge starts and waits for that row
-    let purge = tokio::spawn({
-        let store = db.store.clone();
-        async move {
-            store
-                .purge_sent(&PurgeRequest {
-                    older_than: Duration::ZERO,
-                    batch: 1000,
-                    consumer: None,
-                    dry_run: false,
-                    vacuum: false,
-                })
-                .await
-        }
-    });
+    let everything_sent = PurgeRequest {
+        older_than: Duration::ZERO,
+        batch: 1000,
+        consumer: None,
+        dry_run: false,
+        vacuum: false,
+    };
+    let store = db.store.clone();
+    let purge = tokio::spawn(async move { store.purge_sent(&everything_sent).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // a relay renews the lease of the oldest intent's slot meanwhile

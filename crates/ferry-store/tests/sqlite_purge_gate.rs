@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use ferry_core::{OutboxStore, PurgeRequest};
 use ferry_store::sqlite::SqliteStore;
-use ferry_store::ConnectOptions;
 use ferry_testkit::TempDir;
 
 /// Delivered intents, sent long ago.
@@ -19,12 +18,10 @@ const SENT_LONG_AGO: &str = "INSERT INTO ferry_outbox (event_id, aggregate_id, a
 #[tokio::test]
 async fn a_purge_batch_queues_on_the_write_gate_in_order() {
     let dir = TempDir::new("ferry-sqlite-purge-gate").unwrap();
-    let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
-    let opts = ConnectOptions {
-        max_connections: 4,
-        ..ConnectOptions::default()
-    };
-    let store = SqliteStore::connect(&url, &opts).await.unwrap();
+    let file = dir.path().join("outbox.db");
+    let store = SqliteStore::connect(&format!("sqlite://{}", file.display()), &Default::default())
+        .await
+        .unwrap();
     sqlx::query(SENT_LONG_AGO)
         .execute(store.pool())
         .await

@@ -165,25 +165,6 @@ impl Pools<'_> {
         }))
     }
 
-    /// The rows `sql` changed, in a write transaction of its own ([`BeginWrite`]).
-    pub(crate) async fn exec_write(&self, sql: &str, binds: &[Bind]) -> Result<u64, StoreError> {
-        Ok(on_backend!(Pools, *self, sql, |pool, q| {
-            let mut tx = pool
-                .begin_write_tx()
-                .await
-                .map_err(|e| db_err("operator statement: begin", e))?;
-            let n = bound(q, binds)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("operator statement", e))?
-                .rows_affected();
-            tx.commit()
-                .await
-                .map_err(|e| db_err("operator statement: commit", e))?;
-            n
-        }))
-    }
-
     pub(crate) fn dialect(&self) -> Dialect {
         match self {
             Pools::Pg(_) => Dialect::Pg,

@@ -211,10 +211,11 @@ async fn purge_cursor(
     }
     // exception rows of purged (SENT) intents
     pools
-        .exec_write(
+        .exec_as(
             "DELETE FROM ferry_outbox_exception WHERE state = 'SENT' AND NOT EXISTS \
              (SELECT 1 FROM ferry_outbox o WHERE o.seq = ferry_outbox_exception.seq)",
             &[],
+            "purge: exception rows",
         )
         .await?;
     Ok(total)

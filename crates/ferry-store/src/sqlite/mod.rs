@@ -205,11 +205,13 @@ impl SqliteStore {
         .connect_with(conn)
         .await
         .map_err(|e| db_err("cannot open SQLite database", e))?;
+        let gate = write_gate(&pool);
+        let (limits, heads_from) = (opts.limits, Default::default());
         let store = Self {
-            gate: write_gate(&pool),
             pool,
-            limits: opts.limits,
-            heads_from: Default::default(),
+            limits,
+            gate,
+            heads_from,
         };
         if opts.migrate {
             store.migrate().await?;
