@@ -86,7 +86,7 @@ impl Pools<'_> {
         }))
     }
 
-    /// [`Self::exec`], its errors in the context `what`.
+    /// The rows `sql` changed, its errors in the context `what`.
     pub(crate) async fn exec_as(
         &self,
         sql: &str,
