@@ -109,6 +109,14 @@ fn fence(a: &str, owner: &str, now: &str) -> String {
 /// its condition).
 const UNFINISHED: &str = "state IN ('PENDING', 'CLAIMED', 'QUARANTINED')";
 
+/// A claim's due condition at `?2` on the table aliased `a`: PENDING and available, or CLAIMED
+/// with an expired lease.
+fn due_at(a: &str) -> String {
+    format!(
+        "(({a}.state = 'PENDING' AND {a}.available_at <= ?2) OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= ?2))"
+    )
+}
+
 /// SQLite's claim on `table` aliased `a` (`ferry_outbox o` or `ferry_outbox_exception x`): `?1`
 /// the slots (JSON), `?2` now, `?3` the claim id, `?4` the lease (µs), `?5` the fence's owner
 /// (with `fenced`), `?6` the limit, `?7` the last seq it may take (the end of the claim's window,
@@ -125,13 +133,14 @@ pub(crate) fn claim((table, a): (&str, &str), returning: &str, fenced: bool) -> 
     } else {
         crate::operator::pause::not_paused_exception(a)
     };
+    let due = due_at(a);
     format!(
         "UPDATE {table} SET state = 'CLAIMED', claim_version = claim_version + 1, claim_id = ?3, \
            lease_until = ?2 + ?4 \
          WHERE seq IN (SELECT {a}.seq FROM {table} {a} \
            WHERE {a}.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
              AND {a}.state IN ('PENDING', 'CLAIMED') AND {a}.seq <= ?7 \
-             AND (({a}.state = 'PENDING' AND {a}.available_at <= ?2) OR ({a}.state = 'CLAIMED' AND {a}.lease_until <= ?2)) \
+             AND {due} \
              AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.aggregate_id = {a}.aggregate_id \
                AND p.aggregate_version < {a}.aggregate_version \
                AND p.{UNFINISHED}) \
@@ -173,6 +182,7 @@ pub(crate) fn heads_after(fenced: bool) -> String {
         String::new()
     };
     let not_paused = crate::operator::pause::not_paused("o");
+    let due = due_at("o");
     format!(
         "WITH RECURSIVE aggs(id) AS ( \
            SELECT (SELECT u.aggregate_id FROM ferry_outbox u WHERE u.{UNFINISHED} AND u.aggregate_id > ?4 \
@@ -185,7 +195,7 @@ pub(crate) fn heads_after(fenced: bool) -> String {
              ORDER BY p.aggregate_version LIMIT 1) AS seq FROM aggs v WHERE v.id IS NOT NULL) \
          SELECT h.id, h.seq, \
            (o.shard_slot IN (SELECT value FROM json_each(?1)) {fence} \
-            AND ((o.state = 'PENDING' AND o.available_at <= ?2) OR (o.state = 'CLAIMED' AND o.lease_until <= ?2)) \
+            AND {due} \
             AND {not_paused}) \
          FROM heads h JOIN ferry_outbox o ON o.seq = h.seq ORDER BY h.id"
     )
