@@ -438,6 +438,16 @@ pub async fn create_namespace(
     ))
 }
 
+/// A private in-memory SQLite database for a unit test, on one connection (an in-memory
+/// database lives in its connection).
+pub async fn memory_sqlite() -> sqlx::SqlitePool {
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect("sqlite::memory:")
+        .await
+        .expect("in-memory SQLite")
+}
+
 /// `mysql://u:p@h:3306/old?x` → `mysql://u:p@h:3306/<db>?x`.
 pub fn mysql_url_with_db(admin: &str, db: &str) -> String {
     let (base, query) = match admin.split_once('?') {

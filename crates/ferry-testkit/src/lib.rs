@@ -48,7 +48,8 @@ mod wait;
 pub mod workload;
 
 pub use db::{
-    create_namespace, env_url, mysql_url_with_db, AnyDb, Cleanup, OpenTx, TempDir, TestDb,
+    create_namespace, env_url, memory_sqlite, mysql_url_with_db, AnyDb, Cleanup, OpenTx, TempDir,
+    TestDb,
 };
 pub use embedded::{EmbeddedKafka, EmbeddedKafkaError};
 pub use ferry_core::DispatchMode;

@@ -25,7 +25,7 @@ pub mod producer;
 mod shape;
 pub mod tx;
 
-pub use check::{fold_orders, version_check, VersionCheck};
+pub use check::{fold_orders, prepare_fold, version_check, VersionCheck};
 /// The pool the business transactions run on (every backend's).
 pub use ferry_inbox::InboxPool;
 pub use producer::{

@@ -99,22 +99,28 @@ const ORDERS_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders (orde
 /// The aggregates' business rows: `ver` is the last version handed out.
 const AGGREGATES_DDL: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
     (aggregate_id VARCHAR(255) PRIMARY KEY, ver BIGINT NOT NULL)";
-const AGGREGATES_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
-    (aggregate_id TEXT PRIMARY KEY, ver INTEGER NOT NULL) WITHOUT ROWID";
-/// PostgreSQL: the business rows also count their handoffs as versions are taken
+/// PostgreSQL and SQLite: the business rows also count their handoffs as versions are taken
 /// (`last_producer`: the producer that took `ver`, -1 before any; `handoffs`: successive
 /// versions taken by different producers), so the count holds when `--fold-orders` has
 /// deleted old orders; a rolled-back transaction's update rolls back with it.
+const AGGREGATES_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
+    (aggregate_id TEXT PRIMARY KEY, ver INTEGER NOT NULL, \
+     last_producer INTEGER NOT NULL DEFAULT -1, handoffs INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID";
 const AGGREGATES_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
     (aggregate_id VARCHAR(255) PRIMARY KEY, ver BIGINT NOT NULL, \
      last_producer INT NOT NULL DEFAULT -1, handoffs BIGINT NOT NULL DEFAULT 0)";
-/// PostgreSQL: what `--fold-orders` deleted from `loadgen_orders`, per aggregate: how many
-/// orders, their lowest and highest version, and the sums of their versions and of their
-/// squares (with the live rows' own, the version check's `1..=n` holds exactly as on the
-/// whole table: see `check::VERSION_CHECK_PG`).
+/// PostgreSQL and SQLite: what `--fold-orders` deleted from `loadgen_orders`, per aggregate:
+/// how many orders, their lowest and highest version, and the sums of their versions and of
+/// their squares (with the live rows' own, the version check's `1..=n` holds exactly as on
+/// the whole table: see `check::VERSION_CHECK_FOLDED`).
 const FOLDED_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
     (aggregate_id VARCHAR(255) PRIMARY KEY, n BIGINT NOT NULL, lo BIGINT NOT NULL, \
      hi BIGINT NOT NULL, vsum NUMERIC NOT NULL, vsq NUMERIC NOT NULL)";
+/// SQLite's 64-bit integers hold the sums exactly up to about two million versions of one
+/// aggregate (`SUM` fails on an overflow, it never wraps).
+const FOLDED_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
+    (aggregate_id TEXT PRIMARY KEY, n INTEGER NOT NULL, lo INTEGER NOT NULL, \
+     hi INTEGER NOT NULL, vsum INTEGER NOT NULL, vsq INTEGER NOT NULL) WITHOUT ROWID";
 /// Business rows created per statement (a million: about 4 s on PostgreSQL, 2.5 s on MariaDB).
 const AGGREGATE_ROWS_PER_STATEMENT: u64 = 1_000_000;
 /// PostgreSQL: one statement takes every version of a transaction, aggregate after aggregate in
@@ -153,9 +159,11 @@ BEGIN
   RETURN vers;
 END
 $f$"#;
-/// SQLite (3.35+ has `RETURNING`; the bundled one is 3.46).
-const TAKE_VERSION_SQLITE: &str =
-    "UPDATE loadgen_aggregates SET ver = ver + 1 WHERE aggregate_id = ? RETURNING ver";
+/// SQLite (3.35+ has `RETURNING`; the bundled one is 3.46): `?1` the aggregate, `?2` the
+/// producer (every `SET` reads the row as it was before the update).
+const TAKE_VERSION_SQLITE: &str = "UPDATE loadgen_aggregates SET ver = ver + 1, \
+    handoffs = handoffs + (last_producer >= 0 AND last_producer <> ?2), last_producer = ?2 \
+    WHERE aggregate_id = ?1 RETURNING ver";
 /// MariaDB has no `UPDATE … RETURNING`: `LAST_INSERT_ID(expr)` hands the new value back in the
 /// statement's OK packet (`last_insert_id`), so it still takes one round trip.
 const TAKE_VERSION_MYSQL: &str =
@@ -254,8 +262,8 @@ pub async fn order_exists(pool: &Pool, order_id: i64) -> sqlx::Result<bool> {
     Ok(n > 0)
 }
 
-/// Creates `loadgen_orders`, `loadgen_aggregates` (PostgreSQL: and `loadgen_orders_folded`,
-/// `loadgen_take_versions`)
+/// Creates `loadgen_orders`, `loadgen_aggregates` (PostgreSQL and SQLite: and
+/// `loadgen_orders_folded`; PostgreSQL: and `loadgen_take_versions`)
 /// and the business rows of aggregates `0..aggregates` of run `run`.
 pub async fn create_tables(
     pool: &Pool,
@@ -267,6 +275,7 @@ pub async fn create_tables(
         Backend::Sqlite => vec![
             ORDERS_DDL_SQLITE.to_string(),
             AGGREGATES_DDL_SQLITE.to_string(),
+            FOLDED_DDL_SQLITE.to_string(),
         ],
         Backend::Mysql => vec![
             format!("{ORDERS_DDL} ENGINE = InnoDB"),
@@ -342,6 +351,7 @@ async fn take_versions_sqlite(
     for o in orders.iter_mut() {
         let v: Option<i64> = sqlx::query_scalar(TAKE_VERSION_SQLITE)
             .bind(&o.aggregate_id)
+            .bind(o.order_id >> 40)
             .fetch_optional(&mut *conn)
             .await?;
         o.version = v.ok_or_else(|| no_row(&o.aggregate_id))?;
@@ -399,7 +409,6 @@ async fn create_aggregates(pool: &Pool, run: &str, n: u64) -> sqlx::Result<()> {
 mod tests {
     use super::*;
     use crate::workload::shape::Ids;
-    use sqlx::sqlite::SqlitePoolOptions;
 
     fn order(aggregate_id: &str) -> Order {
         Order {
@@ -412,12 +421,7 @@ mod tests {
 
     #[tokio::test]
     async fn versions_come_from_the_rows_and_roll_back_with_the_transaction() {
-        // one connection: an in-memory database lives in its connection
-        let p = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect("sqlite::memory:")
-            .await
-            .unwrap();
+        let p = crate::memory_sqlite().await;
         p.execute(AGGREGATES_DDL_SQLITE).await.unwrap();
         let pool = Pool::Sqlite(p.clone());
         create_aggregates(&pool, "abc123", 5).await.unwrap();
@@ -467,6 +471,41 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("no row"), "{e}");
         tx.rollback().await.unwrap();
+        p.close().await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_rows_count_the_handoffs_between_producers() {
+        let p = crate::memory_sqlite().await;
+        p.execute(AGGREGATES_DDL_SQLITE).await.unwrap();
+        create_aggregates(&Pool::Sqlite(p.clone()), "h", 1)
+            .await
+            .unwrap();
+        let agg = Ids { run: "h".into() }.aggregate(0);
+        // producers 1, 1, 2, 1 take versions 1..=4: two handoffs
+        for (producer, n) in [(1, 0), (1, 1), (2, 0), (1, 2)] {
+            let mut orders = [Order {
+                order_id: Ids::order(producer, n),
+                ..order(&agg)
+            }];
+            let mut tx = p.begin().await.unwrap();
+            take_versions_sqlite(&mut tx, &mut orders).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        // a rolled-back take counts nothing
+        let mut orders = [Order {
+            order_id: Ids::order(3, 0),
+            ..order(&agg)
+        }];
+        let mut tx = p.begin().await.unwrap();
+        take_versions_sqlite(&mut tx, &mut orders).await.unwrap();
+        tx.rollback().await.unwrap();
+        let row: (i64, i64, i64) =
+            sqlx::query_as("SELECT ver, last_producer, handoffs FROM loadgen_aggregates")
+                .fetch_one(&p)
+                .await
+                .unwrap();
+        assert_eq!(row, (4, 1, 2));
         p.close().await;
     }
 
