@@ -42,13 +42,10 @@ impl Database {
             .map_err(Error::sql("check the committed versions"))
     }
 
-    /// PostgreSQL `--fold-orders`: folds the business orders older than `age` (see
+    /// `--fold-orders` (PostgreSQL and SQLite): folds the business orders older than `age` (see
     /// [`ferry_testkit::workload::fold_orders`]). The orders folded.
     pub async fn fold_orders(&self, age: std::time::Duration, vacuum: bool) -> Result<u64> {
-        let ferry_inbox::InboxPool::Postgres(p) = &self.pool else {
-            return Err(Error::Setup("--fold-orders needs --store postgres".into()));
-        };
-        ferry_testkit::workload::fold_orders(p, age, vacuum)
+        ferry_testkit::workload::fold_orders(&self.pool, age, vacuum)
             .await
             .map_err(Error::sql("fold old business orders"))
     }
@@ -170,16 +167,11 @@ fn violation_pairs_sql(kind: Backend, limit: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::sqlite::SqlitePoolOptions;
     use sqlx::Executor;
 
     #[tokio::test]
     async fn the_pre_purge_order_check_finds_both_kinds_of_violation() {
-        let p = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect("sqlite::memory:")
-            .await
-            .unwrap();
+        let p = ferry_testkit::memory_sqlite().await;
         // the columns the checks read
         p.execute(
             "CREATE TABLE ferry_outbox (seq INTEGER PRIMARY KEY, aggregate_id TEXT, \

@@ -74,6 +74,7 @@ impl Database {
     /// business table; `keep`: leave them in place afterwards.
     pub async fn create(spec: &RunSpec, keep: bool, run: &str, pool_size: u32) -> Result<Self> {
         let aggregates = spec.work.aggregate_rows();
+        let fold = spec.retention.is_some_and(|r| r.fold_orders);
         let spec = &spec.db;
         let sqlite_sync = spec.sqlite_sync;
         let (mut dir, mut namespace) = (None, None);
@@ -131,7 +132,10 @@ impl Database {
             dir,
             keep,
         };
-        if let Err(e) = db.prepare(spec.url.is_some(), run, aggregates, opts).await {
+        if let Err(e) = db
+            .prepare(spec.url.is_some(), run, aggregates, fold, opts)
+            .await
+        {
             drop_namespace(db.namespace.take()).await;
             return Err(e);
         }
@@ -139,13 +143,14 @@ impl Database {
     }
 
     /// Creates the business tables (emptying an explicit SQLite file that loadgen created) with
-    /// the rows of `aggregates` aggregates and puts the outbox in the run's dispatch mode; on
-    /// PostgreSQL then reconnects.
+    /// the rows of `aggregates` aggregates (`fold`: and what `--fold-orders` reads) and puts the
+    /// outbox in the run's dispatch mode; on PostgreSQL then reconnects.
     async fn prepare(
         &mut self,
         explicit_sqlite: bool,
         run: &str,
         aggregates: u64,
+        fold: bool,
         opts: ConnectOptions,
     ) -> Result<()> {
         if let (Pool::Sqlite(p), true) = (&self.pool, explicit_sqlite) {
@@ -167,7 +172,7 @@ impl Database {
                 "DELETE FROM ferry_outbox; DELETE FROM ferry_outbox_exception; \
                  UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL; \
                  DELETE FROM ferry_relay_member; DROP TABLE IF EXISTS loadgen_orders; \
-                 DROP TABLE IF EXISTS loadgen_aggregates;",
+                 DROP TABLE IF EXISTS loadgen_aggregates; DROP TABLE IF EXISTS loadgen_orders_folded;",
             )
             .await
             .map_err(Error::sql("empty the SQLite file"))?;
@@ -177,6 +182,11 @@ impl Database {
             .map_err(Error::sql(
                 "create loadgen_orders, loadgen_aggregates and the aggregates' rows",
             ))?;
+        if fold {
+            ferry_testkit::workload::prepare_fold(&self.pool)
+                .await
+                .map_err(Error::sql("index loadgen_orders for --fold-orders"))?;
+        }
         self.set_dispatch(run).await?;
         if self.kind == Backend::Postgres {
             // A backend reports its table statistics at most once a second and, when idle,
