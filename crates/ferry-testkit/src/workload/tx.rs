@@ -116,7 +116,7 @@ const AGGREGATES_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
 const FOLDED_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
     (aggregate_id VARCHAR(255) PRIMARY KEY, n BIGINT NOT NULL, lo BIGINT NOT NULL, \
      hi BIGINT NOT NULL, vsum NUMERIC NOT NULL, vsq NUMERIC NOT NULL)";
-/// SQLite's 64-bit integers hold the sums exactly up to about two million versions of one
+/// SQLite's 64-bit integers hold the sums exactly up to about three million versions of one
 /// aggregate (`SUM` fails on an overflow, it never wraps).
 const FOLDED_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
     (aggregate_id TEXT PRIMARY KEY, n INTEGER NOT NULL, lo INTEGER NOT NULL, \
