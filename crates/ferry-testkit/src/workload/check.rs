@@ -24,8 +24,9 @@ pub struct VersionCheck {
     pub xid_inversions: Option<u64>,
 }
 
-/// Per touched aggregate: its orders, their lowest and highest version and the producers
-/// (`order_id >> 40`, see [`Ids::order`](super::shape::Ids::order)) against its business row.
+/// MariaDB (no fold): per touched aggregate, its orders, their lowest and highest version and
+/// the producers (`order_id >> 40`, see [`Ids::order`](super::shape::Ids::order)) against its
+/// business row.
 /// Grouped over the join, one index range of the orders per business row: MariaDB planned a
 /// join to the grouped orders as a derived table with no key, minutes for 100,000 aggregates.
 const VERSION_CHECK: &str = "SELECT COUNT(*), \
@@ -102,7 +103,7 @@ const FOLD_BATCH: i64 = 1000;
 const XID_INVERSIONS: &str = "SELECT COUNT(*) FROM ferry_outbox a JOIN ferry_outbox b \
     ON b.aggregate_id = a.aggregate_id AND b.aggregate_version = a.aggregate_version + 1 \
     WHERE b.xid < a.xid";
-/// Successive versions committed by different producers.
+/// MariaDB: successive versions committed by different producers.
 const HANDOFFS: &str = "SELECT COUNT(*) FROM loadgen_orders a JOIN loadgen_orders b \
     ON b.aggregate_id = a.aggregate_id AND b.aggregate_version = a.aggregate_version + 1 \
     WHERE (a.order_id >> 40) <> (b.order_id >> 40)";
@@ -111,50 +112,43 @@ const HANDOFFS: &str = "SELECT COUNT(*) FROM loadgen_orders a JOIN loadgen_order
 /// committed versions are exactly `1..=n` (see [`VersionCheck`]).
 pub async fn version_check(pool: &Pool) -> sqlx::Result<VersionCheck> {
     let n = |v: i64| v.max(0) as u64;
-    if !matches!(pool, Pool::Mysql(_)) {
-        let (touched, shared, mismatches, handoffs): (i64, i64, i64, i64) = on_inbox!(
-            InboxPool, pool, p => sqlx::query_as(VERSION_CHECK_FOLDED).fetch_one(p).await
-        )?;
-        let xid_inversions = match pool {
-            Pool::Postgres(p) => match sqlx::query_scalar::<_, i64>(XID_INVERSIONS)
-                .fetch_one(p)
-                .await
-            {
-                Ok(v) => Some(n(v)),
-                // informative only: a schema without the column must not fail the check
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot count transaction-id inversions");
-                    None
-                }
-            },
-            _ => None,
-        };
-        return Ok(VersionCheck {
-            aggregates_touched: n(touched),
-            aggregates_shared: n(shared),
-            handoffs: n(handoffs),
-            version_mismatches: n(mismatches),
-            xid_inversions,
-        });
-    }
-    let (touched, shared, mismatches): (i64, i64, i64) =
-        on_inbox!(InboxPool, pool, p => sqlx::query_as(VERSION_CHECK).fetch_one(p).await)?;
-    let handoffs: i64 =
-        on_inbox!(InboxPool, pool, p => sqlx::query_scalar(HANDOFFS).fetch_one(p).await)?;
+    let (touched, shared, mismatches, handoffs): (i64, i64, i64, i64) = match pool {
+        Pool::Mysql(p) => {
+            let (t, s, m) = sqlx::query_as(VERSION_CHECK).fetch_one(p).await?;
+            (t, s, m, sqlx::query_scalar(HANDOFFS).fetch_one(p).await?)
+        }
+        _ => {
+            on_inbox!(InboxPool, pool, p => sqlx::query_as(VERSION_CHECK_FOLDED).fetch_one(p).await)?
+        }
+    };
+    let xid_inversions = match pool {
+        Pool::Postgres(p) => match sqlx::query_scalar::<_, i64>(XID_INVERSIONS)
+            .fetch_one(p)
+            .await
+        {
+            Ok(v) => Some(n(v)),
+            // informative only: a schema without the column must not fail the check
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot count transaction-id inversions");
+                None
+            }
+        },
+        _ => None,
+    };
     Ok(VersionCheck {
         aggregates_touched: n(touched),
         aggregates_shared: n(shared),
         handoffs: n(handoffs),
         version_mismatches: n(mismatches),
-        xid_inversions: None,
+        xid_inversions,
     })
 }
 
 /// Folds the business orders older than `age` into `loadgen_orders_folded`: on PostgreSQL in
 /// one statement (`FOLD_ORDERS_PG`), then, with `vacuum`, vacuums `loadgen_orders` so their
 /// space is reused; on SQLite in batches of [`FOLD_BATCH`] behind the write gate
-/// (`FOLD_ADD_SQLITE`, `FOLD_DELETE_SQLITE`; `vacuum` does not apply: SQLite reuses freed pages by itself). The
-/// orders folded. MariaDB has no fold.
+/// (`FOLD_ADD_SQLITE`, `FOLD_DELETE_SQLITE`; `vacuum` does not apply: SQLite reuses freed
+/// pages by itself). The orders folded. MariaDB has no fold.
 pub async fn fold_orders(pool: &Pool, age: std::time::Duration, vacuum: bool) -> sqlx::Result<u64> {
     let cutoff = ferry_core::now_micros() - age.as_micros() as i64;
     match pool {
