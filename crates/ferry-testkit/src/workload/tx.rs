@@ -96,26 +96,24 @@ const ORDERS_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders (orde
     PRIMARY KEY, aggregate_id TEXT NOT NULL, aggregate_version INTEGER NOT NULL, \
     amount_cents INTEGER NOT NULL, status TEXT NOT NULL, created_at_us INTEGER NOT NULL, \
     UNIQUE (aggregate_id, aggregate_version))";
-/// The aggregates' business rows: `ver` is the last version handed out.
+/// The aggregates' business rows: `ver` is the last version handed out. They also count their
+/// handoffs as versions are taken (`last_producer`: the producer that took `ver`, -1 before
+/// any; `handoffs`: successive versions taken by different producers), so the count holds when
+/// `--fold-orders` has deleted old orders; a rolled-back transaction's update rolls back with
+/// it.
 const AGGREGATES_DDL: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
-    (aggregate_id VARCHAR(255) PRIMARY KEY, ver BIGINT NOT NULL)";
-/// PostgreSQL and SQLite: the business rows also count their handoffs as versions are taken
-/// (`last_producer`: the producer that took `ver`, -1 before any; `handoffs`: successive
-/// versions taken by different producers), so the count holds when `--fold-orders` has
-/// deleted old orders; a rolled-back transaction's update rolls back with it.
+    (aggregate_id VARCHAR(255) PRIMARY KEY, ver BIGINT NOT NULL, \
+     last_producer INT NOT NULL DEFAULT -1, handoffs BIGINT NOT NULL DEFAULT 0)";
 const AGGREGATES_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
     (aggregate_id TEXT PRIMARY KEY, ver INTEGER NOT NULL, \
      last_producer INTEGER NOT NULL DEFAULT -1, handoffs INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID";
-const AGGREGATES_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_aggregates \
-    (aggregate_id VARCHAR(255) PRIMARY KEY, ver BIGINT NOT NULL, \
-     last_producer INT NOT NULL DEFAULT -1, handoffs BIGINT NOT NULL DEFAULT 0)";
-/// PostgreSQL and SQLite: what `--fold-orders` deleted from `loadgen_orders`, per aggregate:
-/// how many orders, their lowest and highest version, and the sums of their versions and of
-/// their squares (with the live rows' own, the version check's `1..=n` holds exactly as on
-/// the whole table: see `check::VERSION_CHECK_FOLDED`).
-const FOLDED_DDL_PG: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
+/// What `--fold-orders` deleted from `loadgen_orders`, per aggregate: how many orders, their
+/// lowest and highest version, and the sums of their versions and of their squares (with the
+/// live rows' own, the version check's `1..=n` holds exactly as on the whole table: see
+/// `check::VERSION_CHECK_FOLDED`). 38 digits hold the sum of squares of a billion versions.
+const FOLDED_DDL: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
     (aggregate_id VARCHAR(255) PRIMARY KEY, n BIGINT NOT NULL, lo BIGINT NOT NULL, \
-     hi BIGINT NOT NULL, vsum NUMERIC NOT NULL, vsq NUMERIC NOT NULL)";
+     hi BIGINT NOT NULL, vsum DECIMAL(38, 0) NOT NULL, vsq DECIMAL(38, 0) NOT NULL)";
 /// SQLite's 64-bit integers hold the sums exactly up to about three million versions of one
 /// aggregate (`SUM` fails on an overflow, it never wraps).
 const FOLDED_DDL_SQLITE: &str = "CREATE TABLE IF NOT EXISTS loadgen_orders_folded \
@@ -165,9 +163,12 @@ const TAKE_VERSION_SQLITE: &str = "UPDATE loadgen_aggregates SET ver = ver + 1, 
     handoffs = handoffs + (last_producer >= 0 AND last_producer <> ?2), last_producer = ?2 \
     WHERE aggregate_id = ?1 RETURNING ver";
 /// MariaDB has no `UPDATE … RETURNING`: `LAST_INSERT_ID(expr)` hands the new value back in the
-/// statement's OK packet (`last_insert_id`), so it still takes one round trip.
-const TAKE_VERSION_MYSQL: &str =
-    "UPDATE loadgen_aggregates SET ver = LAST_INSERT_ID(ver + 1) WHERE aggregate_id = ?";
+/// statement's OK packet (`last_insert_id`), so it still takes one round trip. `?1` the
+/// producer, `?2` the aggregate. MariaDB assigns left to right, each `SET` reading the values
+/// the ones before it wrote: `handoffs` reads `last_producer` before it is replaced.
+const TAKE_VERSION_MYSQL: &str = "UPDATE loadgen_aggregates SET ver = LAST_INSERT_ID(ver + 1), \
+    handoffs = handoffs + (last_producer >= 0 AND last_producer <> ?), last_producer = ? \
+    WHERE aggregate_id = ?";
 const INSERT_ORDERS: &str = "INSERT INTO loadgen_orders (order_id, aggregate_id, \
     aggregate_version, amount_cents, status, created_at_us) ";
 
@@ -262,9 +263,8 @@ pub async fn order_exists(pool: &Pool, order_id: i64) -> sqlx::Result<bool> {
     Ok(n > 0)
 }
 
-/// Creates `loadgen_orders`, `loadgen_aggregates` (PostgreSQL and SQLite: and
-/// `loadgen_orders_folded`; PostgreSQL: and `loadgen_take_versions`)
-/// and the business rows of aggregates `0..aggregates` of run `run`.
+/// Creates `loadgen_orders`, `loadgen_aggregates`, `loadgen_orders_folded` (PostgreSQL: and
+/// `loadgen_take_versions`) and the business rows of aggregates `0..aggregates` of run `run`.
 pub async fn create_tables(
     pool: &Pool,
     kind: Backend,
@@ -280,11 +280,12 @@ pub async fn create_tables(
         Backend::Mysql => vec![
             format!("{ORDERS_DDL} ENGINE = InnoDB"),
             format!("{AGGREGATES_DDL} ENGINE = InnoDB"),
+            format!("{FOLDED_DDL} ENGINE = InnoDB"),
         ],
         Backend::Postgres => vec![
             ORDERS_DDL.to_string(),
-            AGGREGATES_DDL_PG.to_string(),
-            FOLDED_DDL_PG.to_string(),
+            AGGREGATES_DDL.to_string(),
+            FOLDED_DDL.to_string(),
             TAKE_VERSIONS_PG.to_string(),
         ],
     };
@@ -331,7 +332,10 @@ async fn take_versions_mysql(
     orders: &mut [Order],
 ) -> sqlx::Result<()> {
     for o in orders.iter_mut() {
+        let producer = o.order_id >> 40;
         let r = sqlx::query(TAKE_VERSION_MYSQL)
+            .bind(producer)
+            .bind(producer)
             .bind(&o.aggregate_id)
             .execute(&mut *conn)
             .await?;
@@ -474,39 +478,68 @@ mod tests {
         p.close().await;
     }
 
-    #[tokio::test]
-    async fn sqlite_rows_count_the_handoffs_between_producers() {
-        let p = crate::memory_sqlite().await;
-        p.execute(AGGREGATES_DDL_SQLITE).await.unwrap();
-        create_aggregates(&Pool::Sqlite(p.clone()), "h", 1)
-            .await
-            .unwrap();
+    /// Through the business transaction on `backend`: producers 1, 1, 2, 1 commit versions
+    /// 1..=4 of one aggregate, two handoffs; producer 3's transaction then rolls back (its
+    /// intent is refused) and counts nothing.
+    async fn rows_count_the_handoffs_between_producers(backend: Backend) {
+        let Some(db) = crate::TestDb::open(backend).await else {
+            return;
+        };
+        let pool = Pool::connect(&db.url, 2).await.unwrap();
+        create_tables(&pool, backend, "h", 1).await.unwrap();
         let agg = Ids { run: "h".into() }.aggregate(0);
-        // producers 1, 1, 2, 1 take versions 1..=4: two handoffs
+        let intent = |empty_topic: bool| {
+            move |orders: &[Order]| {
+                let ids = Ids { run: "h".into() };
+                let o = &orders[0];
+                let topic = if empty_topic { "" } else { "t" };
+                vec![crate::workload::shape::event(
+                    &ids,
+                    0,
+                    o.order_id as u64,
+                    o,
+                    topic,
+                    128,
+                )]
+            }
+        };
         for (producer, n) in [(1, 0), (1, 1), (2, 0), (1, 2)] {
             let mut orders = [Order {
                 order_id: Ids::order(producer, n),
                 ..order(&agg)
             }];
-            let mut tx = p.begin().await.unwrap();
-            take_versions_sqlite(&mut tx, &mut orders).await.unwrap();
-            tx.commit().await.unwrap();
+            commit(&pool, &mut orders, &intent(false)).await.unwrap();
         }
-        // a rolled-back take counts nothing
         let mut orders = [Order {
             order_id: Ids::order(3, 0),
             ..order(&agg)
         }];
-        let mut tx = p.begin().await.unwrap();
-        take_versions_sqlite(&mut tx, &mut orders).await.unwrap();
-        tx.rollback().await.unwrap();
-        let row: (i64, i64, i64) =
-            sqlx::query_as("SELECT ver, last_producer, handoffs FROM loadgen_aggregates")
-                .fetch_one(&p)
-                .await
-                .unwrap();
-        assert_eq!(row, (4, 1, 2));
-        p.close().await;
+        let e = commit(&pool, &mut orders, &intent(true)).await.unwrap_err();
+        assert!(matches!(e, TxError::RolledBack(..)), "{e:?}");
+        let row: (i64, i32, i64) = on_inbox!(InboxPool, &pool, p => sqlx::query_as(
+            "SELECT ver, last_producer, handoffs FROM loadgen_aggregates",
+        )
+        .fetch_one(p)
+        .await)
+        .unwrap();
+        assert_eq!(row, (4, 1, 2), "{backend:?}");
+        drop(pool);
+        db.cleanup().await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_rows_count_the_handoffs_between_producers() {
+        rows_count_the_handoffs_between_producers(Backend::Sqlite).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_rows_count_the_handoffs_between_producers() {
+        rows_count_the_handoffs_between_producers(Backend::Postgres).await;
+    }
+
+    #[tokio::test]
+    async fn mysql_rows_count_the_handoffs_between_producers() {
+        rows_count_the_handoffs_between_producers(Backend::Mysql).await;
     }
 
     #[test]
