@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The steady-state run with retention on (docs/performance.md, "one hour at half capacity"):
-# first the flat-out rate of this same configuration (retention; on PostgreSQL and SQLite the
-# business table folded, on PostgreSQL ANALYZE every minute), then the long run at half of it, on PostgreSQL with
+# first the flat-out rate of this same configuration (retention, the business table folded, on
+# PostgreSQL ANALYZE every minute), then the long run at half of it, on PostgreSQL with
 # benches/scripts/pg-sampler.py beside it. Run it from the repository root on a quiet machine
 # (nothing compiling), after `cargo build --release -p loadgen`.
 #
@@ -24,7 +24,7 @@ here=$(dirname "$0")
 mkdir -p "$out"
 case "$STORE" in
   postgres) common=(--store postgres --database-url "$PG" --retention 60s --fold-orders --pg-analyze-every 60s) ;;
-  mysql) common=(--store mysql --database-url "$MY" --retention 60s) ;;
+  mysql) common=(--store mysql --database-url "$MY" --retention 60s --fold-orders) ;;
   sqlite) common=(--retention 60s --fold-orders) ;;
   *) echo "steady-hour: STORE must be postgres, mysql or sqlite, not '$STORE'" >&2; exit 2 ;;
 esac

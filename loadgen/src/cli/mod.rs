@@ -393,13 +393,12 @@ pub struct RetentionFlags {
     #[arg(long, global = true, value_parser = parse_retention, allow_hyphen_values = true)]
     pub retention: Option<Duration>,
 
-    /// PostgreSQL and SQLite: keep loadgen's own business table bounded too, as an application
-    /// that archives old orders would. After each purge run, the orders older than the
-    /// --retention age are deleted from loadgen_orders and their count, version range and
-    /// version sums are added per aggregate to loadgen_orders_folded (PostgreSQL: in one
-    /// statement, and loadgen_orders is vacuumed when the purge vacuums; SQLite: 1,000 orders
-    /// per write transaction, through an index on their creation time that only this flag
-    /// adds). The version check reads the live and folded orders together and stays exact.
+    /// Keep loadgen's own business table bounded too, as an application that archives old
+    /// orders would. After each purge run, the orders older than the --retention age are
+    /// deleted from loadgen_orders and their count, version range and version sums are added
+    /// per aggregate to loadgen_orders_folded (PostgreSQL: in one statement, and loadgen_orders
+    /// is vacuumed when the purge vacuums; SQLite and MariaDB: 1,000 orders per write
+    /// transaction, through an index on their creation time that only this flag adds). The version check reads the live and folded orders together and stays exact.
     /// Without it loadgen_orders grows for the whole run (about 200 B per event) and shares
     /// the server's cache (SQLite: the database file) with the outbox.
     #[arg(long, global = true, requires = "retention")]

@@ -42,7 +42,7 @@ impl Database {
             .map_err(Error::sql("check the committed versions"))
     }
 
-    /// `--fold-orders` (PostgreSQL and SQLite): folds the business orders older than `age` (see
+    /// `--fold-orders`: folds the business orders older than `age` (see
     /// [`ferry_testkit::workload::fold_orders`]). The orders folded.
     pub async fn fold_orders(&self, age: std::time::Duration, vacuum: bool) -> Result<u64> {
         ferry_testkit::workload::fold_orders(&self.pool, age, vacuum)
