@@ -257,7 +257,6 @@ mod tests {
     use super::*;
     use crate::workload::tx::{create_tables, dialect};
     use crate::TestDb;
-    use ferry_store::Backend;
     use std::time::Duration;
 
     /// Runs `sql` (`?` placeholders) with `binds` on `pool`.
@@ -314,10 +313,8 @@ mod tests {
 
     /// The fold keeps the version check exact on `backend`, over several batches, and the
     /// check still catches a version counted twice or lost.
-    async fn fold_keeps_the_version_check_exact(backend: Backend) {
-        let Some(db) = TestDb::open(backend).await else {
-            return;
-        };
+    async fn fold_keeps_the_version_check_exact(db: TestDb) {
+        let backend = db.backend;
         let pool = Pool::connect(&db.url, 2).await.unwrap();
         create_tables(&pool, backend, "f", 4).await.unwrap();
         prepare_fold(&pool).await.unwrap();
@@ -363,22 +360,7 @@ mod tests {
         )
         .await;
         assert_eq!(version_check(&pool).await.unwrap().version_mismatches, 2);
-        drop(pool);
-        db.cleanup().await;
     }
 
-    #[tokio::test]
-    async fn sqlite_fold_keeps_the_version_check_exact() {
-        fold_keeps_the_version_check_exact(Backend::Sqlite).await;
-    }
-
-    #[tokio::test]
-    async fn postgres_fold_keeps_the_version_check_exact() {
-        fold_keeps_the_version_check_exact(Backend::Postgres).await;
-    }
-
-    #[tokio::test]
-    async fn mysql_fold_keeps_the_version_check_exact() {
-        fold_keeps_the_version_check_exact(Backend::Mysql).await;
-    }
+    crate::backend_tests!(fold_keeps_the_version_check_exact);
 }

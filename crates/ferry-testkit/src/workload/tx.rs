@@ -481,10 +481,8 @@ mod tests {
     /// Through the business transaction on `backend`: producers 1, 1, 2, 1 commit versions
     /// 1..=4 of one aggregate, two handoffs; producer 3's transaction then rolls back (its
     /// intent is refused) and counts nothing.
-    async fn rows_count_the_handoffs_between_producers(backend: Backend) {
-        let Some(db) = crate::TestDb::open(backend).await else {
-            return;
-        };
+    async fn rows_count_the_handoffs_between_producers(db: crate::TestDb) {
+        let backend = db.backend;
         let pool = Pool::connect(&db.url, 2).await.unwrap();
         create_tables(&pool, backend, "h", 1).await.unwrap();
         let agg = Ids { run: "h".into() }.aggregate(0);
@@ -523,24 +521,9 @@ mod tests {
         .await)
         .unwrap();
         assert_eq!(row, (4, 1, 2), "{backend:?}");
-        drop(pool);
-        db.cleanup().await;
     }
 
-    #[tokio::test]
-    async fn sqlite_rows_count_the_handoffs_between_producers() {
-        rows_count_the_handoffs_between_producers(Backend::Sqlite).await;
-    }
-
-    #[tokio::test]
-    async fn postgres_rows_count_the_handoffs_between_producers() {
-        rows_count_the_handoffs_between_producers(Backend::Postgres).await;
-    }
-
-    #[tokio::test]
-    async fn mysql_rows_count_the_handoffs_between_producers() {
-        rows_count_the_handoffs_between_producers(Backend::Mysql).await;
-    }
+    crate::backend_tests!(rows_count_the_handoffs_between_producers);
 
     #[test]
     fn rollbacks_are_classified() {
