@@ -62,12 +62,7 @@ async fn contended_producers_are_delivered_in_version_order(db: TestDb, mode: Di
     let plan = Arc::new(ProducerPlan::new(ids.clone(), PRODUCERS, "orders", work));
     let counters = Arc::new(Counters::default());
     let stop = CancellationToken::new();
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|p| {
-            let (pool, plan, counters) = (pool.clone(), plan.clone(), counters.clone());
-            tokio::spawn(producer::run(pool, plan, p, counters, stop.clone()))
-        })
-        .collect();
+    let producers = producer::spawn_all(&pool, plan, &counters, &stop);
     // at most MAX_VERSIONS in the first LOAD: each aggregate moves one version per round trip in
     // row dispatch, and MariaDB's row claim reads the whole backlog of 12 aggregates
     // (docs/tuning.md, "Dispatch mode"), so an unbounded count made the drain time depend on how
@@ -88,10 +83,9 @@ async fn contended_producers_are_delivered_in_version_order(db: TestDb, mode: Di
         waited += Duration::from_secs(1);
     }
     stop.cancel();
-    let mut committed = 0;
-    for p in producers {
-        committed += p.await.expect("producer task").expect("producer").committed;
-    }
+    let (results, errors) = producer::join_all(producers).await;
+    assert!(errors.is_empty(), "producers failed: {errors:?}");
+    let committed = producer::committed(&results);
     assert!(committed > 0, "the producers committed nothing");
 
     // what committed: versions 1..=ver of each aggregate (a rolled-back attempt's versions

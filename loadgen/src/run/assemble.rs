@@ -5,11 +5,12 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
-use super::context::{committed, Run};
+use super::context::Run;
 use super::verify::Verified;
 use crate::cli::RelayMode;
 use crate::db::{new_histogram, PgCosts, SqliteWrites};
 use crate::error::Result;
+use ferry_testkit::workload::producer;
 use ferry_testkit::workload::VersionCheck;
 
 use crate::progress::{Sampler, Totals};
@@ -59,7 +60,7 @@ impl<'a> Run<'a> {
         log_dir: &std::path::Path,
     ) -> RunReport {
         let spec = self.spec;
-        let committed = committed(&m.results);
+        let committed = producer::committed(&m.results);
         let (load_secs, drain_secs) = (m.load_secs, m.drain_secs);
         let total_secs = load_secs + drain_secs;
         let rm = &m.relay_metrics;
@@ -323,7 +324,7 @@ impl Run<'_> {
         }
         Ok(costs(
             db.kind,
-            committed(results),
+            producer::committed(results),
             before,
             sqlite_after,
             pg_after,

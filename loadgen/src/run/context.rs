@@ -3,7 +3,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use ferry_testkit::verify::Verifier;
-use ferry_testkit::workload::{Counters, Ids, ProducerResult};
+use ferry_testkit::workload::{Counters, Ids};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::CommitClock;
@@ -12,10 +12,6 @@ use crate::inbox::InboxConsumer;
 use crate::progress::Live;
 use crate::relays::Relays;
 use crate::spec::RunSpec;
-
-pub(super) fn committed(results: &[ProducerResult]) -> u64 {
-    results.iter().map(|r| r.committed).sum()
-}
 
 /// One run in progress: what its phases share, and the notes and errors they report.
 pub(super) struct Run<'a> {

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{committed, Run};
+use super::context::Run;
 use super::verify::missing_ids;
 use crate::cli::{RelayMode, SinkKind};
 use crate::db::Database;
@@ -23,7 +23,7 @@ use crate::retention::{Purger, StorePurge};
 use crate::spec::{Preload, RunSpec};
 use ferry_store::Backend;
 use ferry_testkit::verify::Verifier;
-use ferry_testkit::workload::{producer, Counters, Ids, ProducerPlan, ProducerResult};
+use ferry_testkit::workload::{producer, Ids, ProducerPlan, ProducerResult};
 
 impl RunSpec {
     /// The producers' plan; `flat_out` ignores `--rate` (the baseline, a preload).
@@ -42,39 +42,6 @@ impl RunSpec {
     pub(super) fn analyze(&self) -> bool {
         self.db.store == Backend::Postgres && !self.db.analyze_every.is_zero()
     }
-}
-
-/// Runs producers against `db` until `stop`, returning their handles.
-pub(super) fn start_producers(
-    db: &Arc<Database>,
-    plan: ProducerPlan,
-    counters: &Arc<Counters>,
-    stop: &CancellationToken,
-) -> Vec<JoinHandle<Result<ProducerResult>>> {
-    let plan = Arc::new(plan);
-    (0..plan.producers)
-        .map(|p| {
-            let (pool, plan, counters) = (db.pool().clone(), plan.clone(), counters.clone());
-            let stop = stop.clone();
-            tokio::spawn(async move { Ok(producer::run(pool, plan, p, counters, stop).await?) })
-        })
-        .collect()
-}
-
-/// Joins producers: their results, and the errors of those that failed.
-pub(super) async fn join_producers(
-    handles: Vec<JoinHandle<Result<ProducerResult>>>,
-) -> (Vec<ProducerResult>, Vec<String>) {
-    let mut ok = Vec::new();
-    let mut errors = Vec::new();
-    for h in handles {
-        match h.await {
-            Ok(Ok(r)) => ok.push(r),
-            Ok(Err(e)) => errors.push(e.to_string()),
-            Err(e) => errors.push(format!("a producer task panicked: {e}")),
-        }
-    }
-    (ok, errors)
 }
 
 /// ANALYZEs the outbox 1 s into the load and then every `every` until `stop`; returns how
@@ -258,7 +225,7 @@ impl<'a> Run<'a> {
         let stop = CancellationToken::new();
         let mut plan = spec.plan(self.run, &self.topic, false);
         plan.observer = Some(self.clock.clone());
-        let handles = start_producers(self.db, plan, &self.counters, &stop);
+        let handles = producer::spawn_all(self.db.pool(), Arc::new(plan), &self.counters, &stop);
         let analyzer = spec
             .analyze()
             .then(|| start_analyzer(self.db.clone(), spec.db.analyze_every, stop.clone()));
@@ -295,7 +262,7 @@ impl<'a> Run<'a> {
             }
         }
         stop.cancel();
-        let (results, producer_errors) = join_producers(handles).await;
+        let (results, producer_errors) = producer::join_all(handles).await;
         self.errors
             .lock()
             .expect("errors lock")
@@ -332,9 +299,9 @@ impl<'a> Run<'a> {
         let stop = CancellationToken::new();
         let mut plan = spec.plan(self.run, &self.topic, true);
         plan.observer = Some(self.clock.clone());
-        let handles = start_producers(self.db, plan, &self.counters, &stop);
+        let handles = producer::spawn_all(self.db.pool(), Arc::new(plan), &self.counters, &stop);
         let t0 = Instant::now();
-        let join = join_producers(handles);
+        let join = producer::join_all(handles);
         tokio::pin!(join);
         let mut next = t0 + Duration::from_secs(1);
         let (results, producer_errors) = loop {
@@ -357,7 +324,7 @@ impl<'a> Run<'a> {
             .extend(producer_errors);
         sampler.tick(live, "preload").await;
         if spec.progress {
-            let n = committed(&results);
+            let n = producer::committed(&results);
             eprintln!(
                 "loadgen: preload: {n} intents committed in {secs:.2}s ({} ev/s); starting the relays",
                 report::render::rate(n as f64 / secs.max(1e-9))
@@ -386,7 +353,7 @@ impl<'a> Run<'a> {
         results: &[ProducerResult],
         timeout: Duration,
     ) -> (bool, Option<Vec<String>>) {
-        let committed = committed(results);
+        let committed = producer::committed(results);
         let start = Instant::now();
         let deadline = start + timeout;
         let mut missing: Option<Vec<String>> = None;

@@ -26,7 +26,7 @@ use crate::inbox::InboxConsumer;
 use crate::progress::Sampler;
 use crate::report::{self, RunReport};
 use crate::spec::RunSpec;
-use ferry_testkit::workload::Counters;
+use ferry_testkit::workload::{producer, Counters};
 
 mod assemble;
 mod context;
@@ -34,8 +34,7 @@ mod load;
 mod verify;
 
 use self::assemble::Measured;
-use self::context::{committed, Run};
-use self::load::{join_producers, start_producers};
+use self::context::Run;
 
 fn new_run_id() -> String {
     format!("{:06x}", rand::thread_rng().gen::<u32>() & 0x00ff_ffff)
@@ -65,15 +64,15 @@ pub async fn baseline(
     let t0 = Instant::now();
     // Flat out whatever --rate says: the baseline is the database's own insert ceiling.
     let plan = spec.plan(&run, "loadgen-baseline", true);
-    let handles = start_producers(&db, plan, &counters, &stop);
+    let handles = producer::spawn_all(db.pool(), Arc::new(plan), &counters, &stop);
     tokio::select! {
         _ = tokio::time::sleep(length) => {}
         _ = interrupt.cancelled() => {}
     }
     stop.cancel();
-    let (results, errors) = join_producers(handles).await;
+    let (results, errors) = producer::join_all(handles).await;
     let elapsed = t0.elapsed();
-    let n = committed(&results);
+    let n = producer::committed(&results);
     if spec.progress {
         eprintln!(
             "loadgen: baseline: {n} intents in {:.1}s = {} ev/s",

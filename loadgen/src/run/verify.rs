@@ -5,7 +5,7 @@ use ferry_core::DispatchMode;
 use ferry_testkit::verify::Verifier;
 use hdrhistogram::Histogram;
 
-use super::context::{committed, Run};
+use super::context::Run;
 use crate::cli::{FlagValue, RelayMode};
 use crate::db::new_histogram;
 use crate::error::Result;
@@ -15,6 +15,7 @@ use crate::progress::Sampler;
 use crate::relays::{RelayMetrics, SendOrder};
 use crate::report::{round3, InboxReport, StoreCheck, Verification};
 use crate::retention::PurgeTally;
+use ferry_testkit::workload::producer;
 use ferry_testkit::workload::Ids;
 use ferry_testkit::workload::ProducerResult;
 use ferry_testkit::workload::VersionCheck;
@@ -103,7 +104,7 @@ impl<'a> Run<'a> {
         purge: Option<&PurgeTally>,
     ) -> Result<Verified> {
         let (spec, db) = (self.spec, self.db);
-        let committed = committed(results);
+        let committed = producer::committed(results);
         let rows = db.count_rows().await?;
         let sent_rows = db.count_sent().await?;
         let purged = purge.map_or(0, |t| t.purged);

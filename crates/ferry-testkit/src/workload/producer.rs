@@ -22,6 +22,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -221,6 +222,44 @@ pub struct ProducerResult {
     pub committed: u64,
     /// Latency of each business transaction (begin → commit returned), µs.
     pub tx_latency: Histogram<u64>,
+}
+
+/// Starts `plan.producers` producers ([`run`]) on `pool` until `stop`; [`join_all`] collects
+/// them.
+pub fn spawn_all(
+    pool: &Pool,
+    plan: Arc<ProducerPlan>,
+    counters: &Arc<Counters>,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<Result<ProducerResult, ProducerError>>> {
+    (0..plan.producers)
+        .map(|p| {
+            let (pool, plan, counters) = (pool.clone(), plan.clone(), counters.clone());
+            tokio::spawn(run(pool, plan, p, counters, stop.clone()))
+        })
+        .collect()
+}
+
+/// Joins the producers [`spawn_all`] started: their results, and the errors of those that
+/// failed (a panic included).
+pub async fn join_all(
+    handles: Vec<JoinHandle<Result<ProducerResult, ProducerError>>>,
+) -> (Vec<ProducerResult>, Vec<String>) {
+    let mut ok = Vec::new();
+    let mut errors = Vec::new();
+    for h in handles {
+        match h.await {
+            Ok(Ok(r)) => ok.push(r),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(e) => errors.push(format!("a producer task panicked: {e}")),
+        }
+    }
+    (ok, errors)
+}
+
+/// What `results` committed together.
+pub fn committed(results: &[ProducerResult]) -> u64 {
+    results.iter().map(|r| r.committed).sum()
 }
 
 /// Runs producer `p` on `pool` (a migrated outbox with [`tx::create_tables`]'s tables) until
