@@ -398,9 +398,11 @@ pub struct RetentionFlags {
     /// deleted from loadgen_orders and their count, version range and version sums are added
     /// per aggregate to loadgen_orders_folded (PostgreSQL: in one statement, and loadgen_orders
     /// is vacuumed when the purge vacuums; SQLite and MariaDB: 1,000 orders per write
-    /// transaction, through an index on their creation time that only this flag adds). The version check reads the live and folded orders together and stays exact.
-    /// Without it loadgen_orders grows for the whole run (about 200 B per event) and shares
-    /// the server's cache (SQLite: the database file) with the outbox.
+    /// transaction, through an index on their creation time that only this flag adds). The
+    /// version check reads the live and folded orders together and stays exact. Without it
+    /// loadgen_orders grows for the whole run (about 200 B per event) and shares the server's
+    /// cache (SQLite: the database file) with the outbox. On MariaDB, measured at half
+    /// capacity, folding took more of the server than that growth did (docs/performance.md).
     #[arg(long, global = true, requires = "retention")]
     pub fold_orders: bool,
 
