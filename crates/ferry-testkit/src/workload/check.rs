@@ -226,13 +226,15 @@ pub async fn fold_orders(pool: &Pool, age: std::time::Duration, vacuum: bool) ->
                     qb.push(")").push(tail);
                     n = qb.build().execute(&mut *tx).await?.rows_affected();
                 }
-                tx.commit().await?;
+                // the rows are locked: fewer deleted than picked is a fault, rolled back
+                // (dropping `tx`) rather than committed as a fold of rows still live
                 if n != ids.len() as u64 {
                     return Err(sqlx::Error::Protocol(format!(
                         "fold: {} orders picked, {n} deleted",
                         ids.len()
                     )));
                 }
+                tx.commit().await?;
                 n
             }
         };

@@ -163,9 +163,9 @@ const TAKE_VERSION_SQLITE: &str = "UPDATE loadgen_aggregates SET ver = ver + 1, 
     handoffs = handoffs + (last_producer >= 0 AND last_producer <> ?2), last_producer = ?2 \
     WHERE aggregate_id = ?1 RETURNING ver";
 /// MariaDB has no `UPDATE … RETURNING`: `LAST_INSERT_ID(expr)` hands the new value back in the
-/// statement's OK packet (`last_insert_id`), so it still takes one round trip. `?1` the
-/// producer, `?2` the aggregate. MariaDB assigns left to right, each `SET` reading the values
-/// the ones before it wrote: `handoffs` reads `last_producer` before it is replaced.
+/// statement's OK packet (`last_insert_id`), so it still takes one round trip. Binds: the
+/// producer twice, then the aggregate. MariaDB assigns left to right, each `SET` reading the
+/// values the ones before it wrote: `handoffs` reads `last_producer` before it is replaced.
 const TAKE_VERSION_MYSQL: &str = "UPDATE loadgen_aggregates SET ver = LAST_INSERT_ID(ver + 1), \
     handoffs = handoffs + (last_producer >= 0 AND last_producer <> ?), last_producer = ? \
     WHERE aggregate_id = ?";
