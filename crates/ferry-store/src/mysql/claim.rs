@@ -25,10 +25,10 @@ use std::sync::atomic::Ordering;
 
 use ferry_core::{ClaimRequest, ClaimedEvent, StoreError, StoreErrorKind};
 use sqlx::mysql::MySqlConnection;
-use sqlx::{MySql, QueryBuilder, Row};
+use sqlx::Row;
 
 use super::rows::{claimed_from_row, txt};
-use super::sql::{self, candidate_query, due_window, fetch_rows, push_list, window_end, COLUMNS};
+use super::sql::{self, candidate_query, fetch_rows, window_end};
 use super::MyStore;
 use crate::error::{db_err, Ctx};
 use crate::heads::window_rows;
@@ -88,17 +88,18 @@ impl MyStore {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let mut qb = due_window(&format!("SELECT {COLUMNS}"), &candidates, req.limit);
-        qb.push(" FOR UPDATE SKIP LOCKED");
-        let rows = fetch_rows(&mut qb, &mut *tx, "claim: lock").await?;
+        let rows = fetch_rows(
+            &mut sql::lock_due(&candidates, req.limit),
+            &mut *tx,
+            "claim: lock",
+        )
+        .await?;
         if rows.len() < req.limit.min(candidates.len()) {
             // Short of both the limit and the candidates: some candidates were locked by a
             // concurrent transaction (SKIP LOCKED passed over them) or taken since they were
             // read. A plain read sees the locked ones still due (their claim has not
             // committed); those in the claim's window, less ours, were skipped.
-            let mut qb = due_window("SELECT count(*) FROM (SELECT seq", &candidates, req.limit);
-            qb.push(") w");
-            let window: i64 = qb
+            let window: i64 = sql::count_due(&candidates, req.limit)
                 .build_query_scalar()
                 .fetch_one(&mut *tx)
                 .await
@@ -196,12 +197,8 @@ pub(crate) async fn fenced_slots(
     let Some(f) = &req.fence else {
         return Ok(req.slots.iter().map(|s| *s as i16).collect());
     };
-    let mut qb = QueryBuilder::<MySql>::new("SELECT slot FROM ferry_slot_lease WHERE owner = ");
-    qb.push_bind(&f.owner)
-        .push(" AND lease_until > UTC_TIMESTAMP(6) AND slot IN (");
-    push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
-    qb.push(")");
-    qb.build_query_scalar()
+    sql::owned_slots("slot", &f.owner, "", &req.slots)
+        .build_query_scalar()
         .fetch_all(conn)
         .await
         .map_err(|e| db_err("claim: slot fence", e))

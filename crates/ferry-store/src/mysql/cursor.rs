@@ -20,14 +20,14 @@ use ferry_core::{
     DispatchMode, ExceptionOutcomes, HorizonInfo, SlotCursor, SlotId, StoreError,
 };
 use sqlx::mysql::MySqlConnection;
-use sqlx::{Executor, MySql, QueryBuilder, Row};
+use sqlx::{Executor, Row};
 
 use super::rows::claimed_from_row;
 use super::sql;
-use super::sql::{fetch_rows, owned_slots, push_list, COLUMNS, COLUMNS_O, ROW_INDEXES};
+use super::sql::{fetch_rows, owned_slots, ROW_INDEXES};
 use super::MyStore;
 use crate::error::{db_err, Ctx};
-use crate::exceptions::{claimed_exceptions, exception_row};
+use crate::exceptions::claimed_exceptions;
 use crate::lookup::advance_applied;
 use crate::outcome::Outcome;
 use crate::protocol::cursor::Cursor;
@@ -67,11 +67,8 @@ impl MyStore {
         if changes.is_empty() {
             return Ok(());
         }
-        // identifiers and columns are the constants above: nothing here comes from input
-        let ddl = format!(
-            "ALTER TABLE ferry_outbox WAIT {INDEX_DDL_WAIT_S} {}",
-            changes.join(", ")
-        );
+        // identifiers and columns are constants: nothing here comes from input
+        let ddl = sql::row_index_ddl(INDEX_DDL_WAIT_S, &changes);
         self.pool()
             .execute(ddl.as_str())
             .await
@@ -106,22 +103,7 @@ impl SeqRanges for Ranges<'_> {
     /// at its start, no row can be, and the statement leaves out the per-row probe (a
     /// dependent subquery: about a third of the statement's server time for 2,000 rows).
     async fn read_range(&mut self, r: &SeqRange) -> Result<Vec<(ClaimedEvent, bool)>, StoreError> {
-        let held = if self.held_possible {
-            "EXISTS (SELECT 1 FROM ferry_outbox_exception x \
-               WHERE x.aggregate_id = o.aggregate_id AND x.state IN ('PENDING', 'CLAIMED', 'QUARANTINED'))"
-        } else {
-            "0"
-        };
-        let mut qb = QueryBuilder::<MySql>::new(format!(
-            "SELECT {COLUMNS_O}, {held} FROM ferry_outbox o WHERE o.seq > "
-        ));
-        qb.push_bind(r.lo)
-            .push(" AND o.seq <= ")
-            .push_bind(r.hi)
-            .push(" AND o.shard_slot IN (");
-        push_list(&mut qb, r.slots.iter().map(|s| *s as i16));
-        qb.push(") AND o.state IN ('PENDING', 'CLAIMED') ORDER BY o.seq LIMIT ")
-            .push_bind(r.limit as i64);
+        let mut qb = sql::cursor_range(r, self.held_possible);
         let rows = fetch_rows(&mut qb, &mut *self.conn, "cursor read").await?;
         Ok(rows
             .iter()
@@ -251,35 +233,11 @@ impl Cursor for MyStore {
         c: &mut MySqlConnection,
         req: &CursorAdvance,
     ) -> Result<usize, sqlx::Error> {
-        let mut qb =
-            QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET cursor_seq = CASE slot");
-        for s in &req.slots {
-            qb.push(" WHEN ")
-                .push_bind(s.slot as i16)
-                .push(" THEN ")
-                .push_bind(s.to.seq);
-        }
-        qb.push(" END, cursor_version = cursor_version + 1, cursor_claim_id = ")
-            .push_bind(&req.claim_id)
-            .push(" WHERE owner = ")
-            .push_bind(&req.owner)
-            .push(" AND lease_until > UTC_TIMESTAMP(6) AND cursor_seq IS NOT NULL AND (slot, epoch, cursor_version) IN (");
-        let mut sep = false;
-        for s in &req.slots {
-            if sep {
-                qb.push(", ");
-            }
-            sep = true;
-            qb.push("(")
-                .push_bind(s.slot as i16)
-                .push(", ")
-                .push_bind(s.epoch)
-                .push(", ")
-                .push_bind(s.version)
-                .push(")");
-        }
-        qb.push(")");
-        let moved = qb.build().execute(&mut *c).await?.rows_affected();
+        let moved = sql::advance_cursors(req)
+            .build()
+            .execute(&mut *c)
+            .await?
+            .rows_affected();
         Ok(moved as usize)
     }
 
@@ -288,26 +246,10 @@ impl Cursor for MyStore {
         req: &CursorAdvance,
     ) -> Result<(), sqlx::Error> {
         for chunk in req.exceptions.chunks(500) {
-            let mut qb = QueryBuilder::<MySql>::new(
-                "INSERT INTO ferry_outbox_exception (seq, shard_slot, aggregate_id, aggregate_version, state, \
-                   available_at, attempts, last_error) ",
-            );
-            qb.push_values(chunk, |mut b, x| {
-                let (state, delay, err) = exception_row(&x.kind);
-                b.push_bind(x.seq)
-                    .push_bind(x.slot as i16)
-                    .push_bind(&x.aggregate_id)
-                    .push_bind(x.aggregate_version)
-                    .push_bind(state)
-                    .push("UTC_TIMESTAMP(6) + INTERVAL ")
-                    .push_bind_unseparated(delay)
-                    .push_unseparated(" MICROSECOND")
-                    .push_bind(x.attempts)
-                    .push_bind(err.map(str::to_string));
-            });
-            // an exception row already there (a resend) keeps its state
-            qb.push(" ON DUPLICATE KEY UPDATE seq = seq");
-            qb.build().execute(&mut *c).await?;
+            sql::insert_exceptions(chunk)
+                .build()
+                .execute(&mut *c)
+                .await?;
         }
         Ok(())
     }
@@ -324,20 +266,7 @@ impl Cursor for MyStore {
         }
         // Due exception rows with no open lower version of their aggregate, locked; a plain
         // read first (as the row claim does) so the predecessor probe locks nothing.
-        let mut qb = QueryBuilder::<MySql>::new(
-            "SELECT x.seq FROM ferry_outbox_exception x WHERE x.shard_slot IN (",
-        );
-        push_list(&mut qb, slots.iter().copied());
-        qb.push(format!(
-            ") AND ((x.state = 'PENDING' AND x.available_at <= UTC_TIMESTAMP(6)) \
-               OR (x.state = 'CLAIMED' AND x.lease_until <= UTC_TIMESTAMP(6))) \
-             AND NOT EXISTS (SELECT 1 FROM ferry_outbox_exception p WHERE p.aggregate_id = x.aggregate_id \
-               AND p.state IN ('PENDING', 'CLAIMED', 'QUARANTINED') AND p.aggregate_version < x.aggregate_version) \
-             AND {} \
-             ORDER BY x.seq LIMIT ",
-            crate::operator::pause::not_paused_exception("x")
-        ))
-        .push_bind(req.limit as i64);
+        let mut qb = sql::exception_candidates(&slots, req.limit);
         let candidates: Vec<i64> = qb
             .build_query_scalar()
             .fetch_all(&mut *tx)
@@ -346,15 +275,7 @@ impl Cursor for MyStore {
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        let mut qb = QueryBuilder::<MySql>::new(
-            "SELECT seq, claim_version, attempts FROM ferry_outbox_exception WHERE seq IN (",
-        );
-        push_list(&mut qb, candidates.iter().copied());
-        qb.push(
-            ") AND ((state = 'PENDING' AND available_at <= UTC_TIMESTAMP(6)) \
-               OR (state = 'CLAIMED' AND lease_until <= UTC_TIMESTAMP(6))) \
-             ORDER BY seq FOR UPDATE SKIP LOCKED",
-        );
+        let mut qb = sql::lock_exceptions(&candidates);
         let locked: Vec<(i64, i64, i32)> = fetch_rows(&mut qb, &mut *tx, "claim exceptions: lock")
             .await?
             .iter()
@@ -368,11 +289,7 @@ impl Cursor for MyStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| db_err("claim exceptions: update", e))?;
-        let mut qb = QueryBuilder::<MySql>::new(format!(
-            "SELECT {COLUMNS} FROM ferry_outbox WHERE seq IN ("
-        ));
-        push_list(&mut qb, locked.iter().map(|l| l.0));
-        qb.push(") ORDER BY seq");
+        let mut qb = sql::intents(locked.iter().map(|l| l.0));
         let rows = fetch_rows(&mut qb, &mut *tx, "claim exceptions: read").await?;
         tx.commit().await.ctx("claim exceptions: commit")?;
         // the update gave each locked row claim version + 1

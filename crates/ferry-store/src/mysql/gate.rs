@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use ferry_core::{StoreError, StoreErrorKind};
 use sqlx::mysql::MySqlConnection;
-use sqlx::{Connection, Executor, MySql, QueryBuilder};
+use sqlx::{Connection, Executor};
 use tokio::task::JoinHandle;
 
-use super::sql::{self, push_list};
+use super::sql;
 use super::Ticker;
 use crate::error::db_err;
 
@@ -300,16 +300,8 @@ impl Session {
                     .map(|(s, b)| (*s, *b))
                     .collect();
                 if !new.is_empty() {
-                    let mut qb = QueryBuilder::<MySql>::new(
-                        "INSERT INTO ferry_gate_hold (shard_slot, below_seq) ",
-                    );
-                    qb.push_values(&new, |mut b, (s, seq)| {
-                        b.push_bind(*s).push_bind(*seq);
-                    });
-                    qb.push(
-                        " ON DUPLICATE KEY UPDATE below_seq = LEAST(below_seq, VALUES(below_seq))",
-                    );
-                    qb.build()
+                    sql::publish_holds(&new)
+                        .build()
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| db_err("ticker: publish holds", e))?;
@@ -359,15 +351,7 @@ impl Session {
                 return Ok(false);
             }
             self.lock_view_read = Some(tokio::time::Instant::now());
-            let mut qb = QueryBuilder::<MySql>::new(
-                "SELECT CAST(r.trx_mysql_thread_id AS SIGNED), CAST(b.trx_mysql_thread_id AS SIGNED) \
-                 FROM information_schema.INNODB_LOCK_WAITS w \
-                 JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
-                 JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
-                 WHERE r.trx_mysql_thread_id IN (",
-            );
-            push_list(&mut qb, missing.iter().copied());
-            qb.push(")");
+            let mut qb = sql::lock_waits(&missing);
             let pairs: Vec<(i64, i64)> = match qb.build_query_as().fetch_all(&mut *conn).await {
                 Ok(p) => p,
                 Err(e) => {
@@ -394,11 +378,7 @@ impl Session {
             .collect();
         // 2. every one of them idle: no statement of theirs is running, so every seq they drew
         // before the head was read is in the table (a holder that is gone has ended)
-        let mut qb = QueryBuilder::<MySql>::new(
-            "SELECT CAST(ID AS SIGNED), COMMAND FROM information_schema.PROCESSLIST WHERE ID IN (",
-        );
-        push_list(&mut qb, blockers.iter().copied());
-        qb.push(")");
+        let mut qb = sql::session_commands(&blockers);
         let commands: Vec<(i64, String)> = qb
             .build_query_as()
             .fetch_all(&mut *conn)

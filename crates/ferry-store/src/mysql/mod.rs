@@ -44,7 +44,7 @@ use crate::protocol::Ops;
 use crate::rows::{record_from, status_from, StatusRow};
 use crate::time::micros;
 use rows::{claimed_from_row, lease_from_row, otxt, txt};
-use sql::{fetch_rows, owned_slots, push_list, CHUNK, STATUS_CACHE};
+use sql::{fetch_rows, owned_slots, CHUNK, STATUS_CACHE};
 
 crate::enqueue::enqueue_fns!(MySqlConnection);
 
@@ -207,20 +207,8 @@ impl Ops for MyStore {
     async fn acquire_slots(&self, req: &SlotRequest<'_>) -> Result<Vec<SlotLease>, StoreError> {
         let (owner, slots) = (req.owner, req.slots);
         let mut tx = self.pool.begin().await.ctx("acquire slots: begin")?;
-        // MySQL evaluates SET assignments left to right: compute epoch before owner changes.
-        let mut qb =
-            QueryBuilder::<MySql>::new("UPDATE ferry_slot_lease SET epoch = IF(owner <=> ");
-        qb.push_bind(owner)
-            .push(", epoch, epoch + 1), owner = ")
-            .push_bind(owner)
-            .push(", lease_until = UTC_TIMESTAMP(6) + INTERVAL ")
-            .push_bind(micros(req.ttl))
-            .push(" MICROSECOND WHERE slot IN (");
-        push_list(&mut qb, slots.iter().map(|s| *s as i16));
-        qb.push(") AND (owner IS NULL OR owner = ")
-            .push_bind(owner)
-            .push(" OR lease_until <= UTC_TIMESTAMP(6))");
-        qb.build()
+        sql::acquire_slots(owner, micros(req.ttl), slots)
+            .build()
             .execute(&mut *tx)
             .await
             .map_err(|e| db_err("acquire slots", e))?;
@@ -232,13 +220,11 @@ impl Ops for MyStore {
     }
 
     async fn release_slots(&self, req: &SlotRelease<'_>) -> Result<(), sqlx::Error> {
-        let mut qb = QueryBuilder::<MySql>::new(
-            "UPDATE ferry_slot_lease SET owner = NULL, lease_until = NULL WHERE owner = ",
-        );
-        qb.push_bind(req.owner).push(" AND slot IN (");
-        push_list(&mut qb, req.slots.iter().map(|s| *s as i16));
-        qb.push(")");
-        qb.build().execute(&self.pool).await.map(drop)
+        sql::release_slots(req.owner, req.slots)
+            .build()
+            .execute(&self.pool)
+            .await
+            .map(drop)
     }
 
     /// MariaDB's upsert changes the row whether or not it was ours: the row says who holds it.

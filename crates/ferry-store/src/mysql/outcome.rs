@@ -3,10 +3,12 @@
 use std::collections::HashMap;
 
 use ferry_core::{CasReport, StoreError};
-use sqlx::{MySql, QueryBuilder, Row};
+use sqlx::Row;
 
 use super::rows::txt;
-use super::sql::{fetch_rows, outcome_set, push_list, push_tokens, CHUNK};
+use super::sql::{
+    fetch_rows, lock_tokens, outcome_one, outcome_seqs, outcome_set, outcome_tokens, CHUNK,
+};
 use super::MyStore;
 use crate::error::{db_err, Ctx};
 use crate::outcome::{Outcome, Transition};
@@ -37,18 +39,16 @@ impl MyStore {
         let report = if let Some(values) = per_item {
             let mut applied = HashMap::new();
             for (t, (delay, text)) in tokens.iter().zip(values) {
-                let n = sqlx::query(&format!(
-                    "UPDATE {table} SET {set} WHERE state = 'CLAIMED' AND seq = ? AND claim_version = ? AND claim_id = ?"
-                ))
-                .bind(*delay)
-                .bind(*text)
-                .bind(t.seq)
-                .bind(t.claim_version)
-                .bind(&t.claim_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_err("outcome update", e))?
-                .rows_affected();
+                let n = sqlx::query(&outcome_one(table, &set))
+                    .bind(*delay)
+                    .bind(*text)
+                    .bind(t.seq)
+                    .bind(t.claim_version)
+                    .bind(&t.claim_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| db_err("outcome update", e))?
+                    .rows_affected();
                 if n == 1 {
                     applied.insert(t.seq, (t.claim_version, t.claim_id.clone()));
                 }
@@ -57,9 +57,7 @@ impl MyStore {
         } else {
             let mut total = 0usize;
             for chunk in tokens.chunks(CHUNK) {
-                let mut qb = QueryBuilder::<MySql>::new(format!("UPDATE {table} SET {set} WHERE "));
-                push_tokens(&mut qb, chunk);
-                total += qb
+                total += outcome_tokens(table, &set, chunk)
                     .build()
                     .execute(&mut *tx)
                     .await
@@ -81,13 +79,8 @@ impl MyStore {
                     .map_err(|e| db_err("outcome: begin", e))?;
                 let mut applied = HashMap::new();
                 for chunk in tokens.chunks(CHUNK) {
-                    let mut qb = QueryBuilder::<MySql>::new(format!(
-                        "SELECT seq, claim_version, claim_id FROM {table} WHERE "
-                    ));
-                    push_tokens(&mut qb, chunk);
-                    qb.push(" FOR UPDATE");
                     let matching: Vec<(i64, i64, String)> =
-                        fetch_rows(&mut qb, &mut *tx, "outcome lock")
+                        fetch_rows(&mut lock_tokens(table, chunk), &mut *tx, "outcome lock")
                             .await?
                             .iter()
                             .map(|r| (r.get(0), r.get(1), txt(r, 2)))
@@ -95,12 +88,9 @@ impl MyStore {
                     if matching.is_empty() {
                         continue;
                     }
-                    let mut qb = QueryBuilder::<MySql>::new(format!(
-                        "UPDATE {table} SET {set} WHERE seq IN ("
-                    ));
-                    push_list(&mut qb, matching.iter().map(|m| m.0));
-                    qb.push(")");
-                    qb.build()
+                    let seqs: Vec<i64> = matching.iter().map(|m| m.0).collect();
+                    outcome_seqs(table, &set, &seqs)
+                        .build()
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| db_err("outcome update", e))?;

@@ -181,8 +181,7 @@ async fn win_election(
             );
             unregistered = None;
             for id in kill {
-                // KILL takes no placeholder; `id` is an integer read from the database
-                if let Err(e) = conn.execute(format!("KILL CONNECTION {id}").as_str()).await {
+                if let Err(e) = conn.execute(sql::kill_connection(id).as_str()).await {
                     tracing::warn!(error = %e, connection = id, "cursor horizon ticker: cannot end a session of the stale ticker");
                 }
             }
@@ -200,7 +199,7 @@ async fn tick_session(pool: &MySqlPool, ticker: &Weak<Ticker>) -> Result<(), Sto
     let mut gates = Vec::new();
     for parity in 0..GATE_ROWS {
         let (mut c, id) = session_conn(pool).await?;
-        c.execute(format!("SET SESSION innodb_lock_wait_timeout = {GATE_LOCK_WAIT_S}").as_str())
+        c.execute(sql::lock_wait_timeout(GATE_LOCK_WAIT_S).as_str())
             .await
             .map_err(|e| db_err("ticker: lock wait", e))?;
         gates.push(GateRow {
