@@ -2,8 +2,10 @@
 //! (the operator's purge, reconcile, requeue and skip): placeholders (`?` in bind order,
 //! rewritten once to PostgreSQL's `$n` by [`numbered_placeholders`]), clocks, concatenation.
 
-/// `sql` with each `?` replaced by `$1`, `$2`, … in order (PostgreSQL's placeholders).
-pub(crate) fn numbered_placeholders(sql: &str) -> String {
+/// `sql` with each `?` replaced by `$1`, `$2`, … in order (PostgreSQL's placeholders): one
+/// statement text for every backend. Every `?` counts, one inside a string literal too: keep
+/// literals free of it.
+pub fn numbered_placeholders(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 8);
     let mut n = 0;
     for c in sql.chars() {

@@ -75,6 +75,7 @@ mod status_cache;
 mod time;
 mod url;
 
+pub use dialect::numbered_placeholders;
 pub use error::{error_kind, not_quarantined, owner_in_use};
 pub use migrate::{Migration, MIGRATIONS_MYSQL, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 pub use operator::validate_identifier;

@@ -3,20 +3,11 @@
 /// `sql` with its `?` placeholders written as PostgreSQL's `$1, $2, …` when `postgres`: one
 /// statement text for every backend.
 pub fn placeholder(sql: &str, postgres: bool) -> std::borrow::Cow<'_, str> {
-    if !postgres {
-        return sql.into();
+    if postgres {
+        ferry_store::numbered_placeholders(sql).into()
+    } else {
+        sql.into()
     }
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut n = 0;
-    for ch in sql.chars() {
-        if ch == '?' {
-            n += 1;
-            out.push_str(&format!("${n}"));
-        } else {
-            out.push(ch);
-        }
-    }
-    out.into()
 }
 
 #[cfg(test)]
