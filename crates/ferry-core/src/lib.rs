@@ -113,8 +113,8 @@ pub use payload::Payload;
 pub use shard::{slot_for, slots_for_worker, SlotId, SLOT_COUNT};
 pub use store::{
     BusinessTable, EventRecord, LeaseExtension, MemberHeartbeat, MemberInfo, OperatorAction,
-    OperatorActions, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent, ReconcileReport,
-    ReconcileRequest, RowDispatch, SettingWarning, SlotLease, SlotOwnership, SlotRelease,
-    SlotRequest, Watermark,
+    OperatorActions, OutboxSize, OutboxStatus, OutboxStore, PurgeRequest, QuarantinedEvent,
+    ReconcileReport, ReconcileRequest, RowDispatch, SettingWarning, SlotLease, SlotOwnership,
+    SlotRelease, SlotRequest, Watermark,
 };
 pub use time::{now_micros, Micros};

@@ -39,6 +39,19 @@ pub struct SettingWarning {
     pub message: String,
 }
 
+/// The outbox's size on disk as its server accounts for it ([`OutboxStore::outbox_size`];
+/// `ferry status` prints it).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OutboxSize {
+    /// The table: its rows (PostgreSQL: with TOAST and the free-space and visibility maps;
+    /// MariaDB: InnoDB's clustered index).
+    pub table_bytes: i64,
+    /// Its indexes.
+    pub index_bytes: i64,
+    /// Where the figures come from, and whether they are exact.
+    pub source: &'static str,
+}
+
 /// A quarantined event as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct QuarantinedEvent {
@@ -517,6 +530,12 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
     /// cannot see them).
     fn server_warnings(&self) -> BoxFuture<'_, Result<Vec<SettingWarning>, StoreError>> {
         Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Capability: the outbox's size on disk; `None` where the backend cannot tell it cheaply.
+    /// The default tells nothing.
+    fn outbox_size(&self) -> BoxFuture<'_, Result<Option<OutboxSize>, StoreError>> {
+        Box::pin(async { Ok(None) })
     }
 
     /// Capability: requeue or skip every quarantined event `req.filter` selects, in one

@@ -668,3 +668,10 @@ pub(crate) const TO_ROW: [(&str, &str); 6] = [
 
 /// The payload of [`crate::lookup::record_sql`] as text and bytes, one of them NULL.
 pub(crate) const RECORD_PAYLOAD: &str = "payload, payload_bytes";
+
+/// The outbox's size: the table with TOAST and its maps, and the indexes (exact: the files'
+/// sizes).
+pub(crate) const OUTBOX_SIZE: &str =
+    "SELECT pg_total_relation_size('ferry_outbox') - pg_indexes_size('ferry_outbox'), \
+    pg_indexes_size('ferry_outbox')";
+pub(crate) const OUTBOX_SIZE_SOURCE: &str = "pg_total_relation_size and pg_indexes_size: exact";

@@ -66,6 +66,8 @@ macro_rules! store_traits {
                 const SLOT_LEASES: &'static str = $sql::SLOT_LEASES;
                 const QUARANTINED_ROWS: &'static str = $sql::QUARANTINED_ROWS;
                 const QUARANTINED_CURSOR: &'static str = $sql::QUARANTINED_CURSOR;
+                const OUTBOX_SIZE: &'static str = $sql::OUTBOX_SIZE;
+                const OUTBOX_SIZE_SOURCE: &'static str = $sql::OUTBOX_SIZE_SOURCE;
             }
 
             impl RowDispatch for $store {
@@ -108,6 +110,7 @@ macro_rules! store_traits {
                     fn shared_status(max_age: std::time::Duration) -> R<OutboxStatus> = <$store as Ops>::shared_status;
                     fn listen_commits(wake: std::sync::Arc<dyn Fn() + Send + Sync>) -> R<bool> = <$store as Ops>::listen_commits;
                     fn server_warnings() -> R<Vec<SettingWarning>> = <$store as Ops>::server_warnings;
+                    fn outbox_size() -> R<Option<OutboxSize>> = p::outbox_size;
                     fn purge_sent(req: &'a PurgeRequest<'a>) -> R<u64> = p::purge_sent;
                     fn reconcile(req: &'a ReconcileRequest) -> R<ReconcileReport> = p::reconcile;
                     fn replay_scan(filter: &'a ReplayFilter) -> R<Vec<TopicScan>> = p::replay_scan;

@@ -65,6 +65,10 @@ pub(crate) trait Statements {
     const QUARANTINED_ROWS: &'static str;
     /// `list_quarantined`'s statement in cursor dispatch (`?`: the limit).
     const QUARANTINED_CURSOR: &'static str;
+    /// The outbox's size: one row of `table bytes, index bytes`.
+    const OUTBOX_SIZE: &'static str;
+    /// Where [`Self::OUTBOX_SIZE`]'s figures come from ([`ferry_core::OutboxSize::source`]).
+    const OUTBOX_SIZE_SOURCE: &'static str;
 }
 
 /// What a backend provides: its handles and its statements. Statement methods that take a
@@ -463,6 +467,25 @@ pub(crate) async fn purge_sent<S: Ops>(
     req: &ferry_core::PurgeRequest<'_>,
 ) -> Result<u64, StoreError> {
     crate::operator::purge::purge_sent(s.pools(), checked_mode(s).await?, req).await
+}
+
+/// [`ferry_core::OutboxStore::outbox_size`].
+pub(crate) async fn outbox_size<S: Ops>(
+    s: &S,
+) -> Result<Option<ferry_core::OutboxSize>, StoreError> {
+    let rows = s
+        .pools()
+        .rows_as(S::OUTBOX_SIZE, &[], "outbox size")
+        .await?;
+    let row = rows.into_iter().next().unwrap_or_default();
+    let at = |i: usize| row.get(i).cloned().flatten()?.parse::<i64>().ok();
+    Ok(at(0)
+        .zip(at(1))
+        .map(|(table_bytes, index_bytes)| ferry_core::OutboxSize {
+            table_bytes,
+            index_bytes,
+            source: S::OUTBOX_SIZE_SOURCE,
+        }))
 }
 
 /// [`ferry_core::OutboxStore::reconcile`].

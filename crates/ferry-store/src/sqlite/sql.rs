@@ -323,3 +323,11 @@ pub(crate) fn events_by_seq() -> String {
 pub(crate) const RECORD_PAYLOAD: &str =
     "CASE WHEN typeof(payload) = 'blob' THEN NULL ELSE payload END, \
      CASE WHEN typeof(payload) = 'blob' THEN payload END";
+
+/// The outbox's size: the pages of the table and of its indexes (`dbstat` reads them all).
+pub(crate) const OUTBOX_SIZE: &str =
+    "SELECT COALESCE(SUM(CASE WHEN name = 'ferry_outbox' THEN pgsize END), 0), \
+    COALESCE(SUM(CASE WHEN name <> 'ferry_outbox' THEN pgsize END), 0) FROM dbstat \
+    WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = 'ferry_outbox')";
+pub(crate) const OUTBOX_SIZE_SOURCE: &str =
+    "dbstat: exact, every page of the outbox read (a cost that grows with the table)";

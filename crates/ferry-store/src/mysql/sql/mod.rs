@@ -188,3 +188,12 @@ pub(crate) fn intents<'a>(seqs: impl IntoIterator<Item = i64>) -> QueryBuilder<'
     qb.push(") ORDER BY seq");
     qb
 }
+
+/// The outbox's size from InnoDB's persistent statistics: the clustered index and the secondary
+/// indexes, in pages the statistics last counted.
+pub(crate) const OUTBOX_SIZE: &str =
+    "SELECT CAST(DATA_LENGTH AS SIGNED), CAST(INDEX_LENGTH AS SIGNED) \
+    FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'ferry_outbox'";
+pub(crate) const OUTBOX_SIZE_SOURCE: &str =
+    "information_schema.TABLES: InnoDB statistics, approximate \
+    (recounted after about 10 % of the rows changed, or by ANALYZE TABLE ferry_outbox)";

@@ -48,8 +48,8 @@ pub use replay::{
     purge_raises_the_retention_watermark, replay_reads_exactly_the_sent_events_of_a_range,
 };
 pub use retention::{
-    purge_deletes_only_old_sent_rows, reconcile_classifies_every_intent_once,
-    shared_status_is_counted_once_per_max_age,
+    outbox_size_grows_with_the_rows, purge_deletes_only_old_sent_rows,
+    reconcile_classifies_every_intent_once, shared_status_is_counted_once_per_max_age,
 };
 
 suite! {
@@ -90,7 +90,8 @@ suite! {
     //   a_newer_schema_is_refused: there is no schema;
     // - claims_count_rows_skipped_as_locked: it holds SQL row locks from a second transaction;
     // - reconcile_classifies_every_intent_once: it needs the Inbox and business tables (the
-    //   memory store refuses a reconcile naming them and is unit-tested without them).
+    //   memory store refuses a reconcile naming them and is unit-tested without them);
+    // - outbox_size_grows_with_the_rows: the memory store has no size on disk to report.
     sql_only: [
         rollback_leaves_neither_order_nor_intent,
         committed_intent_visible_after_reconnect,
@@ -100,6 +101,7 @@ suite! {
         a_newer_schema_is_refused,
         multi_row_enqueue_in_caller_transaction,
         reconcile_classifies_every_intent_once,
+        outbox_size_grows_with_the_rows,
         claims_count_rows_skipped_as_locked,
         plain_insert_fills_what_the_rust_api_fills,
         // binary payloads: a plain INSERT of bytes, and a migration set back by SQL

@@ -282,3 +282,38 @@ pub async fn shared_status_is_counted_once_per_max_age(db: AnyDb) {
     assert_eq!(busy.kind(), StoreErrorKind::Conflict, "{busy}");
     assert_eq!(db.store.status().await.unwrap().pending, 4);
 }
+
+/// The outbox's size grows with its rows: 400 intents of 1,000-byte payloads add at least
+/// 400,000 bytes to the table, and the indexes are counted apart. MariaDB's figures are InnoDB
+/// statistics, recounted here by `ANALYZE TABLE` as an operator would.
+pub async fn outbox_size_grows_with_the_rows(db: TestDb) {
+    let size = || async {
+        if db.backend == ferry_store::Backend::Mysql {
+            db.exec("ANALYZE TABLE ferry_outbox").await.unwrap();
+        }
+        let s = db.store.outbox_size().await.unwrap();
+        s.expect("a SQL store reports its outbox's size")
+    };
+    let before = size().await;
+    assert!(
+        before.table_bytes > 0 && before.index_bytes > 0,
+        "{before:?}"
+    );
+    let pad = "x".repeat(1000 - r#"{"pad":""}"#.len());
+    let events: Vec<_> = (0..400)
+        .map(|i| {
+            let mut e = ev(&format!("size-{i}"), 1);
+            e.payload = format!(r#"{{"pad":"{pad}"}}"#).into();
+            e
+        })
+        .collect();
+    for chunk in events.chunks(100) {
+        db.store.enqueue(chunk).await.unwrap();
+    }
+    let after = size().await;
+    assert!(
+        after.table_bytes - before.table_bytes >= 400_000,
+        "{before:?} → {after:?}"
+    );
+    assert!(after.index_bytes > 0 && !after.source.is_empty());
+}
