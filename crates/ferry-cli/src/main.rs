@@ -66,8 +66,8 @@ enum Cmd {
     /// Run the relay until SIGINT/SIGTERM, then drain gracefully and exit 0 (130 when the drain
     /// outlasts --shutdown-timeout + 10 s, or at a second signal).
     Relay(cmd::relay::RelayArgs),
-    /// Show backlog, oldest intent age, unknown exposure, quarantine, pauses, slot owners and
-    /// each relay's sink. Exits 4 at a warning (past the warning age, blocked aggregates, a
+    /// Show backlog, oldest intent age, unknown exposure, quarantine, pauses, the outbox's size,
+    /// slot owners and each relay's sink. Exits 4 at a warning (past the warning age, blocked aggregates, a
     /// relay's stalled sink, a harmful server setting, a paused topic), 5 at a critical alert
     /// (past the critical age); 2 is bad usage, 1 an error.
     Status(cmd::status::StatusArgs),

@@ -1,5 +1,5 @@
-//! `ferry status`: backlog, oldest intent age, unknown exposure, quarantine, slot owners, and
-//! server settings that are harmful to ferry.
+//! `ferry status`: backlog, oldest intent age, unknown exposure, quarantine, the outbox's size
+//! on disk, slot owners, and server settings that are harmful to ferry.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,8 @@ pub async fn run(
     let members = store.members().await?;
     let quarantined = store.list_quarantined(20).await?;
     let settings = store.server_warnings().await?;
+    // the outbox's size on disk; a failure to read it is shown, not fatal
+    let size = store.outbox_size().await;
     // the last bulk quarantine actions; a database not yet migrated to their table reports
     // why instead of failing the whole status
     let actions = store.operator_actions(RECENT_ACTIONS).await;
@@ -159,6 +161,8 @@ pub async fn run(
             "reasons": reasons,
             "server_settings": settings,
             "outbox": st,
+            "outbox_size": size.as_ref().ok().and_then(Option::as_ref),
+            "outbox_size_error": size.as_ref().err().map(|e| e.to_string()),
             "slot_owners": owners,
             "relays": members,
             "quarantined": quarantined,
@@ -200,6 +204,17 @@ pub async fn run(
             "oldest unsent age:   {}",
             fmt_age(st.oldest_unfinished_age_us)
         );
+        match &size {
+            Ok(Some(s)) => println!(
+                "outbox size:         {} (table {}, indexes {}; {})",
+                fmt_bytes(s.table_bytes + s.index_bytes),
+                fmt_bytes(s.table_bytes),
+                fmt_bytes(s.index_bytes),
+                s.source
+            ),
+            Ok(None) => println!("outbox size:         not reported by this store"),
+            Err(e) => println!("outbox size:         unavailable: {e}"),
+        }
         println!(
             "paused:              {}",
             if paused.is_empty() { "nothing" } else { "" }
@@ -248,11 +263,45 @@ pub async fn run(
     })
 }
 
+/// `1536` → `1.5 KiB`; bytes below 1 KiB as they are.
+fn fmt_bytes(b: i64) -> String {
+    let mut v = b as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if v.abs() < 1024.0 {
+            return if unit == "B" {
+                format!("{b} B")
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+        v /= 1024.0;
+    }
+    format!("{v:.1} TiB")
+}
+
 /// "every topic" for the pause of every topic, else "topic T".
 fn pause_label(topic: &str) -> String {
     if topic == ferry_core::ALL_TOPICS {
         "every topic".into()
     } else {
         format!("topic {topic}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fmt_bytes;
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        for (bytes, shown) in [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1536, "1.5 KiB"),
+            (264_241_152, "252.0 MiB"),
+            (3 << 30, "3.0 GiB"),
+        ] {
+            assert_eq!(fmt_bytes(bytes), shown);
+        }
     }
 }
