@@ -67,9 +67,9 @@ enum Cmd {
     /// outlasts --shutdown-timeout + 10 s, or at a second signal).
     Relay(cmd::relay::RelayArgs),
     /// Show backlog, oldest intent age, unknown exposure, quarantine, pauses, the outbox's size,
-    /// slot owners and each relay's sink. Exits 4 at a warning (past the warning age, blocked aggregates, a
-    /// relay's stalled sink, a harmful server setting, a paused topic), 5 at a critical alert
-    /// (past the critical age); 2 is bad usage, 1 an error.
+    /// slot owners and each relay's sink. Exits 4 at a warning (past the warning age, blocked
+    /// aggregates, a relay's stalled sink, a harmful server setting, a paused topic), 5 at a
+    /// critical alert (past the critical age); 2 is bad usage, 1 an error.
     Status(cmd::status::StatusArgs),
     /// Inspect and resolve quarantined events.
     Quarantine {

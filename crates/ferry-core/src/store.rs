@@ -532,8 +532,9 @@ pub trait OutboxStore: RowDispatch + SlotOwnership + OperatorActions + Send + Sy
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    /// Capability: the outbox's size on disk; `None` where the backend cannot tell it cheaply.
-    /// The default tells nothing.
+    /// Capability: the outbox's size on disk, for an operator (`ferry status`), not for a hot
+    /// path: a backend may read the whole table to count it (SQLite's `dbstat`). The default
+    /// tells nothing (`None`: the in-memory store has no size on disk).
     fn outbox_size(&self) -> BoxFuture<'_, Result<Option<OutboxSize>, StoreError>> {
         Box::pin(async { Ok(None) })
     }
