@@ -1,5 +1,6 @@
 -- A producer in plain SQL (PostgreSQL): the business row and its intent in one transaction.
--- ferry fills shard_slot, msg_key and event_id; headers default to '{}', created_at to now().
+-- ferry fills shard_slot and event_id, a msg_key left out is the aggregate id; headers default to
+-- '{}', created_at to now().
 -- Run (after `ferry migrate --database-url "$DATABASE_URL"`):
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f docs/examples/produce_postgres.sql
 CREATE TABLE IF NOT EXISTS demo_orders (

@@ -1,5 +1,6 @@
 """A producer in Python (psycopg 3, PostgreSQL): the business row and its intent in one
-transaction, with a plain INSERT; ferry fills shard_slot, msg_key and event_id.
+transaction, with a plain INSERT; ferry fills shard_slot and event_id (a msg_key left out is the
+aggregate id).
 
     ferry migrate --database-url postgres://postgres@127.0.0.1:5432/test
     pip install "psycopg[binary]"

@@ -39,6 +39,7 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     migration!(13, "pause", "postgres/0013_pause"),
     migration!(14, "retention_mark", "postgres/0014_retention_mark"),
     migration!(15, "uuid_v7", "postgres/0015_uuid_v7"),
+    migration!(16, "key_by_default", "postgres/0016_key_by_default"),
 ];
 
 /// MySQL/MariaDB migrations, in order.

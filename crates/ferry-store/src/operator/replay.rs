@@ -126,7 +126,7 @@ pub(crate) async fn page(
     }
     let sql = format!(
         "SELECT o.seq, o.event_id, o.aggregate_id, o.aggregate_version, {}, o.topic, \
-         o.msg_key, o.event_type, o.headers, {}, {} FROM {src} \
+         coalesce(o.msg_key, o.aggregate_id), o.event_type, o.headers, {}, {} FROM {src} \
          WHERE {cond} AND {state} = 'SENT' \
          ORDER BY o.aggregate_id, o.aggregate_version LIMIT {}",
         // PostgreSQL's slot is a smallint, which the text decoding of `Pools::rows` skips

@@ -54,7 +54,13 @@ impl InsertIntents for PgConnection {
             .bind(rows.iter().map(|r| r.aggregate_version).collect::<Vec<_>>())
             .bind(rows.iter().map(|r| r.shard_slot as i16).collect::<Vec<_>>())
             .bind(col(|r| &r.topic))
-            .bind(col(|r| &r.key))
+            // a key equal to the aggregate id is stored as NULL (migration 16): every read is
+            // coalesce(msg_key, aggregate_id)
+            .bind(
+                rows.iter()
+                    .map(|r| (r.key != r.aggregate_id).then(|| r.key.clone()))
+                    .collect::<Vec<_>>(),
+            )
             .bind(col(|r| &r.event_type))
             .bind(col(|r| &r.headers))
             .bind(

@@ -139,3 +139,54 @@ pub async fn lookup_advance_finds_a_committed_advance(db: TestDb) {
     assert!(!cs(&db).lookup_advance("never-ran").await.unwrap());
     db.cleanup().await;
 }
+
+/// Every read carries the message key: the aggregate id when the producer gave none or gave the
+/// aggregate id itself (PostgreSQL then stores no key, `msg_key` NULL: migration 16), the
+/// producer's own otherwise; so does an exception row claimed after the advance.
+pub async fn keys_are_read_back_whether_stored_or_implied(db: TestDb) {
+    let keyed = |agg: &str, v, key: &str| NewEvent {
+        key: Some(key.into()),
+        ..ev(agg, v)
+    };
+    let evs = [ev("k", 1), keyed("k", 2, "k"), keyed("m", 1, "route-9")];
+    let (cursors, b) = own_and_read(&db, &evs).await;
+    let key = |agg, v| find(&b, agg, v).event.key.as_str();
+    assert_eq!(
+        (key("k", 1), key("k", 2), key("m", 1)),
+        ("k", "k", "route-9")
+    );
+    let implied = if db.backend == ferry_store::Backend::Postgres {
+        2
+    } else {
+        0
+    };
+    assert_eq!(
+        db.count("ferry_outbox WHERE msg_key IS NULL").await,
+        implied
+    );
+    let unknown = |agg, v| exception(find(&b, agg, v), ExceptionKind::Unknown("timeout".into()));
+    let r = advance_to(
+        &db,
+        "a",
+        &cursors,
+        b.upto,
+        vec![unknown("k", 1), unknown("m", 1)],
+    )
+    .await;
+    assert_eq!(r, AdvanceResult::Applied);
+    let mut req = crate::fixtures::claim_all(10, LONG);
+    req.fence = Some(ferry_core::SlotFence { owner: "a".into() });
+    let mut got: Vec<(String, String)> = cs(&db)
+        .claim_exceptions(&req)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.aggregate_id, e.key))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [("k".into(), "k".into()), ("m".into(), "route-9".into())]
+    );
+    db.cleanup().await;
+}

@@ -22,8 +22,9 @@ mod restore;
 mod retention;
 
 pub use advance::{
-    lookup_advance_finds_a_committed_advance, read_advance_derives_sent,
-    reads_are_cut_at_the_limit_and_resume, stale_owner_advance_is_fenced,
+    keys_are_read_back_whether_stored_or_implied, lookup_advance_finds_a_committed_advance,
+    read_advance_derives_sent, reads_are_cut_at_the_limit_and_resume,
+    stale_owner_advance_is_fenced,
 };
 pub use exceptions::exceptions_hold_successors_in_order;
 pub use horizon::{
@@ -47,6 +48,7 @@ suite! {
     everywhere: [],
     sql_only: [
         read_advance_derives_sent,
+        keys_are_read_back_whether_stored_or_implied,
         reads_are_cut_at_the_limit_and_resume,
         stale_owner_advance_is_fenced,
         lookup_advance_finds_a_committed_advance,

@@ -235,6 +235,15 @@ pub async fn plain_insert_fills_what_the_rust_api_fills(db: TestDb) {
     ))
     .await
     .unwrap();
+    // PostgreSQL leaves a key that was left out NULL (the aggregate id, read with coalesce)
+    let implied = match db.backend {
+        ferry_store::Backend::Postgres => keys.len() as i64,
+        _ => 0,
+    };
+    assert_eq!(
+        db.count("ferry_outbox WHERE msg_key IS NULL").await,
+        implied
+    );
     let claimed = db.store.claim(&req(100, LONG)).await.unwrap();
     assert_eq!(claimed.len(), keys.len(), "v2 of order-7 waits for v1");
     for c in &claimed {
@@ -294,4 +303,41 @@ pub async fn plain_insert_fills_what_the_rust_api_fills(db: TestDb) {
         ("mine-1", "k-7", given)
     );
     assert_eq!(mine[0].headers, r#"{"h":"v"}"#);
+}
+
+/// A claim, and the lookup of a claim by its id, carry the message key: the aggregate id when
+/// the producer gave none or gave the aggregate id itself (PostgreSQL then stores no key,
+/// `msg_key` NULL: migration 16), the producer's own otherwise.
+pub async fn keys_are_claimed_whether_stored_or_implied(db: TestDb) {
+    let keyed = |agg: &str, v, key: &str| NewEvent {
+        key: Some(key.into()),
+        ..ev(agg, v)
+    };
+    let evs = [ev("k", 1), keyed("j", 1, "j"), keyed("m", 1, "route-9")];
+    db.store.enqueue(&evs).await.unwrap();
+    let implied = if db.backend == ferry_store::Backend::Postgres {
+        2
+    } else {
+        0
+    };
+    assert_eq!(
+        db.count("ferry_outbox WHERE msg_key IS NULL").await,
+        implied
+    );
+    let keys = |events: Vec<ferry_core::ClaimedEvent>| {
+        let mut k: Vec<(String, String)> = events
+            .into_iter()
+            .map(|e| (e.aggregate_id, e.key))
+            .collect();
+        k.sort();
+        k
+    };
+    let want: Vec<(String, String)> = [("j", "j"), ("k", "k"), ("m", "route-9")]
+        .map(|(a, k)| (a.into(), k.into()))
+        .into();
+    let claimed = db.store.claim(&req(10, LONG)).await.unwrap();
+    let claim_id = claimed[0].token.claim_id.clone();
+    assert_eq!(keys(claimed), want);
+    let found = db.store.lookup_claim(&claim_id).await.unwrap();
+    assert_eq!(keys(found), want);
 }

@@ -32,8 +32,9 @@ pub use claim::{
 };
 pub use enqueue::{
     bad_inputs_are_refused_and_write_nothing, committed_intent_visible_after_reconnect,
-    intent_columns_are_immutable, multi_row_enqueue_in_caller_transaction,
-    plain_insert_fills_what_the_rust_api_fills, rollback_leaves_neither_order_nor_intent,
+    intent_columns_are_immutable, keys_are_claimed_whether_stored_or_implied,
+    multi_row_enqueue_in_caller_transaction, plain_insert_fills_what_the_rust_api_fills,
+    rollback_leaves_neither_order_nor_intent,
 };
 pub use migrate::{
     a_newer_schema_is_refused, concurrent_migrations_apply_once, fresh_concurrent_migrations,
@@ -91,7 +92,8 @@ suite! {
     // - claims_count_rows_skipped_as_locked: it holds SQL row locks from a second transaction;
     // - reconcile_classifies_every_intent_once: it needs the Inbox and business tables (the
     //   memory store refuses a reconcile naming them and is unit-tested without them);
-    // - outbox_size_grows_with_the_rows: the memory store has no size on disk to report.
+    // - outbox_size_grows_with_the_rows: the memory store has no size on disk to report;
+    // - keys_are_claimed_whether_stored_or_implied: it reads the stored `msg_key` column.
     sql_only: [
         rollback_leaves_neither_order_nor_intent,
         committed_intent_visible_after_reconnect,
@@ -104,6 +106,7 @@ suite! {
         outbox_size_grows_with_the_rows,
         claims_count_rows_skipped_as_locked,
         plain_insert_fills_what_the_rust_api_fills,
+        keys_are_claimed_whether_stored_or_implied,
         // binary payloads: a plain INSERT of bytes, and a migration set back by SQL
         binary_payloads_round_trip,
         binary_migration_keeps_text_rows,
