@@ -116,7 +116,29 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
             );
         }
     }
-    let (kafka, verifier) = EmbeddedKafka::verified(1, "orders", 4);
+    let kafka = EmbeddedKafka::with_topic(1, "orders", 4).expect("mock Kafka cluster");
+    // none of the examples gives a key: each record's Kafka key must be its aggregate id (on
+    // PostgreSQL the row stores none, migration 16), which keeps an aggregate on one partition
+    let wrong_keys = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = wrong_keys.clone();
+    let hook: ferry_testkit::verify::Hook = Box::new(move |m| {
+        let agg = m.headers.iter().find(|(k, _)| *k == "ferry-aggregate-id");
+        let agg = agg.and_then(|(_, v)| *v);
+        if agg.is_none() || m.key != agg {
+            let key = m.key.map(String::from_utf8_lossy);
+            seen.lock()
+                .unwrap()
+                .push(format!("key {key:?} at offset {}", m.offset));
+        }
+    });
+    let verifier = ferry_testkit::verify::Verifier::start_with_hook(
+        kafka.bootstrap_servers(),
+        "orders",
+        4,
+        &[],
+        Some(hook),
+    )
+    .expect("verifier");
     let sink = KafkaSink::new(KafkaConfig {
         brokers: kafka.bootstrap_servers().to_string(),
         ordered: true,
@@ -137,6 +159,11 @@ async fn foreign_producers_arrive_in_order(backend: Backend) {
     assert_eq!(r.delivered, expected, "{r:?}");
     assert_eq!(r.ordering_violations, 0, "{r:?}");
     assert_eq!(r.foreign, 0, "every record carries ferry's headers: {r:?}");
+    assert_eq!(
+        *wrong_keys.lock().unwrap(),
+        Vec::<String>::new(),
+        "keys other than the aggregate id"
+    );
     relay.stop().await;
     db.cleanup().await;
 }
