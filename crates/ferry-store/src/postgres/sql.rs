@@ -170,10 +170,12 @@ pub(crate) const INSERT: &str = "INSERT INTO ferry_outbox \
     SELECT * FROM UNNEST($1::varchar[], $2::varchar[], $3::int8[], $4::int2[], $5::varchar[], \
     $6::varchar[], $7::varchar[], $8::text[], $9::text[], $10::bytea[])";
 
+/// The claimed row's columns in `claimed_from_row`'s order; a key left NULL is the aggregate id
+/// (migration 16).
 pub(crate) const CLAIM_COLUMNS: &str =
-    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, \
-    o.aggregate_version, o.shard_slot, o.topic, coalesce(o.msg_key, o.aggregate_id), o.event_type, o.headers, o.payload, \
-    o.payload_bytes, o.attempts, (extract(epoch from o.created_at) * 1000000)::int8";
+    "o.seq, o.event_id, o.claim_id, o.claim_version, o.aggregate_id, o.aggregate_version, \
+    o.shard_slot, o.topic, coalesce(o.msg_key, o.aggregate_id), o.event_type, o.headers, \
+    o.payload, o.payload_bytes, o.attempts, (extract(epoch from o.created_at) * 1000000)::int8";
 
 /// The SET clause of an outcome on the table aliased `a`; `t.delay_us` and `t.txt` are the
 /// item's delay and text.
@@ -228,10 +230,11 @@ pub(crate) const STATUS_CACHE: crate::status_cache::StatusCacheSql = crate::stat
 };
 
 /// The intent columns of `ferry_outbox o` in [`event_at`]'s order (`created_at` as µs since the
-/// epoch, like the row-mode claim).
-pub(crate) const EVENT_COLUMNS: &str = "o.seq, o.event_id, coalesce(o.claim_id, '') AS claim_id, o.claim_version, \
-    o.aggregate_id, o.aggregate_version, o.shard_slot, o.topic, coalesce(o.msg_key, o.aggregate_id), o.event_type, o.headers, \
-    o.payload, o.payload_bytes, o.attempts, (extract(epoch from o.created_at) * 1000000)::int8 AS created_us";
+/// epoch, like the row-mode claim; a key left NULL is the aggregate id, migration 16).
+pub(crate) const EVENT_COLUMNS: &str = "o.seq, o.event_id, coalesce(o.claim_id, '') AS claim_id, \
+    o.claim_version, o.aggregate_id, o.aggregate_version, o.shard_slot, o.topic, \
+    coalesce(o.msg_key, o.aggregate_id), o.event_type, o.headers, o.payload, o.payload_bytes, \
+    o.attempts, (extract(epoch from o.created_at) * 1000000)::int8 AS created_us";
 
 /// The open exception states: they hold their aggregate's later events.
 pub(crate) const OPEN: &str = "('PENDING', 'CLAIMED', 'QUARANTINED')";

@@ -25,3 +25,14 @@ mod slots;
 pub mod store;
 
 pub use case::{Case, CaseFuture};
+
+/// Asserts how many outbox rows store no message key: `on_postgres` there (a key equal to the
+/// aggregate id is NULL since its migration 16), none on the backends that always store it.
+async fn assert_keys_left_null(db: &crate::TestDb, on_postgres: i64) {
+    let want = match db.backend {
+        ferry_store::Backend::Postgres => on_postgres,
+        _ => 0,
+    };
+    let got = db.count("ferry_outbox WHERE msg_key IS NULL").await;
+    assert_eq!(got, want, "rows without a stored key");
+}

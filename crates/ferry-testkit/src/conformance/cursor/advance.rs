@@ -155,15 +155,7 @@ pub async fn keys_are_read_back_whether_stored_or_implied(db: TestDb) {
         (key("k", 1), key("k", 2), key("m", 1)),
         ("k", "k", "route-9")
     );
-    let implied = if db.backend == ferry_store::Backend::Postgres {
-        2
-    } else {
-        0
-    };
-    assert_eq!(
-        db.count("ferry_outbox WHERE msg_key IS NULL").await,
-        implied
-    );
+    crate::conformance::assert_keys_left_null(&db, 2).await;
     let unknown = |agg, v| exception(find(&b, agg, v), ExceptionKind::Unknown("timeout".into()));
     let r = advance_to(
         &db,

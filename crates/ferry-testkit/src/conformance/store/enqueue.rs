@@ -236,14 +236,7 @@ pub async fn plain_insert_fills_what_the_rust_api_fills(db: TestDb) {
     .await
     .unwrap();
     // PostgreSQL leaves a key that was left out NULL (the aggregate id, read with coalesce)
-    let implied = match db.backend {
-        ferry_store::Backend::Postgres => keys.len() as i64,
-        _ => 0,
-    };
-    assert_eq!(
-        db.count("ferry_outbox WHERE msg_key IS NULL").await,
-        implied
-    );
+    crate::conformance::assert_keys_left_null(&db, keys.len() as i64).await;
     let claimed = db.store.claim(&req(100, LONG)).await.unwrap();
     assert_eq!(claimed.len(), keys.len(), "v2 of order-7 waits for v1");
     for c in &claimed {
@@ -315,15 +308,7 @@ pub async fn keys_are_claimed_whether_stored_or_implied(db: TestDb) {
     };
     let evs = [ev("k", 1), keyed("j", 1, "j"), keyed("m", 1, "route-9")];
     db.store.enqueue(&evs).await.unwrap();
-    let implied = if db.backend == ferry_store::Backend::Postgres {
-        2
-    } else {
-        0
-    };
-    assert_eq!(
-        db.count("ferry_outbox WHERE msg_key IS NULL").await,
-        implied
-    );
+    crate::conformance::assert_keys_left_null(&db, 2).await;
     let keys = |events: Vec<ferry_core::ClaimedEvent>| {
         let mut k: Vec<(String, String)> = events
             .into_iter()
