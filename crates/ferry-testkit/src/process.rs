@@ -22,6 +22,28 @@ pub fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
+/// Waits (at most 1 s) until the child `pid` runs `program`. `spawn` can return before the
+/// child has closed the close-on-exec descriptors it was forked with (the parent resumes at the
+/// child's `execve`, which closes them later); Linux names the process after the new program
+/// (`/proc/<pid>/comm`, the file name's first 15 bytes) only once they are closed. Returns at
+/// once where there is no `/proc`.
+fn wait_for_exec(pid: u32, program: &std::ffi::OsStr) {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(name) = Path::new(program).file_name() else {
+        return;
+    };
+    let name = name.as_bytes();
+    let name = &name[..name.len().min(15)];
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        match std::fs::read(format!("/proc/{pid}/comm")) {
+            Ok(comm) if comm.strip_suffix(b"\n").unwrap_or(&comm) == name => return,
+            Ok(_) => std::thread::sleep(Duration::from_micros(100)),
+            Err(_) => return,
+        }
+    }
+}
+
 /// The last `n` lines of a file (best effort: empty if it cannot be read).
 pub fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -79,7 +101,16 @@ impl RelayProcess {
             Stdout::Log => cmd.stdout(open()?),
             Stdout::Piped => cmd.stdout(Stdio::piped()),
         };
-        let child = cmd.spawn().map_err(SpawnError::Start)?;
+        // not while a mock broker of this process goes down or comes back, and not until the
+        // child has closed its copies of this process's sockets (see the lock)
+        let child = {
+            let _spawning = crate::embedded::BROKER_COMMANDS_AND_SPAWNS
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            let child = cmd.spawn().map_err(SpawnError::Start)?;
+            wait_for_exec(child.id(), cmd.get_program());
+            child
+        };
         Ok(Self {
             child,
             metrics_port,
