@@ -78,7 +78,9 @@ pub enum SpawnError {
 impl RelayProcess {
     /// Starts `cmd` (a `ferry relay …` command line, its arguments and environment set by the
     /// caller) with `--metrics-listen 127.0.0.1:<a free port>`, stdin closed and stderr (and
-    /// with [`Stdout::Log`] stdout) appended to `log`.
+    /// with [`Stdout::Log`] stdout) appended to `log`. On Linux the child gets SIGTERM when the
+    /// thread that called this exits (`PR_SET_PDEATHSIG`): call it from a thread that outlives
+    /// the relay (a runtime's worker, a test's own thread), not from a short-lived one.
     pub fn spawn(
         mut cmd: Command,
         log: impl Into<PathBuf>,
@@ -101,6 +103,22 @@ impl RelayProcess {
             Stdout::Log => cmd.stdout(open()?),
             Stdout::Piped => cmd.stdout(Stdio::piped()),
         };
+        // a relay dies with the thread that started it: a loadgen or test that is killed outright
+        // (SIGKILL, an abort) leaves no relay behind that keeps working on its database
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the child between fork and exec and only calls
+            // prctl(2), which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         // not while a mock broker of this process goes down or comes back, and not until the
         // child has closed its copies of this process's sockets (see the lock)
         let child = {
