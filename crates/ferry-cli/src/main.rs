@@ -196,6 +196,23 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
 mod tests {
     use super::*;
 
+    /// Every `ferry …` command line in README.md and docs/*.md uses subcommands and flags
+    /// `ferry` has (not hidden ones).
+    #[test]
+    fn documented_command_lines_use_real_flags() {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let docs = ferry_testkit::docs::reference_docs(&repo);
+        let found = ferry_testkit::docs::check(Cli::command(), "ferry", &docs);
+        // the documents show ferry's commands in many places: a parse that finds few is broken
+        assert!(
+            found.command_lines >= 100,
+            "{} command lines",
+            found.command_lines
+        );
+        let unknown: Vec<String> = found.unknown.iter().map(ToString::to_string).collect();
+        assert!(unknown.is_empty(), "{}", unknown.join("\n"));
+    }
+
     /// Every `{placeholder}` in the help is filled, and every default is shown somewhere.
     #[test]
     fn the_help_shows_every_default_and_no_placeholder() {

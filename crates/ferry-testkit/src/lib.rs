@@ -19,6 +19,7 @@
 //! * [`workload`]: a simulated business whose producers contend for aggregates through their
 //!   business rows' locks (the tables, the business transaction, producer tasks): what
 //!   loadgen runs, and the relay's tests meet.
+//! * [`docs`]: the command lines the documentation shows, checked against the program's flags.
 //! * [`conformance`]: the store and cursor conformance suites as exported exercises, one
 //!   `pub async fn` per case ([`store_conformance!`] / [`cursor_conformance!`] instantiate them).
 //!
@@ -35,6 +36,7 @@
 
 pub mod conformance;
 mod db;
+pub mod docs;
 pub mod embedded;
 mod fixtures;
 pub mod kafka;

@@ -241,6 +241,22 @@ mod tests {
         }
     }
 
+    /// Every `loadgen …` command line in README.md and docs/*.md uses subcommands and flags
+    /// loadgen has (not the hidden `--preload` before `burn-down`).
+    #[test]
+    fn documented_command_lines_use_real_flags() {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let docs = ferry_testkit::docs::reference_docs(&repo);
+        let found = ferry_testkit::docs::check(Args::command(), "loadgen", &docs);
+        assert!(
+            found.command_lines >= 40,
+            "{} command lines",
+            found.command_lines
+        );
+        let unknown: Vec<String> = found.unknown.iter().map(ToString::to_string).collect();
+        assert!(unknown.is_empty(), "{}", unknown.join("\n"));
+    }
+
     #[test]
     fn durations_and_lists() {
         // the syntax is ferry's (ferry_core::parse_duration); loadgen adds the lower bound
