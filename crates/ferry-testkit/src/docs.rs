@@ -197,6 +197,114 @@ fn takes(cmd: &clap::Command, name: &str) -> bool {
     })
 }
 
+/// Names the documents may use that no file of the repository spells: PostgreSQL names a
+/// table's primary key index `<table>_pkey` itself.
+const NAMED_BY_THE_SERVER: [&str; 1] = ["ferry_outbox_pkey"];
+
+/// The `ferry_…` names (tables, views, functions, indexes, metrics) and `FERRY_…` environment
+/// variables that the reference documents and the alert rules (`docs/alerts/`) use but no
+/// source file, migration, example, script or CI step of the repository spells: a renamed
+/// metric or table that the documents still teach. A name written as a prefix
+/// (`ferry_retention_*`) needs a name that starts with it.
+pub fn unknown_names(repo: &Path) -> Vec<String> {
+    let mut docs = reference_docs(repo);
+    docs.extend(files_under(&repo.join("docs/alerts"), &["yml"]));
+    let mut code = std::collections::BTreeSet::new();
+    for dir in [
+        "crates",
+        "loadgen",
+        "benches",
+        "migrations",
+        "docs/examples",
+        ".ci",
+    ] {
+        for file in files_under(&repo.join(dir), &["rs", "sql", "py", "sh", "toml", ""]) {
+            if let Ok(text) = std::fs::read_to_string(&file) {
+                code.extend(names(&text).into_iter().map(|(n, _)| n));
+            }
+        }
+    }
+    let mut unknown = std::collections::BTreeSet::new();
+    for file in &docs {
+        let text = std::fs::read_to_string(file)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+        for (name, prefix) in names(&text) {
+            let known = if prefix {
+                // the code may spell the prefix itself (`format!("ferry_t_{}", …)`)
+                code.iter().any(|c| c.starts_with(&name))
+            } else {
+                code.contains(&name) || NAMED_BY_THE_SERVER.contains(&name.as_str())
+            };
+            if !known {
+                let star = if prefix { "*" } else { "" };
+                unknown.insert(format!("{}: {name}{star}", file.display()));
+            }
+        }
+    }
+    unknown.into_iter().collect()
+}
+
+/// The files below `dir` (recursively, `target` and hidden folders left out) whose extension is
+/// one of `exts` (`""`: no extension).
+fn files_under(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                out.extend(files_under(&p, exts));
+            }
+        } else {
+            let ext = p
+                .extension()
+                .map_or(String::new(), |x| x.to_string_lossy().into_owned());
+            if exts.contains(&ext.as_str()) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The `ferry_…` and `FERRY_…` names in `text`, each with whether it is written as a prefix
+/// (`ferry_x_*`, `FERRY_TEST_…`, or `FERRY_TEST_` alone).
+fn names(text: &str) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    for (start, _) in text.char_indices() {
+        let rest = &text[start..];
+        let upper = rest.starts_with("FERRY_");
+        if !(upper || rest.starts_with("ferry_")) {
+            continue;
+        }
+        let before = start.checked_sub(1).map(|i| bytes[i]);
+        if before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            continue;
+        }
+        let len = rest
+            .bytes()
+            .take_while(|b| {
+                b.is_ascii_digit()
+                    || *b == b'_'
+                    || if upper {
+                        b.is_ascii_uppercase()
+                    } else {
+                        b.is_ascii_lowercase()
+                    }
+            })
+            .count();
+        let name = &rest[..len];
+        let after = &rest[len..];
+        let prefix = name.ends_with('_') || after.starts_with('*') || after.starts_with('…');
+        out.push((name.to_string(), prefix));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +359,30 @@ mod tests {
                 "8:tool run --what",
             ]
         );
+    }
+
+    #[test]
+    fn names_and_prefixes_are_read() {
+        let got =
+            names("`ferry_outbox`, ferry_retention_*, FERRY_TEST_…_URL, xferry_no, FERRY_LOG=1");
+        assert_eq!(
+            got,
+            [
+                ("ferry_outbox".to_string(), false),
+                ("ferry_retention_".to_string(), true),
+                ("FERRY_TEST_".to_string(), true),
+                ("FERRY_LOG".to_string(), false),
+            ]
+        );
+    }
+
+    /// Every `ferry_…` name and `FERRY_…` variable the documents use is spelled somewhere in
+    /// the repository's code, migrations, examples or CI.
+    #[test]
+    fn documented_names_exist() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let unknown = unknown_names(&repo);
+        assert!(unknown.is_empty(), "{}", unknown.join("\n"));
     }
 
     #[test]
