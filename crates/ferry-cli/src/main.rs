@@ -113,6 +113,9 @@ fn main() -> ExitCode {
     let mut matches = command().get_matches();
     let cli =
         Cli::from_arg_matches_mut(&mut matches).unwrap_or_else(|e| e.format(&mut command()).exit());
+    if !matches!(cli.cmd, Cmd::Relay(_)) {
+        end_quietly_on_a_closed_pipe();
+    }
     // Migrations log PostgreSQL NOTICEs ("trigger … does not exist, skipping") at info: quiet
     // them unless the filter asks for them.
     let directives = if cli.log.contains("sqlx") {
@@ -156,6 +159,20 @@ fn main() -> ExitCode {
             eprintln!("error: {}", f.message);
             ExitCode::from(f.code)
         }
+    }
+}
+
+/// A command whose output is piped into a reader that stops early (`ferry status | head -3`)
+/// ends the way Unix tools do, by SIGPIPE, instead of panicking on the failed write (Rust
+/// ignores SIGPIPE, so `println!` meets EPIPE). Not for `ferry relay`: its stdout sink treats a
+/// closed pipe as a failed send and retries, and a signal would stop it mid-batch. Sockets are
+/// unaffected either way (their writes pass `MSG_NOSIGNAL`).
+fn end_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called at the start of main before any thread is spawned; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -5,9 +5,18 @@ use std::process::Command;
 mod support;
 use support::{assert_ok, assert_one_clear_line, ferry, ferry_on, printed};
 
+/// A SQLite URL in a fresh directory; the file does not exist yet.
 fn sqlite_url() -> (ferry_store_dir::Dir, String) {
     let d = ferry_store_dir::Dir::new();
     let url = format!("sqlite://{}/cli.db", d.0.display());
+    (d, url)
+}
+
+/// [`sqlite_url`], its outbox created by `ferry migrate` (no other command creates a file).
+fn migrated_sqlite_url() -> (ferry_store_dir::Dir, String) {
+    let (d, url) = sqlite_url();
+    let o = ferry(&["migrate", "--database-url", &url]);
+    assert!(o.status.success(), "{}", printed(&o));
     (d, url)
 }
 
@@ -49,7 +58,7 @@ fn status_exits(url: &str, code: i32) -> String {
 /// `ferry relay --database-url <a fresh SQLite file> FLAG VALUE` exits 2 with `needles` on its
 /// first line, for each `(FLAG, VALUE, needles)`.
 fn relay_refuses(cases: &[(&str, &str, &[&str])]) {
-    let (_d, url) = sqlite_url();
+    let (_d, url) = migrated_sqlite_url();
     for (flag, value, needles) in cases {
         let o = ferry(&["relay", "--database-url", &url, flag, value]);
         assert_one_clear_line(&o, 2, needles);
@@ -261,7 +270,7 @@ fn enqueue_status_and_quarantine_commands() {
 
 #[test]
 fn purge_and_reconcile_commands() {
-    let (_d, url) = sqlite_url();
+    let (_d, url) = migrated_sqlite_url();
     let ev = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{}"}"#;
     assert!(ferry(&["enqueue", "--database-url", &url, "--event", ev])
         .status
@@ -315,7 +324,7 @@ fn purge_and_reconcile_commands() {
 /// killed once it printed it).
 fn relay_started_line(extra: &[&str], env: &[(&str, &str)]) -> String {
     use std::io::{BufRead, BufReader};
-    let (_d, url) = sqlite_url();
+    let (_d, url) = migrated_sqlite_url();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
     cmd.args([
         "relay",
@@ -411,7 +420,7 @@ fn log_flags_are_checked_and_honoured() {
 /// naming the property and why; allowed by name, the relay runs and warns.
 #[test]
 fn kafka_properties_that_weaken_delivery_are_refused() {
-    let (_d, url) = sqlite_url();
+    let (_d, url) = migrated_sqlite_url();
     let cases: &[(&str, &[&str])] = &[
         ("acks=1", &["acks=1", "failover"]),
         (
@@ -624,7 +633,7 @@ fn enqueue_binary_payloads() {
 /// nothing changed); a pause shows in `ferry status` (who, why; exit 4) until it is resumed.
 #[test]
 fn pause_and_resume_commands() {
-    let (_d, url) = sqlite_url();
+    let (_d, url) = migrated_sqlite_url();
     let ev = r#"{"event_id":"e-7-1","aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{}"}"#;
     let o = ferry(&["enqueue", "--database-url", &url, "--event", ev]);
     assert!(o.status.success(), "{}", printed(&o));
@@ -657,4 +666,80 @@ fn pause_and_resume_commands() {
     let o = resume(&["--topic", "orders", "--operator", "bob"]);
     assert_ok(&o, &["resumed topic orders"]);
     status_exits(&url, 0);
+}
+
+/// Only `ferry migrate` creates a SQLite file. Every other command refuses a path where there is
+/// none, saying so, and leaves nothing behind: a mistyped path must not become a new, empty
+/// outbox that `status` calls healthy and a relay "delivers" from. A relay waits for the file
+/// (an application that creates it may start after the relay) and starts once it is there.
+#[test]
+fn a_missing_sqlite_file_is_not_created() {
+    use std::io::{BufRead, BufReader};
+    let (d, _) = sqlite_url();
+    let path = d.0.join("typo.db");
+    let url = format!("sqlite://{}", path.display());
+    let ev = r#"{"aggregate_id":"order-7","aggregate_version":1,"topic":"orders","event_type":"OrderCreated","payload":"{}"}"#;
+    let commands: &[&[&str]] = &[
+        &["status"],
+        &["enqueue", "--event", ev],
+        &["purge", "--older-than", "7d"],
+        &["quarantine", "list"],
+        &["pause", "--all", "--reason", "x"],
+        &["reconcile", "--watermark", "1"],
+    ];
+    for args in commands {
+        let o = ferry_on(&url, args[0], &args[1..]);
+        let want = ["no SQLite database at", "typo.db", "ferry migrate"];
+        assert_one_clear_line(&o, 1, &want);
+        let left: Vec<_> = std::fs::read_dir(&d.0).unwrap().flatten().collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["relay", "--database-url", &url, "--sink", "null"])
+        .args(["--metrics-listen", "off"])
+        .env_remove("FERRY_DATABASE_URL")
+        .env_remove("FERRY_CONFIG")
+        .env("FERRY_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ferry relay");
+    let mut lines = BufReader::new(relay.stderr.take().unwrap()).lines();
+    let mut next_line = |what: &str| loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains(what) => break l,
+            Some(_) => {}
+            None => panic!("the relay ended before logging {what:?}"),
+        }
+    };
+    let waiting = next_line("opening the database failed");
+    assert!(waiting.contains("no SQLite database at"), "{waiting}");
+    assert!(!path.exists(), "the relay created {}", path.display());
+    assert!(ferry(&["migrate", "--database-url", &url]).status.success());
+    next_line("relay started");
+    let _ = relay.kill();
+    let _ = relay.wait();
+}
+
+/// A command whose reader has gone (`ferry status | head -1` once head has its line) ends by
+/// SIGPIPE, as Unix tools do: no panic, nothing on stderr.
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (_d, url) = migrated_sqlite_url();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["status", "--database-url", &url])
+        .env_remove("FERRY_DATABASE_URL")
+        .env_remove("FERRY_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ferry status");
+    // the reader is gone before the first line is written
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.signal(), Some(13), "{:?}: {stderr}", o.status);
+    assert!(stderr.is_empty(), "{stderr}");
 }

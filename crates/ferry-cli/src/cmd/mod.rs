@@ -107,12 +107,40 @@ impl Database {
     }
 
     /// Opens the store with `opts`, the error as the store reports it (its kind says whether
-    /// it can pass).
+    /// it can pass). A SQLite file that does not exist is not created: only `ferry migrate`
+    /// creates one. A mistyped path would otherwise become a new, empty outbox: `status` would
+    /// report it healthy and a relay would deliver nothing from the application's real one.
+    /// The error can pass (`Unavailable`): a relay waits, logging, until the application (or
+    /// `ferry migrate`) creates the file; the other commands end with it.
     pub async fn open_store(
         &self,
         opts: &ConnectOptions,
     ) -> Result<Arc<dyn OutboxStore>, ferry_core::StoreError> {
+        if let Some(path) = self.missing_sqlite_file() {
+            return Err(ferry_core::StoreError::new(
+                ferry_core::StoreErrorKind::Unavailable,
+                format!(
+                    "no SQLite database at {}: nothing was created (only `ferry migrate` creates one)",
+                    path.display()
+                ),
+            ));
+        }
         ferry_store::connect(&self.url, opts).await
+    }
+
+    /// The file a SQLite URL names, when it does not exist. `None`: another backend, an
+    /// in-memory database, an existing file, or a URL the store will refuse with its own error.
+    fn missing_sqlite_file(&self) -> Option<std::path::PathBuf> {
+        use std::str::FromStr;
+        if self.backend != Backend::Sqlite
+            || self.url.contains(":memory:")
+            || self.url.contains("mode=memory")
+        {
+            return None;
+        }
+        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url).ok()?;
+        let path = opts.get_filename();
+        (!path.exists()).then(|| path.to_path_buf())
     }
 
     /// The failure an open error ends a command with (exit 1, the URL without its password).
