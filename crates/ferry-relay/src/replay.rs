@@ -12,6 +12,12 @@
 //! (`KafkaConfig::ordered`: idempotent, gapless), and a page is sent only after the previous one
 //! was acked in full. The first item that is not acked stops the replay: nothing after it is
 //! sent (docs/architecture.md, "Replay").
+//!
+//! A broker that does not answer: the ordered producer has no local timeout (a timeout would be a
+//! gap), so a page waits. While it waits, the progress callback hears of it every
+//! [`WAIT_REPORT_EVERY`] (how long, how many events, the client's last error), and after
+//! [`ReplayPlan::ack_timeout`] without the page acked the replay stops with
+//! [`ReplayError::NoAck`]: what was acked stays acked, and the same replay id runs it again.
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -25,6 +31,13 @@ use crate::sink::Sink;
 /// Default events per page (one read, one sink batch).
 pub const DEFAULT_REPLAY_PAGE: usize = 500;
 
+/// Default [`ReplayPlan::ack_timeout`].
+pub const DEFAULT_REPLAY_ACK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How often a page waiting for its acks is reported (at most; sooner with a shorter ack
+/// timeout).
+pub const WAIT_REPORT_EVERY: Duration = Duration::from_secs(10);
+
 /// What to replay, where, under which id.
 #[derive(Debug, Clone)]
 pub struct ReplayPlan {
@@ -36,10 +49,12 @@ pub struct ReplayPlan {
     pub replay_id: String,
     /// Events per page (at least 1).
     pub page_size: usize,
+    /// How long a page may wait for its acks before the replay stops ([`ReplayError::NoAck`]).
+    pub ack_timeout: Duration,
 }
 
 /// How far a replay got, for a progress line.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReplayProgress {
     /// Events acked so far.
     pub sent: u64,
@@ -47,6 +62,20 @@ pub struct ReplayProgress {
     pub total: u64,
     /// Since the first send.
     pub elapsed: Duration,
+    /// Set while a page waits for its acks (reported every [`WAIT_REPORT_EVERY`]).
+    pub waiting: Option<ReplayWait>,
+}
+
+/// A page sent and not yet acked in full.
+#[derive(Debug, Clone)]
+pub struct ReplayWait {
+    /// Its events.
+    pub events: usize,
+    /// Since it was handed to the sink.
+    pub waited: Duration,
+    /// The last error the sink's client reported on its own (a connection refused, every
+    /// broker down), if any.
+    pub last_error: Option<String>,
 }
 
 impl ReplayProgress {
@@ -99,6 +128,22 @@ pub enum ReplayError {
         version: i64,
         /// The sink's outcome.
         reason: String,
+    },
+    /// A page was not acked within the plan's ack timeout: the replay stopped there.
+    #[error("replay {replay_id} stopped after {sent} of {total} events: the next {events} events were sent and not acknowledged within {waited_secs}s (last error: {}); nothing after them was sent (run it again with --replay-id {replay_id} once the broker answers: consumers that accept replays dedupe per replay id and event id)", last_error.as_deref().unwrap_or("none reported: connections may be open but unanswered"))]
+    NoAck {
+        /// The replay.
+        replay_id: String,
+        /// Acked before the page.
+        sent: u64,
+        /// Matched.
+        total: u64,
+        /// Events of the page.
+        events: usize,
+        /// Seconds it waited.
+        waited_secs: u64,
+        /// The sink client's last error.
+        last_error: Option<String>,
     },
     /// A purge cut the range while the replay ran.
     #[error("replay {replay_id} sent {sent} events, but retention ran meanwhile and may have removed events of the range: {refusal}")]
@@ -154,7 +199,41 @@ pub async fn run_replay(
         for e in &mut page {
             mark(e, plan);
         }
-        let outcomes = sink.send_batch(&page).await;
+        let outcomes = {
+            let send = sink.send_batch(&page);
+            tokio::pin!(send);
+            let handed = tokio::time::Instant::now();
+            let deadline = handed + plan.ack_timeout;
+            let mut report = handed;
+            loop {
+                report += WAIT_REPORT_EVERY;
+                tokio::select! {
+                    o = &mut send => break o,
+                    _ = tokio::time::sleep_until(report.min(deadline)) => {}
+                }
+                let waited = handed.elapsed();
+                if waited >= plan.ack_timeout {
+                    return Err(ReplayError::NoAck {
+                        replay_id: plan.replay_id.clone(),
+                        sent,
+                        total,
+                        events: page.len(),
+                        waited_secs: waited.as_secs(),
+                        last_error: sink.last_error(),
+                    });
+                }
+                progress(ReplayProgress {
+                    sent,
+                    total,
+                    elapsed: started.elapsed(),
+                    waiting: Some(ReplayWait {
+                        events: page.len(),
+                        waited,
+                        last_error: sink.last_error(),
+                    }),
+                });
+            }
+        };
         for (i, e) in page.iter().enumerate() {
             match outcomes.get(i) {
                 Some(Outcome::Acked) => {}
@@ -184,6 +263,7 @@ pub async fn run_replay(
             sent,
             total,
             elapsed: started.elapsed(),
+            waiting: None,
         });
     }
     // a purge that ran meanwhile may have deleted rows of the range before a page read them
@@ -244,6 +324,7 @@ mod tests {
             to_topic: Some("orders-replay".into()),
             replay_id: "r1".into(),
             page_size: 10,
+            ack_timeout: DEFAULT_REPLAY_ACK_TIMEOUT,
         };
         mark(&mut e, &plan);
         assert_eq!(e.topic, "orders-replay");

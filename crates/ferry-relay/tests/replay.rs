@@ -102,6 +102,7 @@ async fn replay_of_a_range_to_a_new_topic(db: TestDb, mode: DispatchMode) {
         to_topic: Some(TO.into()),
         replay_id: "replay-1".into(),
         page_size: 7,
+        ack_timeout: ferry_relay::replay::DEFAULT_REPLAY_ACK_TIMEOUT,
     };
     let replay_sink = sink(&kafka, true);
     let mut progress = Vec::new();
@@ -181,3 +182,80 @@ async fn replay_of_a_range_to_a_new_topic(db: TestDb, mode: DispatchMode) {
 }
 
 ferry_testkit::backend_tests!(modes: replay_of_a_range_to_a_new_topic);
+
+/// A broker that does not answer: the ordered producer has no local timeout, so the replay
+/// reports the wait (how long, the client's last error) and stops after its ack timeout with
+/// how far it got; once the brokers are back, the same replay id runs it through.
+#[tokio::test]
+async fn a_replay_to_a_broker_that_does_not_answer_stops_and_runs_again() {
+    let db = TestDb::sqlite().await;
+    let kafka = EmbeddedKafka::with_topic(1, TOPIC, 3).unwrap();
+    let events: Vec<NewEvent> = (1..=5).map(|v| ev("a", v)).collect();
+    db.store.enqueue(&events).await.unwrap();
+    let relay = Relay::new(
+        db.store.clone(),
+        Arc::new(ferry_relay::NullSink),
+        relay_config(DispatchMode::Cursor),
+    )
+    .unwrap();
+    let task = RelayTask::spawn(|cancel| relay.run(cancel));
+    db.wait_all_sent(Duration::from_secs(60)).await;
+    task.stop().await;
+
+    let plan = ReplayPlan {
+        filter: ReplayFilter {
+            topics: vec![TOPIC.into()],
+            ..Default::default()
+        },
+        to_topic: None,
+        replay_id: "replay-down".into(),
+        page_size: 100,
+        // one wait report (every 10 s), then the stop
+        ack_timeout: Duration::from_secs(11),
+    };
+    kafka.broker_down(1).unwrap();
+    let started = std::time::Instant::now();
+    let mut waits = Vec::new();
+    let stopped = {
+        let down = sink(&kafka, true);
+        run_replay(&*db.store, &*down, &plan, |p| {
+            waits.extend(p.waiting.map(|w| (p.sent, w.events, w.waited)))
+        })
+        .await
+    };
+    let took = started.elapsed();
+    match &stopped {
+        Err(ReplayError::NoAck {
+            replay_id,
+            sent: 0,
+            total: 5,
+            events: 5,
+            waited_secs: 11,
+            ..
+        }) if replay_id == "replay-down" => {}
+        other => panic!("{other:?}"),
+    }
+    let text = stopped.unwrap_err().to_string();
+    assert!(text.contains("--replay-id replay-down"), "{text}");
+    assert!(took < Duration::from_secs(20), "stopped after {took:?}");
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!((waits[0].0, waits[0].1), (0, 5));
+    assert!(waits[0].2 >= Duration::from_secs(10), "{waits:?}");
+
+    kafka.broker_up(1).unwrap();
+    let up = sink(&kafka, true);
+    let done = run_replay(&*db.store, &*up, &plan, |_| {}).await.unwrap();
+    assert_eq!(done.sent, 5);
+    let records = read_records(
+        kafka.bootstrap_servers(),
+        TOPIC,
+        3,
+        5,
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+    )
+    .await
+    .unwrap();
+    assert!(records.len() >= 5, "{}", records.len());
+    db.cleanup().await;
+}

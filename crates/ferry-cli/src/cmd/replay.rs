@@ -9,7 +9,7 @@ use ferry_core::OutboxStore;
 use ferry_relay::replay::{
     new_replay_id, run_replay, scan_replay, ReplayError, ReplayPlan, DEFAULT_REPLAY_PAGE,
 };
-use ferry_relay::{KafkaSink, RelayConfig};
+use ferry_relay::{KafkaSink, RelayConfig, Sink};
 
 use super::reconcile::rfc3339_micros;
 use super::relay::settings::{kafka_config, KafkaFlags};
@@ -44,6 +44,11 @@ pub struct ReplayArgs {
     /// Events per read and per sink batch.
     #[arg(long, default_value_t = DEFAULT_REPLAY_PAGE)]
     pub page_size: usize,
+    /// How long a page may wait for the broker's acks before the replay stops, saying how far
+    /// it got (the same --replay-id runs it again); while it waits, a line every 10 s says so.
+    /// E.g. 30s, 10m.
+    #[arg(long, default_value = "2m", value_parser = parse_ack_timeout)]
+    pub ack_timeout: Duration,
     /// Kafka bootstrap servers [default: sink.brokers of the config file, else 127.0.0.1:9092].
     #[arg(long, env = "FERRY_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
@@ -51,6 +56,15 @@ pub struct ReplayArgs {
     /// that weaken delivery or order are refused as by `ferry relay`.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
     pub kafka_property: Vec<String>,
+}
+
+/// `--ack-timeout`: at least one second.
+fn parse_ack_timeout(s: &str) -> Result<Duration, String> {
+    let d = ferry_core::parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("'{s}' is too short: at least 1s"));
+    }
+    Ok(d)
 }
 
 /// The filter the flags describe; bad timestamps and empty names are refused (exit 2).
@@ -147,9 +161,25 @@ pub async fn run(
         to_topic: a.to_topic.clone(),
         replay_id: a.replay_id.clone().unwrap_or_else(new_replay_id),
         page_size: a.page_size,
+        ack_timeout: a.ack_timeout,
     };
     let mut last = Instant::now();
     let result = run_replay(store.as_ref(), &sink, &plan, |p| {
+        if let Some(w) = &p.waiting {
+            eprintln!(
+                "replay {}: waiting for {}: the last {} events sent, {}s ago, are not acknowledged \
+                 yet (last error: {}); {}/{} acknowledged so far; stopping after {}s without the acks",
+                plan.replay_id,
+                sink.describe(),
+                w.events,
+                w.waited.as_secs(),
+                w.last_error.as_deref().unwrap_or("none reported"),
+                p.sent,
+                p.total,
+                plan.ack_timeout.as_secs()
+            );
+            return;
+        }
         // a progress line at most once a second, and at the end
         if last.elapsed() >= Duration::from_secs(1) || p.sent == p.total {
             last = Instant::now();
