@@ -110,23 +110,27 @@ impl InboxPool {
                 .await
                 .map_err(|e| error::db_err("cannot connect to MySQL/MariaDB", e))?,
             ),
-            Backend::Sqlite => Self::Sqlite(
-                ferry_store::pool_options::<sqlx::Sqlite>(
-                    max_connections,
-                    acquire,
-                    PING_IDLE_AFTER,
+            Backend::Sqlite => {
+                let conn = SqliteConnectOptions::from_str(url).map_err(bad)?;
+                let file = conn.get_filename().display().to_string();
+                Self::Sqlite(
+                    ferry_store::pool_options::<sqlx::Sqlite>(
+                        max_connections,
+                        acquire,
+                        PING_IDLE_AFTER,
+                    )
+                    .connect_with(
+                        conn.create_if_missing(true)
+                            .journal_mode(SqliteJournalMode::Wal)
+                            .synchronous(options.sqlite_synchronous)
+                            .busy_timeout(Duration::from_secs(10)),
+                    )
+                    .await
+                    .map_err(|e| {
+                        error::db_err(&format!("cannot open SQLite database {file}"), e)
+                    })?,
                 )
-                .connect_with(
-                    SqliteConnectOptions::from_str(url)
-                        .map_err(bad)?
-                        .create_if_missing(true)
-                        .journal_mode(SqliteJournalMode::Wal)
-                        .synchronous(options.sqlite_synchronous)
-                        .busy_timeout(Duration::from_secs(10)),
-                )
-                .await
-                .map_err(|e| error::db_err("cannot open SQLite database", e))?,
-            ),
+            }
         })
     }
 

@@ -19,7 +19,26 @@ impl Args {
         if let Err((kind, msg)) = args.check() {
             Self::command().error(kind, msg).exit();
         }
+        if let Err(msg) = args.check_outputs() {
+            Self::command().error(ErrorKind::Io, msg).exit();
+        }
         args
+    }
+
+    /// The files the run writes when it ends (`--json`, `--chart`), checked before it starts:
+    /// a report lost to a mistyped directory at the end of an hour's run is refused now.
+    fn check_outputs(&self) -> Result<(), String> {
+        let outputs = [
+            ("--json", self.run.json.as_deref()),
+            ("--chart", self.sweep.chart.as_deref()),
+        ];
+        for (flag, path) in outputs {
+            if let Some(path) = path {
+                writable(path)
+                    .map_err(|e| format!("cannot write {flag} {}: {e}", path.display()))?;
+            }
+        }
+        Ok(())
     }
 
     /// The preloaded queue's shape with `loadgen burn-down`.
@@ -219,6 +238,19 @@ impl Args {
     }
 }
 
+/// Whether `path` can be written: opened for appending, created if missing and then removed.
+fn writable(path: &std::path::Path) -> std::io::Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)?;
+    if !existed {
+        std::fs::remove_file(path)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::parse::*;
@@ -239,6 +271,38 @@ mod tests {
             Err(e) => Some(e.to_string()),
             Ok(a) => a.check().err().map(|(_, msg)| msg),
         }
+    }
+
+    /// `--json` and `--chart` are checked before the run: a missing directory or a directory
+    /// in the file's place is refused, naming the flag; a writable path is left as it was.
+    #[test]
+    fn output_files_are_checked_before_the_run() {
+        let dir = ferry_testkit::TempDir::new("loadgen-outputs").unwrap();
+        let d = dir.path().display();
+        for (flags, want) in [
+            (format!("--json {d}/missing/r.json"), "--json"),
+            (format!("--json {d}"), "--json"),
+            (
+                format!("--sweep-batch 1,10 --chart {d}/no/c.svg"),
+                "--chart",
+            ),
+        ] {
+            let e = args(&flags).check_outputs().unwrap_err();
+            assert!(
+                e.contains(want) && e.contains(&*d.to_string()),
+                "{flags}: {e}"
+            );
+        }
+        let ok = dir.path().join("r.json");
+        args(&format!("--json {}", ok.display()))
+            .check_outputs()
+            .unwrap();
+        assert!(!ok.exists(), "the check left {}", ok.display());
+        std::fs::write(&ok, "kept").unwrap();
+        args(&format!("--json {}", ok.display()))
+            .check_outputs()
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&ok).unwrap(), "kept");
     }
 
     /// Every `loadgen …` command line in README.md and docs/*.md uses subcommands and flags

@@ -188,6 +188,7 @@ impl SqliteStore {
         conn: SqliteConnectOptions,
         opts: &ConnectOptions,
     ) -> Result<Self, StoreError> {
+        let file = conn.get_filename().display().to_string();
         let conn = conn
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -204,7 +205,7 @@ impl SqliteStore {
         )
         .connect_with(conn)
         .await
-        .map_err(|e| db_err("cannot open SQLite database", e))?;
+        .map_err(|e| db_err(&format!("cannot open SQLite database {file}"), e))?;
         let gate = write_gate(&pool);
         let (limits, heads_from) = (opts.limits, Default::default());
         let store = Self {
