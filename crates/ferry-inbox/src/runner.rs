@@ -14,10 +14,14 @@
 //! ([`RunnerConfig::queue`] messages) blocks the polling thread: back-pressure, not loss.
 //!
 //! Each message is one [`Inbox::apply_once`] transaction with the caller's effect. A retryable
-//! error ([`InboxError::is_transient`]: deadlock, `SQLITE_BUSY`, connection lost) is retried
-//! up to [`RunnerConfig::max_attempts`] times with [`RunnerConfig::retry`] waits; an error of
-//! the effect itself is never retried (counted in [`RunnerStats::effect_failures`]), nor is
-//! any other error ([`RunnerStats::errors`]).
+//! error ([`InboxError::is_transient`]: deadlock, `SQLITE_BUSY`, connection lost, the database
+//! down or restarting) is retried with [`RunnerConfig::retry`] waits until it passes (by
+//! default; [`RunnerConfig::max_attempts`] can bound it): the aggregate's task waits, and once
+//! its queue is full the polling thread with it, so a database outage delays deliveries and
+//! skips none. A delivery failing for [`RETRY_WARN_AFTER`] is logged at WARN, again every
+//! minute while it lasts, and at INFO when it passes. An error of the effect itself is never
+//! retried (counted in [`RunnerStats::effect_failures`]), nor is any other error
+//! ([`RunnerStats::errors`]).
 //!
 //! Messages without ferry headers, or that the caller's `accept` filter refuses, are counted
 //! as [`RunnerStats::foreign`] and not applied.
@@ -53,6 +57,10 @@ use crate::verdict::Verdict;
 
 /// Failure examples kept in [`RunnerStats::examples`].
 const MAX_EXAMPLES: usize = 10;
+
+/// How long a delivery may fail with retryable errors before a WARN says so (a deadlock retried
+/// at once is routine; a database down for this long is not).
+pub const RETRY_WARN_AFTER: Duration = Duration::from_secs(10);
 
 /// The effect a [`ConsumerRunner`] applies in each delivery's transaction (as for
 /// [`Inbox::apply_once`]), shared by its tasks.
@@ -91,8 +99,11 @@ pub struct RunnerConfig {
     pub workers: usize,
     /// Messages buffered per task between the polling thread and the task. Default 2048.
     pub queue: usize,
-    /// Attempts of one delivery's transaction on retryable errors. Default 50: with waits of
-    /// up to 500 ms, about 20 s of a busy or restarting database.
+    /// Attempts of one delivery's transaction on retryable errors. Default `u32::MAX`: retried
+    /// until it passes, however long the database is down. A bound makes a delivery that
+    /// exhausts it count in [`RunnerStats::errors`] and its effect wait for the next start
+    /// (which reads the topic from the beginning again): for tests, not for a consumer that
+    /// must apply every event.
     pub max_attempts: u32,
     /// Waits between attempts. Default 10 ms doubling to 500 ms.
     pub retry: Backoff,
@@ -110,7 +121,7 @@ impl RunnerConfig {
             consumer: consumer.to_string(),
             workers: 4,
             queue: 2048,
-            max_attempts: 50,
+            max_attempts: u32::MAX,
             retry: Backoff {
                 base: Duration::from_millis(10),
                 max: Duration::from_millis(500),
@@ -441,16 +452,32 @@ impl Task {
     /// One delivery through `apply_once`, retried on retryable errors.
     async fn apply(&self, d: &Delivery) {
         let mut attempt = 1;
+        let first_failure = Instant::now();
+        let mut warned: Option<Instant> = None;
         loop {
             let effect = &*self.effect;
             let err = match self.inbox.apply_once(d, |c, d| effect(c, d)).await {
-                Ok(v) => return self.verdict(d, v),
+                Ok(v) => {
+                    if warned.is_some() {
+                        tracing::info!(event_id = %d.event_id, attempts = attempt, failing_secs = first_failure.elapsed().as_secs(), "inbox consumer: applied after retryable errors");
+                    }
+                    return self.verdict(d, v);
+                }
                 Err(e) => e,
             };
             if err.is_transient()
                 && attempt < self.config.max_attempts
                 && !self.stop.load(Ordering::Relaxed)
             {
+                let failing = first_failure.elapsed();
+                let due = match warned {
+                    None => failing >= RETRY_WARN_AFTER,
+                    Some(at) => at.elapsed() >= Duration::from_secs(60),
+                };
+                if due {
+                    warned = Some(Instant::now());
+                    tracing::warn!(event_id = %d.event_id, aggregate_id = %d.aggregate_id, attempts = attempt, failing_secs = failing.as_secs(), error = %err, "inbox consumer: a delivery keeps failing with a retryable error; retrying until it passes (its aggregate's later deliveries wait)");
+                }
                 self.shared.count(|s| &mut s.retries, None);
                 tokio::time::sleep(self.config.retry.delay(attempt)).await;
                 attempt += 1;

@@ -124,3 +124,57 @@ async fn applies_a_topic_exactly_once(db: TestDb) {
 }
 
 ferry_testkit::backend_tests!(applies_a_topic_exactly_once);
+
+/// A delivery whose transaction fails with a retryable error (here the pool timing out, as when
+/// the Inbox database is down) is retried until it passes: 60 failures, more than the 50
+/// attempts the runner once gave up after, and the event is still applied, once, with its
+/// aggregate's later versions after it.
+#[tokio::test]
+async fn a_retryable_failure_is_retried_until_it_passes() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let db = TestDb::sqlite().await;
+    db.exec(EFFECTS).await.unwrap();
+    let inbox = Inbox::connect(&db.url, InboxConfig::default())
+        .await
+        .unwrap();
+    let cluster = EmbeddedKafka::with_topic(1, "orders", 1).unwrap();
+    let brokers = cluster.bootstrap_servers().to_string();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    for v in 1..=3 {
+        send(&producer, 0, Some((&format!("e-0-{v}"), "a0", v)));
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+
+    let failures = Arc::new(AtomicU32::new(0));
+    let flaky = {
+        let failures = failures.clone();
+        ferry_inbox::runner::effect(move |c, d| {
+            let failures = failures.clone();
+            Box::pin(async move {
+                if d.event_id == "e-0-1" && failures.fetch_add(1, Ordering::Relaxed) < 60 {
+                    return Err(Box::new(sqlx::Error::PoolTimedOut) as BoxError);
+                }
+                effect(c, d).await
+            })
+        })
+    };
+    let mut config = RunnerConfig::new(&brokers, "orders", 1, "billing");
+    config.retry = ferry_core::Backoff {
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(2),
+    };
+    let runner = ConsumerRunner::start(inbox.clone(), config, flaky, None).unwrap();
+    let settled = runner.settle(Duration::from_secs(60), |_, _| {}).await;
+    assert!(settled.unwrap());
+    let stats = runner.stop().await;
+    assert_eq!(
+        (stats.new, stats.retries, stats.errors, stats.gaps),
+        (3, 60, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(db.count("runner_effects").await, 3);
+    db.cleanup().await;
+}
