@@ -218,16 +218,7 @@ mod tests {
     #[test]
     fn documented_command_lines_use_real_flags() {
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let docs = ferry_testkit::docs::reference_docs(&repo);
-        let found = ferry_testkit::docs::check(Cli::command(), "ferry", &docs);
-        // the documents show ferry's commands in many places: a parse that finds few is broken
-        assert!(
-            found.command_lines >= 100,
-            "{} command lines",
-            found.command_lines
-        );
-        let unknown: Vec<String> = found.unknown.iter().map(ToString::to_string).collect();
-        assert!(unknown.is_empty(), "{}", unknown.join("\n"));
+        ferry_testkit::docs::assert_command_lines(Cli::command(), "ferry", &repo, 100);
     }
 
     /// Every `{placeholder}` in the help is filled, and every default is shown somewhere.

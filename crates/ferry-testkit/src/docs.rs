@@ -93,6 +93,21 @@ pub fn check(cmd: clap::Command, program: &str, files: &[PathBuf]) -> DocCheck {
     out
 }
 
+/// Asserts that the reference documents of the repository at `repo` show at least `at_least`
+/// command lines of `program` (a parse that finds fewer is broken) and that none passes a flag
+/// or subcommand `cmd` does not have. The test of each program's crate calls this.
+#[track_caller]
+pub fn assert_command_lines(cmd: clap::Command, program: &str, repo: &Path, at_least: usize) {
+    let found = check(cmd, program, &reference_docs(repo));
+    assert!(
+        found.command_lines >= at_least,
+        "{} command lines of {program}, expected at least {at_least}",
+        found.command_lines
+    );
+    let unknown: Vec<String> = found.unknown.iter().map(ToString::to_string).collect();
+    assert!(unknown.is_empty(), "{}", unknown.join("\n"));
+}
+
 /// The inline code spans of the text outside fenced blocks, and the lines of its fenced blocks
 /// (continuations joined), each with the line it starts on.
 fn snippets(text: &str) -> Vec<(usize, String)> {

@@ -310,15 +310,7 @@ mod tests {
     #[test]
     fn documented_command_lines_use_real_flags() {
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let docs = ferry_testkit::docs::reference_docs(&repo);
-        let found = ferry_testkit::docs::check(Args::command(), "loadgen", &docs);
-        assert!(
-            found.command_lines >= 40,
-            "{} command lines",
-            found.command_lines
-        );
-        let unknown: Vec<String> = found.unknown.iter().map(ToString::to_string).collect();
-        assert!(unknown.is_empty(), "{}", unknown.join("\n"));
+        ferry_testkit::docs::assert_command_lines(Args::command(), "loadgen", &repo, 40);
     }
 
     #[test]
