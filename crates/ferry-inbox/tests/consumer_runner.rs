@@ -60,17 +60,24 @@ fn send(producer: &BaseProducer, partition: i32, event: Option<(&str, &str, i64)
     producer.send(record).map_err(|(e, _)| e).unwrap();
 }
 
-async fn applies_a_topic_exactly_once(db: TestDb) {
+/// The effect table and the Inbox on `db`, a mock cluster with topic `orders` of `partitions`
+/// partitions, and a producer to it.
+async fn setup(db: &TestDb, partitions: i32) -> (Inbox, EmbeddedKafka, BaseProducer) {
     db.exec(EFFECTS).await.unwrap();
     let inbox = Inbox::connect(&db.url, InboxConfig::default())
         .await
         .unwrap();
-    let cluster = EmbeddedKafka::with_topic(1, "orders", 2).unwrap();
-    let brokers = cluster.bootstrap_servers().to_string();
+    let cluster = EmbeddedKafka::with_topic(1, "orders", partitions).unwrap();
     let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
+        .set("bootstrap.servers", cluster.bootstrap_servers())
         .create()
         .unwrap();
+    (inbox, cluster, producer)
+}
+
+async fn applies_a_topic_exactly_once(db: TestDb) {
+    let (inbox, cluster, producer) = setup(&db, 2).await;
+    let brokers = cluster.bootstrap_servers().to_string();
     // each aggregate in its own partition order; the first event comes again (a redelivery);
     // one message without headers and one of another producer are foreign
     for v in 1..=VERSIONS {
@@ -133,16 +140,8 @@ ferry_testkit::backend_tests!(applies_a_topic_exactly_once);
 async fn a_retryable_failure_is_retried_until_it_passes() {
     use std::sync::atomic::{AtomicU32, Ordering};
     let db = TestDb::sqlite().await;
-    db.exec(EFFECTS).await.unwrap();
-    let inbox = Inbox::connect(&db.url, InboxConfig::default())
-        .await
-        .unwrap();
-    let cluster = EmbeddedKafka::with_topic(1, "orders", 1).unwrap();
+    let (inbox, cluster, producer) = setup(&db, 1).await;
     let brokers = cluster.bootstrap_servers().to_string();
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()
-        .unwrap();
     for v in 1..=3 {
         send(&producer, 0, Some((&format!("e-0-{v}"), "a0", v)));
     }

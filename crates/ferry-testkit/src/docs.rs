@@ -93,15 +93,23 @@ pub fn check(cmd: clap::Command, program: &str, files: &[PathBuf]) -> DocCheck {
     out
 }
 
-/// Asserts that the reference documents of the repository at `repo` show at least `at_least`
-/// command lines of `program` (a parse that finds fewer is broken) and that none passes a flag
-/// or subcommand `cmd` does not have. The test of each program's crate calls this.
+/// Fewer command lines of a program than this in the documents means the parse is broken.
+const MIN_COMMAND_LINES: usize = 20;
+
+/// Asserts that the reference documents of the repository that holds `crate_dir` show at least
+/// [`MIN_COMMAND_LINES`] command lines of `program` and that none passes a flag or subcommand
+/// `cmd` does not have. Called by [`assert_documented_command_lines!`](crate::assert_documented_command_lines)
+/// with the calling crate's directory.
 #[track_caller]
-pub fn assert_command_lines(cmd: clap::Command, program: &str, repo: &Path, at_least: usize) {
+pub fn assert_command_lines(cmd: clap::Command, program: &str, crate_dir: &str) {
+    let repo = Path::new(crate_dir)
+        .ancestors()
+        .find(|d| d.join("docs").is_dir() && d.join("Cargo.lock").is_file())
+        .unwrap_or_else(|| panic!("no repository with docs/ above {crate_dir}"));
     let found = check(cmd, program, &reference_docs(repo));
     assert!(
-        found.command_lines >= at_least,
-        "{} command lines of {program}, expected at least {at_least}",
+        found.command_lines >= MIN_COMMAND_LINES,
+        "{} command lines of {program}, expected at least {MIN_COMMAND_LINES}",
         found.command_lines
     );
     let unknown: Vec<String> = found.unknown.iter().map(ToString::to_string).collect();

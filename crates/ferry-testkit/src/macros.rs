@@ -112,3 +112,14 @@ macro_rules! on_inbox {
         }
     };
 }
+
+/// `assert_documented_command_lines!(Cli::command(), "ferry")`: the command lines of `program`
+/// in the repository's README.md and docs/*.md use only flags and subcommands of `cmd`
+/// ([`docs::assert_command_lines`](crate::docs::assert_command_lines), given the calling crate's
+/// directory).
+#[macro_export]
+macro_rules! assert_documented_command_lines {
+    ($cmd:expr, $program:expr) => {
+        $crate::docs::assert_command_lines($cmd, $program, env!("CARGO_MANIFEST_DIR"))
+    };
+}
