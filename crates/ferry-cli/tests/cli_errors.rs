@@ -284,8 +284,10 @@ fn purge_and_reconcile_commands() {
         "--dry-run",
     ]);
     assert_ok(&o, &["would delete 0 SENT rows"]);
-    let o = ferry(&["purge", "--database-url", &url, "--older-than", "soon"]);
-    assert_one_clear_line(&o, 2, &["--older-than"]);
+    for bad in ["soon", "-1d"] {
+        let o = ferry(&["purge", "--database-url", &url, "--older-than", bad]);
+        assert_one_clear_line(&o, 2, &["--older-than", bad]);
+    }
     let o = ferry(&[
         "purge",
         "--database-url",

@@ -127,6 +127,18 @@ async fn replay_command_sends_to_a_broker(db: TestDb, mode: DispatchMode) {
     let o = replay(&db.url, brokers, &["--topic", "ordres", "--to-topic", TO]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("ordres"), "{}", text(&o.stderr));
+    // a destination Kafka would refuse: bad usage, before anything is read or sent
+    let o = replay(
+        &db.url,
+        brokers,
+        &["--topic", TOPIC, "--to-topic", "bad topic!"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--to-topic"),
+        "{}",
+        text(&o.stderr)
+    );
     db.cleanup().await;
 }
 

@@ -10,7 +10,7 @@ use super::{fail, Failure};
 pub struct PurgeArgs {
     /// Retention window, e.g. 7d or 36h: only SENT rows older than this (row dispatch: by sent_at;
     /// cursor dispatch: by created_at, the derived SENT state having no delivery time).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub older_than: String,
     /// Rows per delete statement, each its own short transaction (cursor dispatch: seq values
     /// per statement).

@@ -90,6 +90,16 @@ fn filter(a: &ReplayArgs) -> Result<ReplayFilter, Failure> {
     if a.to_topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
         return Err(fail(2, "invalid --to-topic: must not be empty"));
     }
+    if let Some(t) = a
+        .to_topic
+        .as_deref()
+        .filter(|t| !ferry_core::is_kafka_topic(t))
+    {
+        return Err(fail(
+            2,
+            format!("invalid --to-topic {t:?}: a Kafka topic is 1 to 249 characters of letters, digits, '.', '_' and '-' (not '.' or '..')"),
+        ));
+    }
     if a.page_size == 0 || a.page_size > 100_000 {
         return Err(fail(2, "invalid --page-size: must be between 1 and 100000"));
     }
